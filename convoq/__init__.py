@@ -1,0 +1,80 @@
+"""convoq: AI-agent conversations as distributed, durable work.
+
+In process::
+
+    agent = Agent(model=openai("gpt-4.1-mini"), memory=FileConversationMemory("convos"))
+    agent.generate("My name is Ada.", conversation_id="user-42")
+
+Queued on Celery workers, history in Redis::
+
+    handle = Client().submit("user-42", "What is my name?", agent="assistant")
+    handle.wait(timeout=30).text
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from convoq.agent import Agent, Continuation, Response
+from convoq.engine import Decision, TurnEvent
+from convoq.errors import ConvoqError
+from convoq.loaders import load_image, load_pdf
+from convoq.messages import (
+    FilePart,
+    GenerationRequest,
+    ImagePart,
+    Message,
+    MessageRole,
+    TextPart,
+    ToolCall,
+)
+from convoq.tools import Tool, tool
+
+if TYPE_CHECKING:
+    from convoq.client import AsyncClient, AsyncTurnHandle, Client, TurnHandle, TurnResult
+
+__version__ = "0.1.0"
+
+# The client pulls in Celery; import it only when asked for.
+_LAZY = {
+    "AsyncClient": "convoq.client",
+    "AsyncTurnHandle": "convoq.client",
+    "Client": "convoq.client",
+    "TurnHandle": "convoq.client",
+    "TurnResult": "convoq.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'convoq' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "Agent",
+    "AsyncClient",
+    "AsyncTurnHandle",
+    "Client",
+    "Continuation",
+    "ConvoqError",
+    "Decision",
+    "FilePart",
+    "GenerationRequest",
+    "ImagePart",
+    "Message",
+    "MessageRole",
+    "Response",
+    "TextPart",
+    "Tool",
+    "ToolCall",
+    "TurnEvent",
+    "TurnHandle",
+    "TurnResult",
+    "load_image",
+    "load_pdf",
+    "tool",
+]

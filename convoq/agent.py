@@ -1,0 +1,330 @@
+"""The in-process Agent: conversation memory around the one turn engine.
+
+An Agent loads the stored history window before each prompt, runs
+:class:`convoq.engine.TurnLoop`, and only after the turn succeeds appends the whole turn
+(user message, assistant replies, tool calls and results). A turn that pauses for approval
+keeps its conversation reserved until it is resumed or discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from convoq._sync import iterate_sync, run_sync
+from convoq.engine import (
+    DEFAULT_MAX_STEPS,
+    Completed,
+    Decision,
+    EventSink,
+    Outcome,
+    TurnEvent,
+    TurnLoop,
+    TurnState,
+)
+from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
+from convoq.ids import check_conversation_id
+from convoq.memory.base import ConversationMemory
+from convoq.messages import GenerationRequest, Message, ToolCall, coerce_user_message
+from convoq.models.base import Model
+from convoq.tools import Tool, ToolRegistry
+
+AgentInput = str | Message | GenerationRequest
+CONTINUATION_VERSION = 1
+
+
+class Continuation(BaseModel):
+    """A paused turn, JSON-serialisable: pass it to :meth:`Agent.resume` or ``discard``."""
+
+    version: int = CONTINUATION_VERSION
+    token: str
+    conversation_id: str | None = None
+    agent: str | None = None
+    keep_last_turns: int = 0
+    uses_memory: bool = True
+    history: list[Message] = Field(default_factory=list)
+    state: TurnState
+
+    @property
+    def pending(self) -> list[ToolCall]:
+        return self.state.undecided
+
+
+class Response(BaseModel):
+    """What a call returns. ``turn`` holds the messages this call added, its input first."""
+
+    text: str
+    turn: list[Message]
+    status: Literal["completed", "awaiting_approval"]
+    conversation_id: str | None = None
+    pending_approvals: list[ToolCall] = Field(default_factory=list)
+    continuation: Continuation | None = None
+
+
+class Agent:
+    """An LLM agent with optional conversation memory.
+
+    Args:
+        model: any :class:`convoq.models.Model` (``openai(...)``, ``ScriptedModel(...)``).
+        instructions: sent as a leading system message on every call (never stored).
+        memory: where conversations live; without it nothing is loaded or stored.
+        conversation_id: the default conversation for calls that name none.
+        tools: ``@tool`` functions (plain functions are wrapped).
+        keep_last_turns: previous turns sent with each prompt; 0 sends all of them.
+        name: the profile name workers know this agent by.
+        max_steps: model calls allowed per turn.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        instructions: str | None = None,
+        *,
+        memory: ConversationMemory | None = None,
+        conversation_id: str | None = None,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        keep_last_turns: int = 0,
+        name: str | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
+    ) -> None:
+        if keep_last_turns < 0:
+            raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
+        if max_steps < 1:
+            raise ConvoqError("max_steps must be >= 1")
+        self.model = model
+        self.instructions = instructions
+        self.memory = memory
+        self.conversation_id = (
+            check_conversation_id(conversation_id) if conversation_id is not None else None
+        )
+        self.tools = ToolRegistry(tools)
+        self.keep_last_turns = keep_last_turns
+        self.name = name
+        self.max_steps = max_steps
+
+    # -- the async core -------------------------------------------------------------------
+    async def agenerate(
+        self,
+        input: AgentInput,
+        *,
+        conversation_id: str | None = None,
+        keep_last_turns: int | None = None,
+    ) -> Response:
+        """Run one turn and return its response (see :class:`Response`)."""
+        return await self._start(input, conversation_id, keep_last_turns, _no_events)
+
+    async def astream(
+        self,
+        input: AgentInput,
+        *,
+        conversation_id: str | None = None,
+        keep_last_turns: int | None = None,
+    ) -> AsyncIterator[TurnEvent]:
+        """Run one turn, yielding its events; the last one is ``done`` with the status."""
+        queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
+
+        async def emit(event: TurnEvent) -> None:
+            await queue.put(event)
+
+        async def run() -> Response:
+            try:
+                return await self._start(input, conversation_id, keep_last_turns, emit)
+            finally:
+                await queue.put(None)
+
+        task = asyncio.create_task(run())
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+            response = await task
+        finally:
+            if not task.done():
+                task.cancel()
+        yield TurnEvent(type="done", data={"status": response.status, "text": response.text})
+
+    async def aresume(
+        self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]
+    ) -> Response:
+        """Go on with a paused turn: ``{call_id: True}`` approves, ``False`` (or a
+        :class:`Decision` with a reason) denies. The completed turn is stored once."""
+        cont = _parse_continuation(continuation)
+        for call_id, value in decisions.items():
+            cont.state.decide(call_id, *_decision(value))
+        self._claim(cont)
+        try:
+            history = await self._load_history(cont) if cont.uses_memory else cont.history
+        except BaseException:
+            self._release(cont)
+            raise
+        return await self._finish(cont, history, cont.state, _no_events)
+
+    async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
+        """Drop a paused turn: nothing is stored and the conversation is free again."""
+        cont = _parse_continuation(continuation)
+        if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
+            self.memory.release(cont.conversation_id, cont.token, spent=True)
+
+    # -- sync wrappers ---------------------------------------------------------------------
+    def generate(
+        self,
+        input: AgentInput,
+        *,
+        conversation_id: str | None = None,
+        keep_last_turns: int | None = None,
+    ) -> Response:
+        """Blocking :meth:`agenerate`."""
+        return run_sync(
+            self.agenerate(input, conversation_id=conversation_id, keep_last_turns=keep_last_turns)
+        )
+
+    def stream(
+        self,
+        input: AgentInput,
+        *,
+        conversation_id: str | None = None,
+        keep_last_turns: int | None = None,
+    ) -> Iterator[TurnEvent]:
+        """Blocking :meth:`astream`."""
+        return iterate_sync(
+            self.astream(input, conversation_id=conversation_id, keep_last_turns=keep_last_turns)
+        )
+
+    def resume(
+        self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]
+    ) -> Response:
+        """Blocking :meth:`aresume`."""
+        return run_sync(self.aresume(continuation, decisions))
+
+    def discard(self, continuation: Continuation | dict[str, Any] | str) -> None:
+        """Blocking :meth:`adiscard`."""
+        run_sync(self.adiscard(continuation))
+
+    # -- internals -------------------------------------------------------------------------
+    async def _start(
+        self,
+        input: AgentInput,
+        conversation_id: str | None,
+        keep_last_turns: int | None,
+        emit: EventSink,
+    ) -> Response:
+        keep = self.keep_last_turns if keep_last_turns is None else keep_last_turns
+        if keep < 0:
+            raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
+        if isinstance(input, GenerationRequest):
+            if not input.messages:
+                raise InvalidMessageError("a GenerationRequest needs messages", rule="non_empty")
+            # Sent as given: memory is neither read nor written.
+            cont = Continuation(
+                token=_token(), uses_memory=False, history=input.messages[:-1],
+                state=TurnState.start(input.messages[-1]), agent=self.name,
+            )  # fmt: skip
+            return await self._finish(cont, cont.history, cont.state, emit)
+        message = coerce_user_message(input)
+        cid = conversation_id if conversation_id is not None else self.conversation_id
+        if cid is not None:
+            check_conversation_id(cid)
+        cont = Continuation(
+            token=_token(), conversation_id=cid, agent=self.name, keep_last_turns=keep,
+            uses_memory=self.memory is not None and cid is not None,
+            state=TurnState.start(message),
+        )  # fmt: skip
+        self._claim(cont)
+        try:
+            # Not kept in the continuation: the history cannot change while reserved.
+            history = await self._load_history(cont)
+        except BaseException:
+            self._release(cont)
+            raise
+        return await self._finish(cont, history, cont.state, emit)
+
+    async def _load_history(self, cont: Continuation) -> list[Message]:
+        if not cont.uses_memory or self.memory is None or cont.conversation_id is None:
+            return []
+        return await self.memory.aload(
+            cont.conversation_id, last_turns=cont.keep_last_turns or None
+        )
+
+    async def _finish(
+        self, cont: Continuation, history: list[Message], state: TurnState, emit: EventSink
+    ) -> Response:
+        loop = TurnLoop(
+            model=self.model, tools=self.tools, history=history,
+            instructions=self.instructions, max_steps=self.max_steps, emit=emit,
+        )  # fmt: skip
+        try:
+            outcome: Outcome = await loop.run(state)
+        except BaseException:
+            self._release(cont)
+            raise
+        if not isinstance(outcome, Completed):
+            # Paused: the conversation stays reserved until resume or discard.
+            return Response(
+                text="", turn=list(outcome.state.messages), status="awaiting_approval",
+                conversation_id=cont.conversation_id, pending_approvals=outcome.pending,
+                continuation=cont.model_copy(update={"state": outcome.state}),
+            )  # fmt: skip
+        response = Response(
+            text=outcome.text, turn=outcome.messages, status="completed",
+            conversation_id=cont.conversation_id,
+        )  # fmt: skip
+        try:
+            await self._store(cont, outcome.messages, response)
+        finally:
+            self._release(cont)
+        return response
+
+    async def _store(self, cont: Continuation, turn: list[Message], response: Response) -> None:
+        if not cont.uses_memory or self.memory is None or cont.conversation_id is None:
+            return
+        try:
+            await self.memory.aappend(cont.conversation_id, turn)
+        except Exception as exc:
+            raise ConversationMemoryError(
+                f"the model answered but storing the turn failed ({exc}); the answer is in"
+                " this error's .response; retry the turn once the memory works again",
+                response=response,
+                conversation_id=cont.conversation_id,
+            ) from exc
+
+    def _claim(self, cont: Continuation) -> None:
+        if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
+            self.memory.reserve(cont.conversation_id, cont.token)
+
+    def _release(self, cont: Continuation) -> None:
+        if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
+            self.memory.release(cont.conversation_id, cont.token, spent=True)
+
+
+async def _no_events(_event: TurnEvent) -> None:
+    return None
+
+
+def _token() -> str:
+    return secrets.token_hex(16)
+
+
+def _parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:
+    if isinstance(value, Continuation):
+        cont = value.model_copy(deep=True)
+    elif isinstance(value, str):
+        cont = Continuation.model_validate_json(value)
+    else:
+        cont = Continuation.model_validate(value)
+    if cont.version != CONTINUATION_VERSION:
+        raise ConvoqError(
+            f"continuation version {cont.version} is not supported (expected"
+            f" {CONTINUATION_VERSION}); discard it and run the turn again"
+        )
+    return cont
+
+
+def _decision(value: Any) -> tuple[bool, str | None]:
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, Decision):
+        return value.approved, value.reason
+    raise ConvoqError("a decision is True (approve), False (deny) or a Decision with a reason")

@@ -1,0 +1,174 @@
+"""Building and checking a submission: pure functions, no I/O.
+
+Everything a client can refuse is refused here, before anything is queued: the
+conversation id, the message (a ``str`` or a user :class:`Message`), attachment sizes, the
+agent name (against a known set), ``keep_last_turns``, ``callback_url``, ``if_busy`` and
+the idempotency key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
+
+from convoq.errors import AttachmentError, ConvoqError, InvalidMessageError, UnknownAgentError
+from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
+from convoq.messages import Message, coerce_user_message
+
+IfBusy = Literal["queue", "reject"]
+TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
+FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+DEFAULT_MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024
+DEFAULT_MAX_TURN_BYTES = 64 * 1024 * 1024
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+MAX_CALLBACK_URL_CHARS = 2048
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits checked before a turn is queued."""
+
+    max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES
+    max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A checked turn, ready for the protocol's ``submit``."""
+
+    conversation_id: str
+    turn_id: str
+    agent: str
+    message: Message
+    options: dict[str, Any]
+    idempotency_key: str | None
+    if_busy: IfBusy
+
+
+def build_submission(
+    conversation_id: str,
+    message: str | Message,
+    *,
+    agent: str,
+    known_agents: Collection[str] | None,
+    limits: Limits,
+    idempotency_key: str | None = None,
+    keep_last_turns: int | None = None,
+    callback_url: str | None = None,
+    if_busy: str = "queue",
+) -> Submission:
+    """Check every argument of ``submit`` and return the turn to queue.
+
+    Raises:
+        InvalidConversationIdError, InvalidMessageError, AttachmentError,
+        UnknownAgentError or ConvoqError (naming the argument): nothing is queued.
+    """
+    cid = check_conversation_id(conversation_id)
+    user = coerce_user_message(message)
+    check_attachments(user, limits)
+    check_agent(agent, known_agents)
+    options: dict[str, Any] = {}
+    if keep_last_turns is not None:
+        if isinstance(keep_last_turns, bool) or not isinstance(keep_last_turns, int):
+            raise ConvoqError("keep_last_turns must be an int >= 0 (0 sends the whole history)")
+        if keep_last_turns < 0:
+            raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
+        options["keep_last_turns"] = keep_last_turns
+    if callback_url is not None:
+        options["callback_url"] = check_callback_url(callback_url)
+    return Submission(
+        conversation_id=cid,
+        turn_id=new_turn_id(),
+        agent=agent,
+        message=user,
+        options=options,
+        idempotency_key=check_idempotency_key(idempotency_key),
+        if_busy=check_if_busy(if_busy),
+    )
+
+
+def check_attachments(message: Message, limits: Limits) -> None:
+    """Refuse empty or oversize attachments and turns over the total limit."""
+    total = len(message.text.encode())
+    for index, part in enumerate(message.attachments):
+        size = len(part.data)
+        name = getattr(part, "filename", None) or f"attachment {index} ({part.mime_type})"
+        if size == 0:
+            raise AttachmentError(f"{name} is empty: an attachment needs at least one byte")
+        if size > limits.max_attachment_bytes:
+            raise AttachmentError(
+                f"{name} is {size} bytes, over the {limits.max_attachment_bytes}-byte limit"
+                " per attachment; send a smaller file or raise max_attachment_bytes",
+                size=size,
+                max_bytes=limits.max_attachment_bytes,
+            )
+        total += size
+    if total > limits.max_turn_bytes:
+        raise AttachmentError(
+            f"the message is {total} bytes, over the {limits.max_turn_bytes}-byte limit per"
+            " turn; send fewer or smaller attachments",
+            size=total,
+            max_bytes=limits.max_turn_bytes,
+        )
+
+
+def check_agent(agent: object, known: Collection[str] | None) -> str:
+    """``agent`` must be a non-empty str and, when ``known`` is given, one of them."""
+    if not isinstance(agent, str) or not agent:
+        raise UnknownAgentError(f"agent must be a profile name (a non-empty str), not {agent!r}")
+    if known is not None and agent not in known:
+        raise UnknownAgentError(
+            f"no agent profile named {agent!r}; known profiles: {sorted(known)}",
+            agent=agent,
+            known=sorted(known),
+        )
+    return agent
+
+
+def check_callback_url(url: object) -> str:
+    """An absolute http(s) URL with a host, of bounded length."""
+    if not isinstance(url, str) or len(url) > MAX_CALLBACK_URL_CHARS:
+        raise ConvoqError(f"callback_url must be an http(s) URL of at most {MAX_CALLBACK_URL_CHARS} chars")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConvoqError(
+            f"callback_url {url[:100]!r} is not an absolute http:// or https:// URL",
+            callback_url=url[:100],
+        )
+    return url
+
+
+def check_idempotency_key(key: object) -> str | None:
+    """``None`` or a non-empty str of bounded length (it is hashed before any key)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise ConvoqError(
+            f"idempotency_key must be a non-empty str of at most {MAX_IDEMPOTENCY_KEY_CHARS}"
+            " characters"
+        )
+    return key
+
+
+def check_if_busy(value: object) -> IfBusy:
+    """``"queue"`` (wait behind running turns) or ``"reject"`` (ConversationBusyError)."""
+    if value == "queue":
+        return "queue"
+    if value == "reject":
+        return "reject"
+    raise ConvoqError(f"if_busy must be one of {list(get_args(IfBusy))}, not {value!r}")
+
+
+def check_turn_ref(conversation_id: object, turn_id: object) -> tuple[str, str]:
+    """Both ids of a turn, checked."""
+    return check_conversation_id(conversation_id), check_turn_id(turn_id)
+
+
+def check_call_id(call_id: object) -> str:
+    """A tool call id: a non-empty str."""
+    if not isinstance(call_id, str) or not call_id or len(call_id) > 256:
+        raise InvalidMessageError(f"call_id must be a non-empty str, not {call_id!r}", rule="call_id")
+    return call_id

@@ -1,0 +1,206 @@
+"""THE turn loop, shared by the in-process Agent and the workers.
+
+``run_turn`` takes the history window and the turn so far (a :class:`TurnState`) and drives
+model calls and tool calls until the model answers without tool calls (``Completed``) or a
+tool needs approval (``Paused``). Any error raised ends the turn as failed; the caller
+stores nothing then. The state after every step is handed to ``checkpoint`` so a worker can
+journal it, and running again from a journaled state repeats no finished step: the loop
+derives what is left to do from the messages alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from convoq.errors import ConvoqError, MaxStepsExceededError, TurnCancelledError
+from convoq.messages import Message, MessageRole, ToolCall
+from convoq.models.base import Model, ModelRequest
+from convoq.tools import ToolRegistry
+
+DEFAULT_MAX_STEPS = 10
+
+EventType = Literal[
+    "status", "text_delta", "assistant", "tool_call", "tool_result", "approval_required", "done"
+]
+
+
+class TurnEvent(BaseModel):
+    """Something that happened during a turn: the unit of ``stream`` and ``events``."""
+
+    type: EventType
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Decision(BaseModel):
+    """A human's answer to a tool call that needs approval."""
+
+    approved: bool
+    reason: str | None = None
+
+
+class TurnState(BaseModel):
+    """The turn so far, starting with its user message: what continuations and the step
+    journal persist."""
+
+    messages: list[Message]
+    steps: int = 0
+    pending: list[ToolCall] = Field(default_factory=list)
+    decisions: dict[str, Decision] = Field(default_factory=dict)
+
+    @classmethod
+    def start(cls, message: Message) -> TurnState:
+        return cls(messages=[message])
+
+    def decide(self, call_id: str, approved: bool, reason: str | None = None) -> None:
+        if call_id not in {c.id for c in self.pending}:
+            raise ConvoqError(
+                f"no pending tool call {call_id!r}; pending: {[c.id for c in self.pending]}",
+                call_id=call_id,
+            )
+        self.decisions[call_id] = Decision(approved=approved, reason=reason)
+
+    @property
+    def undecided(self) -> list[ToolCall]:
+        return [c for c in self.pending if c.id not in self.decisions]
+
+
+@dataclass
+class Completed:
+    """The model answered: ``messages`` is the whole turn, user message first."""
+
+    messages: list[Message]
+
+    @property
+    def text(self) -> str:
+        return self.messages[-1].text
+
+
+@dataclass
+class Paused:
+    """Tool calls wait for approval; ``state`` carries everything needed to go on."""
+
+    state: TurnState
+
+    @property
+    def pending(self) -> list[ToolCall]:
+        return self.state.undecided
+
+
+Outcome = Completed | Paused
+EventSink = Callable[[TurnEvent], Awaitable[None]]
+Checkpoint = Callable[[TurnState], Awaitable[None]]
+StopCheck = Callable[[], Awaitable[bool]]
+
+
+async def _ignore_event(_event: TurnEvent) -> None:
+    return None
+
+
+async def _no_checkpoint(_state: TurnState) -> None:
+    return None
+
+
+async def _never_stop() -> bool:
+    return False
+
+
+@dataclass
+class TurnLoop:
+    """Everything a turn needs besides its state. One object per turn run."""
+
+    model: Model
+    tools: ToolRegistry
+    history: list[Message]
+    instructions: str | None = None
+    max_steps: int = DEFAULT_MAX_STEPS
+    emit: EventSink = _ignore_event
+    checkpoint: Checkpoint = _no_checkpoint
+    should_stop: StopCheck = _never_stop
+    _specs: list[Any] = field(default_factory=list, init=False)
+
+    async def run(self, state: TurnState) -> Outcome:
+        self._specs = self.tools.specs()
+        while True:
+            if await self.should_stop():
+                raise TurnCancelledError("the turn was cancelled")
+            last = state.messages[-1]
+            open_calls = _unanswered_calls(state.messages)
+            if open_calls:
+                if not await self._run_calls(state, open_calls):
+                    return Paused(state)
+            elif last.role == MessageRole.ASSISTANT:
+                return Completed(list(state.messages))
+            else:
+                await self._call_model(state)
+
+    async def _call_model(self, state: TurnState) -> None:
+        if state.steps >= self.max_steps:
+            raise MaxStepsExceededError(
+                f"the model asked for tools {state.steps} times without a final answer;"
+                " raise max_steps or check the tools",
+                max_steps=self.max_steps,
+            )
+        lead = [Message.system(self.instructions)] if self.instructions else []
+        request = ModelRequest(messages=lead + self.history + state.messages, tools=self._specs)
+
+        async def on_delta(text: str) -> None:
+            await self.emit(TurnEvent(type="text_delta", data={"text": text}))
+
+        reply = await self.model.request(request, on_text_delta=on_delta)
+        state.steps += 1
+        state.messages.append(reply)
+        await self.checkpoint(state)
+        await self.emit(TurnEvent(type="assistant", data={"text": reply.text}))
+
+    async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
+        """Run what may run; return False when some calls still wait for a decision."""
+        waiting: list[ToolCall] = []
+        for call in calls:
+            decision = state.decisions.get(call.id)
+            if decision is None and self._needs_approval(call):
+                waiting.append(call)
+                continue
+            await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
+            result = await self._result_for(call, decision)
+            state.messages.append(Message.tool_result(call, result))
+            await self.checkpoint(state)
+            await self.emit(
+                TurnEvent(
+                    type="tool_result", data={"id": call.id, "name": call.name, "result": result}
+                )
+            )
+        # Decisions are spent once their calls are answered; what is left waits for one.
+        state.pending = waiting
+        state.decisions = {}
+        if waiting:
+            await self.checkpoint(state)
+            for call in waiting:
+                await self.emit(TurnEvent(type="approval_required", data=call.model_dump()))
+            return False
+        return True
+
+    def _needs_approval(self, call: ToolCall) -> bool:
+        return call.name in self.tools and self.tools.get(call.name).requires_approval
+
+    async def _result_for(self, call: ToolCall, decision: Decision | None) -> str:
+        if decision is not None and not decision.approved:
+            reason = f": {decision.reason}" if decision.reason else ""
+            return f"The user denied this tool call{reason}. Do not retry it."
+        try:
+            return await self.tools.get(call.name).call(call.arguments)
+        except Exception as exc:  # a failing tool is news for the model, not a crash
+            return f"Error: {type(exc).__name__}: {exc}"
+
+
+def _unanswered_calls(messages: list[Message]) -> list[ToolCall]:
+    """Tool calls of the last assistant message that have no tool result yet."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role == MessageRole.ASSISTANT:
+            answered = {m.tool_call_id for m in messages[index + 1 :]}
+            return [c for c in message.tool_calls if c.id not in answered]
+    return []

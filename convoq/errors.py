@@ -1,0 +1,168 @@
+"""The errors convoq raises. Every one of them is a :class:`ConvoqError`.
+
+::
+
+    ConvoqError
+    ├── InvalidMessageError            a message breaks a rule (the rule is named)
+    ├── InvalidConversationIdError     an id that may not reach a key or a path
+    ├── AttachmentError                a missing, empty, mistyped or oversize attachment
+    ├── ConversationBusyError          another turn of this conversation is running
+    ├── ConversationMemoryError        a memory backend could not load or store
+    │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
+    │   └── CorruptDataError           stored data that does not parse (the key is named)
+    ├── ModelError                     the model call failed or answered nonsense
+    │   └── ModelHTTPError             the model endpoint answered an HTTP error
+    ├── ToolError                      a tool is unknown or its arguments are invalid
+    ├── MaxStepsExceededError          the model/tool loop did not finish in max_steps
+    ├── ProtocolError                  a turn-protocol script refused a transition
+    │   ├── StaleFenceError            the caller's lease was taken over
+    │   ├── NotInboxHeadError          the turn is not the one being run
+    │   └── TurnAlreadyAppliedError    the turn was already committed, failed or cancelled
+    ├── UnknownTurnError               no such turn (or it expired)
+    ├── UnknownAgentError              no agent profile by that name
+    ├── TurnFailedError                a queued turn failed; carries the remote error
+    ├── TurnCancelledError             a queued turn was cancelled or discarded
+    ├── TurnTimeoutError               a wait ran out before the turn finished
+    └── ConfigurationError             settings that cannot work together
+
+Errors that cross processes travel as data (``{type, message, details}``) in the turn
+record; :meth:`ConvoqError.to_data` and :func:`error_from_data` convert both ways.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConvoqError(Exception):
+    """The root of every error convoq raises."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_data(self) -> dict[str, Any]:
+        """The JSON-safe form stored in a turn record."""
+        return {"type": type(self).__name__, "message": self.message, "details": self.details}
+
+
+class InvalidMessageError(ConvoqError):
+    """A message breaks a rule; the message names the rule."""
+
+
+class InvalidConversationIdError(ConvoqError):
+    """A conversation or turn id that is not allowed to reach a key or a path."""
+
+
+class AttachmentError(ConvoqError):
+    """An attachment is missing, empty, of the wrong type or over the size limit."""
+
+
+class ConversationBusyError(ConvoqError):
+    """Another turn of this conversation is running or awaiting approval."""
+
+
+class ConversationMemoryError(ConvoqError):
+    """A memory backend could not load or store a conversation."""
+
+    def __init__(self, message: str, *, response: Any = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        # When storing fails after the model answered, the answer is kept here.
+        self.response = response
+
+
+class UnsupportedFormatVersionError(ConversationMemoryError):
+    """Stored data has a format version this convoq does not read."""
+
+
+class CorruptDataError(ConversationMemoryError):
+    """Stored data does not parse; the key or path is named."""
+
+
+class ModelError(ConvoqError):
+    """The model call failed or returned a response that cannot be used."""
+
+
+class ModelHTTPError(ModelError):
+    """The model endpoint answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, status_code: int, body: str = "") -> None:
+        super().__init__(message, status_code=status_code, body=body[:2000])
+        self.status_code = status_code
+        self.body = body
+
+
+class ToolError(ConvoqError):
+    """A tool is unknown or was called with invalid arguments."""
+
+
+class MaxStepsExceededError(ConvoqError):
+    """The model/tool loop did not reach a final answer within max_steps."""
+
+
+class ProtocolError(ConvoqError):
+    """A turn-protocol script refused a state transition."""
+
+
+class StaleFenceError(ProtocolError):
+    """The caller's fence token is no longer current: another worker took the lease."""
+
+
+class NotInboxHeadError(ProtocolError):
+    """The turn is not at the head of the conversation's inbox."""
+
+
+class TurnAlreadyAppliedError(ProtocolError):
+    """The turn was already committed, failed or cancelled."""
+
+
+class UnknownTurnError(ConvoqError):
+    """No turn with that id exists for the conversation (or its record expired)."""
+
+
+class UnknownAgentError(ConvoqError):
+    """No agent profile has that name."""
+
+
+class TurnFailedError(ConvoqError):
+    """A queued turn failed; ``remote_type`` names the error raised on the worker."""
+
+    def __init__(self, message: str, *, remote_type: str = "", **details: Any) -> None:
+        super().__init__(message, remote_type=remote_type, **details)
+        self.remote_type = remote_type
+
+
+class TurnCancelledError(ConvoqError):
+    """A queued turn was cancelled or its approval discarded."""
+
+
+class TurnTimeoutError(ConvoqError):
+    """Waiting for a turn ran out of time; the turn itself goes on."""
+
+
+class ConfigurationError(ConvoqError):
+    """Settings that cannot work together."""
+
+
+def _all_error_classes() -> dict[str, type[ConvoqError]]:
+    found: dict[str, type[ConvoqError]] = {}
+    stack: list[type[ConvoqError]] = [ConvoqError]
+    while stack:
+        cls = stack.pop()
+        found[cls.__name__] = cls
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def error_from_data(data: dict[str, Any]) -> ConvoqError:
+    """Rebuild an error stored by :meth:`ConvoqError.to_data` (the class is kept if known)."""
+    name = str(data.get("type", "ConvoqError"))
+    message = str(data.get("message", "the turn failed"))
+    details = data.get("details") or {}
+    cls = _all_error_classes().get(name)
+    if cls is None or cls in (ModelHTTPError, TurnFailedError, ConversationMemoryError):
+        return TurnFailedError(message, remote_type=name, remote_details=details)
+    err = cls.__new__(cls)
+    ConvoqError.__init__(err, message, **details)
+    return err

@@ -1,0 +1,149 @@
+"""The memory protocol for users and the base class that holds the shared logic.
+
+``ConversationMemory`` is what the Agent talks to. A subclass that writes only the sync
+or only the async flavour of a method gets the other for free. convoq's own backends
+derive from :class:`StoredConversationMemory`, which validates ids and messages, applies
+the window and tracks reservations once; backends only store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from convoq._sync import run_sync
+from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
+from convoq.ids import check_conversation_id
+from convoq.messages import Message
+from convoq.window import last_turns as window_last_turns
+
+_RESERVATION_LOCK = threading.Lock()
+
+
+@dataclass
+class _Reservations:
+    holders: dict[str, str] = field(default_factory=dict)
+    spent: set[str] = field(default_factory=set)
+
+
+class ConversationMemory:
+    """Stores each conversation's messages. Override ``load``/``append``/``clear`` or
+    their async twins ``aload``/``aappend``/``aclear``; the other flavour follows.
+    """
+
+    def load(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
+        """Messages of a conversation; with ``last_turns``, the leading system/developer
+        messages plus only the last N turns."""
+        self._require_override("load", "aload")
+        return run_sync(self.aload(conversation_id, last_turns=last_turns))
+
+    async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
+        self._require_override("aload", "load")
+        return await asyncio.to_thread(self.load, conversation_id, last_turns=last_turns)
+
+    def append(self, conversation_id: str, messages: list[Message]) -> None:
+        """Append messages (a whole turn) to a conversation."""
+        self._require_override("append", "aappend")
+        run_sync(self.aappend(conversation_id, messages))
+
+    async def aappend(self, conversation_id: str, messages: list[Message]) -> None:
+        self._require_override("aappend", "append")
+        await asyncio.to_thread(self.append, conversation_id, messages)
+
+    def clear(self, conversation_id: str) -> None:
+        """Delete every message of a conversation."""
+        self._require_override("clear", "aclear")
+        run_sync(self.aclear(conversation_id))
+
+    async def aclear(self, conversation_id: str) -> None:
+        self._require_override("aclear", "clear")
+        await asyncio.to_thread(self.clear, conversation_id)
+
+    # Reservations: at most one turn per conversation runs through one memory at a time.
+    # A token is spent once its turn finished or was discarded, so a continuation cannot
+    # be resumed twice.
+    def reserve(self, conversation_id: str, token: str) -> None:
+        """Mark a conversation busy for ``token``; raise if another token holds it.
+
+        Raises:
+            ConversationBusyError: another turn runs or awaits approval.
+            ConvoqError: ``token`` belongs to a turn that already finished or was discarded.
+        """
+        with self._reservation_lock:
+            state = self._reservation_state
+            if token in state.spent:
+                raise ConvoqError(
+                    "this continuation was already resumed or discarded; start a new turn",
+                    conversation_id=conversation_id,
+                )
+            holder = state.holders.get(conversation_id)
+            if holder is not None and holder != token:
+                raise ConversationBusyError(
+                    f"conversation {conversation_id!r} has a turn running or awaiting approval;"
+                    " wait for it, resume it or discard its continuation",
+                    conversation_id=conversation_id,
+                )
+            state.holders[conversation_id] = token
+
+    def release(self, conversation_id: str, token: str, *, spent: bool = False) -> None:
+        """Free a conversation reserved with ``token`` (a no-op for another token)."""
+        with self._reservation_lock:
+            state = self._reservation_state
+            if state.holders.get(conversation_id) == token:
+                del state.holders[conversation_id]
+            if spent:
+                state.spent.add(token)
+
+    @property
+    def _reservation_lock(self) -> threading.Lock:
+        return _RESERVATION_LOCK
+
+    @property
+    def _reservation_state(self) -> _Reservations:
+        # Set lazily so user subclasses need not call super().__init__().
+        found: _Reservations | None = self.__dict__.get("_convoq_reservations")
+        if found is None:
+            found = self.__dict__.setdefault("_convoq_reservations", _Reservations())
+        return found
+
+    def _require_override(self, name: str, twin: str) -> None:
+        cls = type(self)
+        if getattr(cls, twin) is getattr(ConversationMemory, twin):
+            raise NotImplementedError(f"{cls.__name__} must implement {name} or {twin}")
+
+
+class StoredConversationMemory(ConversationMemory, ABC):
+    """Template for convoq's backends: checks once here, storage in ``_read``/``_write``."""
+
+    async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
+        check_conversation_id(conversation_id)
+        if last_turns is not None and last_turns < 0:
+            raise ValueError("last_turns must be >= 0")
+        messages = await self._read(conversation_id, last_turns or None)
+        # Backends may window at the source; this guarantees the contract for all of them.
+        return window_last_turns(messages, last_turns)
+
+    async def aappend(self, conversation_id: str, messages: list[Message]) -> None:
+        check_conversation_id(conversation_id)
+        if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
+            raise InvalidMessageError("append takes a list of Message", rule="type")
+        if messages:
+            await self._write(conversation_id, messages)
+
+    async def aclear(self, conversation_id: str) -> None:
+        check_conversation_id(conversation_id)
+        await self._delete(conversation_id)
+
+    @abstractmethod
+    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        """All messages, or (optionally) only leading ones plus the last ``last_turns``."""
+
+    @abstractmethod
+    async def _write(self, conversation_id: str, messages: list[Message]) -> None:
+        """Append messages atomically: all of them or none."""
+
+    @abstractmethod
+    async def _delete(self, conversation_id: str) -> None:
+        """Remove the conversation; a missing one is not an error."""

@@ -1,0 +1,40 @@
+"""Conversation memory in process memory, for tests, scripts and short-lived agents."""
+
+from __future__ import annotations
+
+import threading
+
+from convoq.memory.base import StoredConversationMemory
+from convoq.messages import Message, messages_from_json, messages_to_json
+
+
+class InMemoryConversationMemory(StoredConversationMemory):
+    """Keeps every conversation in a dict; safe to share between threads and tasks.
+
+    Messages are stored as their JSON form, so callers can never change stored history by
+    mutating a message they appended or loaded, and bytes round-trip exactly as they do
+    through the persistent backends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # One JSON array per append: appending never re-encodes earlier turns.
+        self._chunks: dict[str, list[bytes]] = {}
+
+    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        with self._lock:
+            chunks = list(self._chunks.get(conversation_id, ()))
+        messages: list[Message] = []
+        for chunk in chunks:
+            messages.extend(messages_from_json(chunk))
+        return messages
+
+    async def _write(self, conversation_id: str, messages: list[Message]) -> None:
+        # Encode outside the lock: a big attachment must not hold up other conversations.
+        chunk = messages_to_json(messages)
+        with self._lock:
+            self._chunks.setdefault(conversation_id, []).append(chunk)
+
+    async def _delete(self, conversation_id: str) -> None:
+        with self._lock:
+            self._chunks.pop(conversation_id, None)

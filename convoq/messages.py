@@ -1,0 +1,164 @@
+"""Messages and their parts, with one JSON form (bytes as base64) for every backend.
+
+A *turn* is one user message and everything up to the next user message. History is a
+list of turns, optionally preceded by leading system/developer messages.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from convoq.errors import InvalidMessageError
+
+_BYTES_AS_BASE64 = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64", frozen=False)
+
+
+class MessageRole(StrEnum):
+    """Who speaks a message."""
+
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class TextPart(BaseModel):
+    """Plain text."""
+
+    model_config = _BYTES_AS_BASE64
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(BaseModel):
+    """An image given as bytes; ``provider_options`` pass through (e.g. ``{"detail": "low"}``)."""
+
+    model_config = _BYTES_AS_BASE64
+    type: Literal["image"] = "image"
+    data: bytes
+    mime_type: str
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class FilePart(BaseModel):
+    """A file given as bytes (PDFs and others), with its file name when known."""
+
+    model_config = _BYTES_AS_BASE64
+    type: Literal["file"] = "file"
+    data: bytes
+    mime_type: str
+    filename: str | None = None
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+
+Part = Annotated[TextPart | ImagePart | FilePart, Field(discriminator="type")]
+AttachmentPart = ImagePart | FilePart
+
+
+class ToolCall(BaseModel):
+    """A call the model asks for; ``arguments`` is the decoded JSON object."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Message(BaseModel):
+    """One message of a conversation. ``role`` defaults to user."""
+
+    model_config = _BYTES_AS_BASE64
+    role: MessageRole = MessageRole.USER
+    content: list[Part] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The text parts joined in order."""
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def attachments(self) -> list[ImagePart | FilePart]:
+        """The image and file parts, in order."""
+        return [p for p in self.content if not isinstance(p, TextPart)]
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls(role=MessageRole.USER, content=[TextPart(text=text)])
+
+    @classmethod
+    def system(cls, text: str) -> Message:
+        return cls(role=MessageRole.SYSTEM, content=[TextPart(text=text)])
+
+    @classmethod
+    def assistant(cls, text: str, tool_calls: list[ToolCall] | None = None) -> Message:
+        content: list[TextPart | ImagePart | FilePart] = [TextPart(text=text)] if text else []
+        return cls(role=MessageRole.ASSISTANT, content=content, tool_calls=tool_calls or [])
+
+    @classmethod
+    def tool_result(cls, call: ToolCall, text: str) -> Message:
+        return cls(
+            role=MessageRole.TOOL,
+            content=[TextPart(text=text)],
+            tool_call_id=call.id,
+            name=call.name,
+        )
+
+
+class GenerationRequest(BaseModel):
+    """Messages sent as they are: memory is neither loaded nor written."""
+
+    model_config = _BYTES_AS_BASE64
+    messages: list[Message]
+
+
+MessageList = TypeAdapter(list[Message])
+
+
+def messages_to_json(messages: list[Message]) -> bytes:
+    """The one JSON form of a message list (attachments as base64)."""
+    return MessageList.dump_json(messages)
+
+
+def messages_from_json(raw: str | bytes) -> list[Message]:
+    return MessageList.validate_json(raw)
+
+
+def check_user_message(message: Message) -> Message:
+    """Check the rules for a single-message input; raise naming the broken rule.
+
+    Raises:
+        InvalidMessageError: role is not user, no parts, tool calls or a tool_call_id.
+    """
+    if message.role != MessageRole.USER:
+        raise InvalidMessageError(
+            f"a single message must have role 'user', not {message.role.value!r}",
+            rule="role_user",
+        )
+    if not message.content:
+        raise InvalidMessageError("a user message needs at least one part", rule="non_empty")
+    if message.tool_calls:
+        raise InvalidMessageError("a user message cannot carry tool calls", rule="no_tool_calls")
+    if message.tool_call_id is not None:
+        raise InvalidMessageError(
+            "a user message cannot carry a tool_call_id", rule="no_tool_call_id"
+        )
+    return message
+
+
+def coerce_user_message(value: str | Message) -> Message:
+    """A ``str`` becomes a user text message; a ``Message`` is checked."""
+    if isinstance(value, str):
+        if not value:
+            raise InvalidMessageError("a user message needs at least one part", rule="non_empty")
+        return Message.user(value)
+    if isinstance(value, Message):
+        return check_user_message(value)
+    raise InvalidMessageError(
+        f"expected str, Message or GenerationRequest, got {type(value).__name__}", rule="type"
+    )

@@ -1,0 +1,7 @@
+"""Models: the protocol, the OpenAI Chat Completions client and the offline scripted model."""
+
+from convoq.models.base import Model, ModelRequest, ToolSpec
+from convoq.models.openai import OpenAIChatModel, openai
+from convoq.models.scripted import ScriptedModel
+
+__all__ = ["Model", "ModelRequest", "OpenAIChatModel", "ScriptedModel", "ToolSpec", "openai"]

@@ -1,0 +1,285 @@
+"""The OpenAI Chat Completions wire format, without I/O: request bodies out, messages in.
+
+:mod:`convoq.models.openai` does the HTTP; everything here is a pure function (or, for
+streams, a small accumulator fed one line at a time), so it is tested without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mimetypes
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from convoq.errors import ModelError
+from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
+from convoq.models.base import ModelRequest, ToolSpec
+
+Json = dict[str, Any]
+_EXCERPT = 200
+
+
+def build_body(
+    model: str, request: ModelRequest, *, stream: bool, extra_body: Mapping[str, Any] | None
+) -> Json:
+    """The JSON body of ``POST /chat/completions``; ``extra_body`` keys win."""
+    body: Json = {"model": model, "messages": [wire_message(m) for m in request.messages]}
+    if request.tools:
+        body["tools"] = [wire_tool(t) for t in request.tools]
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    body.update(extra_body or {})
+    return body
+
+
+def wire_tool(spec: ToolSpec) -> Json:
+    function: Json = {"name": spec.name, "parameters": spec.parameters}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+def wire_message(message: Message) -> Json:
+    """One convoq message as a Chat Completions message."""
+    role = message.role
+    if role == MessageRole.TOOL:
+        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.text}
+    if role != MessageRole.USER and message.attachments:
+        raise ModelError(
+            f"a {role.value} message cannot carry images or files in the Chat Completions"
+            " format; put attachments in a user message"
+        )
+    out: Json = {"role": role.value, "content": _wire_content(message)}
+    if role == MessageRole.ASSISTANT and message.tool_calls:
+        out["tool_calls"] = [_wire_tool_call(c) for c in message.tool_calls]
+        if not message.content:
+            out["content"] = None  # the API wants null, not "", beside tool calls
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _wire_content(message: Message) -> str | list[Json]:
+    parts = message.content
+    # A lone text part goes as a plain string: every compatible server accepts that form.
+    if not parts:
+        return ""
+    if len(parts) == 1 and isinstance(parts[0], TextPart):
+        return parts[0].text
+    return [_wire_part(p) for p in parts]
+
+
+def _wire_part(part: TextPart | ImagePart | FilePart) -> Json:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    url = f"data:{part.mime_type};base64,{base64.b64encode(part.data).decode('ascii')}"
+    if isinstance(part, ImagePart):
+        return {"type": "image_url", "image_url": {"url": url, **part.provider_options}}
+    filename = part.filename or "attachment" + (mimetypes.guess_extension(part.mime_type) or "")
+    return {
+        "type": "file",
+        "file": {"filename": filename, "file_data": url, **part.provider_options},
+    }
+
+
+def _wire_tool_call(call: ToolCall) -> Json:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+    }
+
+
+def parse_completion(raw: bytes) -> Message:
+    """The assistant message of a non-streamed response body, or ModelError."""
+    data = _loads(raw, "response body")
+    choice = _first_choice(data)
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ModelError(f"the model response has no choices[0].message: {_excerpt(raw)}")
+    content = message.get("content")
+    if content is None:
+        content = message.get("refusal")
+    if content is not None and not isinstance(content, str):
+        raise ModelError(f"the model response content is not a string: {_excerpt(raw)}")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise ModelError(f"the model response tool_calls is not a list: {_excerpt(raw)}")
+    raw_calls: list[tuple[Any, Any, Any]] = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ModelError(f"a tool call in the model response has no function: {call!r}")
+        raw_calls.append((call.get("id"), function.get("name"), function.get("arguments")))
+    return assemble(content or "", raw_calls, choice.get("finish_reason"))
+
+
+def _raise_reported_error(data: Any) -> None:
+    error = data.get("error") if isinstance(data, dict) else None
+    if error:
+        detail = error.get("message", error) if isinstance(error, dict) else error
+        raise ModelError(f"the model endpoint reported an error: {detail}")
+
+
+def _first_choice(data: Any) -> Json:
+    _raise_reported_error(data)
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ModelError(f"the model response has no choices: {_excerpt(data)}")
+    return choices[0]
+
+
+def assemble(text: str, calls: Sequence[Sequence[Any]], finish_reason: Any) -> Message:
+    """Build the assistant message from text and ``(id, name, arguments)`` triples."""
+    tool_calls = [_tool_call(*c) for c in calls]
+    if not text and not tool_calls:
+        if finish_reason == "length":
+            raise ModelError(
+                "the model hit its token limit before answering; raise max_tokens"
+                " (extra_body={'max_completion_tokens': ...}) or shorten the input"
+            )
+        raise ModelError(
+            f"the model returned an empty answer (finish_reason={finish_reason!r}):"
+            " no text and no tool calls"
+        )
+    return Message.assistant(text, tool_calls)
+
+
+def _tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
+    if not isinstance(name, str) or not name:
+        raise ModelError(f"the model asked for a tool call without a name (id={call_id!r})")
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = "{}"  # some servers send "" for a tool without parameters
+    if not isinstance(arguments, str):
+        raise ModelError(f"arguments of tool call {name!r} are not a JSON string: {arguments!r}")
+    try:
+        decoded = json.loads(arguments)
+    except ValueError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        raise ModelError(
+            f"arguments of tool call {name!r} are not a JSON object: {_excerpt(arguments)}"
+        )
+    # Servers that omit ids still need one: the tool result is paired with its call by id.
+    call_id = call_id if isinstance(call_id, str) and call_id else f"call_{uuid.uuid4().hex}"
+    return ToolCall(id=call_id, name=name, arguments=decoded)
+
+
+class StreamAssembler:
+    """Accumulates a server-sent-event stream of chat completion chunks into one message."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self._text: list[str] = []
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+        self._finish_reason: Any = None
+
+    def feed(self, line: str) -> str | None:
+        """Take one line of the stream; return its text delta, if any."""
+        if not line or line.startswith(":"):
+            return None
+        if line.startswith(("event:", "id:", "retry:")):
+            return None
+        if not line.startswith("data:"):
+            raise ModelError(f"the model stream sent a line that is not SSE: {_excerpt(line)}")
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.done = True
+            return None
+        if self.done:
+            raise ModelError("the model stream sent data after [DONE]")
+        chunk = _loads(payload, "stream chunk")
+        if not isinstance(chunk, dict):
+            raise ModelError(f"a model stream chunk is not an object: {_excerpt(payload)}")
+        _raise_reported_error(chunk)
+        if not chunk.get("choices"):
+            return None  # the usage chunk has no choices
+        return self._take(_first_choice(chunk))
+
+    def _take(self, choice: Json) -> str | None:
+        if choice.get("finish_reason"):
+            self._finish_reason = choice["finish_reason"]
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise ModelError(f"a model stream delta is not an object: {delta!r}")
+        for position, call in enumerate(delta.get("tool_calls") or []):
+            self._take_call(position, call)
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self._text.append(content)
+            return content
+        return None
+
+    def _take_call(self, position: int, call: Any) -> None:
+        if not isinstance(call, dict):
+            raise ModelError(f"a tool call delta is not an object: {call!r}")
+        index = call.get("index", position)
+        entry = self._calls.setdefault(index if isinstance(index, int) else position, ["", "", ""])
+        function = call.get("function") or {}
+        # id and name come once (first one wins); arguments arrive in pieces.
+        entry[0] = entry[0] or str(call.get("id") or "")
+        entry[1] = entry[1] or str(function.get("name") or "")
+        entry[2] += str(function.get("arguments") or "")
+
+    def finish(self) -> Message:
+        """The assembled message; ModelError if the stream did not end with [DONE]."""
+        if not self.done:
+            raise ModelError(
+                "the model stream ended before 'data: [DONE]'; the answer may be cut off"
+            )
+        calls = [self._calls[i] for i in sorted(self._calls)]
+        return assemble("".join(self._text), calls, self._finish_reason)
+
+
+def retry_after(headers: Mapping[str, str], *, cap: float, now: datetime | None = None) -> float | None:
+    """Seconds the server asks us to wait (``retry-after-ms`` or ``Retry-After``), capped."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    seconds: float | None = None
+    if "retry-after-ms" in lowered:
+        seconds = _float(lowered["retry-after-ms"])
+        seconds = None if seconds is None else seconds / 1000
+    if seconds is None and "retry-after" in lowered:
+        value = lowered["retry-after"]
+        seconds = _float(value)
+        if seconds is None:
+            seconds = _seconds_until(value, now or datetime.now(UTC))
+    if seconds is None or seconds < 0:
+        return None
+    return min(seconds, cap)
+
+
+def _float(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number == number and number != float("inf") else None
+
+
+def _seconds_until(http_date: str, now: datetime) -> float | None:
+    try:
+        when = parsedate_to_datetime(http_date)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def _loads(raw: str | bytes, what: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ModelError(f"the model {what} is not JSON: {_excerpt(raw)}") from None
+
+
+def _excerpt(value: Any) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    text = value if isinstance(value, str) else repr(value)
+    return repr(text[:_EXCERPT] + ("..." if len(text) > _EXCERPT else ""))

@@ -1,0 +1,90 @@
+"""Agent profiles: the named :class:`convoq.Agent` objects a worker can run.
+
+A profile module is any importable module (``CONVOQ_AGENTS=myapp.agents`` or
+``convoq worker --agents myapp.agents``); every ``Agent`` instance with a ``name`` among its
+attributes is a profile. Several modules may be given, separated by commas.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+
+from convoq.agent import Agent
+from convoq.errors import ConfigurationError, UnknownAgentError
+
+
+class Profiles(Mapping[str, Agent]):
+    """The profiles of a worker, by name."""
+
+    def __init__(self, agents: Iterable[Agent]) -> None:
+        self._agents: dict[str, Agent] = {}
+        for agent in agents:
+            if agent.name is None:
+                raise ConfigurationError("an agent profile needs a name: Agent(..., name='...')")
+            other = self._agents.get(agent.name)
+            if other is not None and other is not agent:
+                raise ConfigurationError(f"two agent profiles are named {agent.name!r}")
+            self._agents[agent.name] = agent
+
+    def __getitem__(self, name: str) -> Agent:
+        return self._agents[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._agents)
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def get_profile(self, name: str) -> Agent:
+        """The profile called ``name``.
+
+        Raises:
+            UnknownAgentError: no profile has that name (the known names are listed).
+        """
+        agent = self._agents.get(name)
+        if agent is None:
+            raise UnknownAgentError(
+                f"no agent profile named {name!r}; this worker knows {sorted(self._agents)}",
+                agent=name,
+                known=sorted(self._agents),
+            )
+        return agent
+
+    def history_window(self) -> int:
+        """How many turns to fetch with a lease (0 = all): enough for every profile."""
+        windows = [a.keep_last_turns for a in self._agents.values()]
+        if not windows or 0 in windows:
+            return 0
+        return max(windows)
+
+
+def load_profiles(modules: str | None) -> Profiles:
+    """Import ``modules`` (comma separated) and collect their named ``Agent`` objects.
+
+    Raises:
+        ConfigurationError: nothing to import, an import error, or no named Agent found.
+    """
+    names = [m.strip() for m in (modules or "").split(",") if m.strip()]
+    if not names:
+        raise ConfigurationError(
+            "no agent profiles: set CONVOQ_AGENTS=myapp.agents or pass --agents myapp.agents"
+        )
+    found: list[Agent] = []
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"cannot import agent module {name!r}: {exc}; check CONVOQ_AGENTS/--agents"
+                " and that the module is on the Python path",
+                module=name,
+            ) from exc
+        found.extend(
+            v for v in vars(module).values() if isinstance(v, Agent) and v.name is not None
+        )
+    if not found:
+        raise ConfigurationError(
+            f"no named Agent in {names}: define e.g. assistant = Agent(model, name='assistant')"
+        )
+    return Profiles(found)

@@ -1,0 +1,57 @@
+"""Memory backends by name, so every memory test body runs on each of them."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from convoq._sync import run_sync
+from convoq.memory import ConversationMemory, FileConversationMemory, InMemoryConversationMemory
+
+BACKENDS = ["in_memory", "file", "redis"]
+
+
+def _in_memory(tmp_path: Path, redis_url: str | None, key_prefix: str) -> ConversationMemory:
+    return InMemoryConversationMemory()
+
+
+def _file(tmp_path: Path, redis_url: str | None, key_prefix: str) -> ConversationMemory:
+    return FileConversationMemory(tmp_path / "conversations")
+
+
+def _redis(tmp_path: Path, redis_url: str | None, key_prefix: str) -> ConversationMemory:
+    module = pytest.importorskip("convoq.memory.redis")
+    memory: ConversationMemory = module.RedisConversationMemory(url=redis_url, prefix=key_prefix)
+    return memory
+
+
+_FACTORIES: dict[str, Callable[[Path, str | None, str], ConversationMemory]] = {
+    "in_memory": _in_memory,
+    "file": _file,
+    "redis": _redis,
+}
+
+
+def make_memory(
+    name: str, tmp_path: Path, redis_url: str | None, key_prefix: str
+) -> ConversationMemory:
+    """A fresh, empty memory of backend ``name`` (``redis_url`` only matters for redis)."""
+    return _FACTORIES[name](tmp_path, redis_url, key_prefix)
+
+
+def close_memory(memory: ConversationMemory) -> None:
+    """Release what a backend holds (connection pools), whether its close is sync or async."""
+    for name in ("close", "aclose"):
+        closer = getattr(memory, name, None)
+        if callable(closer):
+            result = closer()
+            if inspect.isawaitable(result):
+                run_sync(_await(result))
+            return
+
+
+async def _await(awaitable: object) -> None:
+    await awaitable  # type: ignore[misc]

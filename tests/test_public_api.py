@@ -1,0 +1,46 @@
+"""The public surface is the contract: pinned here so a rename is a visible decision."""
+
+from __future__ import annotations
+
+import convoq
+import convoq.errors
+import convoq.memory
+import convoq.models
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert convoq.__all__ == sorted(convoq.__all__)
+    for name in convoq.__all__:
+        assert getattr(convoq, name) is not None, name
+
+
+def test_contract_names() -> None:
+    expected = {
+        "Agent", "Message", "MessageRole", "TextPart", "ImagePart", "FilePart", "ToolCall",
+        "GenerationRequest", "Response", "tool", "load_image", "load_pdf", "Client",
+        "AsyncClient", "TurnHandle",
+    }  # fmt: skip
+    assert expected <= set(convoq.__all__)
+    assert {"ConversationMemory", "InMemoryConversationMemory", "FileConversationMemory",
+            "RedisConversationMemory"} <= set(convoq.memory.__all__)  # fmt: skip
+    assert {"ScriptedModel", "OpenAIChatModel", "openai"} <= set(convoq.models.__all__)
+
+
+def test_every_error_is_a_convoq_error_and_documented_in_the_tree() -> None:
+    doc = convoq.errors.__doc__ or ""
+    for name in dir(convoq.errors):
+        obj = getattr(convoq.errors, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, convoq.errors.ConvoqError), name
+            assert name in doc, f"{name} missing from the tree in the errors docstring"
+            assert obj.__doc__, name
+
+
+def test_errors_travel_as_data() -> None:
+    err = convoq.errors.MaxStepsExceededError("too many", max_steps=3)
+    back = convoq.errors.error_from_data(err.to_data())
+    assert type(back) is convoq.errors.MaxStepsExceededError
+    assert back.message == "too many" and back.details == {"max_steps": 3}
+    unknown = convoq.errors.error_from_data({"type": "ValueError", "message": "bad"})
+    assert isinstance(unknown, convoq.errors.TurnFailedError)
+    assert unknown.remote_type == "ValueError"
