@@ -63,7 +63,7 @@ def load_image(
         AttachmentError: the file is missing, a directory, empty, over ``max_bytes`` or
             not one of the image types above.
     """
-    data, name = _read_source(path_or_bytes, filename, max_bytes)
+    data, name, _ = _read_source(path_or_bytes, filename, max_bytes)
     mime = sniff_mime_type(data)
     if mime not in IMAGE_MIME_TYPES:
         hint = "; use load_pdf for PDFs" if mime == PDF_MIME_TYPE else ""
@@ -96,7 +96,7 @@ def load_pdf(
         AttachmentError: the file is missing, a directory, empty, over ``max_bytes`` or
             not a PDF.
     """
-    data, name = _read_source(path_or_bytes, filename, max_bytes)
+    data, name, base_name = _read_source(path_or_bytes, filename, max_bytes)
     mime = sniff_mime_type(data)
     if mime != PDF_MIME_TYPE:
         hint = "; use load_image for images" if mime in IMAGE_MIME_TYPES else ""
@@ -105,33 +105,34 @@ def load_pdf(
             filename=name,
             mime_type=mime,
         )
-    if filename is None and not isinstance(path_or_bytes, bytes):
-        filename = os.path.basename(os.fspath(path_or_bytes))
     return FilePart(
         data=data,
         mime_type=PDF_MIME_TYPE,
-        filename=filename,
+        filename=filename if filename is not None else base_name,
         provider_options=dict(provider_options or {}),
     )
 
 
-def _read_source(source: PathOrBytes, filename: str | None, max_bytes: int) -> tuple[bytes, str]:
-    """Return (bytes, a name for messages), enforcing the size limit before reading."""
+def _read_source(
+    source: PathOrBytes, filename: str | None, max_bytes: int
+) -> tuple[bytes, str, str | None]:
+    """Return (bytes, a name for messages, the file's base name), within the size limit."""
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
         raise AttachmentError(f"max_bytes must be a positive int, not {max_bytes!r}")
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
         name = repr(filename) if filename else "the given bytes"
         _check_size(len(data), max_bytes, name)
-        return data, name
+        return data, name, None
     if not isinstance(source, str | os.PathLike):
         raise AttachmentError(
             f"expected a path (str or os.PathLike) or bytes, got {type(source).__name__}"
         )
-    return _read_file(os.fspath(source), max_bytes)
+    path = os.fspath(source)
+    return _read_file(path, max_bytes), repr(path), os.path.basename(path)
 
 
-def _read_file(path: str, max_bytes: int) -> tuple[bytes, str]:
+def _read_file(path: str, max_bytes: int) -> bytes:
     name = repr(path)
     try:
         info = os.stat(path)
@@ -149,7 +150,7 @@ def _read_file(path: str, max_bytes: int) -> tuple[bytes, str]:
     except OSError as exc:
         raise AttachmentError(f"cannot read {name}: {exc.strerror}", path=path) from None
     _check_size(len(data), max_bytes, name)
-    return data, name
+    return data
 
 
 def _check_size(size: int, max_bytes: int, name: str) -> None:

@@ -6,14 +6,24 @@ list of turns, optionally preceded by leading system/developer messages.
 
 from __future__ import annotations
 
+import base64
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, TypeAdapter
 
 from convoq.errors import InvalidMessageError
 
-_BYTES_AS_BASE64 = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64", frozen=False)
+_BYTES_AS_BASE64 = ConfigDict(val_json_bytes="base64")
+
+
+def _standard_base64(data: bytes) -> str:
+    # pydantic's own "base64" mode writes the URL-safe alphabet; files and Redis records
+    # use the standard one so any base64 decoder reads them. Reading accepts both.
+    return base64.b64encode(data).decode("ascii")
+
+
+Base64Bytes = Annotated[bytes, PlainSerializer(_standard_base64, return_type=str, when_used="json")]
 
 
 class MessageRole(StrEnum):
@@ -39,7 +49,7 @@ class ImagePart(BaseModel):
 
     model_config = _BYTES_AS_BASE64
     type: Literal["image"] = "image"
-    data: bytes
+    data: Base64Bytes
     mime_type: str
     provider_options: dict[str, Any] = Field(default_factory=dict)
 
@@ -49,7 +59,7 @@ class FilePart(BaseModel):
 
     model_config = _BYTES_AS_BASE64
     type: Literal["file"] = "file"
-    data: bytes
+    data: Base64Bytes
     mime_type: str
     filename: str | None = None
     provider_options: dict[str, Any] = Field(default_factory=dict)

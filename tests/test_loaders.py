@@ -55,7 +55,8 @@ def test_bytes_input(tmp_path: Path) -> None:
     assert load_pdf(PDF).filename is None
     assert load_pdf(bytearray(PDF)).data == PDF
     part = load_image(PNG, provider_options={"detail": "high"})
-    assert (part.data, part.mime_type, part.provider_options) == (PNG, "image/png", {"detail": "high"})  # fmt: skip
+    assert (part.data, part.mime_type) == (PNG, "image/png")
+    assert part.provider_options == {"detail": "high"}
 
 
 def test_provider_options_are_copied() -> None:
@@ -93,13 +94,13 @@ def test_empty_file_and_empty_bytes(tmp_path: Path, loader: object) -> None:
 def test_pdf_given_to_load_image(tmp_path: Path) -> None:
     path = tmp_path / "looks.png"
     path.write_bytes(PDF)
-    with pytest.raises(AttachmentError, match="is a PDF, not a PNG, JPEG, GIF or WebP.*load_pdf"):
+    with pytest.raises(AttachmentError, match=r"is a PDF, not a PNG, JPEG, GIF or WebP.*load_pdf"):
         load_image(path)
 
 
 @pytest.mark.parametrize("data", [PNG, JPEG, WEBP], ids=["png", "jpeg", "webp"])
 def test_image_given_to_load_pdf(data: bytes) -> None:
-    with pytest.raises(AttachmentError, match="image, not a PDF.*load_image") as caught:
+    with pytest.raises(AttachmentError, match=r"image, not a PDF.*load_image") as caught:
         load_pdf(data, filename="scan.pdf")
     assert "'scan.pdf'" in str(caught.value)
 
@@ -110,9 +111,9 @@ def test_image_given_to_load_pdf(data: bytes) -> None:
     ids=["text", "wav", "gif88", "png-ish", "zip"],
 )
 def test_unknown_bytes_are_refused_by_both(data: bytes) -> None:
-    with pytest.raises(AttachmentError, match="unknown type.*not a PNG, JPEG, GIF or WebP"):
+    with pytest.raises(AttachmentError, match=r"unknown type.*not a PNG, JPEG, GIF or WebP"):
         load_image(data)
-    with pytest.raises(AttachmentError, match="unknown type.*not a PDF"):
+    with pytest.raises(AttachmentError, match=r"unknown type.*not a PDF"):
         load_pdf(data)
 
 
@@ -150,7 +151,7 @@ def test_bad_max_bytes(bad: object) -> None:
 
 
 def test_wrong_source_type() -> None:
-    with pytest.raises(AttachmentError, match="expected a path .* or bytes, got int"):
+    with pytest.raises(AttachmentError, match=r"expected a path .* or bytes, got int"):
         load_image(42)  # type: ignore[arg-type]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from convoq.errors import (
+    ConfigurationError,
     ConversationMemoryError,
     CorruptDataError,
     InvalidConversationIdError,
@@ -134,15 +135,16 @@ def history_with_lead(turn_count: int) -> tuple[list[Message], list[list[Message
         Message.system("be brief"),
         Message(role=MessageRole.DEVELOPER, content=[TextPart(text="dev")]),
     ]
-    turns = [whole_turn(seed) if seed % 2 else [Message.user(f"u{seed}"), Message.assistant(f"a{seed}")]
-             for seed in range(turn_count)]  # fmt: skip
+    # Odd turns carry tool exchanges and attachments; they must move as one block.
+    turns = [
+        whole_turn(seed) if seed % 2 else [Message.user(f"u{seed}"), Message.assistant(f"a{seed}")]
+        for seed in range(turn_count)
+    ]
     return lead, turns
 
 
 @pytest.mark.parametrize("keep", [1, 2, 3, 4, 10])
-def test_last_turns_keeps_lead_and_whole_last_turns(
-    memory: ConversationMemory, keep: int
-) -> None:
+def test_last_turns_keeps_lead_and_whole_last_turns(memory: ConversationMemory, keep: int) -> None:
     lead, turns = history_with_lead(4)
     memory.append("c", lead + turns[0])
     for turn in turns[1:]:
@@ -286,9 +288,7 @@ class AsyncOnly(ConversationMemory):
     def __init__(self) -> None:
         self.data: dict[str, list[Message]] = {}
 
-    async def aload(
-        self, conversation_id: str, *, last_turns: int | None = None
-    ) -> list[Message]:
+    async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
         await asyncio.sleep(0)
         return list(self.data.get(conversation_id, []))
 
@@ -370,17 +370,20 @@ def test_file_layout_is_format_2_with_base64_inline(files: FileConversationMemor
     assert document["conversation_id"] == "user:42"
     image, pdf = document["messages"][0]["content"][1], document["messages"][0]["content"][3]
     sent_image, sent_pdf = turn[0].content[1], turn[0].content[3]
-    # pydantic writes the URL-safe base64 alphabet (and reads both alphabets back).
+    # The standard base64 alphabet, so any decoder reads the file.
     assert isinstance(sent_image, ImagePart) and isinstance(sent_pdf, FilePart)
-    assert base64.urlsafe_b64decode(image["data"]) == sent_image.data
+    assert base64.b64decode(image["data"], validate=True) == sent_image.data
     assert (image["mime_type"], pdf["mime_type"]) == ("image/png", "application/pdf")
-    assert base64.urlsafe_b64decode(pdf["data"]) == sent_pdf.data
+    assert base64.b64decode(pdf["data"], validate=True) == sent_pdf.data
     assert pdf["filename"] == "report-0.pdf"
 
 
 def test_restart_reads_everything_back_without_the_source_files(tmp_path: Path) -> None:
     directory = tmp_path / "store"
-    sources = {"photo.jpg": magic_bytes(b"\xff\xd8\xff\xe0", 7), "paper.pdf": magic_bytes(b"%PDF-1.4\n", 8)}  # fmt: skip
+    sources = {
+        "photo.jpg": magic_bytes(b"\xff\xd8\xff\xe0", 7),
+        "paper.pdf": magic_bytes(b"%PDF-1.4\n", 8),
+    }
     for name, data in sources.items():
         (tmp_path / name).write_bytes(data)
     message = Message(
@@ -535,3 +538,11 @@ def test_max_file_bytes_refuses_growth_and_keeps_history(tmp_path: Path) -> None
         files.append("c", whole_turn())
     assert "memory.clear('c')" in str(caught.value)
     assert files.load("c") == [Message.user("small")]
+
+
+def test_unusable_directory_and_bad_limit_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(ConversationMemoryError, match="give a writable directory"):
+        FileConversationMemory(tmp_path / "a-file")
+    with pytest.raises(ConfigurationError, match="max_file_bytes must be a positive int"):
+        FileConversationMemory(tmp_path, max_file_bytes=0)

@@ -195,9 +195,7 @@ async def test_tool_call_without_id_gets_one(server: OpenAIServer, model: OpenAI
     assert answer.tool_calls[0].name == "now"
 
 
-async def test_streaming_text_deltas_in_order(
-    server: OpenAIServer, model: OpenAIChatModel
-) -> None:
+async def test_streaming_text_deltas_in_order(server: OpenAIServer, model: OpenAIChatModel) -> None:
     server.reply_stream(["Hel", "lo", ", ", "world", "!"])
     deltas: list[str] = []
 
@@ -253,7 +251,9 @@ async def test_scripted_replies_stream_when_asked(
 
     first = await model.request(ask(), on_text_delta=on_delta)
     second = await model.request(ask(), on_text_delta=on_delta)
-    assert first.tool_calls == [ToolCall(id="call_1", name="get_weather", arguments={"city": "Oslo"})]
+    assert first.tool_calls == [
+        ToolCall(id="call_1", name="get_weather", arguments={"city": "Oslo"})
+    ]
     assert len(deltas) > 1
     assert "".join(deltas) == second.text == "It is sunny in Oslo."
 
@@ -276,7 +276,9 @@ async def test_json_answer_to_a_stream_request_is_one_delta(
 @pytest.mark.parametrize(
     "header", [{"Retry-After": "0"}, {"retry-after-ms": "10"}, {"Retry-After": "0.05"}]
 )
-async def test_retry_after_is_honoured_then_success(server: OpenAIServer, header: dict[str, str]) -> None:
+async def test_retry_after_is_honoured_then_success(
+    server: OpenAIServer, header: dict[str, str]
+) -> None:
     # The backoff alone would sleep for minutes: finishing at all shows Retry-After was used.
     chat = openai("gpt-x", base_url=server.url, api_key="k", retry_base_delay=600)
     server.reply_status(429, headers=header)
@@ -345,7 +347,9 @@ async def test_env_vars_are_read(server: OpenAIServer, monkeypatch: pytest.Monke
     assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
 
 
-async def test_arguments_win_over_env(server: OpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_arguments_win_over_env(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     chat = openai("gpt-x", api_key="sk-arg", base_url=server.url)
@@ -364,7 +368,9 @@ async def test_missing_key_for_openai_is_a_clear_error(monkeypatch: pytest.Monke
         await chat.request(ask())
 
 
-async def test_local_server_needs_no_key(server: OpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_local_server_needs_no_key(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     chat = openai("llama", base_url=server.url)
     server.reply_text("ok")
@@ -377,7 +383,7 @@ async def test_timeout_is_a_model_error(server: OpenAIServer) -> None:
     chat = openai("gpt-x", base_url=server.url, api_key="k", timeout=0.3, max_retries=0)
     server.reply_text("too late", delay=30)
     async with chat:
-        with pytest.raises(ModelError, match="did not answer within 0.3 s"):
+        with pytest.raises(ModelError, match=r"did not answer within 0\.3 s"):
             await chat.request(ask())
 
 

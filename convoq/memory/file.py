@@ -79,9 +79,12 @@ class FileConversationMemory(StoredConversationMemory):
 
     Raises:
         ConversationMemoryError: ``directory`` cannot be created.
+        ConfigurationError: ``max_file_bytes`` is not a positive int or ``None``.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, max_file_bytes: int | None = None):
+    def __init__(
+        self, directory: str | os.PathLike[str], *, max_file_bytes: int | None = None
+    ) -> None:
         if max_file_bytes is not None and (
             not isinstance(max_file_bytes, int) or max_file_bytes < 1
         ):

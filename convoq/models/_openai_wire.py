@@ -236,7 +236,9 @@ class StreamAssembler:
         return assemble("".join(self._text), calls, self._finish_reason)
 
 
-def retry_after(headers: Mapping[str, str], *, cap: float, now: datetime | None = None) -> float | None:
+def retry_after(
+    headers: Mapping[str, str], *, cap: float, now: datetime | None = None
+) -> float | None:
     """Seconds the server asks us to wait (``retry-after-ms`` or ``Retry-After``), capped."""
     lowered = {k.lower(): v for k, v in headers.items()}
     seconds: float | None = None

@@ -121,7 +121,7 @@ class OpenAIChatModel:
     def _delay(self, attempt: int, asked: float | None) -> float:
         if asked is not None:
             return asked
-        backoff = min(MAX_BACKOFF, self.retry_base_delay * 2**attempt)
+        backoff = min(MAX_BACKOFF, self.retry_base_delay * 2.0**attempt)
         return backoff * random.uniform(0.5, 1.0)  # jitter: retries of many turns spread out
 
     async def _attempt(

@@ -68,7 +68,7 @@ def text_chunk(text: str) -> Json:
 def tool_call_chunk(
     index: int, *, id: str | None = None, name: str | None = None, arguments: str = ""
 ) -> Json:
-    """A stream chunk carrying (part of) tool call ``index``: id and name once, arguments in pieces."""
+    """A stream chunk with (part of) tool call ``index``: id and name once, arguments in pieces."""
     call: Json = {"index": index, "function": {"arguments": arguments}}
     if id is not None:
         call["id"] = id
@@ -163,7 +163,10 @@ class OpenAIServer:
 
     def start(self) -> None:
         self._http = _HTTPServer(self)
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        # A short poll interval keeps shutdown (and so each test's teardown) quick.
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -1,0 +1,57 @@
+"""Connections shared by the client and the workers: which Redis, which broker, and a
+Celery app that only sends (no task code needed to kick a conversation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+DEFAULT_HOME = Path(".convoq")
+
+
+def resolve_redis_url(redis_url: str | None, home: Path | None = None) -> str:
+    """``redis_url`` itself, or the URL of the embedded redis-server (started if needed)."""
+    if redis_url:
+        return redis_url
+    from convoq.redis import embedded  # noqa: PLC0415  (only without a configured Redis)
+
+    return embedded.ensure_url(home or DEFAULT_HOME)
+
+
+def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
+    """The Celery broker URL: ``broker_url`` if given, else the memory Redis.
+
+    kombu spells a Redis unix socket ``redis+socket://``; redis-py spells it ``unix://``.
+    """
+    url = broker_url or redis_url
+    if url.startswith("unix://"):
+        return "redis+socket://" + url[len("unix://") :]
+    return url
+
+
+def celery_base_config(broker_url: str, *, visibility_timeout_s: int = 3600) -> dict[str, Any]:
+    """Settings every convoq Celery app shares, sender or worker: JSON only, no results."""
+    return {
+        "broker_url": broker_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "result_backend": None,
+        # The turn record in Redis is the result; Celery stores none.
+        "task_ignore_result": True,
+        "task_send_sent_event": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": visibility_timeout_s},
+        "task_create_missing_queues": True,
+    }
+
+
+def sender_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
+    """A Celery app that only sends tasks by name (``send_task``) to convoq's queues."""
+    app = Celery("convoq-client", set_as_current=False)
+    app.conf.update(celery_base_config(broker_url, visibility_timeout_s=visibility_timeout_s))
+    return app

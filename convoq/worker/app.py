@@ -1,0 +1,104 @@
+"""The Celery app of convoq workers: ``celery -A convoq.worker.app:app worker`` or
+``convoq worker``.
+
+Configured for this job: JSON only; no result backend (the turn record in Redis is the
+result); ``acks_late`` + ``reject_on_worker_lost`` + prefetch 1 so a kick is not lost with
+a dying worker; the ``threads`` pool with many slots per process, because turns wait on
+model calls; task events on, so Flower sees workers and tasks. The broker defaults to the
+memory Redis; an AMQP broker (RabbitMQ) works too, Redis still holding memory.
+
+``app`` is built on first access from ``ConvoqSettings`` (``CONVOQ_*``), so importing this
+module starts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery, signals
+from kombu import Queue
+
+from convoq.client._connect import broker_url_for, celery_base_config, resolve_redis_url
+from convoq.settings import ConvoqSettings
+from convoq.worker import routing
+from convoq.worker.runtime import WorkerRuntime, current_runtime, runtime_for
+from convoq.worker.tasks import register_tasks
+
+
+class ConvoqCelery(Celery):
+    """A Celery app that knows the ConvoqSettings it was built from."""
+
+    convoq_settings: ConvoqSettings
+
+    def runtime(self) -> WorkerRuntime:
+        """This process's runtime (event loop, protocol, runner), created on first use."""
+        return runtime_for(self, self.convoq_settings)
+
+
+def create_app(settings: ConvoqSettings | None = None) -> ConvoqCelery:
+    """Build the worker app from ``settings`` (the environment when omitted)."""
+    s = settings or ConvoqSettings()
+    redis_url = resolve_redis_url(s.redis_url, s.home)
+    if s.redis_url is None:
+        # Pool children and the runtime must reach the same embedded server.
+        s = s.model_copy(update={"redis_url": redis_url})
+    app = ConvoqCelery("convoq", set_as_current=False)
+    app.convoq_settings = s
+    app.conf.update(worker_config(s, broker_url_for(redis_url, s.broker_url)))
+    register_tasks(app)
+    return app
+
+
+def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
+    """The Celery settings of a convoq worker (see the module docstring for why)."""
+    queues = routing.queue_names(s.prefix, list(range(s.partitions)))
+    config = celery_base_config(broker_url, visibility_timeout_s=s.visibility_timeout_s)
+    config.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        worker_pool="threads",
+        worker_concurrency=s.concurrency,
+        worker_send_task_events=True,
+        worker_hijack_root_logger=False,
+        task_queues=[Queue(name) for name in queues],
+        task_default_queue=queues[0],
+        broker_heartbeat=30,
+    )
+    return config
+
+
+def _runtime_of(sender: Any) -> WorkerRuntime | None:
+    app = getattr(sender, "app", None)
+    if isinstance(app, ConvoqCelery):
+        return app.runtime()
+    return None
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    runtime = _runtime_of(sender)
+    if runtime is not None:
+        queues = sorted(q.name for q in sender.task_consumer.queues)
+        runtime.announce(str(sender.hostname), queues)
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    runtime = current_runtime()
+    if runtime is not None and isinstance(getattr(sender, "app", None), ConvoqCelery):
+        runtime.close()
+
+
+_app: ConvoqCelery | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: `celery -A convoq.worker.app:app` builds the app only when it is asked for.
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,261 @@
+"""The drain loop: run one conversation's queued turns, one at a time, under a lease.
+
+``drain(cid)`` acquires the conversation's lease (``None``: nothing to do, or another
+worker holds it), then loops: run the engine for the head turn while a background task
+renews the lease, then commit, fail or park. Commit and fail hand back the next turn under
+the same lease, so a busy conversation costs one round trip per turn. The loop ends when
+the inbox is empty, a turn parks for approval, or the lease is lost (another worker took
+over after this one stalled: its turn is abandoned, nothing is written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from convoq.agent import Agent
+from convoq.engine import Completed, Outcome, TurnEvent, TurnLoop, TurnState
+from convoq.errors import (
+    ConvoqError,
+    NotInboxHeadError,
+    StaleFenceError,
+    TurnAlreadyAppliedError,
+    TurnCancelledError,
+)
+from convoq.ids import check_conversation_id
+from convoq.messages import Message
+from convoq.redis.protocol import Acquired, TurnProtocol
+from convoq.window import last_turns
+from convoq.worker.profiles import Profiles
+
+log = logging.getLogger("convoq.worker")
+T = TypeVar("T")
+
+# Called after a turn finished (succeeded, failed or cancelled) with (cid, tid, options).
+FinishedHook = Callable[[str, str, dict[str, Any]], Awaitable[None]]
+
+
+class LeaseLostError(ConvoqError):
+    """Renewing the lease failed: another worker owns the conversation now."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a worker runs turns (from ConvoqSettings at start-up)."""
+
+    worker_id: str
+    lease_ms: int = 10_000
+    max_attempts: int = 5
+    approval_ttl_s: int = 86_400
+
+
+@dataclass
+class DrainReport:
+    """What one drain did, for logs and tests."""
+
+    conversation_id: str
+    succeeded: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.succeeded or self.failed or self.parked or self.abandoned)
+
+
+async def _no_hook(_cid: str, _tid: str, _options: dict[str, Any]) -> None:
+    return None
+
+
+class Runner:
+    """Runs conversations' turns with the worker's profiles."""
+
+    def __init__(
+        self,
+        protocol: TurnProtocol,
+        profiles: Profiles,
+        config: RunnerConfig,
+        *,
+        on_finished: FinishedHook = _no_hook,
+    ) -> None:
+        self._protocol = protocol
+        self._profiles = profiles
+        self._config = config
+        self._on_finished = on_finished
+        self._window = profiles.history_window()
+
+    async def drain(self, conversation_id: str) -> DrainReport:
+        """Run the conversation's queued turns until its inbox is empty or a turn parks."""
+        cid = check_conversation_id(conversation_id)
+        report = DrainReport(cid)
+        acquired = await self._protocol.acquire(
+            cid,
+            worker_id=self._config.worker_id,
+            lease_ms=self._config.lease_ms,
+            window=self._window,
+            max_attempts=self._config.max_attempts,
+        )
+        while acquired is not None:
+            acquired = await self._run_turn(acquired, report)
+        return report
+
+    async def _run_turn(self, acq: Acquired, report: DrainReport) -> Acquired | None:
+        turn = acq.turn
+        cid, tid = turn.conversation_id, turn.turn_id
+        try:
+            outcome = await self._with_lease(acq, self._execute(acq))
+        except LeaseLostError:
+            log.warning("lease on %s lost during turn %s: abandoned, nothing stored", cid, tid)
+            report.abandoned.append(tid)
+            return None
+        except Exception as exc:  # any failure ends the turn as failed; nothing is stored
+            return await self._fail(acq, exc, report)
+        if isinstance(outcome, Completed):
+            return await self._commit(acq, outcome, report)
+        await self._protocol.park(
+            cid,
+            tid,
+            fence=acq.fence,
+            state=outcome.state,
+            approval_ttl_ms=self._config.approval_ttl_s * 1000,
+        )
+        report.parked.append(tid)
+        return None
+
+    async def _execute(self, acq: Acquired) -> Outcome:
+        turn = acq.turn
+        profile = self._profiles.get_profile(turn.agent)
+        cid, tid = turn.conversation_id, turn.turn_id
+
+        async def emit(event: TurnEvent) -> None:
+            await self._protocol.emit(cid, tid, event)
+
+        async def checkpoint(state: TurnState) -> None:
+            await self._protocol.checkpoint(cid, tid, fence=acq.fence, state=state)
+
+        async def should_stop() -> bool:
+            return await self._protocol.is_cancel_requested(cid, tid)
+
+        loop = TurnLoop(
+            model=profile.model,
+            tools=profile.tools,
+            history=await self._history(acq, profile),
+            instructions=profile.instructions,
+            max_steps=profile.max_steps,
+            emit=emit,
+            checkpoint=checkpoint,
+            should_stop=should_stop,
+        )
+        state = acq.state or TurnState.start(turn.input)
+        return await loop.run(state)
+
+    async def _history(self, acq: Acquired, profile: Agent) -> list[Message]:
+        """The window this turn asks for, from what came with the lease when it suffices."""
+        wanted = acq.turn.options.get("keep_last_turns")
+        keep = int(wanted) if wanted is not None else profile.keep_last_turns
+        if keep == self._window:
+            return list(acq.history)
+        if self._window and 0 < keep < self._window:
+            return last_turns(list(acq.history), keep)
+        return await self._protocol.history(acq.turn.conversation_id, last_turns=keep or None)
+
+    async def _with_lease(self, acq: Acquired, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` while renewing the lease; cancel it if the lease is lost."""
+        task = asyncio.ensure_future(work)
+        renewer = asyncio.create_task(self._renew(acq))
+        try:
+            await asyncio.wait({task, renewer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost = not task.done()
+            for pending in (task, renewer):
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
+        if lost:
+            raise LeaseLostError("the lease was lost while the turn ran")
+        return task.result()
+
+    async def _renew(self, acq: Acquired) -> None:
+        """Renew every lease_ms/3; a transient error is retried until the lease would lapse."""
+        cid, lease_ms = acq.turn.conversation_id, self._config.lease_ms
+        period = lease_ms / 3000
+        loop = asyncio.get_running_loop()
+        renewed_at = loop.time()
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self._protocol.renew(cid, fence=acq.fence, lease_ms=lease_ms)
+                renewed_at = loop.time()
+            except StaleFenceError:
+                return
+            except Exception as exc:
+                if loop.time() - renewed_at > lease_ms / 1000:
+                    log.error("cannot renew the lease on %s: %s", cid, exc)
+                    return
+                log.warning("renewing the lease on %s failed, retrying: %s", cid, exc)
+
+    async def _commit(self, acq: Acquired, outcome: Completed, report: DrainReport) -> Acquired | None:
+        turn = acq.turn
+        cid, tid = turn.conversation_id, turn.turn_id
+        try:
+            following = await self._protocol.commit(
+                cid,
+                tid,
+                fence=acq.fence,
+                messages=outcome.messages,
+                lease_ms=self._config.lease_ms,
+                window=self._window,
+                max_attempts=self._config.max_attempts,
+            )
+        except TurnAlreadyAppliedError:
+            report.succeeded.append(tid)  # a replay of our own commit: it is stored
+            return None
+        except (StaleFenceError, NotInboxHeadError) as exc:
+            log.warning("commit of %s/%s refused (%s): abandoned", cid, tid, exc.message)
+            report.abandoned.append(tid)
+            return None
+        report.succeeded.append(tid)
+        await self._finished(cid, tid, turn.options)
+        return following
+
+    async def _fail(self, acq: Acquired, exc: Exception, report: DrainReport) -> Acquired | None:
+        turn = acq.turn
+        cid, tid = turn.conversation_id, turn.turn_id
+        error = error_data(exc)
+        if not isinstance(exc, TurnCancelledError):
+            log.info("turn %s/%s failed: %s", cid, tid, error["message"])
+        try:
+            following = await self._protocol.fail(
+                cid,
+                tid,
+                fence=acq.fence,
+                error=error,
+                lease_ms=self._config.lease_ms,
+                window=self._window,
+                max_attempts=self._config.max_attempts,
+            )
+        except (StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError) as refused:
+            log.warning("fail of %s/%s refused (%s): abandoned", cid, tid, refused.message)
+            report.abandoned.append(tid)
+            return None
+        report.failed.append(tid)
+        await self._finished(cid, tid, turn.options)
+        return following
+
+    async def _finished(self, cid: str, tid: str, options: dict[str, Any]) -> None:
+        try:
+            await self._on_finished(cid, tid, options)
+        except Exception:  # a lost webhook must not stop the conversation
+            log.exception("after-turn hook for %s/%s failed", cid, tid)
+
+
+def error_data(exc: BaseException) -> dict[str, Any]:
+    """The ``{type, message, details}`` stored for a failed turn."""
+    if isinstance(exc, ConvoqError):
+        return exc.to_data()
+    return {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__, "details": {}}

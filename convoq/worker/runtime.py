@@ -1,0 +1,212 @@
+"""What one worker process holds: a long-lived event loop, the Redis protocol on it, the
+runner, the sweeper, and the sender of kicks.
+
+Celery's ``threads`` pool runs many tasks at once; each task submits its coroutine to the
+process's one loop (:class:`convoq._sync.LoopThread`), so Redis and httpx connection pools
+live as long as the process and many model calls are in flight per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from celery import Celery
+
+from convoq._sync import LoopThread
+from convoq.client._connect import resolve_redis_url
+from convoq.errors import ConfigurationError, UnknownTurnError
+from convoq.redis.keys import KeySchema
+from convoq.redis.protocol import TurnProtocol
+from convoq.settings import ConvoqSettings
+from convoq.worker import routing, webhooks
+from convoq.worker.profiles import Profiles, load_profiles
+from convoq.worker.runner import DrainReport, Runner, RunnerConfig
+from convoq.worker.sweeper import Sweeper
+
+log = logging.getLogger("convoq.worker")
+T = TypeVar("T")
+
+
+class WorkerRuntime:
+    """The per-process state behind the tasks (see the module docstring)."""
+
+    def __init__(self, app: Celery, settings: ConvoqSettings) -> None:
+        self.app = app
+        self.settings = settings
+        self.redis_url = resolve_redis_url(settings.redis_url, settings.home)
+        self.profiles: Profiles = load_profiles(settings.agents)
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self._loop = LoopThread("convoq-worker-loop")
+        self._open_lock = threading.Lock()
+        self._state: tuple[aioredis.Redis, TurnProtocol, Runner] | None = None
+        self._sweeper: concurrent.futures.Future[None] | None = None
+        self._announced_as: str | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the process's loop (opening connections on first use)."""
+        self._ensure_open()
+        return self._loop.run(coro)
+
+    @property
+    def protocol(self) -> TurnProtocol:
+        return self._ensure_open()[1]
+
+    @property
+    def runner(self) -> Runner:
+        return self._ensure_open()[2]
+
+    def _ensure_open(self) -> tuple[aioredis.Redis, TurnProtocol, Runner]:
+        with self._open_lock:
+            if self._state is None:
+                self._state = self._loop.run(self._open())
+            return self._state
+
+    async def _open(self) -> tuple[aioredis.Redis, TurnProtocol, Runner]:
+        s = self.settings
+        redis = aioredis.Redis.from_url(self.redis_url)
+        protocol = TurnProtocol(
+            redis,
+            KeySchema(s.prefix),
+            max_attachment_bytes=s.max_attachment_bytes,
+            max_turn_bytes=s.max_turn_bytes,
+            turn_ttl_s=s.turn_ttl_s,
+        )
+        config = RunnerConfig(
+            worker_id=self.worker_id,
+            lease_ms=s.lease_ms,
+            max_attempts=s.max_attempts,
+            approval_ttl_s=s.approval_ttl_s,
+        )
+        runner = Runner(protocol, self.profiles, config, on_finished=self._after_turn)
+        return redis, protocol, runner
+
+    # -- what the tasks call ---------------------------------------------------------------
+    def drain(self, conversation_id: str) -> DrainReport:
+        return self.run(self.runner.drain(conversation_id))
+
+    def sweep_once(self) -> list[str]:
+        return self.run(self._make_sweeper().sweep_once())
+
+    def deliver_callback(self, conversation_id: str, turn_id: str) -> webhooks.Attempt:
+        return self.run(self._deliver(conversation_id, turn_id))
+
+    # -- kicks -----------------------------------------------------------------------------
+    def send(self, task: str, conversation_id: str, *args: str) -> None:
+        """Send ``task(conversation_id, *args)`` to the conversation's queue."""
+        queue = routing.route(
+            conversation_id, prefix=self.settings.prefix, partitions=self.settings.partitions
+        )
+        self.app.send_task(task, args=[conversation_id, *args], queue=queue)
+
+    async def kick(self, conversation_id: str) -> None:
+        await asyncio.to_thread(self.send, routing.DRAIN_TASK, conversation_id)
+
+    async def _after_turn(self, cid: str, tid: str, options: dict[str, Any]) -> None:
+        if options.get("callback_url"):
+            await asyncio.to_thread(self.send, routing.DELIVER_CALLBACK_TASK, cid, tid)
+
+    async def _deliver(self, cid: str, tid: str) -> webhooks.Attempt:
+        secret = self.settings.webhook_secret
+        if not secret:
+            raise ConfigurationError(
+                "a turn has a callback_url but CONVOQ_WEBHOOK_SECRET is not set on the"
+                " workers: callbacks are only sent signed"
+            )
+        try:
+            record = await self.protocol.get_turn(cid, tid)
+        except UnknownTurnError:
+            return webhooks.Attempt("rejected", "the turn record expired")
+        url = record.options.get("callback_url")
+        if not url:
+            return webhooks.Attempt("rejected", "the turn has no callback_url")
+        body = webhooks.build_payload(
+            conversation_id=cid,
+            turn_id=tid,
+            status=record.status,
+            agent=record.agent,
+            text=(record.result or {}).get("text"),
+            error=record.error,
+            finished_ms=record.finished_ms,
+        )
+        return await webhooks.post_once(
+            str(url), body, secret=secret, timeout_s=self.settings.webhook_timeout_s
+        )
+
+    # -- worker lifecycle ------------------------------------------------------------------
+    def announce(self, hostname: str, queues: list[str]) -> None:
+        """Publish this worker and its profiles in Redis, then start the sweeper."""
+        self.run(self._announce(hostname, queues))
+        self._announced_as = hostname
+        sweeper = self._make_sweeper()
+        self._sweeper = asyncio.run_coroutine_threadsafe(sweeper.run_forever(), self._loop.loop)
+
+    async def _announce(self, hostname: str, queues: list[str]) -> None:
+        redis, prefix = self._ensure_open()[0], self.settings.prefix
+        info = {
+            "pid": os.getpid(),
+            "queues": queues,
+            "agents": sorted(self.profiles),
+            "started_ms": int(time.time() * 1000),
+        }
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(routing.agents_key(prefix), *sorted(self.profiles))
+            pipe.hset(routing.workers_key(prefix), hostname, json.dumps(info))
+            await pipe.execute()
+
+    def _make_sweeper(self) -> Sweeper:
+        redis, protocol, _ = self._ensure_open()
+        return Sweeper(
+            protocol,
+            self.kick,
+            interval_s=self.settings.sweep_interval_s,
+            redis=redis,
+            lock_key=routing.sweeper_lock_key(self.settings.prefix),
+        )
+
+    def close(self) -> None:
+        """Stop the sweeper, withdraw the worker entry and close connections."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._state is not None:
+            try:
+                self._loop.run(self._close(), timeout=5)
+            except Exception as exc:  # shutting down anyway
+                log.warning("closing the worker's Redis connections failed: %s", exc)
+
+    async def _close(self) -> None:
+        assert self._state is not None
+        redis, protocol, _ = self._state
+        if self._announced_as is not None:
+            await redis.hdel(routing.workers_key(self.settings.prefix), self._announced_as)
+        await protocol.close()
+        await redis.aclose()
+
+
+_lock = threading.Lock()
+_current: tuple[int, WorkerRuntime] | None = None
+
+
+def runtime_for(app: Celery, settings: ConvoqSettings) -> WorkerRuntime:
+    """The runtime of this process (a forked pool child gets its own)."""
+    global _current
+    with _lock:
+        if _current is None or _current[0] != os.getpid():
+            _current = (os.getpid(), WorkerRuntime(app, settings))
+        return _current[1]
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """The runtime of this process if one was created."""
+    if _current is not None and _current[0] == os.getpid():
+        return _current[1]
+    return None

@@ -1,0 +1,79 @@
+"""The sweeper: re-kick conversations whose turns wait with no live lease.
+
+Celery only *kicks* a conversation; the inbox in Redis is the truth. A kick can be lost (a
+worker killed with the message unacked, a broker restart, a client that died between
+``submit`` and the send), and kombu would restore such a message only after the
+visibility timeout. So every worker process runs this loop on its event loop: every
+``interval_s`` it asks the protocol for conversations with queued turns and an absent or
+expired lease (expiring parked approvals on the way) and sends each a ``drain``. Recovery
+after a crash is then bounded by lease TTL + sweep period. A short Redis lock lets one
+process per period do the scan; the others skip it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+
+from convoq.redis.protocol import TurnProtocol
+
+log = logging.getLogger("convoq.sweeper")
+
+Kick = Callable[[str], Awaitable[None]]
+
+
+class Sweeper:
+    """Periodically re-kicks stranded conversations."""
+
+    def __init__(
+        self,
+        protocol: TurnProtocol,
+        kick: Kick,
+        *,
+        interval_s: float,
+        redis: aioredis.Redis | None = None,
+        lock_key: str | None = None,
+    ) -> None:
+        self._protocol = protocol
+        self._kick = kick
+        self._interval_s = interval_s
+        self._redis = redis
+        self._lock_key = lock_key
+        self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
+
+    async def sweep_once(self) -> list[str]:
+        """One pass: kick every candidate; return their ids (empty if another process
+        swept in this period)."""
+        if not await self._take_turn():
+            return []
+        kicked: list[str] = []
+        for cid in await self._protocol.sweep_candidates(approval_expiry=True):
+            await self._kick(cid)
+            kicked.append(cid)
+        if kicked:
+            log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
+        return kicked
+
+    async def run_forever(self) -> None:
+        """Sweep every ``interval_s`` (with jitter) until cancelled; errors are logged."""
+        while True:
+            try:
+                await self.sweep_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sweep failed; trying again next period")
+            await asyncio.sleep(self._interval_s * random.uniform(0.8, 1.0))
+
+    async def _take_turn(self) -> bool:
+        if self._redis is None or self._lock_key is None:
+            return True
+        # Held for most of a period: with N workers, one scan per period, not N.
+        ttl_ms = max(1, int(self._interval_s * 800))
+        taken = await self._redis.set(self._lock_key, self._token, nx=True, px=ttl_ms)
+        return bool(taken)
