@@ -273,30 +273,53 @@ async def test_json_answer_to_a_stream_request_is_one_delta(
     assert deltas == ["whole"]
 
 
+class RecordingDelays(OpenAIChatModel):
+    """Keeps the wait chosen before each retry (the waits themselves still happen)."""
+
+    delays: list[float]
+
+    def _delay(self, attempt: int, asked: float | None) -> float:
+        chosen = super()._delay(attempt, asked)
+        self.delays = [*getattr(self, "delays", []), chosen]
+        return chosen
+
+
 @pytest.mark.parametrize(
-    "header", [{"Retry-After": "0"}, {"retry-after-ms": "10"}, {"Retry-After": "0.05"}]
+    ("header", "wait"),
+    [
+        ({"Retry-After": "0"}, 0.0),
+        ({"retry-after-ms": "10"}, 0.01),
+        ({"Retry-After": "0.05"}, 0.05),
+    ],
 )
 async def test_retry_after_is_honoured_then_success(
-    server: OpenAIServer, header: dict[str, str]
+    server: OpenAIServer, header: dict[str, str], wait: float
 ) -> None:
-    # The backoff alone would sleep for minutes: finishing at all shows Retry-After was used.
-    chat = openai("gpt-x", base_url=server.url, api_key="k", retry_base_delay=600)
+    chat = RecordingDelays("gpt-x", base_url=server.url, api_key="k", retry_base_delay=5)
     server.reply_status(429, headers=header)
     server.reply_text("finally")
     async with chat:
-        answer = await asyncio.wait_for(chat.request(ask()), timeout=60)
+        answer = await chat.request(ask())
     assert answer.text == "finally"
+    assert chat.delays == [wait]  # the server's wait, not the 2.5-5 s backoff
     assert len(server.requests) == 2
     assert server.requests[0].json == server.requests[1].json
 
 
-async def test_retry_on_5xx_then_success(server: OpenAIServer, model: OpenAIChatModel) -> None:
+async def test_retry_on_5xx_backs_off_then_succeeds(server: OpenAIServer) -> None:
+    chat = RecordingDelays("gpt-x", base_url=server.url, api_key="k", retry_base_delay=0.01)
     server.reply_status(500)
+    server.reply_status(502)
     server.reply_status(503, headers={"Retry-After": "0"})
     server.reply_text("recovered")
-    answer = await model.request(ask())
+    async with chat:
+        answer = await chat.request(ask())
     assert answer.text == "recovered"
-    assert len(server.requests) == 3
+    assert len(server.requests) == 4
+    first, second, third = chat.delays
+    assert 0.005 <= first <= 0.01  # exponential, with jitter in [50 %, 100 %]
+    assert 0.01 <= second <= 0.02
+    assert third == 0.0
 
 
 async def test_gives_up_after_max_retries(server: OpenAIServer) -> None:

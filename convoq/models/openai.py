@@ -97,14 +97,15 @@ class OpenAIChatModel:
         stream = on_text_delta is not None
         body = build_body(self.model, request, stream=stream, extra_body=self.extra_body)
         headers = self._request_headers(stream)
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             try:
                 return await self._attempt(body, headers, on_text_delta)
             except _RetryableError as failure:
-                if attempt == self.max_retries:
+                if attempt >= self.max_retries:
                     raise failure.error from failure.__cause__
                 await asyncio.sleep(self._delay(attempt, failure.delay))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                attempt += 1
 
     def _request_headers(self, stream: bool) -> dict[str, str]:
         headers = {"Accept": "text/event-stream" if stream else "application/json"}
