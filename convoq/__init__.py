@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from convoq.agent import Agent, Continuation, Response
+from convoq.agent import Agent
 from convoq.engine import Decision, TurnEvent
 from convoq.errors import ConvoqError
 from convoq.loaders import load_image, load_pdf
@@ -28,6 +28,7 @@ from convoq.messages import (
     TextPart,
     ToolCall,
 )
+from convoq.responses import Continuation, Response
 from convoq.tools import Tool, tool
 
 if TYPE_CHECKING:

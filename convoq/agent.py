@@ -11,15 +11,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from convoq._sync import iterate_sync, run_sync
 from convoq.engine import (
     DEFAULT_MAX_STEPS,
     Completed,
-    Decision,
     EventSink,
     Outcome,
     TurnEvent,
@@ -29,40 +26,12 @@ from convoq.engine import (
 from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
 from convoq.memory.base import ConversationMemory
-from convoq.messages import GenerationRequest, Message, ToolCall, coerce_user_message
+from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.models.base import Model
+from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tools import Tool, ToolRegistry
 
 AgentInput = str | Message | GenerationRequest
-CONTINUATION_VERSION = 1
-
-
-class Continuation(BaseModel):
-    """A paused turn, JSON-serialisable: pass it to :meth:`Agent.resume` or ``discard``."""
-
-    version: int = CONTINUATION_VERSION
-    token: str
-    conversation_id: str | None = None
-    agent: str | None = None
-    keep_last_turns: int = 0
-    uses_memory: bool = True
-    history: list[Message] = Field(default_factory=list)
-    state: TurnState
-
-    @property
-    def pending(self) -> list[ToolCall]:
-        return self.state.undecided
-
-
-class Response(BaseModel):
-    """What a call returns. ``turn`` holds the messages this call added, its input first."""
-
-    text: str
-    turn: list[Message]
-    status: Literal["completed", "awaiting_approval"]
-    conversation_id: str | None = None
-    pending_approvals: list[ToolCall] = Field(default_factory=list)
-    continuation: Continuation | None = None
 
 
 class Agent:
@@ -151,9 +120,9 @@ class Agent:
     ) -> Response:
         """Go on with a paused turn: ``{call_id: True}`` approves, ``False`` (or a
         :class:`Decision` with a reason) denies. The completed turn is stored once."""
-        cont = _parse_continuation(continuation)
+        cont = parse_continuation(continuation)
         for call_id, value in decisions.items():
-            cont.state.decide(call_id, *_decision(value))
+            cont.state.decide(call_id, *parse_decision(value))
         self._claim(cont)
         try:
             history = await self._load_history(cont) if cont.uses_memory else cont.history
@@ -164,7 +133,7 @@ class Agent:
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
-        cont = _parse_continuation(continuation)
+        cont = parse_continuation(continuation)
         if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
             self.memory.release(cont.conversation_id, cont.token, spent=True)
 
@@ -305,26 +274,3 @@ async def _no_events(_event: TurnEvent) -> None:
 
 def _token() -> str:
     return secrets.token_hex(16)
-
-
-def _parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:
-    if isinstance(value, Continuation):
-        cont = value.model_copy(deep=True)
-    elif isinstance(value, str):
-        cont = Continuation.model_validate_json(value)
-    else:
-        cont = Continuation.model_validate(value)
-    if cont.version != CONTINUATION_VERSION:
-        raise ConvoqError(
-            f"continuation version {cont.version} is not supported (expected"
-            f" {CONTINUATION_VERSION}); discard it and run the turn again"
-        )
-    return cont
-
-
-def _decision(value: Any) -> tuple[bool, str | None]:
-    if isinstance(value, bool):
-        return value, None
-    if isinstance(value, Decision):
-        return value.approved, value.reason
-    raise ConvoqError("a decision is True (approve), False (deny) or a Decision with a reason")

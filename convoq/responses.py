@@ -1,0 +1,64 @@
+"""What an Agent call returns, and the JSON-serialisable continuation of a paused turn."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from convoq.engine import Decision, TurnState
+from convoq.errors import ConvoqError
+from convoq.messages import Message, ToolCall
+
+CONTINUATION_VERSION = 1
+
+
+class Continuation(BaseModel):
+    """A paused turn, JSON-serialisable: pass it to :meth:`Agent.resume` or ``discard``."""
+
+    version: int = CONTINUATION_VERSION
+    token: str
+    conversation_id: str | None = None
+    agent: str | None = None
+    keep_last_turns: int = 0
+    uses_memory: bool = True
+    history: list[Message] = Field(default_factory=list)
+    state: TurnState
+
+    @property
+    def pending(self) -> list[ToolCall]:
+        return self.state.undecided
+
+
+class Response(BaseModel):
+    """What a call returns. ``turn`` holds the messages this call added, its input first."""
+
+    text: str
+    turn: list[Message]
+    status: Literal["completed", "awaiting_approval"]
+    conversation_id: str | None = None
+    pending_approvals: list[ToolCall] = Field(default_factory=list)
+    continuation: Continuation | None = None
+
+
+def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:
+    if isinstance(value, Continuation):
+        cont = value.model_copy(deep=True)
+    elif isinstance(value, str):
+        cont = Continuation.model_validate_json(value)
+    else:
+        cont = Continuation.model_validate(value)
+    if cont.version != CONTINUATION_VERSION:
+        raise ConvoqError(
+            f"continuation version {cont.version} is not supported (expected"
+            f" {CONTINUATION_VERSION}); discard it and run the turn again"
+        )
+    return cont
+
+
+def parse_decision(value: Any) -> tuple[bool, str | None]:
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, Decision):
+        return value.approved, value.reason
+    raise ConvoqError("a decision is True (approve), False (deny) or a Decision with a reason")
