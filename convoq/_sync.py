@@ -81,6 +81,18 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     return _portal.run(coro, timeout)
 
 
+async def run_in_portal(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on the shared loop thread from any event loop.
+
+    For clients bound to that loop (a backend's redis pool serving both its sync and its
+    async API): connections never cross event loops.
+    """
+    loop = _portal.loop
+    if _running_loop() is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
 def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
     """Iterate an async iterator from sync code on the shared loop thread."""
     return _portal.iterate(agen)

@@ -1,0 +1,28 @@
+"""Run benchmarks by name: ``python -m bench [NAME ...]`` (no name: all of them)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> module with a ``main() -> None``. Add a line here to register a benchmark.
+BENCHMARKS: dict[str, str] = {
+    "memory": "bench.memory_append",
+    "turns": "bench.turn_latency",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHMARKS)
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        print(f"unknown benchmark {', '.join(unknown)}; choose from: {', '.join(BENCHMARKS)}")
+        return 2
+    for name in names:
+        print(f"== {name} ({BENCHMARKS[name]})", flush=True)
+        importlib.import_module(BENCHMARKS[name]).main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,126 @@
+"""Conversation memory in Redis: the production store.
+
+Each turn is one list element (``LRANGE -N -1`` loads a window), attachments are stored
+once per conversation by sha256, leading system/developer messages sit in their own list.
+Appending is O(size of the appended messages), never O(history). The layout is shared
+with the turn protocol (:mod:`convoq.redis`), so workers and in-process agents can serve
+the same conversations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import redis.asyncio as aioredis
+
+from convoq._sync import run_in_portal, run_sync
+from convoq.memory.base import StoredConversationMemory
+from convoq.messages import Message
+from convoq.redis._base import connect
+from convoq.redis._codec import MiB
+from convoq.redis._history import append_history
+from convoq.redis.keys import KeySchema
+from convoq.redis.protocol import TurnProtocol
+
+T = TypeVar("T")
+
+
+class RedisConversationMemory(StoredConversationMemory):
+    """Memory backend on Redis.
+
+    Args:
+        url: ``redis://``, ``rediss://`` or ``unix://`` URL. None starts (or reuses) the
+            embedded redis-server under ``home``.
+        prefix: prefix of every key.
+        max_attachment_bytes: largest attachment accepted (AttachmentError above it).
+        max_turn_bytes: largest append accepted (InvalidMessageError above it).
+        client: a ready ``redis.asyncio.Redis`` (``decode_responses=False``) used as is,
+            in the caller's event loop, instead of ``url``.
+        home: directory of the embedded server when ``url`` and ``client`` are None.
+
+    Without ``client`` the memory owns one connection pool that lives on convoq's shared
+    loop thread, so its sync and async methods may be mixed from any thread or loop.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "convoq",
+        max_attachment_bytes: int = 20 * MiB,
+        max_turn_bytes: int = 64 * MiB,
+        client: aioredis.Redis | None = None,
+        home: str | Path = ".convoq",
+    ) -> None:
+        self._keys = KeySchema(prefix)
+        self._url = url
+        self._home = Path(home)
+        self._limits = {"max_attachment_bytes": max_attachment_bytes}
+        self._limits["max_turn_bytes"] = max_turn_bytes
+        self._given = TurnProtocol(client, self._keys, **self._limits) if client else None
+        self._owned: TurnProtocol | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        return await self._run(lambda p: p.history(conversation_id, last_turns=last_turns))
+
+    async def _write(self, conversation_id: str, messages: list[Message]) -> None:
+        await self._run(
+            lambda p: append_history(p.scripts, p.keys, conversation_id, messages, p.limits)
+        )
+
+    async def _delete(self, conversation_id: str) -> None:
+        """Remove every key; ConversationBusyError while the turn protocol has turns of
+        this conversation queued or running."""
+        await self._run(lambda p: p.clear(conversation_id))
+
+    async def aclose(self) -> None:
+        """Close the connection pool this memory opened (a given client is left alone)."""
+        if self._given is None:
+            await run_in_portal(self._close_owned())
+
+    def close(self) -> None:
+        if self._given is None:
+            run_sync(self._close_owned())
+
+    async def _close_owned(self) -> None:
+        if self._owned is not None:
+            protocol, self._owned = self._owned, None
+            await protocol.redis.aclose()
+
+    async def _run(self, call: Callable[[TurnProtocol], Awaitable[T]]) -> T:
+        if self._given is not None:
+            return await call(self._given)
+        return await run_in_portal(self._run_owned(call))
+
+    async def _run_owned(self, call: Callable[[TurnProtocol], Awaitable[T]]) -> T:
+        return await call(await self._protocol())
+
+    async def _protocol(self) -> TurnProtocol:
+        """The owned protocol, created on first use (on the shared loop thread)."""
+        if self._owned is not None:
+            return self._owned
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._owned is None:
+                url = self._url
+                if url is None:
+                    from convoq.redis.embedded import embedded_url
+
+                    url = await asyncio.to_thread(embedded_url, self._home)
+                client = connect(url)
+                self._owned = TurnProtocol(client, self._keys, **self._limits)
+                # A memory dropped without close() must not leave sockets to the GC.
+                weakref.finalize(self, _close_soon, asyncio.get_running_loop(), client)
+        return self._owned
+
+
+def _close_soon(loop: asyncio.AbstractEventLoop, client: aioredis.Redis) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is gone at interpreter exit
+        asyncio.run_coroutine_threadsafe(client.aclose(), loop)

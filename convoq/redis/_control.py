@@ -1,0 +1,192 @@
+"""Turn control from outside the runner (approvals, cancel, clear), reads, events, the
+sweeper's scan and the dataset epoch: the half of TurnProtocol that holds no lease."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Literal
+
+from convoq.engine import Decision, TurnEvent
+from convoq.errors import ConversationMemoryError, TurnCancelledError, UnknownTurnError
+from convoq.ids import check_conversation_id, check_turn_id
+from convoq.messages import Message
+from convoq.redis._base import ProtocolBase, approval_expired_error, text
+from convoq.redis._history import load_history
+from convoq.redis._records import TurnRecord, decode_record
+
+_CLEAR_RETRIES = 20
+
+
+class ControlMixin(ProtocolBase):
+    """Approvals, cancellation, clear, reads, events, sweeping."""
+
+    async def decide(
+        self, cid: str, turn_id: str, *, call_id: str, approved: bool, reason: str | None = None
+    ) -> Literal["resume", "pending"]:
+        """Record a decision on a pending tool call of a parked turn. "resume": all calls are
+        decided, send a kick for ``cid``. A repeated identical decision is a no-op.
+
+        Raises:
+            UnknownTurnError; ProtocolError when the turn is not awaiting approval, the call
+            id is not pending, it was decided otherwise, or the approval expired.
+        """
+        decision = Decision(approved=approved, reason=reason).model_dump_json()
+        keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
+        reply = await self.scripts.run("decide", keys, [call_id, decision])
+        if reply[0] == "RESUME":
+            return "resume"
+        if reply[0] == "PENDING":
+            return "pending"
+        raise self.refusal(reply, cid, turn_id)
+
+    def _turn_control_keys(self, cid: str, turn_id: str) -> list[str]:
+        return [self.keys.inbox(cid), self.keys.lease(cid), *self.keys.turn_keys(cid, turn_id)]
+
+    def _cancelled(self, reason: str) -> str:
+        error = TurnCancelledError(f"the turn was cancelled: {reason}", reason=reason)
+        return self.json_arg(error.to_data(), "error")
+
+    async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool:
+        """End a parked turn as cancelled, storing nothing, and free the conversation.
+        Returns True if more turns are queued (send a kick). Repeating it is a no-op."""
+        args = [turn_id, self._cancelled(reason), self.turn_ttl_ms, self.events_maxlen, ""]
+        reply = await self.scripts.run("discard", self._turn_control_keys(cid, turn_id), args)
+        if reply[0] == "OK" or (reply[0] == "FINISHED" and reply[1] == b"cancelled"):
+            return int(reply[-1]) > 0
+        if reply[0] == "FINISHED":
+            reply = ["APPLIED"]
+        raise self.refusal(reply, cid, turn_id)
+
+    async def cancel(self, cid: str, turn_id: str) -> Literal["cancelled", "stopping", "finished"]:
+        """Cancel a turn: queued or parked -> "cancelled" at once; running -> "stopping"
+        (its runner sees :meth:`is_cancel_requested` and fails it as cancelled);
+        already ended -> "finished"."""
+        args = [turn_id, self._cancelled("cancelled by request"), self.turn_ttl_ms]
+        reply = await self.scripts.run(
+            "cancel", self._turn_control_keys(cid, turn_id), [*args, self.events_maxlen]
+        )
+        outcomes: dict[str, Literal["cancelled", "stopping", "finished"]] = {
+            "CANCELLED": "cancelled",
+            "STOPPING": "stopping",
+            "FINISHED": "finished",
+        }
+        if reply[0] in outcomes:
+            return outcomes[reply[0]]
+        raise self.refusal(reply, cid, turn_id)
+
+    async def is_cancel_requested(self, cid: str, turn_id: str) -> bool:
+        return await self.redis.hget(self.keys.turn(cid, turn_id), "cancel") == b"1"
+
+    async def clear(self, cid: str, *, force: bool = False) -> None:
+        """Delete every key of the conversation. ConversationBusyError while turns are
+        queued, running or parked, unless ``force`` (their records go too)."""
+        fixed = [*self.keys.history_keys(cid), self.keys.inbox(cid), self.keys.lease(cid)]
+        for _ in range(_CLEAR_RETRIES):
+            queued = [check_turn_id(text(t)) for t in await self.redis.lrange(fixed[4], 0, -1)]
+            found = {
+                text(k)
+                async for k in self.redis.scan_iter(
+                    match=self.keys.conversation_pattern(cid), count=1000
+                )
+            }
+            for tid in queued:
+                found.update(self.keys.turn_keys(cid, tid))
+            others = sorted(found.difference(fixed))
+            args = ["1" if force else "0", *queued]
+            reply = await self.scripts.run("clear", [*fixed, *others], args)
+            if reply[0] == "OK":
+                return
+            if reply[0] != "RETRY":
+                raise self.refusal(reply, cid, "?")
+        raise ConversationMemoryError(
+            f"conversation {cid!r} kept changing while it was cleared; try again"
+        )
+
+    async def get_turn(self, cid: str, turn_id: str) -> TurnRecord:
+        """The turn's record; UnknownTurnError if there is none (or it expired)."""
+        key = self.keys.turn(cid, turn_id)
+        raw: dict[Any, Any] = await self.redis.hgetall(key)
+        fields = {text(k): v for k, v in raw.items()}
+        if not fields:
+            raise UnknownTurnError(
+                f"no turn {turn_id!r} in conversation {cid!r}: it never existed or its record"
+                " expired",
+                conversation_id=cid,
+                turn_id=turn_id,
+            )
+        return decode_record(cid, turn_id, fields, key)
+
+    async def history(self, cid: str, *, last_turns: int | None = None) -> list[Message]:
+        """Stored messages: the leading system/developer ones plus the last N turns."""
+        check_conversation_id(cid)
+        if last_turns is not None and last_turns < 0:
+            raise ValueError("last_turns must be >= 0")
+        return await load_history(self.scripts, self.keys, cid, last_turns)
+
+    async def emit(self, cid: str, turn_id: str, event: TurnEvent) -> None:
+        """Append an event to the turn's stream (capped, expires with the turn)."""
+        key = self.keys.events(cid, turn_id)
+        data = self.json_arg(event.data, "event data")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(key, {"type": event.type, "data": data}, maxlen=self.events_maxlen)
+            pipe.pexpire(key, self.turn_ttl_ms)
+            await pipe.execute()
+
+    async def read_events(
+        self, cid: str, turn_id: str, *, after: str = "0", block_ms: int = 0, count: int = 100
+    ) -> list[tuple[str, TurnEvent]]:
+        """Events after stream id ``after`` ("0": from the start); waits up to ``block_ms``
+        for the first one (0: no waiting)."""
+        key = self.keys.events(cid, turn_id)
+        block = block_ms if block_ms > 0 else None
+        reply: Any = await self.redis.xread({key: after}, count=count, block=block)
+        events: list[tuple[str, TurnEvent]] = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                data = json.loads(fields.get(b"data", b"{}"))
+                event = TurnEvent(type=fields[b"type"].decode(), data=data)
+                events.append((entry_id.decode(), event))
+        return events
+
+    async def sweep_candidates(self, *, approval_expiry: bool = True) -> list[str]:
+        """Conversations with queued turns and no live lease (kick them). Parked turns whose
+        approval expired are failed first (with ``approval_expiry``)."""
+        found: list[str] = []
+        async for key in self.redis.scan_iter(match=self.keys.inbox_pattern(), count=1000):
+            cid = self.keys.conversation_of_inbox(key)
+            if cid is None or await self.redis.exists(self.keys.lease(cid)):
+                continue
+            if approval_expiry and not await self._expire_parked_head(cid):
+                continue
+            found.append(cid)
+        return found
+
+    async def _expire_parked_head(self, cid: str) -> bool:
+        """Fail the head if its approval expired; True if turns remain queued."""
+        head = await self.redis.lindex(self.keys.inbox(cid), 0)
+        if head is None:
+            return False
+        tid = check_turn_id(text(head))
+        error = self.json_arg(approval_expired_error(), "error")
+        args = [tid, error, self.turn_ttl_ms, self.events_maxlen, "expire"]
+        reply = await self.scripts.run("discard", self._turn_control_keys(cid, tid), args)
+        if reply[0] == "OK":
+            return int(reply[1]) > 0
+        return True
+
+    async def check_epoch(self, expected: str | None) -> str:
+        """The dataset's epoch marker, created if absent. Workers call it with None at start
+        and then with the value they got: a different value means Redis came back empty
+        or another dataset is behind the URL, and ConversationMemoryError is raised."""
+        key = self.keys.epoch()
+        await self.redis.set(key, uuid.uuid4().hex, nx=True)
+        current = text(await self.redis.get(key) or b"")
+        if expected is not None and current != expected:
+            raise ConversationMemoryError(
+                f"the Redis dataset changed (epoch {expected} is now {current}): it was emptied"
+                " or replaced; check Redis persistence (AOF) before serving again",
+                expected=expected,
+                found=current,
+            )
+        return current

@@ -1,0 +1,129 @@
+"""The records the turn protocol hands out, and how they are read from script replies."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from pydantic import ValidationError
+
+from convoq.engine import Decision, TurnState
+from convoq.errors import CorruptDataError
+from convoq.messages import Message
+
+TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
+_STATUSES = ("queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled")
+DECISION_FIELD = "decision:"
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """A queued turn as stored: what was asked, where it stands, how it ended."""
+
+    conversation_id: str
+    turn_id: str
+    status: TurnStatus
+    agent: str
+    input: Message
+    options: dict[str, Any]
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    attempts: int
+    created_ms: int
+    started_ms: int | None
+    finished_ms: int | None
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """The lease on a conversation plus the turn to run and its history window."""
+
+    conversation_id: str
+    fence: int
+    turn: TurnRecord
+    history: list[Message]
+    state: TurnState | None
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """``position`` 0: the conversation was idle and the caller sends a kick. For a
+    duplicate, ``turn_id`` is the first turn and ``position`` its place in the inbox
+    (-1 when it is no longer queued)."""
+
+    turn_id: str
+    position: int
+    duplicate: bool
+
+
+def fields_to_dict(flat: list[Any]) -> dict[str, bytes]:
+    """HGETALL as a flat ``[field, value, ...]`` list (from Lua) -> dict."""
+    return {
+        (flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])): flat[i + 1]
+        for i in range(0, len(flat), 2)
+    }
+
+
+def _text(fields: dict[str, bytes], name: str) -> str | None:
+    value = fields.get(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int(fields: dict[str, bytes], name: str) -> int | None:
+    value = _text(fields, name)
+    return int(value) if value not in (None, "") else None
+
+
+def _json(fields: dict[str, bytes], name: str) -> Any:
+    value = fields.get(name)
+    return json.loads(value) if value is not None else None
+
+
+def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> TurnRecord:
+    """A turn record from its hash fields; CorruptDataError naming ``key`` if it does not parse."""
+    try:
+        status = _text(fields, "status")
+        if status not in _STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        return TurnRecord(
+            conversation_id=cid,
+            turn_id=tid,
+            status=cast(TurnStatus, status),
+            agent=_text(fields, "agent") or "",
+            input=Message.model_validate_json(fields["input"]),
+            options=_json(fields, "options") or {},
+            result=_json(fields, "result"),
+            error=_json(fields, "error"),
+            attempts=_int(fields, "attempts") or 0,
+            created_ms=_int(fields, "created_ms") or 0,
+            started_ms=_int(fields, "started_ms"),
+            finished_ms=_int(fields, "finished_ms"),
+        )
+    except (ValueError, KeyError, TypeError, ValidationError) as exc:
+        raise CorruptDataError(
+            f"the turn record {key} does not parse ({type(exc).__name__}: {exc}"[:300]
+            + "); cancel the turn or clear the conversation",
+            key=key,
+        ) from exc
+
+
+def decode_state(
+    kind: str | None, raw: bytes | None, fields: dict[str, bytes], key: str
+) -> TurnState | None:
+    """The state a turn resumes from: its journal, or its continuation plus decisions."""
+    if not kind or raw is None:
+        return None
+    try:
+        state = TurnState.model_validate_json(raw)
+        if kind == "cont":
+            for name, value in fields.items():
+                if name.startswith(DECISION_FIELD):
+                    call_id = name[len(DECISION_FIELD) :]
+                    state.decisions[call_id] = Decision.model_validate_json(value)
+    except ValidationError as exc:
+        raise CorruptDataError(
+            f"the saved state of {key} does not parse; cancel the turn or clear the conversation",
+            key=key,
+        ) from exc
+    return state

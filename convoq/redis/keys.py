@@ -1,0 +1,120 @@
+"""Every Redis key name convoq uses, and nothing else spells one.
+
+All keys of one conversation share the hash tag ``{cid}``, so each Lua script touches a
+single Redis Cluster slot. Conversation and turn ids pass the checks of :mod:`convoq.ids`
+before a key is built; idempotency keys are hashed (sha256 hex) so any string may be one.
+
+::
+
+    {prefix}:{cid}:meta            hash    format_version, turns, bytes, last_turn_id, fence
+    {prefix}:{cid}:turns           list    one JSON element per stored turn (blob refs)
+    {prefix}:{cid}:lead            list    leading system/developer messages (JSON elements)
+    {prefix}:{cid}:blobs           hash    sha256 hex -> raw attachment bytes
+    {prefix}:{cid}:inbox           list    queued turn ids, FIFO; the head is being run
+    {prefix}:{cid}:lease           hash    holder, fence, state, expires_ms (PX expiry)
+    {prefix}:{cid}:turn:{tid}      hash    the turn record
+    {prefix}:{cid}:cont:{tid}      string  continuation of a parked turn (TurnState JSON)
+    {prefix}:{cid}:journal:{tid}   string  step checkpoint of a running turn (TurnState JSON)
+    {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
+    {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
+    {prefix}:epoch                 string  the dataset epoch marker (the one global key)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from convoq.errors import ConfigurationError, InvalidConversationIdError
+from convoq.ids import check_conversation_id, check_turn_id
+
+# Glob and hash-tag characters would make patterns and slots ambiguous.
+_PREFIX = re.compile(r"[A-Za-z0-9._:@/+=-]{1,64}")
+
+
+class KeySchema:
+    """Key names under one prefix (tests use a random prefix each)."""
+
+    def __init__(self, prefix: str = "convoq") -> None:
+        if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+            raise ConfigurationError(
+                f"invalid key prefix {prefix!r}: use 1-64 characters of"
+                " A-Z a-z 0-9 . _ : @ / + = -",
+                prefix=repr(prefix)[:80],
+            )
+        self.prefix = prefix
+
+    def base(self, cid: str) -> str:
+        """``{prefix}:{cid}``: the part every key of the conversation starts with."""
+        return f"{self.prefix}:{{{check_conversation_id(cid)}}}"
+
+    def meta(self, cid: str) -> str:
+        return f"{self.base(cid)}:meta"
+
+    def turns(self, cid: str) -> str:
+        return f"{self.base(cid)}:turns"
+
+    def lead(self, cid: str) -> str:
+        return f"{self.base(cid)}:lead"
+
+    def blobs(self, cid: str) -> str:
+        return f"{self.base(cid)}:blobs"
+
+    def inbox(self, cid: str) -> str:
+        return f"{self.base(cid)}:inbox"
+
+    def lease(self, cid: str) -> str:
+        return f"{self.base(cid)}:lease"
+
+    def turn(self, cid: str, tid: str) -> str:
+        return f"{self.base(cid)}:turn:{check_turn_id(tid)}"
+
+    def cont(self, cid: str, tid: str) -> str:
+        return f"{self.base(cid)}:cont:{check_turn_id(tid)}"
+
+    def journal(self, cid: str, tid: str) -> str:
+        return f"{self.base(cid)}:journal:{check_turn_id(tid)}"
+
+    def events(self, cid: str, tid: str) -> str:
+        return f"{self.base(cid)}:events:{check_turn_id(tid)}"
+
+    def idem(self, cid: str, key: str) -> str:
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        return f"{self.base(cid)}:idem:{digest}"
+
+    def epoch(self) -> str:
+        """The global epoch marker; not part of any conversation (see ``check_epoch``)."""
+        return f"{self.prefix}:epoch"
+
+    def history_keys(self, cid: str) -> list[str]:
+        """meta, turns, blobs, lead: what the history scripts take as KEYS[1..4]."""
+        return [self.meta(cid), self.turns(cid), self.blobs(cid), self.lead(cid)]
+
+    def turn_keys(self, cid: str, tid: str) -> list[str]:
+        """turn, journal, cont, events: the per-turn keys of ``tid``."""
+        return [
+            self.turn(cid, tid),
+            self.journal(cid, tid),
+            self.cont(cid, tid),
+            self.events(cid, tid),
+        ]
+
+    def inbox_pattern(self) -> str:
+        """Glob for SCAN over every conversation's inbox (the sweeper)."""
+        return f"{self.prefix}:{{*}}:inbox"
+
+    def conversation_pattern(self, cid: str) -> str:
+        """Glob for SCAN over every key of one conversation (clear)."""
+        return f"{self.base(cid)}:*"
+
+    def conversation_of_inbox(self, key: str | bytes) -> str | None:
+        """The conversation id of an inbox key found by SCAN, or None if it is not one."""
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        head, tail = f"{self.prefix}:{{", "}:inbox"
+        if not (text.startswith(head) and text.endswith(tail)):
+            return None
+        cid = text[len(head) : -len(tail)]
+        try:
+            return check_conversation_id(cid)
+        except InvalidConversationIdError:
+            return None

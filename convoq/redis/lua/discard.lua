@@ -1,0 +1,39 @@
+-- KEYS[1] = inbox     {prefix}:{cid}:inbox
+-- KEYS[2] = lease     {prefix}:{cid}:lease
+-- KEYS[3] = turn      {prefix}:{cid}:turn:{tid}
+-- KEYS[4] = journal   {prefix}:{cid}:journal:{tid}
+-- KEYS[5] = cont      {prefix}:{cid}:cont:{tid}
+-- KEYS[6] = events    {prefix}:{cid}:events:{tid}
+-- ARGV[1] = turn id
+-- ARGV[2] = error JSON (TurnCancelledError data)
+-- ARGV[3] = turn ttl ms
+-- ARGV[4] = events stream MAXLEN (approximate)
+-- ARGV[5] = 'expire': only end the turn if its approval expired (the parked lease is gone
+--           and not every call was decided); '' = discard it now
+-- Ends a parked turn as cancelled (or, with 'expire', failed), storing nothing; frees the
+-- conversation. Returns {'OK', turns still queued}
+--      or {'UNKNOWN'} / {'FINISHED', status} / {'NOT_PARKED', status} / {'LIVE'} (expire:
+--         the approval has not expired).
+redis.replicate_commands()
+local inbox, lease = KEYS[1], KEYS[2]
+local k = {inbox = inbox, turn = KEYS[3], journal = KEYS[4], cont = KEYS[5], events = KEYS[6]}
+local rec = redis.call('HMGET', k.turn, 'status', 'resume')
+if not rec[1] then
+  return {'UNKNOWN'}
+end
+if TERMINAL[rec[1]] then
+  return {'FINISHED', rec[1], redis.call('LLEN', inbox)}
+end
+if rec[1] ~= 'awaiting_approval' then
+  return {'NOT_PARKED', rec[1]}
+end
+local status = 'cancelled'
+if ARGV[5] == 'expire' then
+  if rec[2] == '1' or redis.call('EXISTS', lease) == 1 then
+    return {'LIVE'}
+  end
+  status = 'failed'
+end
+finish(k, ARGV[1], status, 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
+redis.call('DEL', lease)
+return {'OK', redis.call('LLEN', inbox)}

@@ -1,0 +1,55 @@
+-- KEYS[1] = meta      {prefix}:{cid}:meta
+-- KEYS[2] = inbox     {prefix}:{cid}:inbox
+-- KEYS[3] = turn      {prefix}:{cid}:turn:{tid}
+-- KEYS[4] = events    {prefix}:{cid}:events:{tid}
+-- KEYS[5] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
+-- ARGV[1] = turn id
+-- ARGV[2] = agent name
+-- ARGV[3] = input message JSON
+-- ARGV[4] = options JSON
+-- ARGV[5] = 'queue' or 'reject' (when the conversation is busy)
+-- ARGV[6] = turn ttl ms (idempotency key and event stream expiry)
+-- ARGV[7] = events stream MAXLEN (approximate)
+-- Queues a turn. A known idempotency key, or a turn id already stored (a resent submit),
+-- queues nothing and answers with the first turn.
+-- Returns {'OK', position} (0: the conversation was idle, send a kick)
+--      or {'DUP', turn id, position or -1 when no longer queued}
+--      or {'BUSY'} / {'VERSION', v}.
+redis.replicate_commands()
+local meta, inbox, turn, events, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local tid = ARGV[1]
+local function queued_position(id)
+  local pos = redis.call('LPOS', inbox, id)
+  if pos then
+    return pos
+  end
+  return -1
+end
+if idem then
+  local first = redis.call('GET', idem)
+  if first then
+    return {'DUP', first, queued_position(first)}
+  end
+end
+if redis.call('EXISTS', turn) == 1 then
+  return {'DUP', tid, queued_position(tid)}
+end
+local bad = bad_version(meta)
+if bad then
+  return {'VERSION', bad}
+end
+local waiting = redis.call('LLEN', inbox)
+if waiting > 0 and ARGV[5] == 'reject' then
+  return {'BUSY'}
+end
+local now = now_ms()
+redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
+  'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now))
+redis.call('RPUSH', inbox, tid)
+redis.call('HSETNX', meta, 'format_version', '1')
+emit(events, ARGV[7], 'status', status_data('queued'))
+redis.call('PEXPIRE', events, ARGV[6])
+if idem then
+  redis.call('SET', idem, tid, 'PX', ARGV[6])
+end
+return {'OK', waiting}

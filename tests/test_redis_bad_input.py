@@ -1,0 +1,206 @@
+"""Bad input gets a clear error and changes nothing in Redis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from convoq.errors import (
+    AttachmentError,
+    ConfigurationError,
+    ConvoqError,
+    CorruptDataError,
+    InvalidConversationIdError,
+    InvalidMessageError,
+    UnsupportedFormatVersionError,
+)
+from convoq.memory.redis import RedisConversationMemory
+from convoq.messages import FilePart, Message, TextPart
+from convoq.redis import KeySchema, TurnProtocol
+
+CID = "bad-input"
+LEASE = 30_000
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    protocol = TurnProtocol.from_url(
+        redis_url, prefix=key_prefix, max_attachment_bytes=1000, max_turn_bytes=5000
+    )
+    yield protocol
+    await protocol.close()
+
+
+@pytest.fixture
+async def memory(redis_url: str, key_prefix: str) -> AsyncIterator[RedisConversationMemory]:
+    mem = RedisConversationMemory(
+        redis_url, prefix=key_prefix, max_attachment_bytes=1000, max_turn_bytes=5000
+    )
+    yield mem
+    await mem.aclose()
+
+
+def snapshot(client: redis.Redis, prefix: str) -> dict[bytes, object]:
+    """Every key under the prefix with its content, to prove nothing changed."""
+    state: dict[bytes, object] = {}
+    for key in sorted(client.keys(f"{prefix}*")):
+        kind = client.type(key)
+        if kind == b"list":
+            state[key] = client.lrange(key, 0, -1)
+        elif kind == b"hash":
+            state[key] = client.hgetall(key)
+        elif kind == b"string":
+            state[key] = client.get(key)
+        else:
+            state[key] = client.xrange(key) if kind == b"stream" else kind
+    return state
+
+
+def with_file(size: int) -> Message:
+    return Message(content=[TextPart(text="see"), FilePart(data=b"%" * size, mime_type="x/y")])
+
+
+@pytest.mark.parametrize("cid", ["", "two words", "x{y}", "a" * 257, "new\nline", 42])
+async def test_invalid_conversation_ids_touch_nothing(
+    proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis, cid: object
+) -> None:
+    calls = [
+        proto.submit(cid, "t1", agent="a", message=Message.user("x"), options={}),  # type: ignore[arg-type]
+        proto.acquire(cid, worker_id="w", lease_ms=LEASE),  # type: ignore[arg-type]
+        proto.history(cid),  # type: ignore[arg-type]
+        proto.clear(cid, force=True),  # type: ignore[arg-type]
+        proto.cancel(cid, "t1"),  # type: ignore[arg-type]
+        memory.aappend(cid, [Message.user("x")]),  # type: ignore[arg-type]
+        memory.aload(cid),  # type: ignore[arg-type]
+        memory.aclear(cid),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(InvalidConversationIdError):
+            await call
+    assert redis_client.keys(f"{proto.keys.prefix}*") == []
+
+
+async def test_invalid_turn_id_and_message_touch_nothing(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    with pytest.raises(InvalidConversationIdError):
+        await proto.submit(CID, "bad id", agent="a", message=Message.user("x"), options={})
+    with pytest.raises(InvalidMessageError):
+        await proto.submit(CID, "t1", agent="a", message=Message.assistant("x"), options={})
+    with pytest.raises(ConvoqError, match="JSON-safe"):
+        await proto.submit(
+            CID, "t1", agent="a", message=Message.user("x"), options={"when": object()}
+        )
+    assert redis_client.keys(f"{proto.keys.prefix}*") == []
+
+
+async def test_oversize_attachment_and_turn_are_refused_before_any_write(
+    proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
+    await proto.submit(CID, "t1", agent="a", message=Message.user("ok"), options={})
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(AttachmentError, match="max_attachment_bytes=1000"):
+        await proto.submit(CID, "t2", agent="a", message=with_file(1001), options={})
+    with pytest.raises(AttachmentError):
+        await memory.aappend(CID, [with_file(1001)])
+    many = [Message.user("x" * 900), *[Message.assistant("y" * 900) for _ in range(6)]]
+    with pytest.raises(InvalidMessageError, match="max_turn_bytes=5000"):
+        await memory.aappend(CID, many)
+    with pytest.raises(InvalidMessageError, match="max_turn_bytes"):
+        await proto.commit(CID, "t1", fence=acquired.fence, messages=many, lease_ms=LEASE)
+    with pytest.raises(AttachmentError):
+        await proto.commit(
+            CID,
+            "t1",
+            fence=acquired.fence,
+            lease_ms=LEASE,
+            messages=[acquired.turn.input, with_file(2000)],
+        )
+    assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+async def test_malformed_stored_turn_names_its_key(
+    proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
+    await memory.aappend(CID, [Message.user("fine"), Message.assistant("yes")])
+    turns = proto.keys.turns(CID)
+    redis_client.rpush(turns, b"{not json")
+    await proto.submit(CID, "t1", agent="a", message=Message.user("next"), options={})
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError, match=turns.replace("{", r"\{").replace("}", r"\}")):
+        await memory.aload(CID)
+    with pytest.raises(CorruptDataError) as caught:
+        await proto.acquire(CID, worker_id="w", lease_ms=LEASE, window=3)
+    assert caught.value.details["key"] == turns
+    assert snapshot(redis_client, proto.keys.prefix) == before  # no lease, no attempt
+
+
+async def test_a_missing_blob_or_a_broken_record_names_its_key(
+    proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
+    await memory.aappend(CID, [with_file(10), Message.assistant("seen")])
+    redis_client.delete(proto.keys.blobs(CID))
+    with pytest.raises(CorruptDataError) as caught:
+        await memory.aload(CID)
+    assert caught.value.details["key"] == proto.keys.blobs(CID)
+    await proto.submit(CID, "t1", agent="a", message=Message.user("x"), options={})
+    redis_client.hset(proto.keys.turn(CID, "t1"), "input", "][")
+    with pytest.raises(CorruptDataError) as caught:
+        await proto.get_turn(CID, "t1")
+    assert caught.value.details["key"] == proto.keys.turn(CID, "t1")
+
+
+async def test_unknown_format_version_fails_fast_and_changes_nothing(
+    proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
+    redis_client.hset(proto.keys.meta(CID), "format_version", "99")
+    before = snapshot(redis_client, proto.keys.prefix)
+    calls = [
+        memory.aload(CID),
+        memory.aappend(CID, [Message.user("x")]),
+        proto.submit(CID, "t1", agent="a", message=Message.user("x"), options={}),
+        proto.history(CID, last_turns=2),
+    ]
+    for call in calls:
+        with pytest.raises(UnsupportedFormatVersionError, match="format version '99'"):
+            await call
+    assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+async def test_client_and_prefix_misconfiguration_is_reported(redis_url: str) -> None:
+    decoding = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(ConfigurationError, match="decode_responses=False"):
+            TurnProtocol(decoding, KeySchema("p"))
+    finally:
+        await decoding.aclose()
+    with pytest.raises(ConfigurationError):
+        RedisConversationMemory(redis_url, prefix="bad prefix")
+
+
+async def test_a_commit_stays_a_success_when_the_next_turn_cannot_be_loaded(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    for tid in ("t1", "t2"):
+        await proto.submit(CID, tid, agent="a", message=Message.user(tid), options={})
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None
+    redis_client.lpush(proto.keys.turns(CID), b"[broken")
+    following = await proto.commit(
+        CID,
+        "t1",
+        fence=acquired.fence,
+        lease_ms=LEASE,
+        messages=[Message.user("t1"), Message.assistant("ok")],
+    )
+    assert following is None
+    assert (await proto.get_turn(CID, "t1")).status == "succeeded"
+    assert (await proto.get_turn(CID, "t2")).status == "queued"
+    redis_client.delete(proto.keys.lease(CID))
+    with pytest.raises(CorruptDataError):
+        await proto.acquire(CID, worker_id="w", lease_ms=LEASE)

@@ -1,0 +1,444 @@
+"""The turn protocol's guards against a real redis-server, one behaviour per test."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+from convoq.engine import TurnEvent, TurnState
+from convoq.errors import (
+    ConversationBusyError,
+    NotInboxHeadError,
+    ProtocolError,
+    StaleFenceError,
+    TurnAlreadyAppliedError,
+    TurnCancelledError,
+    UnknownTurnError,
+)
+from convoq.messages import ImagePart, Message, TextPart, ToolCall
+from convoq.redis import Acquired, TurnProtocol
+
+CID = "conv-1"
+LEASE = 30_000
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
+    yield protocol
+    await protocol.close()
+
+
+async def submit(proto: TurnProtocol, tid: str, text: str | None = None) -> None:
+    await proto.submit(CID, tid, agent="bot", message=Message.user(text or tid), options={})
+
+
+async def acquire(proto: TurnProtocol, worker: str = "w1", **kw: int) -> Acquired:
+    acquired = await proto.acquire(CID, worker_id=worker, lease_ms=kw.pop("lease_ms", LEASE), **kw)
+    assert acquired is not None
+    return acquired
+
+
+def whole_turn(acquired: Acquired, reply: str = "ok") -> list[Message]:
+    return [acquired.turn.input, Message.assistant(reply)]
+
+
+async def commit(proto: TurnProtocol, acquired: Acquired, reply: str = "ok") -> Acquired | None:
+    return await proto.commit(
+        CID,
+        acquired.turn.turn_id,
+        fence=acquired.fence,
+        messages=whole_turn(acquired, reply),
+        lease_ms=LEASE,
+    )
+
+
+def parked_state(acquired: Acquired, *call_ids: str) -> TurnState:
+    calls = [ToolCall(id=c, name="delete_everything") for c in call_ids]
+    return TurnState(
+        messages=[acquired.turn.input, Message.assistant("", tool_calls=calls)],
+        steps=1,
+        pending=calls,
+    )
+
+
+async def stored_texts(proto: TurnProtocol) -> list[str]:
+    return [m.text for m in await proto.history(CID) if m.role == "user"]
+
+
+async def test_stale_fence_cannot_commit(proto: TurnProtocol, redis_client: redis.Redis) -> None:
+    await submit(proto, "t1")
+    first = await acquire(proto, "w1")
+    redis_client.delete(proto.keys.lease(CID))  # the lease lapsed
+    second = await acquire(proto, "w2")
+    assert second.fence > first.fence
+    with pytest.raises(StaleFenceError):
+        await commit(proto, first)
+    assert await stored_texts(proto) == []
+    assert await commit(proto, second) is None
+    assert await stored_texts(proto) == ["t1"]
+
+
+async def test_commit_twice_appends_once(proto: TurnProtocol, redis_client: redis.Redis) -> None:
+    await submit(proto, "t1")
+    acquired = await acquire(proto)
+    await commit(proto, acquired)
+    with pytest.raises(TurnAlreadyAppliedError):
+        await commit(proto, acquired)
+    assert await stored_texts(proto) == ["t1"]
+    assert redis_client.hget(proto.keys.meta(CID), "turns") == b"1"
+
+
+async def test_commit_of_a_turn_that_is_not_the_inbox_head_is_refused(
+    proto: TurnProtocol,
+) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    acquired = await acquire(proto)
+    with pytest.raises(NotInboxHeadError):
+        await proto.commit(
+            CID,
+            "t2",
+            fence=acquired.fence,
+            lease_ms=LEASE,
+            messages=[Message.user("t2"), Message.assistant("x")],
+        )
+    assert await stored_texts(proto) == []
+    assert (await proto.get_turn(CID, "t2")).status == "queued"
+
+
+async def test_fail_stores_nothing_and_hands_over_the_next_turn(proto: TurnProtocol) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    acquired = await acquire(proto)
+    error = ProtocolError("model exploded").to_data()
+    following = await proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE)
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "failed"
+    assert record.error == error
+    assert record.result is None
+    assert await stored_texts(proto) == []
+    assert following is not None
+    assert following.turn.turn_id == "t2"
+    assert following.fence == acquired.fence  # hand-off keeps the lease
+
+
+async def test_commit_replayed_after_a_dropped_reply_appends_once(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1")
+    acquired = await acquire(proto)
+    keys, args = proto.commit_call(
+        CID, "t1", fence=acquired.fence, messages=whole_turn(acquired), lease_ms=LEASE
+    )
+    await proto.scripts.run("commit", keys, args)  # the reply is lost on the way back
+    with pytest.raises(TurnAlreadyAppliedError):
+        await proto.commit(
+            CID, "t1", fence=acquired.fence, messages=whole_turn(acquired), lease_ms=LEASE
+        )
+    assert redis_client.llen(proto.keys.turns(CID)) == 1
+    assert await stored_texts(proto) == ["t1"]
+
+
+async def test_repeated_idempotency_key_returns_the_first_turn(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    message = Message.user("pay the invoice")
+    first = await proto.submit(
+        CID, "t1", agent="bot", message=message, options={}, idempotency_key="invoice-7"
+    )
+    again = await proto.submit(
+        CID, "t2", agent="bot", message=message, options={}, idempotency_key="invoice-7"
+    )
+    assert (first.turn_id, first.position, first.duplicate) == ("t1", 0, False)
+    assert (again.turn_id, again.duplicate) == ("t1", True)
+    assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
+    with pytest.raises(UnknownTurnError):
+        await proto.get_turn(CID, "t2")
+
+
+async def test_resent_submit_with_the_same_turn_id_queues_nothing(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1")
+    again = await proto.submit(CID, "t1", agent="bot", message=Message.user("t1"), options={})
+    assert again.duplicate
+    assert redis_client.llen(proto.keys.inbox(CID)) == 1
+
+
+async def test_submit_reports_position_and_rejects_when_busy(proto: TurnProtocol) -> None:
+    first = await proto.submit(CID, "t1", agent="bot", message=Message.user("a"), options={})
+    second = await proto.submit(CID, "t2", agent="bot", message=Message.user("b"), options={})
+    assert (first.position, second.position) == (0, 1)
+    with pytest.raises(ConversationBusyError):
+        await proto.submit(
+            CID, "t3", agent="bot", message=Message.user("c"), options={}, if_busy="reject"
+        )
+    with pytest.raises(UnknownTurnError):
+        await proto.get_turn(CID, "t3")
+
+
+async def test_park_reserves_the_conversation_until_every_call_is_decided(
+    proto: TurnProtocol,
+) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    acquired = await acquire(proto)
+    state = parked_state(acquired, "call-a", "call-b")
+    await proto.park(CID, "t1", fence=acquired.fence, state=state, approval_ttl_ms=60_000)
+    await proto.park(CID, "t1", fence=acquired.fence, state=state, approval_ttl_ms=60_000)
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "awaiting_approval"
+    assert [c["id"] for c in record.result["pending_approvals"]] == ["call-a", "call-b"]
+    assert await proto.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
+    assert await proto.decide(CID, "t1", call_id="call-a", approved=True) == "pending"
+    assert await proto.decide(CID, "t1", call_id="call-a", approved=True) == "pending"
+    assert await proto.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
+    decided = await proto.decide(CID, "t1", call_id="call-b", approved=False, reason="no")
+    assert decided == "resume"
+    resumed = await acquire(proto, "w2")
+    assert resumed.turn.turn_id == "t1"
+    assert resumed.turn.status == "running"
+    assert resumed.fence > acquired.fence
+    assert resumed.state is not None
+    assert resumed.state.messages == state.messages
+    assert resumed.state.decisions["call-a"].approved is True
+    assert resumed.state.decisions["call-b"].approved is False
+    assert resumed.state.decisions["call-b"].reason == "no"
+
+
+async def test_decide_refuses_unknown_calls_changed_minds_and_unparked_turns(
+    proto: TurnProtocol,
+) -> None:
+    await submit(proto, "t1")
+    acquired = await acquire(proto)
+    with pytest.raises(ProtocolError, match="not awaiting approval"):
+        await proto.decide(CID, "t1", call_id="c", approved=True)
+    await proto.park(
+        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=60_000
+    )
+    with pytest.raises(ProtocolError, match="no pending tool call"):
+        await proto.decide(CID, "t1", call_id="other", approved=True)
+    with pytest.raises(UnknownTurnError):
+        await proto.decide(CID, "nope", call_id="c", approved=True)
+    assert await proto.decide(CID, "t1", call_id="c", approved=True) == "resume"
+    with pytest.raises(ProtocolError, match="already decided"):
+        await proto.decide(CID, "t1", call_id="c", approved=False)
+
+
+async def test_discard_frees_a_parked_conversation(proto: TurnProtocol) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    acquired = await acquire(proto)
+    await proto.park(
+        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=60_000
+    )
+    assert await proto.discard(CID, "t1", reason="changed my mind") is True
+    assert await proto.discard(CID, "t1") is True  # a repeat is a no-op
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "cancelled"
+    assert record.error is not None
+    assert record.error["type"] == "TurnCancelledError"
+    nxt = await acquire(proto, "w2")
+    assert nxt.turn.turn_id == "t2"
+    assert await stored_texts(proto) == []
+
+
+async def test_expired_lease_is_taken_over_and_the_old_holder_is_refused(
+    proto: TurnProtocol,
+) -> None:
+    await submit(proto, "t1")
+    old = await acquire(proto, "w1", lease_ms=50)
+    assert await proto.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
+    await asyncio.sleep(0.2)
+    new = await acquire(proto, "w2")
+    assert new.turn.turn_id == "t1"
+    assert new.turn.attempts == 2
+    assert new.fence > old.fence
+    with pytest.raises(StaleFenceError):
+        await proto.renew(CID, fence=old.fence, lease_ms=LEASE)
+    with pytest.raises(StaleFenceError):
+        await commit(proto, old)
+    await proto.renew(CID, fence=new.fence, lease_ms=LEASE)
+    await commit(proto, new)
+    assert await stored_texts(proto) == ["t1"]
+
+
+async def test_attempts_counter_fails_a_turn_after_max_attempts(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    for _ in range(2):
+        acquired = await acquire(proto, max_attempts=2)
+        assert acquired.turn.turn_id == "t1"
+        redis_client.delete(proto.keys.lease(CID))  # its worker died
+    nxt = await acquire(proto, max_attempts=2)
+    assert nxt.turn.turn_id == "t2"
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "failed"
+    assert record.error is not None
+    assert record.error["type"] == "MaxAttemptsExceededError"
+    assert record.attempts == 2
+
+
+async def test_checkpoint_is_what_a_rerun_starts_from(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1")
+    first = await acquire(proto)
+    assert first.state is None
+    state = TurnState(messages=[first.turn.input, Message.assistant("half")], steps=1)
+    await proto.checkpoint(CID, "t1", fence=first.fence, state=state)
+    redis_client.delete(proto.keys.lease(CID))
+    second = await acquire(proto, "w2")
+    assert second.state == state
+    with pytest.raises(StaleFenceError):
+        await proto.checkpoint(CID, "t1", fence=first.fence, state=state)
+
+
+async def test_cancel_a_queued_turn(proto: TurnProtocol, redis_client: redis.Redis) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    assert await proto.cancel(CID, "t2") == "cancelled"
+    assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
+    assert (await proto.get_turn(CID, "t2")).status == "cancelled"
+    events = [e for _, e in await proto.read_events(CID, "t2")]
+    assert events[-1] == TurnEvent(type="done", data={"status": "cancelled"})
+    assert await proto.cancel(CID, "t2") == "finished"
+
+
+async def test_cancel_a_running_turn_asks_its_runner_to_stop(proto: TurnProtocol) -> None:
+    await submit(proto, "t1")
+    acquired = await acquire(proto)
+    assert not await proto.is_cancel_requested(CID, "t1")
+    assert await proto.cancel(CID, "t1") == "stopping"
+    assert await proto.is_cancel_requested(CID, "t1")
+    error = TurnCancelledError("the turn was cancelled").to_data()
+    await proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE)
+    assert (await proto.get_turn(CID, "t1")).status == "cancelled"
+    assert await stored_texts(proto) == []
+
+
+async def test_clear_is_refused_while_a_turn_runs_unless_forced(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t0")
+    await commit(proto, await acquire(proto))
+    await submit(proto, "t1")
+    await acquire(proto)
+    with pytest.raises(ConversationBusyError):
+        await proto.clear(CID)
+    assert await stored_texts(proto) == ["t0"]
+    await proto.clear(CID, force=True)
+    assert redis_client.keys(f"{proto.keys.prefix}*") == []
+
+
+async def test_clear_removes_every_key_of_an_idle_conversation(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    other = "someone-else"
+    await proto.submit(other, "x1", agent="bot", message=Message.user("keep"), options={})
+    await submit(proto, "t1")
+    await commit(proto, await acquire(proto))
+    await proto.clear(CID)
+    left = {k.decode() for k in redis_client.keys(f"{proto.keys.prefix}*")}
+    assert left and all(k.startswith(f"{proto.keys.prefix}:{{{other}}}") for k in left)
+
+
+async def test_attachments_are_stored_once_and_restored_bit_for_bit(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    picture = bytes(range(256)) * 40
+    for tid in ("t1", "t2"):
+        message = Message(content=[TextPart(text=tid), ImagePart(data=picture, mime_type="x/y")])
+        await proto.submit(CID, tid, agent="bot", message=message, options={})
+    nxt = await commit(proto, await acquire(proto))
+    assert nxt is not None
+    assert nxt.history[0].content[1] == ImagePart(data=picture, mime_type="x/y")
+    await commit(proto, nxt)
+    assert redis_client.hlen(proto.keys.blobs(CID)) == 1
+    history = await proto.history(CID, last_turns=1)
+    assert [m.text for m in history] == ["t2", "ok"]
+    assert history[0].attachments[0].data == picture
+
+
+async def test_acquire_returns_the_history_window(proto: TurnProtocol) -> None:
+    for n in range(5):
+        await submit(proto, f"t{n}")
+    acquired = await acquire(proto, window=2)
+    while acquired.turn.turn_id != "t4":
+        following = await proto.commit(
+            CID,
+            acquired.turn.turn_id,
+            fence=acquired.fence,
+            messages=whole_turn(acquired),
+            lease_ms=LEASE,
+            window=2,
+        )
+        assert following is not None
+        acquired = following
+    assert [m.text for m in acquired.history] == ["t2", "ok", "t3", "ok"]
+
+
+async def test_events_are_emitted_and_read_in_order(proto: TurnProtocol) -> None:
+    await submit(proto, "t1")
+    acquired = await acquire(proto)
+    await proto.emit(CID, "t1", TurnEvent(type="text_delta", data={"text": "he"}))
+    await commit(proto, acquired, "hello")
+    events = await proto.read_events(CID, "t1")
+    kinds = [e.type for _, e in events]
+    assert kinds == ["status", "status", "text_delta", "status", "done"]
+    assert events[-1][1].data == {"status": "succeeded"}
+    later = await proto.read_events(CID, "t1", after=events[1][0])
+    assert [e.type for _, e in later] == kinds[2:]
+    assert await proto.read_events(CID, "t1", after=events[-1][0], block_ms=20) == []
+
+
+async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    assert await proto.sweep_candidates() == [CID]
+    acquired = await acquire(proto)
+    assert await proto.sweep_candidates() == []
+    await proto.park(
+        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=30
+    )
+    await asyncio.sleep(0.1)
+    assert await proto.sweep_candidates() == [CID]
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "failed"
+    assert record.error is not None
+    assert record.error["type"] == "ApprovalExpiredError"
+    with pytest.raises(ProtocolError, match="not awaiting approval"):
+        await proto.decide(CID, "t1", call_id="c", approved=True)
+    assert (await acquire(proto)).turn.turn_id == "t2"
+
+
+async def test_epoch_marker_detects_a_replaced_dataset(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    epoch = await proto.check_epoch(None)
+    assert await proto.check_epoch(epoch) == epoch
+    redis_client.delete(proto.keys.epoch())  # Redis came back empty
+    with pytest.raises(Exception, match="dataset changed"):
+        await proto.check_epoch(epoch)
+
+
+async def test_hand_off_skips_a_vanished_turn_and_frees_the_lease(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1")
+    await submit(proto, "t2")
+    acquired = await acquire(proto)
+    redis_client.delete(proto.keys.turn(CID, "t2"))  # its record is gone
+    assert await commit(proto, acquired) is None
+    assert redis_client.exists(proto.keys.lease(CID)) == 0
+    assert redis_client.llen(proto.keys.inbox(CID)) == 0
+    await submit(proto, "t3")
+    assert (await acquire(proto, "w2")).turn.turn_id == "t3"

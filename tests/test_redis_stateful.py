@@ -1,0 +1,342 @@
+"""Random interleavings of the turn protocol from several workers against a real Redis,
+checked step by step against a plain-Python model of what must happen."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from convoq._sync import run_sync
+from convoq.engine import TurnState
+from convoq.errors import (
+    NotInboxHeadError,
+    ProtocolError,
+    StaleFenceError,
+    TurnAlreadyAppliedError,
+    TurnCancelledError,
+)
+from convoq.messages import Message, ToolCall
+from convoq.redis import Acquired, TurnProtocol
+
+CID = "stateful"
+WORKERS = ("w1", "w2", "w3")
+MAX_ATTEMPTS = 3
+LEASE_MS = 60_000
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@dataclass
+class Lease:
+    fence: int
+    state: str  # active | parked
+
+
+@dataclass
+class Model:
+    """What Redis must hold after every step."""
+
+    queue: list[str] = field(default_factory=list)
+    status: dict[str, str] = field(default_factory=dict)
+    history: list[str] = field(default_factory=list)
+    runs: dict[str, int] = field(default_factory=dict)
+    lease: Lease | None = None
+    pending: list[str] = field(default_factory=list)  # call ids of the parked head
+    decided: set[str] = field(default_factory=set)
+    resume: bool = False
+    saved: dict[str, int] = field(default_factory=dict)  # tid -> steps of the saved state
+    last_fence: int = 0
+
+    def end(self, tid: str, status: str) -> None:
+        self.status[tid] = status
+        if tid in self.queue:
+            self.queue.remove(tid)
+        self.saved.pop(tid, None)
+
+    def take(self, handoff: bool) -> str | None:
+        """The turn acquire hands out (failing heads on the way), or None."""
+        while self.queue:
+            head = self.queue[0]
+            if self.status[head] == "awaiting_approval" and not self.resume:
+                self.end(head, "failed")  # the approval expired with its lease
+                continue
+            self.runs[head] = self.runs.get(head, 0) + 1
+            if self.runs[head] > MAX_ATTEMPTS:
+                self.end(head, "failed")
+                continue
+            self.status[head] = "running"
+            self.resume = False
+            if not handoff:
+                self.lease = Lease(fence=0, state="active")  # fence filled in by the caller
+            return head
+        if handoff:
+            self.lease = None
+        return None
+
+    def guard(self, tid: str, fence: int, allowed: set[str]) -> type[Exception] | None:
+        if self.status[tid] in TERMINAL:
+            return TurnAlreadyAppliedError
+        if self.lease is None or self.lease.fence != fence or self.lease.state != "active":
+            return StaleFenceError
+        if not self.queue or self.queue[0] != tid:
+            return NotInboxHeadError
+        if self.status[tid] not in allowed:
+            return ProtocolError
+        return None
+
+
+class TurnProtocolMachine(RuleBasedStateMachine):
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.proto = TurnProtocol.from_url(url, prefix=f"s{uuid.uuid4().hex[:10]}")
+        self.client = redis.Redis.from_url(url)
+        self.model = Model()
+        self.claims: dict[str, tuple[str, int]] = {}  # worker -> (turn id, fence) it holds
+        self.count = 0
+
+    def teardown(self) -> None:
+        run_sync(self.proto.clear(CID, force=True))
+        run_sync(self.proto.close())
+        self.client.close()
+
+    # -- helpers -----------------------------------------------------------------------
+    def expect(self, error: type[Exception] | None, call: Any) -> Any:
+        if error is None:
+            return run_sync(call)
+        with pytest.raises(error):
+            run_sync(call)
+        return None
+
+    def received(self, worker: str, got: Acquired | None, expected: str | None, fence: int) -> None:
+        """Check what acquire/commit/fail handed out against the model's choice."""
+        if expected is None:
+            assert got is None
+            self.claims.pop(worker, None)
+            return
+        assert got is not None
+        assert got.turn.turn_id == expected
+        assert got.turn.status == "running"
+        if fence:
+            assert got.fence == fence
+        else:
+            assert got.fence > self.model.last_fence
+            assert self.model.lease is not None
+            self.model.lease.fence = got.fence
+            self.model.last_fence = got.fence
+        saved = self.model.saved.get(expected)
+        assert (got.state.steps if got.state else None) == saved
+        assert [m.text for m in got.history if m.role == "user"] == self.model.history
+        self.claims[worker] = (expected, got.fence)
+
+    # -- rules -------------------------------------------------------------------------
+    @rule()
+    def submit(self) -> None:
+        self.count += 1
+        tid = f"t{self.count}"
+        result = run_sync(
+            self.proto.submit(CID, tid, agent="bot", message=Message.user(tid), options={})
+        )
+        assert result.position == len(self.model.queue)
+        self.model.queue.append(tid)
+        self.model.status[tid] = "queued"
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def acquire(self, worker: str) -> None:
+        got = run_sync(
+            self.proto.acquire(CID, worker_id=worker, lease_ms=LEASE_MS, max_attempts=MAX_ATTEMPTS)
+        )
+        expected = None if self.model.lease is not None else self.model.take(handoff=False)
+        self.received(worker, got, expected, 0)
+
+    def ending(self, worker: str, allowed: set[str], call: Any, final: str | None) -> None:
+        tid, fence = self.claims[worker]
+        error = self.model.guard(tid, fence, allowed)
+        got = self.expect(error, call(tid, fence))
+        if error is not None:
+            return
+        if final is None:  # checkpoint
+            self.model.saved[tid] = 7
+            return
+        if final == "succeeded":
+            self.model.history.append(tid)
+        self.model.end(tid, final)
+        self.received(worker, got, self.model.take(handoff=True), fence)
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from(sorted(self.claims)))
+        self.ending(
+            worker,
+            {"running"},
+            lambda tid, fence: self.proto.commit(
+                CID,
+                tid,
+                fence=fence,
+                messages=[Message.user(tid), Message.assistant("ok")],
+                lease_ms=LEASE_MS,
+                max_attempts=MAX_ATTEMPTS,
+            ),
+            "succeeded",
+        )
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data(), cancelled=st.booleans())
+    def fail(self, data: st.DataObject, cancelled: bool) -> None:
+        worker = data.draw(st.sampled_from(sorted(self.claims)))
+        error = (TurnCancelledError if cancelled else ProtocolError)("boom").to_data()
+        self.ending(
+            worker,
+            {"running", "queued"},
+            lambda tid, fence: self.proto.fail(
+                CID,
+                tid,
+                fence=fence,
+                error=error,
+                lease_ms=LEASE_MS,
+                max_attempts=MAX_ATTEMPTS,
+            ),
+            "cancelled" if cancelled else "failed",
+        )
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data())
+    def checkpoint(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from(sorted(self.claims)))
+        state = TurnState(messages=[Message.user("x")], steps=7)
+        self.ending(
+            worker,
+            {"running"},
+            lambda tid, fence: self.proto.checkpoint(CID, tid, fence=fence, state=state),
+            None,
+        )
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data(), calls=st.integers(1, 2))
+    def park(self, data: st.DataObject, calls: int) -> None:
+        worker = data.draw(st.sampled_from(sorted(self.claims)))
+        tid, fence = self.claims[worker]
+        ids = [f"c{i}" for i in range(calls)]
+        pending = [ToolCall(id=c, name="tool") for c in ids]
+        state = TurnState(messages=[Message.user(tid)], steps=3, pending=pending)
+        lease = self.model.lease
+        replay = (
+            lease is not None
+            and lease.fence == fence
+            and lease.state == "parked"
+            and self.model.status[tid] == "awaiting_approval"
+        )
+        error = None if replay else self.model.guard(tid, fence, {"running"})
+        self.expect(
+            error, self.proto.park(CID, tid, fence=fence, state=state, approval_ttl_ms=LEASE_MS)
+        )
+        if error is None and not replay:
+            assert lease is not None
+            lease.state = "parked"
+            self.model.status[tid] = "awaiting_approval"
+            self.model.pending, self.model.decided, self.model.resume = ids, set(), False
+            self.model.runs[tid] = 0
+            self.model.saved[tid] = 3
+
+    def parked_head(self) -> str | None:
+        queue = self.model.queue
+        return queue[0] if queue and self.model.status[queue[0]] == "awaiting_approval" else None
+
+    @precondition(lambda self: self.parked_head() is not None)
+    @rule(index=st.integers(0, 1))
+    def decide(self, index: int) -> None:
+        tid = self.parked_head()
+        assert tid is not None
+        call = self.model.pending[index % len(self.model.pending)]
+        m = self.model
+        if call not in m.decided and not m.resume and m.lease is None:
+            self.expect(ProtocolError, self.proto.decide(CID, tid, call_id=call, approved=True))
+            return
+        got = run_sync(self.proto.decide(CID, tid, call_id=call, approved=True))
+        m.decided.add(call)
+        if set(m.pending) <= m.decided:
+            assert got == "resume"
+            m.resume, m.lease = True, None
+        else:
+            assert got == "pending"
+
+    @precondition(lambda self: self.parked_head() is not None)
+    @rule()
+    def discard(self) -> None:
+        tid = self.parked_head()
+        assert tid is not None
+        more = run_sync(self.proto.discard(CID, tid))
+        self.model.end(tid, "cancelled")
+        self.model.lease = None
+        assert more == bool(self.model.queue)
+
+    @precondition(lambda self: self.model.status)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(sorted(self.model.status)))
+        m = self.model
+        got = run_sync(self.proto.cancel(CID, tid))
+        if m.status[tid] in TERMINAL:
+            assert got == "finished"
+        elif m.status[tid] == "running" and m.lease is not None and m.lease.state == "active":
+            assert got == "stopping"
+        else:
+            assert got == "cancelled"
+            if m.status[tid] == "awaiting_approval":
+                m.lease = None
+            m.end(tid, "cancelled")
+
+    @rule()
+    def lease_expires(self) -> None:
+        self.client.delete(self.proto.keys.lease(CID))
+        self.model.lease = None
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from(sorted(self.claims)))
+        _tid, fence = self.claims[worker]
+        lease = self.model.lease
+        live = lease is not None and lease.fence == fence and lease.state == "active"
+        self.expect(
+            None if live else StaleFenceError, self.proto.renew(CID, fence=fence, lease_ms=LEASE_MS)
+        )
+
+    # -- invariants --------------------------------------------------------------------
+    @invariant()
+    def redis_matches_the_model(self) -> None:
+        keys, m = self.proto.keys, self.model
+        inbox = [t.decode() for t in self.client.lrange(keys.inbox(CID), 0, -1)]
+        assert inbox == m.queue
+        stored = [m_.text for m_ in run_sync(self.proto.history(CID)) if m_.role == "user"]
+        assert stored == m.history  # committed once each, in submission order
+        assert sorted(stored, key=lambda t: int(t[1:])) == stored
+        for tid, status in m.status.items():
+            assert self.client.hget(keys.turn(CID, tid), "status") == status.encode()
+        lease = self.client.hmget(keys.lease(CID), "fence", "state")
+        if m.lease is None:
+            assert lease == [None, None]
+        else:
+            assert lease == [str(m.lease.fence).encode(), m.lease.state.encode()]
+        holders = {f for _t, f in self.claims.values() if m.lease and f == m.lease.fence}
+        assert len(holders) <= 1  # at most one live lease
+
+
+@pytest.mark.timeout(110)
+def test_turn_protocol_state_machine(redis_url: str) -> None:
+    run_state_machine_as_test(
+        lambda: TurnProtocolMachine(redis_url),
+        settings=settings(max_examples=30, stateful_step_count=30, deadline=None),
+    )
