@@ -50,6 +50,10 @@ class ConvoqSettings(BaseSettings):
         " recovery does not wait for it (the sweeper re-kicks after lease_ms).",
     )
     flower_port: int = Field(default=5555, ge=1, le=65535)
+    flower_basic_auth: str | None = Field(
+        default=None,
+        description="user:password for `convoq flower` (comma separated for several users).",
+    )
 
     @property
     def effective_broker_url(self) -> str | None:

@@ -131,7 +131,9 @@ def check_agent(agent: object, known: Collection[str] | None) -> str:
 def check_callback_url(url: object) -> str:
     """An absolute http(s) URL with a host, of bounded length."""
     if not isinstance(url, str) or len(url) > MAX_CALLBACK_URL_CHARS:
-        raise ConvoqError(f"callback_url must be an http(s) URL of at most {MAX_CALLBACK_URL_CHARS} chars")
+        raise ConvoqError(
+            f"callback_url must be an http(s) URL of at most {MAX_CALLBACK_URL_CHARS} chars"
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConvoqError(
@@ -170,5 +172,7 @@ def check_turn_ref(conversation_id: object, turn_id: object) -> tuple[str, str]:
 def check_call_id(call_id: object) -> str:
     """A tool call id: a non-empty str."""
     if not isinstance(call_id, str) or not call_id or len(call_id) > 256:
-        raise InvalidMessageError(f"call_id must be a non-empty str, not {call_id!r}", rule="call_id")
+        raise InvalidMessageError(
+            f"call_id must be a non-empty str, not {call_id!r}", rule="call_id"
+        )
     return call_id

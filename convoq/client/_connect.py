@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+import redis.asyncio as aioredis
 from celery import Celery
 
 DEFAULT_HOME = Path(".convoq")
@@ -15,9 +17,18 @@ def resolve_redis_url(redis_url: str | None, home: Path | None = None) -> str:
     """``redis_url`` itself, or the URL of the embedded redis-server (started if needed)."""
     if redis_url:
         return redis_url
-    from convoq.redis import embedded  # noqa: PLC0415  (only without a configured Redis)
+    from convoq.redis import embedded  # lazy: only without a configured Redis
 
-    return embedded.ensure_url(home or DEFAULT_HOME)
+    return embedded.embedded_url(home or DEFAULT_HOME)
+
+
+def redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
+    """An asyncio Redis client whose pool waits for a free connection instead of failing
+    when ``max_connections`` are busy (many turns waited on, or run, at once)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=None
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
@@ -26,9 +37,11 @@ def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
     kombu spells a Redis unix socket ``redis+socket://``; redis-py spells it ``unix://``.
     """
     url = broker_url or redis_url
-    if url.startswith("unix://"):
-        return "redis+socket://" + url[len("unix://") :]
-    return url
+    if not url.startswith("unix://"):
+        return url
+    parts = urlsplit(url)
+    db = parse_qs(parts.query).get("db", ["0"])[0]
+    return f"redis+socket://{parts.path}?virtual_host={db}"
 
 
 def celery_base_config(broker_url: str, *, visibility_timeout_s: int = 3600) -> dict[str, Any]:

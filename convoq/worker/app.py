@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, signals
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from convoq.client._connect import broker_url_for, celery_base_config, resolve_redis_url
 from convoq.settings import ConvoqSettings
@@ -61,8 +61,11 @@ def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
         worker_pool="threads",
         worker_concurrency=s.concurrency,
         worker_send_task_events=True,
-        worker_hijack_root_logger=False,
-        task_queues=[Queue(name) for name in queues],
+        # Each queue on its own direct exchange, bound by its own name: what a client's
+        # send_task(queue=name) declares, so Redis and AMQP route the same way.
+        task_queues=[
+            Queue(name, Exchange(name, type="direct"), routing_key=name) for name in queues
+        ],
         task_default_queue=queues[0],
         broker_heartbeat=30,
     )

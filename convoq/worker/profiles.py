@@ -8,7 +8,7 @@ attributes is a profile. Several modules may be given, separated by commas.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from convoq.agent import Agent
 from convoq.errors import ConfigurationError, UnknownAgentError
@@ -30,7 +30,7 @@ class Profiles(Mapping[str, Agent]):
     def __getitem__(self, name: str) -> Agent:
         return self._agents[name]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self._agents)
 
     def __len__(self) -> int:

@@ -52,11 +52,23 @@ def parse_partitions(spec: str | None, partitions: int) -> list[int]:
     outside = sorted(p for p in chosen if not 0 <= p < partitions)
     if outside:
         raise ConfigurationError(
-            f"partitions {outside} do not exist: there are {partitions} (0-{partitions - 1});"
+            f"partitions {_ranges(outside)} do not exist: there are {partitions}"
+            f" (0-{partitions - 1});"
             " change --partitions or CONVOQ_PARTITIONS",
             spec=spec,
         )
     return sorted(chosen)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3,7"`` (sorted input)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
 def _parse_item(item: str, spec: str) -> range:
@@ -87,7 +99,8 @@ def agents_key(prefix: str) -> str:
 
 
 def workers_key(prefix: str) -> str:
-    """Hash worker name -> JSON (pid, queues, profiles, started_ms) of running workers."""
+    """Hash worker name -> JSON (pid, queues, agents, started_ms, seen_ms) of the workers;
+    ``seen_ms`` is refreshed every sweep period, so a stale entry is a dead worker."""
     return f"{prefix}:registry:workers"
 
 

@@ -199,7 +199,9 @@ class Runner:
                     return
                 log.warning("renewing the lease on %s failed, retrying: %s", cid, exc)
 
-    async def _commit(self, acq: Acquired, outcome: Completed, report: DrainReport) -> Acquired | None:
+    async def _commit(
+        self, acq: Acquired, outcome: Completed, report: DrainReport
+    ) -> Acquired | None:
         turn = acq.turn
         cid, tid = turn.conversation_id, turn.turn_id
         try:

@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from convoq._sync import LoopThread
-from convoq.client._connect import resolve_redis_url
-from convoq.errors import ConfigurationError, UnknownTurnError
+from convoq.client._connect import redis_client, resolve_redis_url
+from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
 from convoq.settings import ConvoqSettings
@@ -51,6 +51,10 @@ class WorkerRuntime:
         self._state: tuple[aioredis.Redis, TurnProtocol, Runner] | None = None
         self._sweeper: concurrent.futures.Future[None] | None = None
         self._announced_as: str | None = None
+        self._queues: list[str] = []
+        self._info: dict[str, Any] = {}
+        self._epoch: str | None = None
+        self._halted: ConversationMemoryError | None = None
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the process's loop (opening connections on first use)."""
@@ -73,7 +77,9 @@ class WorkerRuntime:
 
     async def _open(self) -> tuple[aioredis.Redis, TurnProtocol, Runner]:
         s = self.settings
-        redis = aioredis.Redis.from_url(self.redis_url)
+        # Each turn in flight holds a connection only per command; renewers and the
+        # sweeper add a few. Beyond the limit commands wait for a free connection.
+        redis = redis_client(self.redis_url, max_connections=2 * s.concurrency + 16)
         protocol = TurnProtocol(
             redis,
             KeySchema(s.prefix),
@@ -88,10 +94,13 @@ class WorkerRuntime:
             approval_ttl_s=s.approval_ttl_s,
         )
         runner = Runner(protocol, self.profiles, config, on_finished=self._after_turn)
+        self._epoch = await protocol.check_epoch(None)
         return redis, protocol, runner
 
     # -- what the tasks call ---------------------------------------------------------------
     def drain(self, conversation_id: str) -> DrainReport:
+        if self._halted is not None:
+            raise self._halted
         return self.run(self.runner.drain(conversation_id))
 
     def sweep_once(self) -> list[str]:
@@ -146,22 +155,32 @@ class WorkerRuntime:
     def announce(self, hostname: str, queues: list[str]) -> None:
         """Publish this worker and its profiles in Redis, then start the sweeper."""
         self.run(self._announce(hostname, queues))
-        self._announced_as = hostname
+        self._announced_as, self._queues = hostname, queues
         sweeper = self._make_sweeper()
         self._sweeper = asyncio.run_coroutine_threadsafe(sweeper.run_forever(), self._loop.loop)
 
     async def _announce(self, hostname: str, queues: list[str]) -> None:
         redis, prefix = self._ensure_open()[0], self.settings.prefix
-        info = {
+        now = int(time.time() * 1000)
+        self._info = {
             "pid": os.getpid(),
             "queues": queues,
             "agents": sorted(self.profiles),
-            "started_ms": int(time.time() * 1000),
+            "started_ms": now,
+            "seen_ms": now,
         }
         async with redis.pipeline(transaction=True) as pipe:
             pipe.sadd(routing.agents_key(prefix), *sorted(self.profiles))
-            pipe.hset(routing.workers_key(prefix), hostname, json.dumps(info))
+            pipe.hset(routing.workers_key(prefix), hostname, json.dumps(self._info))
             await pipe.execute()
+
+    async def _each_period(self) -> None:
+        """Before each sweep: check the dataset, then refresh this worker's entry."""
+        await self._check_dataset()
+        if self._announced_as is not None:
+            self._info["seen_ms"] = int(time.time() * 1000)
+            key = routing.workers_key(self.settings.prefix)
+            await self._ensure_open()[0].hset(key, self._announced_as, json.dumps(self._info))
 
     def _make_sweeper(self) -> Sweeper:
         redis, protocol, _ = self._ensure_open()
@@ -171,7 +190,26 @@ class WorkerRuntime:
             interval_s=self.settings.sweep_interval_s,
             redis=redis,
             lock_key=routing.sweeper_lock_key(self.settings.prefix),
+            guard=self._each_period,
         )
+
+    async def _check_dataset(self) -> None:
+        """Refuse to serve a Redis that came back empty (its epoch marker changed)."""
+        try:
+            await self.protocol.check_epoch(self._epoch)
+        except ConversationMemoryError as exc:
+            if self._halted is None:
+                log.critical("not serving any more: %s", exc.message)
+                self._halted = exc
+                await asyncio.to_thread(self._stop_consuming)
+            raise
+
+    def _stop_consuming(self) -> None:
+        """Leave the kicks to healthy workers; this process stays up for an operator."""
+        if self._announced_as is None:
+            return
+        for queue in self._queues:
+            self.app.control.cancel_consumer(queue, destination=[self._announced_as])
 
     def close(self) -> None:
         """Stop the sweeper, withdraw the worker entry and close connections."""

@@ -38,17 +38,21 @@ class Sweeper:
         interval_s: float,
         redis: aioredis.Redis | None = None,
         lock_key: str | None = None,
+        guard: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._protocol = protocol
         self._kick = kick
         self._interval_s = interval_s
         self._redis = redis
         self._lock_key = lock_key
+        self._guard = guard
         self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
 
     async def sweep_once(self) -> list[str]:
         """One pass: kick every candidate; return their ids (empty if another process
         swept in this period)."""
+        if self._guard is not None:
+            await self._guard()  # raises when this worker must not serve (dataset changed)
         if not await self._take_turn():
             return []
         kicked: list[str] = []

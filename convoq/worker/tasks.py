@@ -40,15 +40,25 @@ def register_tasks(app: ConvoqCelery) -> None:
         runtime = app.runtime()
         attempt = runtime.deliver_callback(conversation_id, turn_id)
         if attempt.outcome != "retry":
-            log.info("callback %s/%s %s (%s)", conversation_id, turn_id, attempt.outcome, attempt.detail)
+            log.info(
+                "callback %s/%s %s (%s)", conversation_id, turn_id, attempt.outcome, attempt.detail
+            )
             return attempt.outcome
         settings = runtime.settings
         retries = int(self.request.retries or 0)
         if retries >= settings.webhook_max_retries:
-            log.error("callback %s/%s given up after %d retries: %s", conversation_id, turn_id, retries, attempt.detail)
+            log.error(
+                "callback %s/%s given up after %d retries: %s",
+                conversation_id,
+                turn_id,
+                retries,
+                attempt.detail,
+            )
             return "given_up"
         delay = webhooks.backoff_s(retries, settings.webhook_retry_base_s)
-        log.warning("callback %s/%s: %s; retry in %.1fs", conversation_id, turn_id, attempt.detail, delay)
+        log.warning(
+            "callback %s/%s: %s; retry in %.1fs", conversation_id, turn_id, attempt.detail, delay
+        )
         raise self.retry(countdown=delay, max_retries=settings.webhook_max_retries)
 
     @app.task(name=routing.SWEEP_TASK, ignore_result=True)

@@ -36,9 +36,7 @@ def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
     return f"t={ts},v1={_digest(secret, ts, body)}"
 
 
-def verify_signature(
-    secret: str, header: str, body: bytes | str, tolerance_s: int = 300
-) -> bool:
+def verify_signature(secret: str, header: str, body: bytes | str, tolerance_s: int = 300) -> bool:
     """Check a webhook's ``X-Convoq-Signature`` header against its raw body.
 
     Args:
@@ -122,10 +120,12 @@ async def post_once(url: str, body: bytes, *, secret: str, timeout_s: float) -> 
         SIGNATURE_HEADER: sign(secret, body),
     }
     try:
-        async with httpx.AsyncClient(follow_redirects=False, timeout=timeout_s) as client:
-            # stream(): the response body is never read, so a huge one costs nothing.
-            async with client.stream("POST", url, content=body, headers=headers) as response:
-                status = response.status_code
+        # stream(): the response body is never read, so a huge one costs nothing.
+        async with (
+            httpx.AsyncClient(follow_redirects=False, timeout=timeout_s) as client,
+            client.stream("POST", url, content=body, headers=headers) as response,
+        ):
+            status = response.status_code
     except httpx.TransportError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
     if 200 <= status < 300:

@@ -1,0 +1,18 @@
+"""Submit turns to convoq workers and follow them: :class:`Client` (blocking) and
+:class:`AsyncClient`, :class:`TurnHandle` / :class:`AsyncTurnHandle`, :class:`TurnResult`.
+"""
+
+from convoq.client.aclient import AsyncClient
+from convoq.client.client import Client
+from convoq.client.handle import AsyncTurnHandle, TurnHandle, TurnResult
+from convoq.worker.webhooks import SIGNATURE_HEADER, verify_signature
+
+__all__ = [
+    "SIGNATURE_HEADER",
+    "AsyncClient",
+    "AsyncTurnHandle",
+    "Client",
+    "TurnHandle",
+    "TurnResult",
+    "verify_signature",
+]

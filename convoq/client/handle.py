@@ -1,0 +1,251 @@
+"""Handles on queued turns and their results.
+
+A handle is two ids (conversation, turn); any process that knows them can build one with
+``client.handle(cid, turn_id)``. ``wait`` blocks on the turn's event stream (``XREAD
+BLOCK``), not by polling, and re-raises a failed turn's error on the caller's side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from convoq._sync import iterate_sync, run_sync
+from convoq.client._base import FINAL_STATUSES, TurnStatus
+from convoq.engine import TurnEvent
+from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
+from convoq.messages import Message, ToolCall
+
+if TYPE_CHECKING:
+    from convoq.client.aclient import AsyncClient
+    from convoq.redis.protocol import TurnRecord
+
+# One XREAD BLOCK at most this long, then the record is read again: a stream that expired
+# or was trimmed cannot leave a waiter blocked for ever. Below redis-py's default 5 s
+# socket timeout, so a block never looks like a dead connection.
+_BLOCK_MS = 2_000
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """Where a turn stands: final (succeeded/failed/cancelled) or parked for approval.
+
+    Attributes:
+        text: the final answer ('' unless succeeded).
+        turn: the whole stored turn (user message first) when succeeded.
+        error: the turn's error rebuilt as a ConvoqError when failed or cancelled.
+        pending_approvals: tool calls waiting for approve/deny when parked.
+    """
+
+    conversation_id: str
+    turn_id: str
+    status: TurnStatus
+    text: str = ""
+    turn: list[Message] = field(default_factory=list)
+    error: ConvoqError | None = None
+    pending_approvals: list[ToolCall] = field(default_factory=list)
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    def raise_for_error(self) -> TurnResult:
+        """Raise the turn's error if it failed or was cancelled; else return self."""
+        if self.error is not None:
+            raise self.error
+        if self.status == "cancelled":
+            raise TurnCancelledError(f"turn {self.turn_id} was cancelled", turn_id=self.turn_id)
+        return self
+
+
+def result_from_record(record: TurnRecord) -> TurnResult:
+    """A :class:`TurnResult` from a protocol turn record."""
+    data: dict[str, Any] = record.result or {}
+    error = error_from_data(record.error) if record.error else None
+    if error is None and record.status == "cancelled":
+        error = TurnCancelledError(f"turn {record.turn_id} was cancelled")
+    return TurnResult(
+        conversation_id=record.conversation_id,
+        turn_id=record.turn_id,
+        status=record.status,
+        text=str(data.get("text") or ""),
+        turn=_whole_turn(record, data),
+        error=error,
+        pending_approvals=[ToolCall.model_validate(c) for c in data.get("pending_approvals") or []],
+        attempts=record.attempts,
+    )
+
+
+def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
+    # The record keeps what the turn added after its user message; the input is separate.
+    if record.status != "succeeded":
+        return []
+    return [record.input, *(Message.model_validate(m) for m in data.get("messages") or [])]
+
+
+class AsyncTurnHandle:
+    """One queued turn, seen from a client (async)."""
+
+    def __init__(self, client: AsyncClient, conversation_id: str, turn_id: str) -> None:
+        self._client = client
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+
+    def __repr__(self) -> str:
+        return f"AsyncTurnHandle({self.conversation_id!r}, {self.turn_id!r})"
+
+    async def record(self) -> TurnRecord:
+        """The raw turn record (UnknownTurnError if it never existed or expired)."""
+        return await self._client.protocol.get_turn(self.conversation_id, self.turn_id)
+
+    async def status(self) -> TurnStatus:
+        """queued | running | awaiting_approval | succeeded | failed | cancelled."""
+        return (await self.record()).status
+
+    async def result(self) -> TurnResult:
+        """The turn as it stands now, without waiting."""
+        return result_from_record(await self.record())
+
+    async def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        raise_on_error: bool = True,
+        return_on_approval: bool = False,
+    ) -> TurnResult:
+        """Block until the turn is final (or parked, with ``return_on_approval``).
+
+        Raises:
+            TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
+            the turn's error (rebuilt from its record) if it failed or was cancelled and
+            ``raise_on_error`` is true.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        record = await self.record()
+        after = "0"
+        while not _settled(record, return_on_approval):
+            block_ms = _block_for(deadline)
+            if block_ms <= 0:
+                raise TurnTimeoutError(
+                    f"turn {self.turn_id} is still {record.status} after {timeout}s;"
+                    " wait longer or check it with status()",
+                    turn_id=self.turn_id,
+                    status=record.status,
+                )
+            batch = await self._client.protocol.read_events(
+                self.conversation_id, self.turn_id, after=after, block_ms=block_ms
+            )
+            if batch:
+                after = batch[-1][0]
+            record = await self.record()
+        result = result_from_record(record)
+        return result.raise_for_error() if raise_on_error else result
+
+    async def events(
+        self, *, after: str = "0", timeout: float | None = None
+    ) -> AsyncIterator[TurnEvent]:
+        """The turn's events from the start (or after stream id ``after``) until ``done``.
+
+        Raises:
+            TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        protocol = self._client.protocol
+        while True:
+            block_ms = _block_for(deadline)
+            if block_ms <= 0:
+                raise TurnTimeoutError(f"no 'done' event for turn {self.turn_id} in {timeout}s")
+            batch = await protocol.read_events(
+                self.conversation_id, self.turn_id, after=after, block_ms=block_ms
+            )
+            for event_id, event in batch:
+                after = event_id
+                yield event
+                if event.type == "done":
+                    return
+            if not batch and (await self.record()).status in FINAL_STATUSES:
+                return  # final but its stream is gone (expired): nothing more will come
+
+    async def approve(self, call_id: str) -> None:
+        await self._client.approve(self, call_id)
+
+    async def deny(self, call_id: str, reason: str | None = None) -> None:
+        await self._client.deny(self, call_id, reason=reason)
+
+    async def cancel(self) -> str:
+        return await self._client.cancel(self)
+
+    async def discard(self) -> None:
+        await self._client.discard(self)
+
+
+def _settled(record: TurnRecord, return_on_approval: bool) -> bool:
+    if record.status in FINAL_STATUSES:
+        return True
+    return return_on_approval and record.status == "awaiting_approval"
+
+
+def _block_for(deadline: float | None) -> int:
+    if deadline is None:
+        return _BLOCK_MS
+    return min(_BLOCK_MS, int((deadline - time.monotonic()) * 1000))
+
+
+class TurnHandle:
+    """One queued turn, seen from a sync client: the same methods, blocking."""
+
+    def __init__(self, inner: AsyncTurnHandle) -> None:
+        self._inner = inner
+        self.conversation_id = inner.conversation_id
+        self.turn_id = inner.turn_id
+
+    def __repr__(self) -> str:
+        return f"TurnHandle({self.conversation_id!r}, {self.turn_id!r})"
+
+    @property
+    def async_handle(self) -> AsyncTurnHandle:
+        return self._inner
+
+    def record(self) -> TurnRecord:
+        return run_sync(self._inner.record())
+
+    def status(self) -> TurnStatus:
+        """queued | running | awaiting_approval | succeeded | failed | cancelled."""
+        return run_sync(self._inner.status())
+
+    def result(self) -> TurnResult:
+        """The turn as it stands now, without waiting."""
+        return run_sync(self._inner.result())
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        raise_on_error: bool = True,
+        return_on_approval: bool = False,
+    ) -> TurnResult:
+        """See :meth:`AsyncTurnHandle.wait`."""
+        return run_sync(
+            self._inner.wait(
+                timeout, raise_on_error=raise_on_error, return_on_approval=return_on_approval
+            )
+        )
+
+    def events(self, *, after: str = "0", timeout: float | None = None) -> Iterator[TurnEvent]:
+        """See :meth:`AsyncTurnHandle.events`."""
+        return iterate_sync(self._inner.events(after=after, timeout=timeout))
+
+    def approve(self, call_id: str) -> None:
+        run_sync(self._inner.approve(call_id))
+
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        run_sync(self._inner.deny(call_id, reason))
+
+    def cancel(self) -> str:
+        return run_sync(self._inner.cancel())
+
+    def discard(self) -> None:
+        run_sync(self._inner.discard())

@@ -1,0 +1,110 @@
+"""Agent profiles for worker tests (CONVOQ_AGENTS=tests.support.worker_agents).
+
+Scripted models only. Those that record what they saw write to the test's Redis under
+``{CONVOQ_PREFIX}:test:*`` so the test process can check it; the worker's environment
+names that Redis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+import redis
+
+from convoq import Agent, Message, ToolCall, tool
+from convoq.errors import ModelError
+from convoq.messages import MessageRole
+from convoq.models import ModelRequest, ScriptedModel
+
+_redis: redis.Redis | None = None
+
+
+def test_redis() -> redis.Redis:
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(os.environ["CONVOQ_REDIS_URL"])
+    return _redis
+
+
+def test_key(*parts: str) -> str:
+    return ":".join([os.environ.get("CONVOQ_PREFIX", "convoq"), "test", *parts])
+
+
+def _user_messages(request: ModelRequest) -> list[Message]:
+    return [m for m in request.messages if m.role == MessageRole.USER]
+
+
+def echo_fn(request: ModelRequest) -> str:
+    """Answers with every user text it was sent and a digest of every attachment."""
+    users = _user_messages(request)
+    seen = " | ".join(m.text for m in users)
+    files = [
+        f"{p.mime_type}:{getattr(p, 'filename', None)}:{hashlib.sha256(p.data).hexdigest()[:16]}"
+        for m in users
+        for p in m.attachments
+    ]
+    return f"seen: {seen}" + (f" files: {', '.join(files)}" if files else "")
+
+
+def tracker_fn(request: ModelRequest) -> str:
+    """Records start/end per conversation; an overlap is recorded as a violation."""
+    r, text = test_redis(), _user_messages(request)[-1].text
+    cid = text.split(" ", 1)[0]
+    if r.incr(test_key("running", cid)) > 1:
+        r.sadd(test_key("overlap"), cid)
+    r.rpush(test_key("order", cid), text)
+    time.sleep(0.01)
+    r.decr(test_key("running", cid))
+    return f"ok {text}"
+
+
+def blocker_fn(request: ModelRequest) -> str:
+    """Blocks until the test sets ``test:release:<first word>`` (a long model call)."""
+    r, text = test_redis(), _user_messages(request)[-1].text
+    word = text.split(" ", 1)[0]
+    r.rpush(test_key("ran", word), f"{text}@{os.getpid()}")
+    deadline = time.monotonic() + 90
+    while not r.exists(test_key("release", word)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"released {text}"
+
+
+def crasher_fn(request: ModelRequest) -> str:
+    """Kills its own worker process, every time."""
+    test_redis().incr(test_key("crashes"))
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+def failer_fn(request: ModelRequest) -> str:
+    raise ModelError("the scripted model failed on purpose")
+
+
+@tool(requires_approval=True)
+def transfer(amount: int) -> str:
+    """Move money (needs a human's approval)."""
+    test_redis().rpush(test_key("transfers"), str(amount))
+    return f"transferred {amount} in pid {os.getpid()}"
+
+
+def approver_fn(request: ModelRequest) -> str | Message:
+    """Asks for ``transfer`` once per turn, then reports the tool result and its pid."""
+    last = request.messages[-1]
+    if last.role == MessageRole.TOOL:
+        test_redis().rpush(test_key("resumed_pid"), str(os.getpid()))
+        return f"after tool: {last.text}"
+    test_redis().rpush(test_key("parked_pid"), str(os.getpid()))
+    call = ToolCall(id=f"call-{len(request.messages)}", name="transfer", arguments={"amount": 5})
+    return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
+
+
+echo = Agent(ScriptedModel(echo_fn), name="echo", instructions="Repeat what you saw.")
+tracker = Agent(ScriptedModel(tracker_fn), name="tracker")
+blocker = Agent(ScriptedModel(blocker_fn), name="blocker")
+crasher = Agent(ScriptedModel(crasher_fn), name="crasher")
+failer = Agent(ScriptedModel(failer_fn), name="failer")
+approver = Agent(ScriptedModel(approver_fn), name="approver", tools=[transfer])
+short_memory = Agent(ScriptedModel(echo_fn), name="short_memory", keep_last_turns=1)

@@ -1,0 +1,222 @@
+"""Real convoq worker processes for tests: spawn, wait until ready, stop, kill -9.
+
+A worker is ``python -m convoq.cli worker`` (or ``python -m celery -A
+convoq.worker.app:app worker``) with its settings in the environment. Readiness is the
+entry the worker writes in Redis once its consumer runs (``registry:workers``), not a sleep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from convoq.client import Client
+from convoq.worker.routing import workers_key
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS = "tests.support.worker_agents"
+WEBHOOK_SECRET = "test-webhook-secret"
+_names = itertools.count()
+
+
+def worker_env(redis_url: str, prefix: str, **settings: Any) -> dict[str, str]:
+    """The environment of a worker: CONVOQ_* from ``settings`` over test defaults."""
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "prefix": prefix,
+        "agents": AGENTS,
+        "partitions": 4,
+        "concurrency": 8,
+        "lease_ms": 5000,
+        "sweep_interval_s": 1.0,
+        "webhook_secret": WEBHOOK_SECRET,
+        "webhook_retry_base_s": 0.2,
+    }
+    values.update(settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
+    env.update({f"CONVOQ_{k.upper()}": str(v) for k, v in values.items() if v is not None})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class WorkerProcess:
+    """One worker process; ``name`` is its Celery node name (``name@localhost``)."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        *,
+        partitions: str | None = None,
+        use_celery_cli: bool = False,
+    ) -> None:
+        self.env = env
+        self.name = f"w{next(_names)}-{uuid.uuid4().hex[:6]}@localhost"
+        self.log_path = log_dir / f"{self.name.split('@')[0]}.log"
+        self.partitions = partitions
+        self.use_celery_cli = use_celery_cli
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        if self.use_celery_cli:
+            return [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "convoq.worker.app:app",
+                "worker",
+                "--loglevel=info",
+                f"--hostname={self.name}",
+                "--without-mingle",
+                "--without-gossip",
+            ]
+        cmd = [sys.executable, "-m", "convoq.cli", "worker", f"--hostname={self.name}"]
+        if self.partitions:
+            cmd.append(f"--partitions={self.partitions}")
+        return cmd
+
+    def start(self) -> WorkerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115  (the child keeps it open)
+        self.process = subprocess.Popen(
+            self.command(),
+            env=self.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(self, timeout: float = 45.0) -> WorkerProcess:
+        """Block until the worker registered itself in Redis (its consumer is running)."""
+        client = redis.Redis.from_url(self.env["CONVOQ_REDIS_URL"])
+        key = workers_key(self.env["CONVOQ_PREFIX"])
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if client.hexists(key, self.name):
+                    return self
+                if not self.alive():
+                    raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+        raise RuntimeError(f"worker {self.name} not ready in {timeout}s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no acks, the lease left to expire."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM), then kill -9 if it hangs."""
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class WorkerPool:
+    """A prefix, its environment and the workers running with it."""
+
+    def __init__(self, redis_url: str, log_dir: Path, **settings: Any) -> None:
+        self.redis_url = redis_url
+        self.prefix = f"w{uuid.uuid4().hex[:10]}"
+        self.settings = settings
+        self.env = worker_env(redis_url, self.prefix, **settings)
+        self.log_dir = log_dir
+        self.workers: list[WorkerProcess] = []
+
+    @property
+    def partitions(self) -> int:
+        return int(self.env["CONVOQ_PARTITIONS"])
+
+    def start(self, count: int = 1, **kwargs: Any) -> list[WorkerProcess]:
+        """Start ``count`` workers at once and wait until all are ready."""
+        started = [WorkerProcess(self.env, self.log_dir, **kwargs).start() for _ in range(count)]
+        self.workers.extend(started)
+        for worker in started:
+            worker.wait_ready()
+        return started
+
+    def client(self, **kwargs: Any) -> Client:
+        return Client(
+            self.redis_url,
+            broker_url=self.env.get("CONVOQ_BROKER_URL"),
+            prefix=self.prefix,
+            partitions=self.partitions,
+            webhook_secret=WEBHOOK_SECRET,
+            **kwargs,
+        )
+
+    def stop_all(self) -> None:
+        for worker in self.workers:  # all at once, then wait for each
+            if worker.alive() and worker.process is not None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+
+    def logs(self) -> str:
+        return "\n\n".join(f"== {w.name}\n{w.log_tail()}" for w in self.workers)
+
+
+@contextmanager
+def running_pool(
+    redis_url: str, log_dir: Path, count: int, **settings: Any
+) -> Iterator[WorkerPool]:
+    """A pool of ``count`` ready workers, stopped on exit."""
+    pool = WorkerPool(redis_url, log_dir, **settings)
+    try:
+        pool.start(count)
+        yield pool
+    finally:
+        pool.stop_all()
+
+
+def wait_until(
+    predicate: Any, timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (readiness, not timing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")

@@ -1,0 +1,135 @@
+"""Crashes: a worker killed mid-turn, a turn that kills every worker, an approval nobody
+answers. Real worker processes, kill -9, short leases and sweeps."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from convoq.errors import TurnFailedError, TurnTimeoutError
+from convoq.messages import MessageRole
+from convoq.redis.keys import KeySchema
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerPool, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_pool(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[type[WorkerPool]]:
+    pools: list[WorkerPool] = []
+
+    def make(**settings: object) -> WorkerPool:
+        pool = WorkerPool(redis_server.url, tmp_path_factory.mktemp("crash"), **settings)
+        pools.append(pool)
+        return pool
+
+    yield make  # type: ignore[misc]
+    for pool in pools:
+        for worker in pool.workers:
+            worker.kill()
+
+
+def _tkey(pool: WorkerPool, *parts: str) -> str:
+    return ":".join([pool.prefix, "test", *parts])
+
+
+def test_killed_worker_turn_completes_on_another_once(make_pool, r: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    pool: WorkerPool = make_pool(lease_ms=5000, sweep_interval_s=2.0)
+    [first] = pool.start(1)
+    cid, word = f"crash-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    with pool.client() as client:
+        turn = client.submit(cid, f"{word} survive", agent="blocker")
+        wait_until(lambda: r.llen(_tkey(pool, "ran", word)) == 1, 30, what="the model call")
+        later = client.submit(cid, f"{word} later", agent="echo")
+        first.kill()
+        killed_at = time.monotonic()
+        r.set(_tkey(pool, "release", word), 1)  # the rerun's model call returns at once
+        pool.start(1)
+        result = turn.wait(60)
+        recovery_s = time.monotonic() - killed_at
+        print(f"\nkill -9 -> turn completed on a new worker: {recovery_s:.1f}s")
+        assert result.text == f"released {word} survive"
+        assert result.attempts == 2
+        runs = [x.decode() for x in r.lrange(_tkey(pool, "ran", word), 0, -1)]
+        assert len(runs) == 2 and runs[0].split("@")[1] != runs[1].split("@")[1]
+        assert later.wait(30).text == f"seen: {word} survive | {word} later"
+        users = [m.text for m in client.history(cid) if m.role == MessageRole.USER]
+        assert users == [f"{word} survive", f"{word} later"]  # stored exactly once
+        assert not r.exists(KeySchema(pool.prefix).lease(cid))
+        assert recovery_s < 60
+
+
+def test_turn_that_kills_its_worker_every_time_fails_after_max_attempts(  # type: ignore[no-untyped-def]
+    make_pool, r: redis.Redis
+) -> None:
+    pool: WorkerPool = make_pool(lease_ms=1000, sweep_interval_s=0.5, max_attempts=2)
+    pool.start(1)
+    cid = f"doom-{uuid.uuid4().hex[:8]}"
+    with pool.client() as client:
+        doomed = client.submit(cid, "crash please", agent="crasher")
+        later = client.submit(cid, "still here?", agent="echo")
+        deadline = time.monotonic() + 90
+        # Supervise like systemd or Kubernetes would: restart whatever died.
+        while doomed.status() not in ("failed", "succeeded") and time.monotonic() < deadline:
+            if not any(w.alive() for w in pool.workers):
+                pool.start(1)
+            time.sleep(0.1)
+        result = doomed.wait(5, raise_on_error=False)
+        assert result.status == "failed"
+        assert isinstance(result.error, TurnFailedError)
+        assert result.error.remote_type == "MaxAttemptsExceededError"
+        assert int(r.get(_tkey(pool, "crashes")) or 0) == 2
+        if not any(w.alive() for w in pool.workers):
+            pool.start(1)
+        assert later.wait(30).text == "seen: still here?"
+        assert [m.text for m in client.history(cid)] == ["still here?", "seen: still here?"]
+
+
+def test_unanswered_approval_expires_and_the_conversation_moves_on(  # type: ignore[no-untyped-def]
+    make_pool,
+) -> None:
+    pool: WorkerPool = make_pool(approval_ttl_s=1, sweep_interval_s=0.5)
+    pool.start(1)
+    cid = f"expire-{uuid.uuid4().hex[:8]}"
+    with pool.client() as client:
+        parked = client.submit(cid, "pay", agent="approver")
+        assert parked.wait(30, return_on_approval=True).status == "awaiting_approval"
+        later = client.submit(cid, "later", agent="echo")
+        result = parked.wait(30, raise_on_error=False)
+        assert result.status == "failed"
+        assert isinstance(result.error, TurnFailedError)
+        assert result.error.remote_type == "ApprovalExpiredError"
+        assert later.wait(30).text == "seen: later"
+        assert len(client.history(cid)) == 2
+
+
+def test_worker_refuses_a_dataset_that_came_back_empty(make_pool, r: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    pool: WorkerPool = make_pool(sweep_interval_s=0.5)
+    [stale] = pool.start(1)
+    epoch = KeySchema(pool.prefix).epoch()
+    with pool.client() as client:
+        assert client.submit(f"ep-{uuid.uuid4().hex[:6]}", "before", agent="echo").wait(30).ok
+        first = r.get(epoch)
+        assert first
+        r.delete(epoch)  # to the worker, Redis came back without its data
+        wait_until(lambda: r.get(epoch) not in (None, first), 30, what="the sweeper's check")
+        wait_until(lambda: "not serving" in stale.log_tail(200), 30, what="the refusal")
+        turn = client.submit(f"ep-{uuid.uuid4().hex[:6]}", "after", agent="echo")
+        with pytest.raises(TurnTimeoutError):
+            turn.wait(3)  # the stale worker takes no kicks any more
+        pool.start(1)  # a worker started on the current dataset serves it
+        assert turn.wait(30).text == "seen: after"

@@ -1,0 +1,38 @@
+"""The deployment files only use settings that exist and the queue names workers use."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from convoq.settings import ConvoqSettings
+from convoq.worker.routing import queue_names
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def _texts() -> dict[str, str]:
+    return {str(p.relative_to(DEPLOY)): p.read_text() for p in DEPLOY.rglob("*") if p.is_file()}
+
+
+def test_every_convoq_variable_in_deploy_is_a_setting() -> None:
+    fields = set(ConvoqSettings.model_fields)
+    used = {
+        (name, var)
+        for name, text in _texts().items()
+        for var in re.findall(r"\bCONVOQ_[A-Z_]+[A-Z]\b", text)
+    }
+    assert used, "the deploy files configure convoq through CONVOQ_* variables"
+    unknown = sorted((n, v) for n, v in used if v.removeprefix("CONVOQ_").lower() not in fields)
+    assert unknown == []
+
+
+def test_keda_watches_every_default_queue() -> None:
+    keda = (DEPLOY / "k8s" / "keda.yaml").read_text()
+    assert re.findall(r"listName: ([\w.]+)", keda) == queue_names("convoq", list(range(16)))
+
+
+def test_redis_runs_with_aof_and_noeviction_everywhere() -> None:
+    for name in ["docker-compose.yml", "k8s/redis.yaml"]:
+        text = (DEPLOY / name).read_text()
+        assert "appendonly" in text and "noeviction" in text, name
