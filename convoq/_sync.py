@@ -9,6 +9,7 @@ event loop too. Celery worker processes use the same loop for their tasks.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar
@@ -103,7 +104,9 @@ async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
 
     A blocking sync function (a tool, a scripted model) then holds up only its own turn.
     """
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
     result = await asyncio.to_thread(fn, *args, **kwargs)
-    if isinstance(result, Awaitable):
+    if isinstance(result, Awaitable):  # a sync callable that returned a coroutine
         return await result
     return result

@@ -1,6 +1,6 @@
 """THE turn loop, shared by the in-process Agent and the workers.
 
-``run_turn`` takes the history window and the turn so far (a :class:`TurnState`) and drives
+:class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and drives
 model calls and tool calls until the model answers without tool calls (``Completed``) or a
 tool needs approval (``Paused``). Any error raised ends the turn as failed; the caller
 stores nothing then. The state after every step is handed to ``checkpoint`` so a worker can

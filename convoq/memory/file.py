@@ -53,7 +53,7 @@ _STRIPES = 64
 
 
 class _Document(BaseModel):
-    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64", extra="forbid")
+    model_config = ConfigDict(extra="forbid")
     format_version: int
     conversation_id: str
     messages: list[Message]
