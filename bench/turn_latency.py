@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import redis
@@ -33,7 +30,7 @@ from convoq import Agent
 from convoq.client import AsyncClient, Client
 from convoq.client._connect import broker_url_for, celery_base_config
 from convoq.models import ModelRequest, ScriptedModel
-from convoq.worker.routing import workers_key
+from convoq.worker._spawn import process, worker_process
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE_QUEUE = "bench.bare"
@@ -62,41 +59,13 @@ def ping(reply_key: str) -> None:
 
 
 # -- processes -------------------------------------------------------------------------------
-@contextmanager
-def _process(
-    command: list[str], env: dict[str, str], log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_registered(env: dict[str, str], name: str, process: subprocess.Popen[bytes]) -> None:
-    client = redis.Redis.from_url(env["CONVOQ_REDIS_URL"])
-    deadline = time.monotonic() + 60
-    try:
-        while not client.hexists(workers_key(env["CONVOQ_PREFIX"]), name):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker {name} did not start; see its log")
-            time.sleep(0.05)
-    finally:
-        client.close()
-
-
-def _start_worker(stack: ExitStack, env: dict[str, str], home: Path) -> None:
+def _start_worker(stack: ExitStack, env: dict[str, str], home: Path, client: Client) -> None:
     name = f"bench-{uuid.uuid4().hex[:6]}@localhost"
-    command = [sys.executable, "-m", "convoq.cli", "worker", f"--hostname={name}",
-               "--loglevel=warning"]  # fmt: skip
-    process = stack.enter_context(_process(command, env, home / f"{name}.log"))
-    _wait_registered(env, name, process)
+    log = home / f"{name}.log"
+    worker = worker_process(
+        name, env, log, "--loglevel=warning", registered=client.workers, cwd=ROOT
+    )
+    stack.enter_context(worker)
 
 
 def _start_bare_worker(stack: ExitStack, env: dict[str, str], home: Path) -> None:
@@ -104,7 +73,7 @@ def _start_bare_worker(stack: ExitStack, env: dict[str, str], home: Path) -> Non
                "--pool=threads", "--concurrency=4", f"--queues={BARE_QUEUE}",
                "--loglevel=warning", "--without-mingle", "--without-gossip",
                "--hostname=bare@localhost"]  # fmt: skip
-    stack.enter_context(_process(command, env, home / "bare.log"))
+    stack.enter_context(process(command, env, home / "bare.log", cwd=ROOT))
     reply = redis.Redis.from_url(env["CONVOQ_REDIS_URL"])
     try:  # ready when a ping comes back
         bare_app.send_task("bench.ping", args=["bench:ready"], queue=BARE_QUEUE)
@@ -193,25 +162,25 @@ def run(rounds: int = 200) -> None:
         stack.callback(embedded.stop, home)
         env = _env(url, f"bench{uuid.uuid4().hex[:6]}", home)
         bare_app.conf.update(broker_url=broker_url_for(url))
+        client = stack.enter_context(Client(url, prefix=env["CONVOQ_PREFIX"]))
         _start_bare_worker(stack, env, home)
-        _start_worker(stack, env, home)
+        _start_worker(stack, env, home, client)
         print(f"Redis {url}; workers: threads pool, concurrency {WORKER_CONCURRENCY}\n")
-        with Client(url, prefix=env["CONVOQ_PREFIX"]) as client:
-            convoq_latency(client, 20)  # warm-up
-            bare_latency(url, 20)
-            ours, bare = convoq_latency(client, rounds), bare_latency(url, rounds)
+        convoq_latency(client, 20)  # warm-up
+        bare_latency(url, 20)
+        ours, bare = convoq_latency(client, rounds), bare_latency(url, rounds)
         print(f"1. per-turn overhead ({rounds} sequential round trips each, same broker)")
         print(f"   bare Celery task + reply key  {_ms(bare)}")
         print(f"   convoq turn, zero-latency model {_ms(ours)}")
         ratio = statistics.median(ours) / statistics.median(bare)
         print(f"   ratio convoq / bare (median)  {ratio:.1f}x\n")
-        _concurrency(stack, env, home, url)
+        _concurrency(stack, env, home, client)
 
 
-def _concurrency(stack: ExitStack, env: dict[str, str], home: Path, url: str) -> None:
-    shapes = [(1, 4), (10, 4), (100, 4)]
+def _concurrency(stack: ExitStack, env: dict[str, str], home: Path, client: Client) -> None:
+    url, shapes = client.redis_url, [(1, 4), (10, 4), (100, 4)]
     one = asyncio.run(_throughputs(url, env["CONVOQ_PREFIX"], shapes))
-    _start_worker(stack, env, home)
+    _start_worker(stack, env, home, client)
     two = asyncio.run(_throughputs(url, env["CONVOQ_PREFIX"], [(100, 4), (200, 4)]))
     print("2. throughput, model sleeping 500 ms per call (4 queued turns per conversation)")
     print("   conversations  processes  turns/s   (ideal)")

@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,14 +23,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import redis
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
 from convoq.client import Client
 from convoq.messages import FilePart, ImagePart, Message, TextPart
-from convoq.worker.routing import workers_key
+from convoq.worker._spawn import worker_process
 from convoq.worker.webhooks import SIGNATURE_HEADER, verify_signature
 
 WORKER_NAME = "demo@localhost"
@@ -109,37 +105,6 @@ def _webhook_receiver() -> Iterator[tuple[str, _Hooks]]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@contextmanager
-def _worker(env: dict[str, str], home: Path) -> Iterator[subprocess.Popen[bytes]]:
-    command = [sys.executable, "-m", "convoq.cli", "worker", "--concurrency=8",
-               "--loglevel=warning", f"--hostname={WORKER_NAME}"]  # fmt: skip
-    with open(home / "worker.log", "wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(env, process, home)
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_ready(env: dict[str, str], process: subprocess.Popen[bytes], home: Path) -> None:
-    client = redis.Redis.from_url(env["CONVOQ_REDIS_URL"])
-    deadline = time.monotonic() + 60
-    try:
-        while not client.hexists(workers_key(env["CONVOQ_PREFIX"]), WORKER_NAME):
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = (home / "worker.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the demo worker did not start:\n{tail}")
-            time.sleep(0.05)
-    finally:
-        client.close()
 
 
 # -- the scenes ----------------------------------------------------------------------------
@@ -243,9 +208,12 @@ def run_demo(console: Console | None = None) -> int:
             url = embedded.embedded_url(home)
             hook_url, hooks = stack.enter_context(_webhook_receiver())
             env = _worker_env(url, home, secret)
-            stack.enter_context(_worker(env, home))
+            client = stack.enter_context(Client(url, prefix=env["CONVOQ_PREFIX"]))
+            log, options = home / "worker.log", ["--concurrency=8", "--loglevel=warning"]
+            stack.enter_context(
+                worker_process(WORKER_NAME, env, log, *options, registered=client.workers)
+            )
         out.print(Panel(f"Redis  {url}\nworker {WORKER_NAME}, {mode}", title="convoq demo"))
-        client = stack.enter_context(Client(url, prefix=env["CONVOQ_PREFIX"]))
         _conversations(out, client)
         _events(out, client)
         _approval(out, client)

@@ -6,6 +6,7 @@
     ├── InvalidMessageError            a message breaks a rule (the rule is named)
     ├── InvalidConversationIdError     an id that may not reach a key or a path
     ├── AttachmentError                a missing, empty, mistyped or oversize attachment
+    ├── InvalidCallbackUrlError        a callback_url that is not an http(s) URL to a host
     ├── ConversationBusyError          another turn of this conversation is running
     ├── ConversationMemoryError        a memory backend could not load or store
     │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
@@ -57,6 +58,10 @@ class InvalidConversationIdError(ConvoqError):
 
 class AttachmentError(ConvoqError):
     """An attachment is missing, empty, of the wrong type or over the size limit."""
+
+
+class InvalidCallbackUrlError(ConvoqError):
+    """A ``callback_url`` that is not an absolute http(s) URL with a host, or too long."""
 
 
 class ConversationBusyError(ConvoqError):

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,14 @@ from typer.testing import CliRunner
 
 from convoq.cli import app
 from convoq.demo import tiny_pdf, tiny_png
-from convoq.worker.routing import partition_of, workers_key
+from convoq.redis.keys import KeySchema
+from convoq.worker.routing import partition_of
 from tests.support.redis_server import RedisServer
-from tests.support.workers import ROOT, WorkerPool, running_pool, worker_env
+from tests.support.workers import ROOT, WorkerPool, module_pool, worker_env
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def pool(
-    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerPool]:
-    with running_pool(redis_server.url, tmp_path_factory.mktemp("cli-workers"), 1) as started:
-        yield started
+pool = module_pool(1)
 
 
 @pytest.fixture
@@ -118,24 +112,16 @@ def test_cancel_and_errors_are_reported_with_exit_codes(run) -> None:  # type: i
 
 def test_worker_refuses_bad_partitions_and_agent_modules(pool: WorkerPool) -> None:
     env = worker_env(pool.redis_url, pool.prefix)
-    base = [sys.executable, "-m", "convoq.cli", "worker"]
-    done = subprocess.run(
-        [*base, "--partitions", "0-99"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def worker(*options: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "convoq.cli", "worker", *options]
+        return subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+
+    done = worker("--partitions", "0-99")
     assert done.returncode == 1 and "do not exist" in done.stderr
-    done = subprocess.run(
-        [*base, "--agents", "no.such.module"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = worker("--agents", "no.such.module")
     assert done.returncode == 1 and "cannot import agent module" in done.stderr
 
 
@@ -188,7 +174,8 @@ def test_worker_consumes_only_the_chosen_partitions(
     pool = WorkerPool(redis_server.url, tmp_path)
     try:
         [worker] = pool.start(1, partitions="1,3")
-        info = redis.Redis.from_url(redis_server.url).hget(workers_key(pool.prefix), worker.name)
+        workers = KeySchema(pool.prefix).workers()
+        info = redis.Redis.from_url(redis_server.url).hget(workers, worker.name)
         assert info is not None
         assert json.loads(info)["queues"] == [f"{pool.prefix}.p1", f"{pool.prefix}.p3"]
         cid = next(c for c in (f"part-{i}" for i in range(100)) if partition_of(c, 4) == 3)

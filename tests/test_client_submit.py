@@ -14,6 +14,7 @@ from convoq.client import AsyncClient, Client
 from convoq.errors import (
     AttachmentError,
     ConversationBusyError,
+    InvalidCallbackUrlError,
     InvalidConversationIdError,
     InvalidMessageError,
     TurnTimeoutError,
@@ -22,7 +23,7 @@ from convoq.errors import (
 )
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema
-from convoq.worker.routing import agents_key, route
+from convoq.worker.routing import route
 
 
 @pytest.fixture
@@ -40,19 +41,20 @@ def _nothing_queued(r: redis.Redis, prefix: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cid", "message", "agent", "error"),
+    ("cid", "message", "agent", "error", "options"),
     [
         (
             "ok",
             Message(role=MessageRole.ASSISTANT, content=[TextPart(text="hi")]),
             "echo",
             InvalidMessageError,
+            {},
         ),
-        ("ok", Message(content=[]), "echo", InvalidMessageError),
-        ("ok", "", "echo", InvalidMessageError),
-        ("ok", "hello", "nobody", UnknownAgentError),
-        ("bad id!", "hello", "echo", InvalidConversationIdError),
-        ("{x}", "hello", "echo", InvalidConversationIdError),
+        ("ok", Message(content=[]), "echo", InvalidMessageError, {}),
+        ("ok", "", "echo", InvalidMessageError, {}),
+        ("ok", "hello", "nobody", UnknownAgentError, {}),
+        ("bad id!", "hello", "echo", InvalidConversationIdError, {}),
+        ("{x}", "hello", "echo", InvalidConversationIdError, {}),
         (
             "ok",
             Message(
@@ -63,24 +65,48 @@ def _nothing_queued(r: redis.Redis, prefix: str) -> None:
             ),
             "echo",
             AttachmentError,
+            {},
         ),
+        *[
+            ("ok", "hello", "echo", InvalidCallbackUrlError, {"callback_url": url})
+            for url in [
+                "ftp://example.test/hook",  # not http(s)
+                "javascript:alert(1)",
+                "/relative/hook",
+                "https://",  # no host
+                "http://:8080/hook",
+                "https://example.test/" + "a" * 2048,  # over 2048 characters
+                "",
+                "http://[::1/hook",  # does not parse
+                "http://example.test:99999/hook",
+                "http://example.test/a hook",
+                "http://example.test/\r\nX-Injected: 1",
+                b"http://example.test/hook",  # not a str
+            ]
+        ],
     ],
 )
 def test_bad_input_is_refused_and_nothing_is_queued(
     client: Client, redis_client: redis.Redis, key_prefix: str,
-    cid: str, message: object, agent: str, error: type[Exception],
+    cid: str, message: object, agent: str, error: type[Exception], options: dict[str, object],
 ) -> None:  # fmt: skip
     with pytest.raises(error) as raised:
-        client.submit(cid, message, agent=agent)  # type: ignore[arg-type]
+        client.submit(cid, message, agent=agent, **options)  # type: ignore[arg-type]
     assert str(raised.value)  # a message that says what is wrong
     _nothing_queued(redis_client, key_prefix)
+
+
+def test_callback_urls_that_can_be_delivered_are_accepted(client: Client) -> None:
+    for url in ["https://example.test/hook?x=1", "http://127.0.0.1:8080/h", "http://[::1]/h"]:
+        handle = client.submit("c1", "hello", agent="echo", callback_url=url)
+        assert handle.record().options["callback_url"] == url
 
 
 def test_unknown_agent_is_checked_against_the_workers_registry(
     redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     with Client(redis_url, prefix=key_prefix, partitions=4) as client:
-        redis_client.sadd(agents_key(key_prefix), "echo", "tracker")
+        redis_client.sadd(KeySchema(key_prefix).agents(), "echo", "tracker")
         with pytest.raises(UnknownAgentError, match="echo"):
             client.submit("c1", "hi", agent="assistant")
         assert redis_client.keys(f"{key_prefix}:{{*") == []
@@ -120,6 +146,19 @@ def test_wait_times_out_without_workers_and_handles_work_anywhere(client: Client
         client.handle("c1", "0" * 20).status()
     with pytest.raises(InvalidConversationIdError):
         client.handle("c1", "../etc")
+
+
+def test_waiting_blocks_for_less_than_a_socket_timeout_set_in_the_url(
+    redis_url: str, key_prefix: str
+) -> None:
+    url = f"{redis_url}?socket_timeout=0.3"
+    with Client(url, prefix=key_prefix, partitions=4, agents=["echo"]) as client:
+        handle = client.submit("c1", "hello", agent="echo")
+        # Each XREAD BLOCK ends before the socket would time out: no Redis TimeoutError.
+        with pytest.raises(TurnTimeoutError):
+            handle.wait(0.7)
+        with pytest.raises(TurnTimeoutError):
+            list(handle.events(timeout=0.7))
 
 
 def test_cancel_of_a_queued_turn(client: Client) -> None:

@@ -15,11 +15,13 @@ from convoq.errors import (
     CorruptDataError,
     InvalidConversationIdError,
     InvalidMessageError,
+    ProtocolError,
     UnsupportedFormatVersionError,
 )
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import FilePart, Message, TextPart
 from convoq.redis import KeySchema, TurnProtocol
+from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
 CID = "bad-input"
 LEASE = 30_000
@@ -27,11 +29,9 @@ LEASE = 30_000
 
 @pytest.fixture
 async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    protocol = TurnProtocol.from_url(
-        redis_url, prefix=key_prefix, max_attachment_bytes=1000, max_turn_bytes=5000
-    )
-    yield protocol
-    await protocol.close()
+    limits = {"max_attachment_bytes": 1000, "max_turn_bytes": 5000}
+    async with open_protocol(redis_url, key_prefix, **limits) as protocol:
+        yield protocol
 
 
 @pytest.fixture
@@ -186,17 +186,12 @@ async def test_client_and_prefix_misconfiguration_is_reported(redis_url: str) ->
 async def test_a_commit_stays_a_success_when_the_next_turn_cannot_be_loaded(
     proto: TurnProtocol, redis_client: redis.Redis
 ) -> None:
-    for tid in ("t1", "t2"):
-        await proto.submit(CID, tid, agent="a", message=Message.user(tid), options={})
+    await submit_all(proto, CID, "t1", "t2")
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
     assert acquired is not None
     redis_client.lpush(proto.keys.turns(CID), b"[broken")
     following = await proto.commit(
-        CID,
-        "t1",
-        fence=acquired.fence,
-        lease_ms=LEASE,
-        messages=[Message.user("t1"), Message.assistant("ok")],
+        CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t1")
     )
     assert following is None
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
@@ -204,3 +199,59 @@ async def test_a_commit_stays_a_success_when_the_next_turn_cannot_be_loaded(
     redis_client.delete(proto.keys.lease(CID))
     with pytest.raises(CorruptDataError):
         await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+
+
+def break_key(client: redis.Redis, key: str) -> None:
+    """Give ``key`` the wrong type, as a stray write by some other program would."""
+    client.delete(key)
+    client.set(key, "not what convoq stored here")
+
+
+async def test_protocol_scripts_name_a_key_of_the_wrong_type_before_any_write(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit_all(proto, CID, "t1")
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None
+    events, meta = proto.keys.events(CID, "t1"), proto.keys.meta(CID)
+    break_key(redis_client, events)
+    break_key(redis_client, proto.keys.events(CID, "t2"))
+    before = snapshot(redis_client, proto.keys.prefix)
+    commit = proto.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t1"))
+    error = ProtocolError("x").to_data()
+    calls = [
+        (commit, events),
+        (proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE), events),
+        (proto.cancel(CID, "t1"), events),
+        (proto.submit(CID, "t2", agent="a", message=Message.user("x"), options={}), None),
+    ]
+    for call, key in calls:
+        with pytest.raises(CorruptDataError) as caught:
+            await call
+        assert caught.value.details["key"] == (key or proto.keys.events(CID, "t2"))
+    assert snapshot(redis_client, proto.keys.prefix) == before
+    redis_client.delete(events)
+    redis_client.hset(meta, "turns", "lots")  # HINCRBY would fail after the append
+    with pytest.raises(CorruptDataError, match="meta"):
+        await proto.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t1"))
+    assert redis_client.llen(proto.keys.turns(CID)) == 0
+    assert (await proto.get_turn(CID, "t1")).status == "running"
+
+
+async def test_memory_append_names_a_key_of_the_wrong_type_before_any_write(
+    proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
+    await memory.aappend(CID, exchange("first"))
+    break_key(redis_client, proto.keys.blobs(CID))
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await memory.aappend(CID, [with_file(10), Message.assistant("seen")])
+    assert caught.value.details["key"] == proto.keys.blobs(CID)
+    assert snapshot(redis_client, proto.keys.prefix) == before
+    redis_client.delete(proto.keys.blobs(CID))
+    redis_client.hset(proto.keys.meta(CID), "bytes", "1.5")
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await memory.aappend(CID, exchange("second"))
+    assert caught.value.details["key"] == proto.keys.meta(CID)
+    assert snapshot(redis_client, proto.keys.prefix) == before

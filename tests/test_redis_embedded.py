@@ -14,6 +14,7 @@ import redis
 from convoq.engine import TurnState
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol, embedded
+from convoq.redis._history import append_history
 
 LEASE = 30_000
 
@@ -43,7 +44,7 @@ async def test_redis_6_2_runs_a_whole_turn_cycle(tmp_path: Path) -> None:
 
 async def _full_cycle(proto: TurnProtocol) -> None:
     """submit, acquire, checkpoint, park, decide, resume, commit (hand-off), fail,
-    discard, cancel, sweep, clear: every script once."""
+    discard, cancel, sweep, clear, append: every script once."""
     cid, picture = "c", bytes(range(200))
     first = Message(content=[TextPart(text="q1"), ImagePart(data=picture, mime_type="x/y")])
     await proto.submit(cid, "t1", agent="a", message=first, options={}, idempotency_key="k")
@@ -75,6 +76,8 @@ async def _full_cycle(proto: TurnProtocol) -> None:
     assert await proto.history(cid, last_turns=1) == turn
     await proto.clear(cid)
     assert await proto.history(cid) == []
+    await append_history(proto.scripts, proto.keys, cid, turn, proto.limits)  # the memory API
+    assert await proto.history(cid) == turn
 
 
 def test_start_reuse_and_stop(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import redis
 from convoq.engine import TurnEvent
 from convoq.errors import ConfigurationError, InvalidConversationIdError
 from convoq.messages import Message
-from convoq.redis import KeySchema, TurnProtocol
+from convoq.redis import KeySchema
+from tests.support.protocol_helpers import exchange, open_protocol
 
 
 def test_every_conversation_key_carries_the_hash_tag() -> None:
@@ -59,9 +60,8 @@ def test_patterns_match_only_their_own_keys() -> None:
 async def test_keys_written_by_a_full_cycle_all_carry_the_tag(
     redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    proto = TurnProtocol.from_url(redis_url, prefix=key_prefix)
-    try:
-        cid = "tagged"
+    cid = "tagged"
+    async with open_protocol(redis_url, key_prefix) as proto:
         await proto.submit(
             cid, "t1", agent="a", message=Message.user("hi"), options={}, idempotency_key="k1"
         )
@@ -69,17 +69,10 @@ async def test_keys_written_by_a_full_cycle_all_carry_the_tag(
         assert acquired is not None
         await proto.emit(cid, "t1", TurnEvent(type="assistant", data={"text": "x"}))
         await proto.submit(cid, "t2", agent="a", message=Message.user("next"), options={})
-        await proto.commit(
-            cid,
-            "t1",
-            fence=acquired.fence,
-            lease_ms=10_000,
-            messages=[Message.user("hi"), Message.assistant("yo")],
-        )
-        found = [k.decode() for k in redis_client.keys(f"{key_prefix}*")]
-        kinds = {k.split(":")[2] for k in found}
-        assert {"meta", "turns", "inbox", "lease", "turn", "events", "idem"} <= kinds
-        for name in found:
-            assert name.startswith(f"{key_prefix}:{{{cid}}}:"), name
-    finally:
-        await proto.close()
+        turn = exchange("hi", "yo")
+        await proto.commit(cid, "t1", fence=acquired.fence, lease_ms=10_000, messages=turn)
+    found = [k.decode() for k in redis_client.keys(f"{key_prefix}*")]
+    kinds = {k.split(":")[2] for k in found}
+    assert {"meta", "turns", "inbox", "lease", "turn", "events", "idem"} <= kinds
+    for name in found:
+        assert name.startswith(f"{key_prefix}:{{{cid}}}:"), name

@@ -20,6 +20,7 @@ from convoq.errors import (
 )
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import Acquired, TurnProtocol
+from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
 CID = "conv-1"
 LEASE = 30_000
@@ -27,13 +28,12 @@ LEASE = 30_000
 
 @pytest.fixture
 async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
-    yield protocol
-    await protocol.close()
+    async with open_protocol(redis_url, key_prefix) as protocol:
+        yield protocol
 
 
-async def submit(proto: TurnProtocol, tid: str, text: str | None = None) -> None:
-    await proto.submit(CID, tid, agent="bot", message=Message.user(text or tid), options={})
+async def submit(proto: TurnProtocol, *turn_ids: str) -> None:
+    await submit_all(proto, CID, *turn_ids)
 
 
 async def acquire(proto: TurnProtocol, worker: str = "w1", **kw: int) -> Acquired:
@@ -95,24 +95,16 @@ async def test_commit_twice_appends_once(proto: TurnProtocol, redis_client: redi
 async def test_commit_of_a_turn_that_is_not_the_inbox_head_is_refused(
     proto: TurnProtocol,
 ) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     with pytest.raises(NotInboxHeadError):
-        await proto.commit(
-            CID,
-            "t2",
-            fence=acquired.fence,
-            lease_ms=LEASE,
-            messages=[Message.user("t2"), Message.assistant("x")],
-        )
+        await proto.commit(CID, "t2", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t2"))
     assert await stored_texts(proto) == []
     assert (await proto.get_turn(CID, "t2")).status == "queued"
 
 
 async def test_fail_stores_nothing_and_hands_over_the_next_turn(proto: TurnProtocol) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     error = ProtocolError("model exploded").to_data()
     following = await proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE)
@@ -184,8 +176,7 @@ async def test_submit_reports_position_and_rejects_when_busy(proto: TurnProtocol
 async def test_park_reserves_the_conversation_until_every_call_is_decided(
     proto: TurnProtocol,
 ) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     state = parked_state(acquired, "call-a", "call-b")
     await proto.park(CID, "t1", fence=acquired.fence, state=state, approval_ttl_ms=60_000)
@@ -230,8 +221,7 @@ async def test_decide_refuses_unknown_calls_changed_minds_and_unparked_turns(
 
 
 async def test_discard_frees_a_parked_conversation(proto: TurnProtocol) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     await proto.park(
         CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=60_000
@@ -270,8 +260,7 @@ async def test_expired_lease_is_taken_over_and_the_old_holder_is_refused(
 async def test_attempts_counter_fails_a_turn_after_max_attempts(
     proto: TurnProtocol, redis_client: redis.Redis
 ) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     for _ in range(2):
         acquired = await acquire(proto, max_attempts=2)
         assert acquired.turn.turn_id == "t1"
@@ -301,8 +290,7 @@ async def test_checkpoint_is_what_a_rerun_starts_from(
 
 
 async def test_cancel_a_queued_turn(proto: TurnProtocol, redis_client: redis.Redis) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     assert await proto.cancel(CID, "t2") == "cancelled"
     assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
     assert (await proto.get_turn(CID, "t2")).status == "cancelled"
@@ -401,8 +389,7 @@ async def test_events_are_emitted_and_read_in_order(proto: TurnProtocol) -> None
 async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
     proto: TurnProtocol, redis_client: redis.Redis
 ) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     assert await proto.sweep_candidates() == [CID]
     acquired = await acquire(proto)
     assert await proto.sweep_candidates() == []
@@ -433,8 +420,7 @@ async def test_epoch_marker_detects_a_replaced_dataset(
 async def test_hand_off_skips_a_vanished_turn_and_frees_the_lease(
     proto: TurnProtocol, redis_client: redis.Redis
 ) -> None:
-    await submit(proto, "t1")
-    await submit(proto, "t2")
+    await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     redis_client.delete(proto.keys.turn(CID, "t2"))  # its record is gone
     assert await commit(proto, acquired) is None

@@ -12,6 +12,7 @@ import redis
 from convoq.engine import TurnState
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol
+from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_server import RedisServer
 
 CID = "restart"
@@ -28,9 +29,8 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def proto(server: RedisServer, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    protocol = TurnProtocol.from_url(server.url, prefix=key_prefix)
-    yield protocol
-    await protocol.close()
+    async with open_protocol(server.url, key_prefix) as protocol:
+        yield protocol
 
 
 def crash(server: RedisServer) -> None:
@@ -72,13 +72,7 @@ async def test_a_conversation_survives_kill_9_between_every_step(
     assert await proto.history(CID) == turn
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
     assert await proto.acquire(CID, worker_id="w3", lease_ms=LEASE) is None
-    await proto.commit(
-        CID,
-        "t2",
-        fence=following.fence,
-        lease_ms=LEASE,
-        messages=[Message.user("then"), Message.assistant("ok")],
-    )
+    await proto.commit(CID, "t2", fence=following.fence, lease_ms=LEASE, messages=exchange("then"))
     crash(server)
     history = await proto.history(CID, last_turns=2)
     assert [m.text for m in history] == [m.text for m in turn] + ["then", "ok"]
@@ -88,35 +82,23 @@ async def test_a_conversation_survives_kill_9_between_every_step(
 async def test_a_fresh_client_after_a_restart_sees_the_same_state(
     server: RedisServer, key_prefix: str
 ) -> None:
-    before = TurnProtocol.from_url(server.url, prefix=key_prefix)
-    await before.submit(CID, "t1", agent="bot", message=Message.user("hi"), options={})
-    acquired = await before.acquire(CID, worker_id="w1", lease_ms=LEASE)
-    assert acquired is not None
-    await before.close()
+    async with open_protocol(server.url, key_prefix) as before:
+        await before.submit(CID, "t1", agent="bot", message=Message.user("hi"), options={})
+        acquired = await before.acquire(CID, worker_id="w1", lease_ms=LEASE)
+        assert acquired is not None
     crash(server)
-    after = TurnProtocol.from_url(server.url, prefix=key_prefix)
-    try:
+    async with open_protocol(server.url, key_prefix) as after:
         assert await after.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
-        await after.commit(
-            CID,
-            "t1",
-            fence=acquired.fence,
-            lease_ms=LEASE,
-            messages=[Message.user("hi"), Message.assistant("yo")],
-        )
+        turn = exchange("hi", "yo")
+        await after.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=turn)
         assert [m.text for m in await after.history(CID)] == ["hi", "yo"]
-    finally:
-        await after.close()
 
 
 async def test_scripts_reload_after_script_flush(
     redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    proto = TurnProtocol.from_url(redis_url, prefix=key_prefix)
-    try:
+    async with open_protocol(redis_url, key_prefix) as proto:
         await proto.submit(CID, "t1", agent="bot", message=Message.user("a"), options={})
         redis_client.script_flush()
         await proto.submit(CID, "t2", agent="bot", message=Message.user("b"), options={})
         assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1", b"t2"]
-    finally:
-        await proto.close()

@@ -3,6 +3,7 @@ answers. Real worker processes, kill -9, short leases and sweeps."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -10,11 +11,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from convoq.client import SIGNATURE_HEADER, verify_signature
 from convoq.errors import TurnFailedError, TurnTimeoutError
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, wait_until
+from tests.support.workers import WEBHOOK_SECRET, WorkerPool, wait_until, webhook_receiver
 
 pytestmark = pytest.mark.slow
 
@@ -105,16 +107,26 @@ def test_unanswered_approval_expires_and_the_conversation_moves_on(  # type: ign
     pool: WorkerPool = make_pool(approval_ttl_s=1, sweep_interval_s=0.5)
     pool.start(1)
     cid = f"expire-{uuid.uuid4().hex[:8]}"
-    with pool.client() as client:
-        parked = client.submit(cid, "pay", agent="approver")
+    with pool.client() as client, webhook_receiver() as hooks:
+        parked = client.submit(cid, "pay", agent="approver", callback_url=f"{hooks.url}/expired")
         assert parked.wait(30, return_on_approval=True).status == "awaiting_approval"
-        later = client.submit(cid, "later", agent="echo")
+        later = client.submit(cid, "later", agent="echo", callback_url=f"{hooks.url}/later")
         result = parked.wait(30, raise_on_error=False)
         assert result.status == "failed"
         assert isinstance(result.error, TurnFailedError)
         assert result.error.remote_type == "ApprovalExpiredError"
         assert later.wait(30).text == "seen: later"
         assert len(client.history(cid)) == 2
+        events = list(parked.events(timeout=10))
+        assert events[-1].type == "done" and events[-1].data == {"status": "failed"}
+        # The expired turn gets its webhook like any finished turn, once: by the time both
+        # webhooks arrived, it was not sent a second time.
+        wait_until(lambda: hooks.posts("/later") and hooks.posts("/expired"), 30)
+        [(_, _, headers, body)] = hooks.posts("/expired")
+        assert verify_signature(WEBHOOK_SECRET, headers[SIGNATURE_HEADER], body)
+        payload = json.loads(body)
+        assert payload["turn_id"] == parked.turn_id and payload["status"] == "failed"
+        assert payload["error"]["type"] == "ApprovalExpiredError"
 
 
 def test_worker_refuses_a_dataset_that_came_back_empty(make_pool, r: redis.Redis) -> None:  # type: ignore[no-untyped-def]

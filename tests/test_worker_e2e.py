@@ -12,7 +12,6 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -21,22 +20,26 @@ import redis
 from convoq import FilePart, ImagePart, Message, TextPart
 from convoq.client import SIGNATURE_HEADER, Client, TurnResult, verify_signature
 from convoq.demo import tiny_pdf, tiny_png
-from convoq.errors import ModelError
+from convoq.errors import InvalidMessageError, ModelError
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema
 from tests.support.redis_server import RedisServer
-from tests.support.workers import ROOT, WEBHOOK_SECRET, WorkerPool, running_pool, wait_until
+from tests.support.workers import (
+    ROOT,
+    WEBHOOK_SECRET,
+    WebhookReceiver,
+    WorkerPool,
+    module_pool,
+    running_pool,
+    wait_until,
+    webhook_receiver,
+)
 
 pytestmark = pytest.mark.slow
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+MAX_TURN_BYTES = 64 * 1024  # far above any turn here but the "oversize" profile's
 
-
-@pytest.fixture(scope="module")
-def pool(
-    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerPool]:
-    with running_pool(redis_server.url, tmp_path_factory.mktemp("workers"), 3) as started:
-        yield started
+pool = module_pool(3, max_turn_bytes=MAX_TURN_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +133,20 @@ def test_end_to_end_memory_attachments_and_failures(
         assert len(client.history(cid)) == 6  # the failed turn stored nothing
 
 
+def test_turn_too_big_to_store_fails_and_the_conversation_goes_on(client: Client) -> None:
+    cid = _cid("oversize")
+    big = client.submit(cid, "say a lot", agent="oversize")
+    after = client.submit(cid, "after", agent="echo")
+    result = big.wait(30, raise_on_error=False)
+    assert result.status == "failed"
+    assert isinstance(result.error, InvalidMessageError)
+    # The workers' CONVOQ_MAX_TURN_BYTES is the limit that refused it.
+    assert result.error.details["rule"] == "max_turn_bytes"
+    assert result.error.details["limit"] == MAX_TURN_BYTES
+    assert after.wait(30).text == "seen: after"
+    assert [m.text for m in client.history(cid)] == ["after", "seen: after"]
+
+
 def test_keep_last_turns_limits_what_the_model_sees(client: Client) -> None:
     cid = _cid("window")
     for text in ["one", "two", "three"]:
@@ -220,33 +237,10 @@ def test_deny_and_discard(client: Client, pool: WorkerPool, r: redis.Redis) -> N
 
 
 # 5 ---------------------------------------------------------------------------------------
-class _Receiver(BaseHTTPRequestHandler):
-    fail_first: set[str] = set()
-    seen: list[tuple[str, int, dict[str, str], bytes]] = []
-    lock = threading.Lock()
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        with self.lock:
-            earlier = [s for s in self.seen if s[0] == self.path]
-            status = 500 if self.path in self.fail_first and not earlier else 200
-            self.seen.append((self.path, status, dict(self.headers), body))
-        self.send_response(status)
-        self.end_headers()
-
-    def log_message(self, *_: Any) -> None:
-        return
-
-
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
-    handler = type("Receiver", (_Receiver,), {"fail_first": {"/hook/a"}, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
+def receiver() -> Iterator[tuple[str, WebhookReceiver]]:
+    with webhook_receiver(fail_first={"/hook/a"}) as hooks:
+        yield hooks.url, hooks
 
 
 def test_on_done_fires_once(client: Client) -> None:
@@ -267,7 +261,7 @@ def test_on_done_fires_once(client: Client) -> None:
 
 
 def test_webhook_is_signed_retried_and_delivered_once(
-    client: Client, receiver: tuple[str, type[_Receiver]]
+    client: Client, receiver: tuple[str, WebhookReceiver]
 ) -> None:
     base, handler = receiver
     cid = _cid("hook")

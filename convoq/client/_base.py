@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from convoq.errors import AttachmentError, ConvoqError, InvalidMessageError, UnknownAgentError
+from convoq.errors import (
+    AttachmentError,
+    ConvoqError,
+    InvalidCallbackUrlError,
+    InvalidMessageError,
+    UnknownAgentError,
+)
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
 from convoq.messages import Message, coerce_user_message
 
@@ -64,7 +70,8 @@ def build_submission(
 
     Raises:
         InvalidConversationIdError, InvalidMessageError, AttachmentError,
-        UnknownAgentError or ConvoqError (naming the argument): nothing is queued.
+        InvalidCallbackUrlError, UnknownAgentError or ConvoqError (naming the argument):
+        nothing is queued.
     """
     cid = check_conversation_id(conversation_id)
     user = coerce_user_message(message)
@@ -99,20 +106,20 @@ def check_attachments(message: Message, limits: Limits) -> None:
         if size == 0:
             raise AttachmentError(f"{name} is empty: an attachment needs at least one byte")
         if size > limits.max_attachment_bytes:
-            raise AttachmentError(
-                f"{name} is {size} bytes, over the {limits.max_attachment_bytes}-byte limit"
-                " per attachment; send a smaller file or raise max_attachment_bytes",
-                size=size,
-                max_bytes=limits.max_attachment_bytes,
-            )
+            advice = "send a smaller file or raise max_attachment_bytes"
+            raise _over_limit(name, size, limits.max_attachment_bytes, "per attachment", advice)
         total += size
     if total > limits.max_turn_bytes:
-        raise AttachmentError(
-            f"the message is {total} bytes, over the {limits.max_turn_bytes}-byte limit per"
-            " turn; send fewer or smaller attachments",
-            size=total,
-            max_bytes=limits.max_turn_bytes,
-        )
+        advice = "send fewer or smaller attachments"
+        raise _over_limit("the message", total, limits.max_turn_bytes, "per turn", advice)
+
+
+def _over_limit(what: str, size: int, limit: int, per: str, advice: str) -> AttachmentError:
+    return AttachmentError(
+        f"{what} is {size} bytes, over the {limit}-byte limit {per}; {advice}",
+        size=size,
+        max_bytes=limit,
+    )
 
 
 def check_agent(agent: object, known: Collection[str] | None) -> str:
@@ -129,16 +136,36 @@ def check_agent(agent: object, known: Collection[str] | None) -> str:
 
 
 def check_callback_url(url: object) -> str:
-    """An absolute http(s) URL with a host, of bounded length."""
-    if not isinstance(url, str) or len(url) > MAX_CALLBACK_URL_CHARS:
-        raise ConvoqError(
-            f"callback_url must be an http(s) URL of at most {MAX_CALLBACK_URL_CHARS} chars"
+    """An absolute http(s) URL with a host, of at most MAX_CALLBACK_URL_CHARS characters.
+
+    Raises:
+        InvalidCallbackUrlError: anything else (nothing is queued).
+    """
+    if not isinstance(url, str) or not url or len(url) > MAX_CALLBACK_URL_CHARS:
+        raise InvalidCallbackUrlError(
+            f"callback_url must be an http(s) URL of 1 to {MAX_CALLBACK_URL_CHARS} characters",
+            length=len(url) if isinstance(url, str) else None,
         )
-    parts = urlsplit(url)
+    shown = url[:100]
+    # Whitespace or control characters would fail (or be rewritten) only when the
+    # webhook is sent, long after the caller could fix them.
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        raise InvalidCallbackUrlError(
+            f"callback_url {shown!r} contains whitespace or control characters;"
+            " percent-encode them",
+            callback_url=shown,
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        raise InvalidCallbackUrlError(
+            f"callback_url {shown!r} does not parse as a URL ({exc})", callback_url=shown
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConvoqError(
-            f"callback_url {url[:100]!r} is not an absolute http:// or https:// URL",
-            callback_url=url[:100],
+        raise InvalidCallbackUrlError(
+            f"callback_url {shown!r} is not an absolute http:// or https:// URL with a host",
+            callback_url=shown,
         )
     return url
 

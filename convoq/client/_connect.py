@@ -1,5 +1,6 @@
 """Connections shared by the client and the workers: which Redis, which broker, and a
-Celery app that only sends (no task code needed to kick a conversation)."""
+Celery app that only sends (no task code needed to kick a conversation). The Redis
+client itself is :func:`convoq.redis.connect`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import redis.asyncio as aioredis
 from celery import Celery
 
 DEFAULT_HOME = Path(".convoq")
@@ -20,15 +20,6 @@ def resolve_redis_url(redis_url: str | None, home: Path | None = None) -> str:
     from convoq.redis import embedded  # lazy: only without a configured Redis
 
     return embedded.embedded_url(home or DEFAULT_HOME)
-
-
-def redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
-    """An asyncio Redis client whose pool waits for a free connection instead of failing
-    when ``max_connections`` are busy (many turns waited on, or run, at once)."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=None
-    )
-    return aioredis.Redis.from_pool(pool)
 
 
 def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:

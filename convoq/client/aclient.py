@@ -27,13 +27,12 @@ from convoq.client._base import (
     check_call_id,
     check_turn_ref,
 )
-from convoq.client._connect import broker_url_for, redis_client, resolve_redis_url, sender_app
+from convoq.client._connect import broker_url_for, resolve_redis_url, sender_app
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
-from convoq.redis.keys import KeySchema
-from convoq.redis.protocol import TurnProtocol
+from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.worker import routing
 from convoq.worker.webhooks import verify_signature
 
@@ -101,7 +100,7 @@ class AsyncClient:
     def protocol(self) -> TurnProtocol:
         """The turn protocol on this client's Redis (connections open on first use)."""
         if self._protocol is None:
-            self._redis = redis_client(self.redis_url, max_connections=self._max_connections)
+            self._redis = connect(self.redis_url, max_connections=self._max_connections)
             self._protocol = TurnProtocol(
                 self._redis,
                 KeySchema(self.prefix),
@@ -222,9 +221,13 @@ class AsyncClient:
 
     async def registered_agents(self) -> frozenset[str]:
         """Profile names the running workers registered in Redis."""
-        names = await self.protocol.redis.smembers(routing.agents_key(self.prefix))
-        self._registered = frozenset(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+        self._registered = await self.protocol.registered_agents()
         return self._registered
+
+    async def workers(self) -> dict[str, dict[str, Any]]:
+        """The running workers as they registered: name -> pid, queues, agents,
+        started_ms and seen_ms (refreshed every sweep period; a stale one is dead)."""
+        return await self.protocol.registered_workers()
 
     def verify_webhook(self, header: str, body: bytes | str, tolerance_s: int = 300) -> bool:
         """Check a callback's ``X-Convoq-Signature`` with this client's ``webhook_secret``."""

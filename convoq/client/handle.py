@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from convoq._sync import iterate_sync, run_sync
+from convoq._sync import iterate_sync
 from convoq.client._base import FINAL_STATUSES, TurnStatus
+from convoq.client._blocking import blocking
 from convoq.engine import TurnEvent
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
     from convoq.redis.protocol import TurnRecord
 
 # One XREAD BLOCK at most this long, then the record is read again: a stream that expired
-# or was trimmed cannot leave a waiter blocked for ever. Below redis-py's default 5 s
-# socket timeout, so a block never looks like a dead connection.
+# or was trimmed cannot leave a waiter blocked for ever. convoq.redis.connect sets no
+# socket timeout; one given in the URL (?socket_timeout=) caps the block at half of it,
+# so a block never looks like a dead connection (which the client would retry, blocked).
 _BLOCK_MS = 2_000
 
 
@@ -127,7 +129,7 @@ class AsyncTurnHandle:
         record = await self.record()
         after = "0"
         while not _settled(record, return_on_approval):
-            block_ms = _block_for(deadline)
+            block_ms = self._block_for(deadline)
             if block_ms <= 0:
                 raise TurnTimeoutError(
                     f"turn {self.turn_id} is still {record.status} after {timeout}s;"
@@ -155,7 +157,7 @@ class AsyncTurnHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
         while True:
-            block_ms = _block_for(deadline)
+            block_ms = self._block_for(deadline)
             if block_ms <= 0:
                 raise TurnTimeoutError(f"no 'done' event for turn {self.turn_id} in {timeout}s")
             batch = await protocol.read_events(
@@ -168,6 +170,15 @@ class AsyncTurnHandle:
                     return
             if not batch and (await self.record()).status in FINAL_STATUSES:
                 return  # final but its stream is gone (expired): nothing more will come
+
+    def _block_for(self, deadline: float | None) -> int:
+        """How long the next XREAD may block (ms; <= 0: the deadline passed)."""
+        pool = self._client.protocol.redis.connection_pool
+        socket_timeout = pool.connection_kwargs.get("socket_timeout")
+        longest = _BLOCK_MS if not socket_timeout else max(1, int(socket_timeout * 500))
+        if deadline is None:
+            return min(longest, _BLOCK_MS)
+        return min(longest, _BLOCK_MS, int((deadline - time.monotonic()) * 1000))
 
     async def approve(self, call_id: str) -> None:
         await self._client.approve(self, call_id)
@@ -188,17 +199,12 @@ def _settled(record: TurnRecord, return_on_approval: bool) -> bool:
     return return_on_approval and record.status == "awaiting_approval"
 
 
-def _block_for(deadline: float | None) -> int:
-    if deadline is None:
-        return _BLOCK_MS
-    return min(_BLOCK_MS, int((deadline - time.monotonic()) * 1000))
-
-
 class TurnHandle:
-    """One queued turn, seen from a sync client: the same methods, blocking."""
+    """One queued turn, seen from a sync client: the methods of :class:`AsyncTurnHandle`,
+    blocking."""
 
     def __init__(self, inner: AsyncTurnHandle) -> None:
-        self._inner = inner
+        self._async = inner
         self.conversation_id = inner.conversation_id
         self.turn_id = inner.turn_id
 
@@ -207,45 +213,17 @@ class TurnHandle:
 
     @property
     def async_handle(self) -> AsyncTurnHandle:
-        return self._inner
+        return self._async
 
-    def record(self) -> TurnRecord:
-        return run_sync(self._inner.record())
-
-    def status(self) -> TurnStatus:
-        """queued | running | awaiting_approval | succeeded | failed | cancelled."""
-        return run_sync(self._inner.status())
-
-    def result(self) -> TurnResult:
-        """The turn as it stands now, without waiting."""
-        return run_sync(self._inner.result())
-
-    def wait(
-        self,
-        timeout: float | None = None,
-        *,
-        raise_on_error: bool = True,
-        return_on_approval: bool = False,
-    ) -> TurnResult:
-        """See :meth:`AsyncTurnHandle.wait`."""
-        return run_sync(
-            self._inner.wait(
-                timeout, raise_on_error=raise_on_error, return_on_approval=return_on_approval
-            )
-        )
+    record = blocking(AsyncTurnHandle.record)
+    status = blocking(AsyncTurnHandle.status)
+    result = blocking(AsyncTurnHandle.result)
+    wait = blocking(AsyncTurnHandle.wait)
+    approve = blocking(AsyncTurnHandle.approve)
+    deny = blocking(AsyncTurnHandle.deny)
+    cancel = blocking(AsyncTurnHandle.cancel)
+    discard = blocking(AsyncTurnHandle.discard)
 
     def events(self, *, after: str = "0", timeout: float | None = None) -> Iterator[TurnEvent]:
         """See :meth:`AsyncTurnHandle.events`."""
-        return iterate_sync(self._inner.events(after=after, timeout=timeout))
-
-    def approve(self, call_id: str) -> None:
-        run_sync(self._inner.approve(call_id))
-
-    def deny(self, call_id: str, reason: str | None = None) -> None:
-        run_sync(self._inner.deny(call_id, reason))
-
-    def cancel(self) -> str:
-        return run_sync(self._inner.cancel())
-
-    def discard(self) -> None:
-        run_sync(self._inner.discard())
+        return iterate_sync(self._async.events(after=after, timeout=timeout))

@@ -34,8 +34,11 @@ class RedisConversationMemory(StoredConversationMemory):
     """Memory backend on Redis.
 
     Args:
-        url: ``redis://``, ``rediss://`` or ``unix://`` URL. None starts (or reuses) the
-            embedded redis-server under ``home``.
+        url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; add
+            ``?ssl_ca_certs=/path/ca.pem`` for a private CA) or ``unix://`` URL, as
+            :func:`convoq.redis.connect` takes it. None starts (or reuses) the embedded
+            redis-server under ``home``. A URL that cannot work, or credentials Redis
+            refuses, raise ConfigurationError on first use.
         prefix: prefix of every key.
         max_attachment_bytes: largest attachment accepted (AttachmentError above it).
         max_turn_bytes: largest append accepted (InvalidMessageError above it).

@@ -4,11 +4,15 @@ scripts, the limits, and the mapping of script statuses to errors."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Self
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -30,19 +34,107 @@ from convoq.redis.scripts import Scripts
 DAY_S = 86_400
 
 
-def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:
+def connect(
+    url: str,
+    *,
+    max_connections: int = 64,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float | None = None,
+) -> aioredis.Redis:
     """A client for ``url`` that reconnects and resends after a dropped connection (a
     Redis restart; every script is safe to replay) and, at ``max_connections`` calls in
-    flight, waits for a free connection instead of failing."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=60,
-        decode_responses=False,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-    )
+    flight, waits for a free connection instead of failing.
+
+    Args:
+        url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` for TLS (with
+            ``?ssl_ca_certs=/path/ca.pem`` to trust a private CA, ``ssl_cert_reqs=none``
+            to skip verification, ``ssl_certfile``/``ssl_keyfile`` for a client
+            certificate) or ``unix:///path/redis.sock?db=0``. Percent-encode special
+            characters of the user name and password.
+        max_connections: connections in the pool; more callers wait for one.
+        socket_timeout: seconds a reply may take (None: no limit). Callers of blocking
+            reads (``XREAD BLOCK``) set it above their block time. Given here, it wins
+            over ``socket_timeout`` in the URL.
+        socket_connect_timeout: seconds a connect may take (None: the system's limit).
+
+    Raises:
+        ConfigurationError: the URL cannot work (unknown scheme, a bad option, TLS options
+            without ``rediss://``). Credentials Redis refuses raise ConfigurationError on
+            first use, at once rather than after the reconnect retries.
+    """
+    try:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=60,
+            decode_responses=False,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            redis_connect_func=_handshake,
+        )
+        explicit = {"socket_timeout": socket_timeout}
+        explicit["socket_connect_timeout"] = socket_connect_timeout
+        pool.connection_kwargs.update({k: v for k, v in explicit.items() if v is not None})
+        pool.connection_class(**pool.connection_kwargs)  # checks the options, opens nothing
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(_url_problem(url, exc), url=redacted(url)) from exc
+    _check_tls_files(pool.connection_kwargs, url)
     return aioredis.Redis.from_pool(pool)
+
+
+async def _handshake(connection: AbstractConnection) -> None:
+    """redis-py's own connect handshake (AUTH, SELECT, ...), except that refused
+    credentials are a configuration error: retrying them like a dropped connection would
+    only delay the same answer."""
+    try:
+        await connection.on_connect()
+    except AuthenticationError as exc:
+        await connection.disconnect()
+        where = getattr(connection, "path", "") or (
+            f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
+        )
+        user = connection.username or "default"
+        refused = (
+            f"refused the credentials of user {user!r}"
+            if connection.password
+            else "wants a password and the URL has none"
+        )
+        raise ConfigurationError(
+            f"Redis at {where} {refused} ({exc}); check the user name and password in the"
+            " Redis URL (redis://user:password@host:port/db)",
+            server=where,
+            user=user,
+        ) from exc
+
+
+def _check_tls_files(options: dict[str, Any], url: str) -> None:
+    """A missing PEM file would surface only at the first connect, retried as if the
+    network had failed."""
+    for option in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        path = options.get(option)
+        if path and not os.path.isfile(path):
+            raise ConfigurationError(
+                f"{option}={path} in the Redis URL {redacted(url)} is not a file; give the"
+                " path of the PEM file",
+                url=redacted(url),
+            )
+
+
+def _url_problem(url: str, exc: Exception) -> str:
+    shown = redacted(url)
+    query = parse_qs(urlsplit(url).query)
+    if urlsplit(url).scheme != "rediss" and any(name.startswith("ssl_") for name in query):
+        return f"the Redis URL {shown} has TLS options (ssl_*) but TLS needs rediss://"
+    return f"the Redis URL {shown} does not work: {exc}"
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (safe to log or show)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class ProtocolBase:

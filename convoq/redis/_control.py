@@ -1,5 +1,6 @@
 """Turn control from outside the runner (approvals, cancel, clear), reads, events, the
-sweeper's scan and the dataset epoch: the half of TurnProtocol that holds no lease."""
+sweeper's scan, the workers' registry and the dataset epoch: the half of TurnProtocol
+that holds no lease."""
 
 from __future__ import annotations
 
@@ -149,20 +150,23 @@ class ControlMixin(ProtocolBase):
                 events.append((entry_id.decode(), event))
         return events
 
-    async def sweep_candidates(self, *, approval_expiry: bool = True) -> list[str]:
+    async def sweep_candidates(
+        self, *, approval_expiry: bool = True, expired: list[tuple[str, str]] | None = None
+    ) -> list[str]:
         """Conversations with queued turns and no live lease (kick them). Parked turns whose
-        approval expired are failed first (with ``approval_expiry``)."""
+        approval expired are failed first (with ``approval_expiry``); their ``(cid, tid)``
+        are appended to ``expired`` (finished turns whose callbacks are owed)."""
         found: list[str] = []
         async for key in self.redis.scan_iter(match=self.keys.inbox_pattern(), count=1000):
             cid = self.keys.conversation_of_inbox(key)
             if cid is None or await self.redis.exists(self.keys.lease(cid)):
                 continue
-            if approval_expiry and not await self._expire_parked_head(cid):
+            if approval_expiry and not await self._expire_parked_head(cid, expired):
                 continue
             found.append(cid)
         return found
 
-    async def _expire_parked_head(self, cid: str) -> bool:
+    async def _expire_parked_head(self, cid: str, expired: list[tuple[str, str]] | None) -> bool:
         """Fail the head if its approval expired; True if turns remain queued."""
         head = await self.redis.lindex(self.keys.inbox(cid), 0)
         if head is None:
@@ -171,9 +175,21 @@ class ControlMixin(ProtocolBase):
         error = self.json_arg(approval_expired_error(), "error")
         args = [tid, error, self.turn_ttl_ms, self.events_maxlen, "expire"]
         reply = await self.scripts.run("discard", self._turn_control_keys(cid, tid), args)
-        if reply[0] == "OK":
-            return int(reply[1]) > 0
-        return True
+        if reply[0] != "OK":
+            return True
+        if expired is not None:
+            expired.append((cid, tid))
+        return int(reply[1]) > 0
+
+    async def registered_agents(self) -> frozenset[str]:
+        """The agent profile names running workers registered."""
+        return frozenset(text(n) for n in await self.redis.smembers(self.keys.agents()))
+
+    async def registered_workers(self) -> dict[str, dict[str, Any]]:
+        """Running workers as they registered: name -> pid, queues, agents, started_ms,
+        seen_ms (refreshed every sweep period, so a stale entry is a dead worker)."""
+        entries = await self.redis.hgetall(self.keys.workers())
+        return {text(name): json.loads(info) for name, info in entries.items()}
 
     async def check_epoch(self, expected: str | None) -> str:
         """The dataset's epoch marker, created if absent. Workers call it with None at start

@@ -47,6 +47,27 @@ class Acquired:
 
 
 @dataclass(frozen=True)
+class Taking:
+    """How ``acquire`` runs, for a fresh lease or a hand-off (``worker_id`` '' and the
+    caller's ``fence``), and where it reports the turns it failed on the way."""
+
+    worker_id: str
+    lease_ms: int
+    window: int
+    max_attempts: int
+    fence: int
+    failed: list[str] | None
+
+    def note_failed(self, reply: list[Any]) -> None:
+        """Record the turn an EMPTY or RETRY reply says the script failed, if any."""
+        index = {"EMPTY": 1, "RETRY": 2}.get(reply[0])
+        if self.failed is None or index is None or len(reply) <= index or not reply[index]:
+            return
+        value = reply[index]
+        self.failed.append(value.decode() if isinstance(value, bytes) else str(value))
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     """``position`` 0: the conversation was idle and the caller sends a kick. For a
     duplicate, ``turn_id`` is the first turn and ``position`` its place in the inbox

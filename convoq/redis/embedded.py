@@ -118,11 +118,16 @@ def stop(home: str | Path = DEFAULT_HOME, timeout: float = 10.0) -> bool:
 def run_foreground(home: str | Path = DEFAULT_HOME, *, appendfsync: Fsync = "everysec") -> None:
     """Start the server, print its URL and wait for Ctrl-C, then stop it (a server that
     was already running is left running)."""
-    url, started = _start(Path(home).resolve(), None, appendfsync)
+    home = Path(home).resolve()
+    url, started = _start(home, None, appendfsync)
     note = "" if started else " (already running; it stays up after Ctrl-C)"
-    print(f"convoq redis: {url}{note}", flush=True)
+    # The URL line tells a watcher it may press Ctrl-C now, so the handler is in place
+    # before it is printed: a SIGINT right after the line must not escape past stop().
     try:
-        while running_url(home) is not None:
+        print(f"convoq redis: {url}{note}", flush=True)
+        # Watch the process, not the socket: a ping that times out under load is no
+        # reason to shut a healthy server down.
+        while _server_alive(home):
             time.sleep(1.0)
     except KeyboardInterrupt:
         pass
@@ -215,6 +220,11 @@ def _read_text(path: Path) -> str | None:
 def _read_pid(home: Path) -> int | None:
     text = _read_text(home / "redis.pid")
     return int(text) if text and text.isdigit() else None
+
+
+def _server_alive(home: Path) -> bool:
+    pid = _read_pid(home)
+    return pid is not None and _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -17,7 +17,13 @@ before a key is built; idempotency keys are hashed (sha256 hex) so any string ma
     {prefix}:{cid}:journal:{tid}   string  step checkpoint of a running turn (TurnState JSON)
     {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
-    {prefix}:epoch                 string  the dataset epoch marker (the one global key)
+    {prefix}:epoch                 string  the dataset epoch marker
+    {prefix}:registry:agents       set     agent profile names the workers run
+    {prefix}:registry:workers      hash    worker name -> JSON (pid, queues, agents, seen_ms)
+    {prefix}:registry:sweeper      string  short lock: one sweep per period across workers
+
+The last four are deployment-wide, outside any conversation. They can never equal a
+conversation key: those always carry a ``{cid}`` hash tag right after the prefix.
 """
 
 from __future__ import annotations
@@ -85,6 +91,20 @@ class KeySchema:
     def epoch(self) -> str:
         """The global epoch marker; not part of any conversation (see ``check_epoch``)."""
         return f"{self.prefix}:epoch"
+
+    def agents(self) -> str:
+        """Set of the agent profile names the workers run (clients check names against it)."""
+        return f"{self.prefix}:registry:agents"
+
+    def workers(self) -> str:
+        """Hash worker name -> JSON (pid, queues, agents, started_ms, seen_ms) of the
+        workers; ``seen_ms`` is refreshed every sweep period, so a stale entry is a dead
+        worker."""
+        return f"{self.prefix}:registry:workers"
+
+    def sweeper_lock(self) -> str:
+        """Short lock so one worker process per sweep period scans for stranded turns."""
+        return f"{self.prefix}:registry:sweeper"
 
     def history_keys(self, cid: str) -> list[str]:
         """meta, turns, blobs, lead: what the history scripts take as KEYS[1..4]."""

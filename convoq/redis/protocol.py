@@ -35,6 +35,7 @@ from convoq.redis._history import decode_window
 from convoq.redis._records import (
     Acquired,
     SubmitResult,
+    Taking,
     TurnRecord,
     TurnStatus,
     decode_record,
@@ -96,27 +97,27 @@ class TurnProtocol(ControlMixin):
         raise self.refusal(reply, cid, turn_id)
 
     async def acquire(
-        self, cid: str, *, worker_id: str, lease_ms: int, window: int = 0, max_attempts: int = 5
+        self,
+        cid: str,
+        *,
+        worker_id: str,
+        lease_ms: int,
+        window: int = 0,
+        max_attempts: int = 5,
+        failed: list[str] | None = None,
     ) -> Acquired | None:
         """Take the conversation's lease (a new fence) and its head turn with the history
         window. None: nothing queued, the lease is live elsewhere, or the head is parked
         undecided. Heads over ``max_attempts`` or with an expired approval are failed on
-        the way and the next head is taken."""
+        the way and the next head is taken; their ids are appended to ``failed`` (they
+        are finished turns whose callbacks are owed)."""
         head = await self.redis.lindex(self.keys.inbox(check_conversation_id(cid)), 0)
-        return await self._take(cid, head, worker_id, lease_ms, window, max_attempts, 0)
+        taking = Taking(worker_id, lease_ms, window, max_attempts, 0, failed)
+        return await self._take(cid, head, taking)
 
-    async def _take(
-        self,
-        cid: str,
-        head: bytes | str | None,
-        worker_id: str,
-        lease_ms: int,
-        window: int,
-        max_attempts: int,
-        fence: int,
-    ) -> Acquired | None:
+    async def _take(self, cid: str, head: bytes | str | None, t: Taking) -> Acquired | None:
         errors = [
-            self.json_arg(max_attempts_error(max_attempts), "error"),
+            self.json_arg(max_attempts_error(t.max_attempts), "error"),
             self.json_arg(approval_expired_error(), "error"),
         ]
         for _ in range(_MAX_RETRIES):
@@ -125,10 +126,12 @@ class TurnProtocol(ControlMixin):
             tid = self._head_id(cid, head)
             keys = [*self.keys.history_keys(cid), self.keys.inbox(cid), self.keys.lease(cid)]
             keys += self.keys.turn_keys(cid, tid)
-            args = [tid, worker_id, lease_ms, window, max_attempts, fence, self.turn_ttl_ms]
-            reply = await self.scripts.run("acquire", keys, [*args, self.events_maxlen, *errors])
+            args = [tid, t.worker_id, t.lease_ms, t.window, t.max_attempts, t.fence]
+            args += [self.turn_ttl_ms, self.events_maxlen, *errors]
+            reply = await self.scripts.run("acquire", keys, args)
             if reply[0] == "OK":
-                return self._acquired(cid, tid, reply, window)
+                return self._acquired(cid, tid, reply, t.window)
+            t.note_failed(reply)
             if reply[0] in ("EMPTY", "BUSY"):
                 return None
             if reply[0] != "RETRY":
@@ -187,11 +190,13 @@ class TurnProtocol(ControlMixin):
         lease_ms: int,
         window: int = 0,
         max_attempts: int = 5,
+        failed: list[str] | None = None,
     ) -> Acquired | None:
         """Append the whole turn (user message first) exactly once, mark it succeeded with
         ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
         message), emit "done", and return the next queued turn under the same fence, or
-        None with the lease freed.
+        None with the lease freed. Turns failed on the way to the next one are appended to
+        ``failed`` (as :meth:`acquire`).
 
         Raises:
             StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
@@ -203,7 +208,8 @@ class TurnProtocol(ControlMixin):
         reply = await self.scripts.run("commit", keys, args)
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, fence)
-        return await self._hand_off(cid, reply[1], lease_ms, window, max_attempts, fence)
+        taking = Taking("", lease_ms, window, max_attempts, fence, failed)
+        return await self._hand_off(cid, reply[1], taking)
 
     def commit_call(
         self, cid: str, turn_id: str, *, fence: int, messages: list[Message], lease_ms: int
@@ -233,6 +239,7 @@ class TurnProtocol(ControlMixin):
         lease_ms: int,
         window: int = 0,
         max_attempts: int = 5,
+        failed: list[str] | None = None,
     ) -> Acquired | None:
         """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
         error of type TurnCancelledError ends it as cancelled. Guards and hand-off as
@@ -243,16 +250,15 @@ class TurnProtocol(ControlMixin):
         reply = await self.scripts.run("fail", self._ending_keys(cid, turn_id), args)
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, fence)
-        return await self._hand_off(cid, reply[1], lease_ms, window, max_attempts, fence)
+        taking = Taking("", lease_ms, window, max_attempts, fence, failed)
+        return await self._hand_off(cid, reply[1], taking)
 
-    async def _hand_off(
-        self, cid: str, head: bytes | None, lease_ms: int, window: int, attempts: int, fence: int
-    ) -> Acquired | None:
+    async def _hand_off(self, cid: str, head: bytes | None, taking: Taking) -> Acquired | None:
         """The next turn under the same lease. The turn before it is already stored, so a
         next turn that cannot be loaded is left to the next acquire (after the lease
         expires) to report, instead of making this commit look failed."""
         try:
-            return await self._take(cid, head, "", lease_ms, window, attempts, fence)
+            return await self._take(cid, head, taking)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
             return None

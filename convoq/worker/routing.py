@@ -89,21 +89,3 @@ def _parse_item(item: str, spec: str) -> range:
 def queue_names(prefix: str, chosen: list[int]) -> list[str]:
     """The queue names of the chosen partitions, in order."""
     return [queue_name(prefix, p) for p in chosen]
-
-
-# Deployment-wide keys outside any conversation (KeySchema spells conversation keys only).
-# They can never equal a conversation key: those always hold a `{cid}` hash tag.
-def agents_key(prefix: str) -> str:
-    """Set of the agent profile names the workers run (clients validate against it)."""
-    return f"{prefix}:registry:agents"
-
-
-def workers_key(prefix: str) -> str:
-    """Hash worker name -> JSON (pid, queues, agents, started_ms, seen_ms) of the workers;
-    ``seen_ms`` is refreshed every sweep period, so a stale entry is a dead worker."""
-    return f"{prefix}:registry:workers"
-
-
-def sweeper_lock_key(prefix: str) -> str:
-    """Short lock so one worker process per sweep period scans for stranded turns."""
-    return f"{prefix}:registry:sweeper"

@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 from convoq.agent import Agent
 from convoq.engine import Completed, Outcome, TurnEvent, TurnLoop, TurnState
 from convoq.errors import (
+    AttachmentError,
     ConvoqError,
+    InvalidMessageError,
     NotInboxHeadError,
     StaleFenceError,
     TurnAlreadyAppliedError,
@@ -37,6 +39,8 @@ T = TypeVar("T")
 
 # Called after a turn finished (succeeded, failed or cancelled) with (cid, tid, options).
 FinishedHook = Callable[[str, str, dict[str, Any]], Awaitable[None]]
+# TurnProtocol.commit or .fail: ends the head turn, hands over the next one.
+Ending = Callable[..., Awaitable[Acquired | None]]
 
 
 class LeaseLostError(ConvoqError):
@@ -93,13 +97,16 @@ class Runner:
         """Run the conversation's queued turns until its inbox is empty or a turn parks."""
         cid = check_conversation_id(conversation_id)
         report = DrainReport(cid)
+        ended: list[str] = []
         acquired = await self._protocol.acquire(
             cid,
             worker_id=self._config.worker_id,
             lease_ms=self._config.lease_ms,
             window=self._window,
             max_attempts=self._config.max_attempts,
+            failed=ended,
         )
+        await self._failed_on_the_way(cid, ended, report)
         while acquired is not None:
             acquired = await self._run_turn(acquired, report)
         return report
@@ -202,58 +209,100 @@ class Runner:
     async def _commit(
         self, acq: Acquired, outcome: Completed, report: DrainReport
     ) -> Acquired | None:
-        turn = acq.turn
-        cid, tid = turn.conversation_id, turn.turn_id
         try:
-            following = await self._protocol.commit(
-                cid,
-                tid,
-                fence=acq.fence,
+            # A replay of our own commit (TurnAlreadyApplied) means the turn is stored.
+            return await self._end(
+                acq,
+                report,
+                self._protocol.commit,
+                done=report.succeeded,
+                replayed=report.succeeded,
                 messages=outcome.messages,
-                lease_ms=self._config.lease_ms,
-                window=self._window,
-                max_attempts=self._config.max_attempts,
             )
-        except TurnAlreadyAppliedError:
-            report.succeeded.append(tid)  # a replay of our own commit: it is stored
-            return None
-        except (StaleFenceError, NotInboxHeadError) as exc:
-            log.warning("commit of %s/%s refused (%s): abandoned", cid, tid, exc.message)
-            report.abandoned.append(tid)
-            return None
-        report.succeeded.append(tid)
-        await self._finished(cid, tid, turn.options)
-        return following
+        except (InvalidMessageError, AttachmentError) as exc:
+            # Refused before anything was written (the turn is too big to store): it fails
+            # like any other error, and the conversation goes on.
+            return await self._fail(acq, exc, report)
 
     async def _fail(self, acq: Acquired, exc: Exception, report: DrainReport) -> Acquired | None:
         turn = acq.turn
-        cid, tid = turn.conversation_id, turn.turn_id
         error = error_data(exc)
         if not isinstance(exc, TurnCancelledError):
-            log.info("turn %s/%s failed: %s", cid, tid, error["message"])
+            log.info("turn %s/%s failed: %s", turn.conversation_id, turn.turn_id, error["message"])
+        return await self._end(
+            acq,
+            report,
+            self._protocol.fail,
+            done=report.failed,
+            replayed=report.abandoned,
+            error=error,
+        )
+
+    async def _end(
+        self,
+        acq: Acquired,
+        report: DrainReport,
+        end: Ending,
+        *,
+        done: list[str],
+        replayed: list[str],
+        **outcome: Any,
+    ) -> Acquired | None:
+        """Commit or fail the head turn (``end``), then run the finished hook for it and for
+        any turn the hand-off failed on the way; return the next turn under the lease."""
+        turn = acq.turn
+        cid, tid = turn.conversation_id, turn.turn_id
+        ended: list[str] = []
+        config = self._config
         try:
-            following = await self._protocol.fail(
+            following = await end(
                 cid,
                 tid,
                 fence=acq.fence,
-                error=error,
-                lease_ms=self._config.lease_ms,
+                lease_ms=config.lease_ms,
                 window=self._window,
-                max_attempts=self._config.max_attempts,
+                max_attempts=config.max_attempts,
+                failed=ended,
+                **outcome,
             )
-        except (StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError) as refused:
-            log.warning("fail of %s/%s refused (%s): abandoned", cid, tid, refused.message)
+        except TurnAlreadyAppliedError:
+            log.info("turn %s/%s had already ended; nothing was written", cid, tid)
+            replayed.append(tid)
+            return None
+        except (StaleFenceError, NotInboxHeadError) as refused:
+            log.warning("ending %s/%s was refused (%s): abandoned", cid, tid, refused.message)
             report.abandoned.append(tid)
             return None
-        report.failed.append(tid)
-        await self._finished(cid, tid, turn.options)
+        done.append(tid)
+        await after_turn(self._protocol, self._on_finished, cid, tid, turn.options)
+        await self._failed_on_the_way(cid, ended, report)
         return following
 
-    async def _finished(self, cid: str, tid: str, options: dict[str, Any]) -> None:
-        try:
-            await self._on_finished(cid, tid, options)
-        except Exception:  # a lost webhook must not stop the conversation
-            log.exception("after-turn hook for %s/%s failed", cid, tid)
+    async def _failed_on_the_way(self, cid: str, turn_ids: list[str], report: DrainReport) -> None:
+        """Turns acquire failed before they could run (over max attempts, approval
+        expired): finished like any other, so their callbacks go out too."""
+        for tid in turn_ids:
+            log.info("turn %s/%s failed before it ran (max attempts or approval expiry)", cid, tid)
+            report.failed.append(tid)
+            await after_turn(self._protocol, self._on_finished, cid, tid)
+
+
+async def after_turn(
+    protocol: TurnProtocol,
+    hook: FinishedHook,
+    cid: str,
+    tid: str,
+    options: dict[str, Any] | None = None,
+) -> None:
+    """Run ``hook`` for a finished turn. ``options`` None: read from the turn's record (a
+    turn a script ended on its own). A failure is logged, never raised: a lost webhook
+    must not stop the conversation."""
+    try:
+        if options is None:
+            options = (await protocol.get_turn(cid, tid)).options
+        await hook(cid, tid, options)
+    except Exception:
+        log.exception("after-turn hook for %s/%s failed", cid, tid)
 
 
 def error_data(exc: BaseException) -> dict[str, Any]:

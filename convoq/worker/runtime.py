@@ -23,10 +23,9 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from convoq._sync import LoopThread
-from convoq.client._connect import redis_client, resolve_redis_url
+from convoq.client._connect import resolve_redis_url
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
-from convoq.redis.keys import KeySchema
-from convoq.redis.protocol import TurnProtocol
+from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.settings import ConvoqSettings
 from convoq.worker import routing, webhooks
 from convoq.worker.profiles import Profiles, load_profiles
@@ -46,6 +45,7 @@ class WorkerRuntime:
         self.redis_url = resolve_redis_url(settings.redis_url, settings.home)
         self.profiles: Profiles = load_profiles(settings.agents)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.keys = KeySchema(settings.prefix)
         self._loop = LoopThread("convoq-worker-loop")
         self._open_lock = threading.Lock()
         self._state: tuple[aioredis.Redis, TurnProtocol, Runner] | None = None
@@ -79,10 +79,10 @@ class WorkerRuntime:
         s = self.settings
         # Each turn in flight holds a connection only per command; renewers and the
         # sweeper add a few. Beyond the limit commands wait for a free connection.
-        redis = redis_client(self.redis_url, max_connections=2 * s.concurrency + 16)
+        redis = connect(self.redis_url, max_connections=2 * s.concurrency + 16)
         protocol = TurnProtocol(
             redis,
-            KeySchema(s.prefix),
+            self.keys,
             max_attachment_bytes=s.max_attachment_bytes,
             max_turn_bytes=s.max_turn_bytes,
             turn_ttl_s=s.turn_ttl_s,
@@ -160,7 +160,7 @@ class WorkerRuntime:
         self._sweeper = asyncio.run_coroutine_threadsafe(sweeper.run_forever(), self._loop.loop)
 
     async def _announce(self, hostname: str, queues: list[str]) -> None:
-        redis, prefix = self._ensure_open()[0], self.settings.prefix
+        redis = self._ensure_open()[0]
         now = int(time.time() * 1000)
         self._info = {
             "pid": os.getpid(),
@@ -170,8 +170,8 @@ class WorkerRuntime:
             "seen_ms": now,
         }
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.sadd(routing.agents_key(prefix), *sorted(self.profiles))
-            pipe.hset(routing.workers_key(prefix), hostname, json.dumps(self._info))
+            pipe.sadd(self.keys.agents(), *sorted(self.profiles))
+            pipe.hset(self.keys.workers(), hostname, json.dumps(self._info))
             await pipe.execute()
 
     async def _each_period(self) -> None:
@@ -179,8 +179,8 @@ class WorkerRuntime:
         await self._check_dataset()
         if self._announced_as is not None:
             self._info["seen_ms"] = int(time.time() * 1000)
-            key = routing.workers_key(self.settings.prefix)
-            await self._ensure_open()[0].hset(key, self._announced_as, json.dumps(self._info))
+            info = json.dumps(self._info)
+            await self._ensure_open()[0].hset(self.keys.workers(), self._announced_as, info)
 
     def _make_sweeper(self) -> Sweeper:
         redis, protocol, _ = self._ensure_open()
@@ -189,8 +189,9 @@ class WorkerRuntime:
             self.kick,
             interval_s=self.settings.sweep_interval_s,
             redis=redis,
-            lock_key=routing.sweeper_lock_key(self.settings.prefix),
+            lock_key=self.keys.sweeper_lock(),
             guard=self._each_period,
+            on_finished=self._after_turn,
         )
 
     async def _check_dataset(self) -> None:
@@ -225,7 +226,7 @@ class WorkerRuntime:
         assert self._state is not None
         redis, protocol, _ = self._state
         if self._announced_as is not None:
-            await redis.hdel(routing.workers_key(self.settings.prefix), self._announced_as)
+            await redis.hdel(self.keys.workers(), self._announced_as)
         await protocol.close()
         await redis.aclose()
 

@@ -6,8 +6,9 @@ worker killed with the message unacked, a broker restart, a client that died bet
 visibility timeout. So every worker process runs this loop on its event loop: every
 ``interval_s`` it asks the protocol for conversations with queued turns and an absent or
 expired lease (expiring parked approvals on the way) and sends each a ``drain``. Recovery
-after a crash is then bounded by lease TTL + sweep period. A short Redis lock lets one
-process per period do the scan; the others skip it.
+after a crash is then bounded by lease TTL + sweep period. A turn whose approval expired
+is finished like any other: the ``on_finished`` hook sends its callback. A short Redis
+lock lets one process per period do the scan; the others skip it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 
 from convoq.redis.protocol import TurnProtocol
+from convoq.worker.runner import FinishedHook, after_turn
 
 log = logging.getLogger("convoq.sweeper")
 
@@ -39,9 +41,11 @@ class Sweeper:
         redis: aioredis.Redis | None = None,
         lock_key: str | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
+        on_finished: FinishedHook | None = None,
     ) -> None:
         self._protocol = protocol
         self._kick = kick
+        self._on_finished = on_finished
         self._interval_s = interval_s
         self._redis = redis
         self._lock_key = lock_key
@@ -56,11 +60,16 @@ class Sweeper:
         if not await self._take_turn():
             return []
         kicked: list[str] = []
-        for cid in await self._protocol.sweep_candidates(approval_expiry=True):
+        expired: list[tuple[str, str]] = []
+        for cid in await self._protocol.sweep_candidates(approval_expiry=True, expired=expired):
             await self._kick(cid)
             kicked.append(cid)
         if kicked:
             log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
+        for cid, tid in expired:
+            log.info("the approval of turn %s/%s expired: failed", cid, tid)
+            if self._on_finished is not None:
+                await after_turn(self._protocol, self._on_finished, cid, tid)
         return kicked
 
     async def run_forever(self) -> None:

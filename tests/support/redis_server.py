@@ -1,5 +1,6 @@
 """A private redis-server per test session, on a free loopback port, that tests may kill
-(-9) and restart with its data (AOF on, appendfsync always)."""
+(-9) and restart with its data (AOF on, appendfsync always); optionally with a password,
+ACL users, or TLS only."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import redis
+
+from tests.support.tls import TlsFiles
 
 
 def redis_server_binary() -> str:
@@ -30,25 +35,73 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """Start, kill -9 and restart one redis-server with persistent AOF data."""
+    """Start, kill -9 and restart one redis-server with persistent AOF data.
 
-    def __init__(self, directory: Path, binary: str | None = None) -> None:
+    Args:
+        password: the default user's password (``--requirepass``).
+        users: ACL users, each as its rules: ``("alice", "on", ">secret", "~*", "+@all")``.
+        tls: serve TLS only (no plain port) with these files; clients need no certificate.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        binary: str | None = None,
+        *,
+        password: str | None = None,
+        users: Sequence[Sequence[str]] = (),
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.directory = directory
         self.binary = binary or redis_server_binary()
         self.port = free_port()
+        self.password = password
+        self.users = users
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """A URL with what a client needs: the password, and the CA to trust for TLS."""
+        query = {"ssl_ca_certs": str(self.tls.ca)} if self.tls else {}
+        return self.url_as(password=self.password or "", **query)
+
+    def url_as(self, username: str = "", password: str = "", **query: str) -> str:
+        """A URL for these credentials, with ``query`` as its query string as given."""
+        scheme = "rediss" if self.tls else "redis"
+        auth = (
+            f"{quote(username, safe='')}:{quote(password, safe='')}@"
+            if username or password
+            else ""
+        )
+        tail = f"?{urlencode(query)}" if query else ""
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0{tail}"
+
+    def _listen_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return [
+            "--port", "0",
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(self.tls.cert),
+            "--tls-key-file", str(self.tls.key),
+            "--tls-ca-cert-file", str(self.tls.ca),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
+
+    def _auth_args(self) -> list[str]:
+        args = ["--requirepass", self.password] if self.password else []
+        for rules in self.users:
+            args += ["--user", *rules]
+        return args
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--port",
-                str(self.port),
+                *self._listen_args(),
+                *self._auth_args(),
                 "--bind",
                 "127.0.0.1",
                 "--dir",
@@ -73,9 +126,12 @@ class RedisServer:
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
         try:
             while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    log = (self.directory / "redis.log").read_text(errors="replace")
+                    raise RuntimeError(f"redis-server exited at start: {log[-1000:]}")
                 try:
                     if client.ping():
                         return

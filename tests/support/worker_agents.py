@@ -83,6 +83,11 @@ def failer_fn(request: ModelRequest) -> str:
     raise ModelError("the scripted model failed on purpose")
 
 
+def oversize_fn(request: ModelRequest) -> str:
+    """An answer of 100 kB: more than a small CONVOQ_MAX_TURN_BYTES lets a turn store."""
+    return "x" * 100_000
+
+
 @tool(requires_approval=True)
 def transfer(amount: int) -> str:
     """Move money (needs a human's approval)."""
@@ -106,5 +111,6 @@ tracker = Agent(ScriptedModel(tracker_fn), name="tracker")
 blocker = Agent(ScriptedModel(blocker_fn), name="blocker")
 crasher = Agent(ScriptedModel(crasher_fn), name="crasher")
 failer = Agent(ScriptedModel(failer_fn), name="failer")
+oversize = Agent(ScriptedModel(oversize_fn), name="oversize")
 approver = Agent(ScriptedModel(approver_fn), name="approver", tools=[transfer])
 short_memory = Agent(ScriptedModel(echo_fn), name="short_memory", keep_last_turns=1)

@@ -2,7 +2,7 @@
 
 A worker is ``python -m convoq.cli worker`` (or ``python -m celery -A
 convoq.worker.app:app worker``) with its settings in the environment. Readiness is the
-entry the worker writes in Redis once its consumer runs (``registry:workers``), not a sleep.
+entry the worker writes in Redis once its consumer runs (``KeySchema.workers``), not a sleep.
 """
 
 from __future__ import annotations
@@ -12,17 +12,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from convoq.client import Client
-from convoq.worker.routing import workers_key
+from convoq.redis.keys import KeySchema
+from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = "tests.support.worker_agents"
@@ -113,7 +117,7 @@ class WorkerProcess:
     def wait_ready(self, timeout: float = 45.0) -> WorkerProcess:
         """Block until the worker registered itself in Redis (its consumer is running)."""
         client = redis.Redis.from_url(self.env["CONVOQ_REDIS_URL"])
-        key = workers_key(self.env["CONVOQ_PREFIX"])
+        key = KeySchema(self.env["CONVOQ_PREFIX"]).workers()
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -207,6 +211,74 @@ def running_pool(
         yield pool
     finally:
         pool.stop_all()
+
+
+def module_pool(count: int, **settings: Any) -> Any:
+    """A module-scoped fixture: ``count`` ready workers with ``settings``, for every test
+    of the module that asks for it (``pool = module_pool(3)``)."""
+
+    @pytest.fixture(scope="module")
+    def pool(
+        redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[WorkerPool]:
+        logs = tmp_path_factory.mktemp("workers")
+        with running_pool(redis_server.url, logs, count, **settings) as started:
+            yield started
+
+    return pool
+
+
+# path, the status it was answered with, headers, body
+Post = tuple[str, int, dict[str, str], bytes]
+
+
+class WebhookReceiver:
+    """A local HTTP server (127.0.0.1) recording every POST it gets; paths in
+    ``fail_first`` answer 500 to their first POST, so a retry must follow. Serve it with
+    :func:`webhook_receiver`."""
+
+    def __init__(self, fail_first: Collection[str] = ()) -> None:
+        self.fail_first = set(fail_first)
+        self.seen: list[Post] = []
+        self._lock = threading.Lock()
+        record = self._record
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                record(self)
+
+            def log_message(self, *_: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _record(self, request: BaseHTTPRequestHandler) -> None:
+        body = request.rfile.read(int(request.headers.get("Content-Length", 0)))
+        with self._lock:
+            earlier = [s for s in self.seen if s[0] == request.path]
+            status = 500 if request.path in self.fail_first and not earlier else 200
+            self.seen.append((request.path, status, dict(request.headers), body))
+        request.send_response(status)
+        request.end_headers()
+
+    def posts(self, path: str) -> list[Post]:
+        """The POSTs to ``path`` so far, in arrival order."""
+        with self._lock:
+            return [s for s in self.seen if s[0] == path]
+
+
+@contextmanager
+def webhook_receiver(fail_first: Collection[str] = ()) -> Iterator[WebhookReceiver]:
+    """A :class:`WebhookReceiver` serving until the block ends."""
+    receiver = WebhookReceiver(fail_first)
+    server = receiver.server
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def wait_until(

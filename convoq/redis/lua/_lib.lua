@@ -81,10 +81,48 @@ local function hand_off(lease, inbox, lease_ms, now)
   return false
 end
 
+-- Writes must not fail half way (Lua does not roll back), so a script checks the keys it
+-- writes before its first write: the first of `keys` holding another type than `want` (a
+-- missing key is fine), or nil.
+local function wrong_type(want, keys)
+  for _, key in ipairs(keys) do
+    local t = redis.call('TYPE', key)['ok']
+    if t ~= 'none' and t ~= want then
+      return key
+    end
+  end
+  return nil
+end
+
+-- meta when one of the counters named is set but not an integer (HINCRBY would fail).
+local function bad_counters(meta, ...)
+  local values = redis.call('HMGET', meta, ...)
+  for i = 1, select('#', ...) do
+    if values[i] and not string.match(values[i], '^%-?%d+$') then
+      return meta
+    end
+  end
+  return nil
+end
+
+-- The keys of a script that ends a turn, from KEYS[first] on: k = {inbox, lease, turn,
+-- journal, cont, events} (what finish() and hand_off() write); and {'CORRUPT', key} when
+-- one of them holds the wrong type, else nil.
+local function turn_ending(first)
+  local k = {inbox = KEYS[first], lease = KEYS[first + 1], turn = KEYS[first + 2],
+    journal = KEYS[first + 3], cont = KEYS[first + 4], events = KEYS[first + 5]}
+  local bad = wrong_type('list', {k.inbox}) or wrong_type('hash', {k.lease, k.turn})
+    or wrong_type('stream', {k.events})
+  return k, bad and {'CORRUPT', bad} or nil
+end
+
 -- Decoded element, or nil when it does not parse.
 local function decode_element(raw)
   local ok, value = pcall(cjson.decode, raw)
   if not ok or type(value) ~= 'table' or type(value.messages) ~= 'table' then
+    return nil
+  end
+  if value.blobs ~= nil and type(value.blobs) ~= 'table' then
     return nil
   end
   return value
@@ -145,6 +183,16 @@ local function window_elements(turns, window)
   return raws, decoded
 end
 
+-- Appends the blob refs of a decoded element to refs, each sha once (seen: sha -> true).
+local function add_refs(refs, seen, decoded)
+  for _, sha in ipairs(decoded.blobs or {}) do
+    if not seen[sha] then
+      seen[sha] = true
+      refs[#refs + 1] = sha
+    end
+  end
+end
+
 -- {lead elements, window elements, {sha, bytes, ...}} or nil, name of the malformed key.
 local function load_window(lead, turns, blobs, window)
   local lead_raw = redis.call('LRANGE', lead, 0, -1)
@@ -154,24 +202,14 @@ local function load_window(lead, turns, blobs, window)
     if not d then
       return nil, lead
     end
-    for _, sha in ipairs(d.blobs or {}) do
-      if not seen[sha] then
-        seen[sha] = true
-        refs[#refs + 1] = sha
-      end
-    end
+    add_refs(refs, seen, d)
   end
   local raws, decoded = window_elements(turns, window)
   if not raws then
     return nil, turns
   end
   for _, d in ipairs(decoded) do
-    for _, sha in ipairs(d.blobs or {}) do
-      if not seen[sha] then
-        seen[sha] = true
-        refs[#refs + 1] = sha
-      end
-    end
+    add_refs(refs, seen, d)
   end
   local pairs_out = {}
   -- HMGET in chunks: unpack() of a very long table would overflow the Lua stack.

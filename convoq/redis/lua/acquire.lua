@@ -24,9 +24,11 @@
 --          state JSON or false, lead elements, window elements, {sha, bytes, ...}}
 --      or {'EMPTY'} (nothing queued; a handed-off lease is freed) / {'BUSY'} (lease live,
 --         or the head is parked undecided)
---      or {'RETRY', head}: the head is another turn (or the head was just failed over
---         max attempts / approval expiry): call again with that turn's keys
+--      or {'RETRY', head, failed}: the head is another turn (or the head was just failed
+--         over max attempts / approval expiry): call again with that turn's keys
 --      or {'VERSION', v} / {'CORRUPT', key}.
+-- `failed` (in RETRY and EMPTY) is the id of the turn this call just ended as failed, or
+-- false/absent: the caller owes that turn what any finished turn gets (its callback).
 redis.replicate_commands()
 local meta, turns, blobs, lead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local inbox, lease, turn = KEYS[5], KEYS[6], KEYS[7]
@@ -52,15 +54,16 @@ if head ~= tid then
   return {'RETRY', head}
 end
 -- After dropping or failing the head: go on with the next one, or free a handed-off lease.
-local function next_head()
+-- `failed`: the id of the head if it was just failed here, else false.
+local function next_head(failed)
   local nxt = redis.call('LINDEX', inbox, 0)
   if nxt then
-    return {'RETRY', nxt}
+    return {'RETRY', nxt, failed}
   end
   if mine then
     redis.call('DEL', lease)
   end
-  return {'EMPTY'}
+  return {'EMPTY', failed}
 end
 local now = now_ms()
 local rec = redis.call('HMGET', turn, 'status', 'runs', 'resume')
@@ -68,17 +71,17 @@ local status = rec[1]
 if not status or TERMINAL[status] then
   -- An inbox entry without a live record cannot run; drop it and go on.
   redis.call('LREM', inbox, 1, tid)
-  return next_head()
+  return next_head(false)
 end
 if status == 'awaiting_approval' and rec[3] ~= '1' then
   -- Parked, undecided and the parked lease is gone: the approval expired.
   finish(k, tid, 'failed', 'error', ARGV[10], ARGV[7], ARGV[8], now)
-  return next_head()
+  return next_head(tid)
 end
 local runs = tonumber(rec[2] or '0') + 1
 if runs > tonumber(ARGV[5]) then
   finish(k, tid, 'failed', 'error', ARGV[9], ARGV[7], ARGV[8], now)
-  return next_head()
+  return next_head(tid)
 end
 -- All reads that can fail come before the first write.
 local win, corrupt = load_window(lead, turns, blobs, tonumber(ARGV[4]))

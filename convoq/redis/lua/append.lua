@@ -9,11 +9,16 @@
 -- ARGV[4+n ..] = sha256, bytes, sha256, bytes, ... (attachments)
 -- Appends messages to a conversation's history (memory API). When the history has no turn
 -- yet, ARGV[1] joins the lead list; otherwise ARGV[1] and ARGV[2] continue the last turn.
--- Returns {'OK', turns stored} or {'VERSION', v}.
+-- Returns {'OK', turns stored} or {'VERSION', v} / {'CORRUPT', key} (nothing written).
 local meta, turns, blobs, lead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local bad = bad_version(meta)
 if bad then
   return {'VERSION', bad}
+end
+local corrupt = wrong_type('list', {turns, lead}) or wrong_type('hash', {blobs})
+  or bad_counters(meta, 'turns', 'bytes')
+if corrupt then
+  return {'CORRUPT', corrupt}
 end
 local n = tonumber(ARGV[3])
 local empty = redis.call('LLEN', turns) == 0

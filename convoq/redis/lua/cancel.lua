@@ -10,10 +10,12 @@
 -- ARGV[4] = events stream MAXLEN (approximate)
 -- Cancels a turn: a queued one (or a running one whose lease is gone) leaves the inbox; a
 -- parked one is discarded; a running one gets a cancel flag its runner polls.
--- Returns {'CANCELLED'} / {'STOPPING'} / {'FINISHED'} / {'UNKNOWN'}.
+-- Returns {'CANCELLED'} / {'STOPPING'} / {'FINISHED'} / {'UNKNOWN'} / {'CORRUPT', key}.
 redis.replicate_commands()
-local inbox, lease = KEYS[1], KEYS[2]
-local k = {inbox = inbox, turn = KEYS[3], journal = KEYS[4], cont = KEYS[5], events = KEYS[6]}
+local k, corrupt = turn_ending(1)
+if corrupt then
+  return corrupt
+end
 local status = redis.call('HGET', k.turn, 'status')
 if not status then
   return {'UNKNOWN'}
@@ -21,13 +23,13 @@ end
 if TERMINAL[status] then
   return {'FINISHED'}
 end
-local lease_state = redis.call('HGET', lease, 'state')
+local lease_state = redis.call('HGET', k.lease, 'state')
 if status == 'running' and lease_state == 'active' then
   redis.call('HSET', k.turn, 'cancel', '1')
   return {'STOPPING'}
 end
 finish(k, ARGV[1], 'cancelled', 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
 if status == 'awaiting_approval' then
-  redis.call('DEL', lease)
+  redis.call('DEL', k.lease)
 end
 return {'CANCELLED'}

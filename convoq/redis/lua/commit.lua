@@ -18,18 +18,27 @@
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
 -- turn. Then keeps the lease (same fence) if more turns wait, else frees it.
 -- Returns {'OK', next turn id or false}
---      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'VERSION', v}.
+--      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'VERSION', v}
+--      or {'CORRUPT', key} (a key it writes holds the wrong type; nothing written).
 redis.replicate_commands()
-local meta, turns, blobs, inbox, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k = {inbox = inbox, turn = KEYS[6], journal = KEYS[7], cont = KEYS[8], events = KEYS[9]}
+local meta, turns, blobs = KEYS[1], KEYS[2], KEYS[3]
+local k, corrupt = turn_ending(4)
+if corrupt then
+  return corrupt
+end
 local tid = ARGV[1]
-local refused = guard_run(lease, inbox, k.turn, tid, ARGV[2], {running = true})
+local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true})
 if refused then
   return {refused}
 end
 local bad = bad_version(meta)
 if bad then
   return {'VERSION', bad}
+end
+local bad_key = wrong_type('list', {turns}) or wrong_type('hash', {blobs})
+  or bad_counters(meta, 'turns', 'bytes')
+if bad_key then
+  return {'CORRUPT', bad_key}
 end
 local now = now_ms()
 local added = store_blobs(blobs, 8)
@@ -39,4 +48,4 @@ redis.call('HINCRBY', meta, 'turns', 1)
 redis.call('HINCRBY', meta, 'bytes', string.len(ARGV[3]) + added)
 redis.call('HSET', meta, 'last_turn_id', tid)
 finish(k, tid, 'succeeded', 'result', ARGV[4], ARGV[5], ARGV[6], now)
-return {'OK', hand_off(lease, inbox, ARGV[7], now)}
+return {'OK', hand_off(k.lease, k.inbox, ARGV[7], now)}

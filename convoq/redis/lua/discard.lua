@@ -13,27 +13,29 @@
 -- Ends a parked turn as cancelled (or, with 'expire', failed), storing nothing; frees the
 -- conversation. Returns {'OK', turns still queued}
 --      or {'UNKNOWN'} / {'FINISHED', status} / {'NOT_PARKED', status} / {'LIVE'} (expire:
---         the approval has not expired).
+--         the approval has not expired) / {'CORRUPT', key}.
 redis.replicate_commands()
-local inbox, lease = KEYS[1], KEYS[2]
-local k = {inbox = inbox, turn = KEYS[3], journal = KEYS[4], cont = KEYS[5], events = KEYS[6]}
+local k, corrupt = turn_ending(1)
+if corrupt then
+  return corrupt
+end
 local rec = redis.call('HMGET', k.turn, 'status', 'resume')
 if not rec[1] then
   return {'UNKNOWN'}
 end
 if TERMINAL[rec[1]] then
-  return {'FINISHED', rec[1], redis.call('LLEN', inbox)}
+  return {'FINISHED', rec[1], redis.call('LLEN', k.inbox)}
 end
 if rec[1] ~= 'awaiting_approval' then
   return {'NOT_PARKED', rec[1]}
 end
 local status = 'cancelled'
 if ARGV[5] == 'expire' then
-  if rec[2] == '1' or redis.call('EXISTS', lease) == 1 then
+  if rec[2] == '1' or redis.call('EXISTS', k.lease) == 1 then
     return {'LIVE'}
   end
   status = 'failed'
 end
 finish(k, ARGV[1], status, 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
-redis.call('DEL', lease)
-return {'OK', redis.call('LLEN', inbox)}
+redis.call('DEL', k.lease)
+return {'OK', redis.call('LLEN', k.inbox)}

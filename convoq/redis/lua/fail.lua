@@ -14,15 +14,17 @@
 -- Ends the head turn without storing anything in history; guards as commit (a queued
 -- head may be failed too: a handed-off turn that could not be loaded).
 -- Returns {'OK', next turn id or false}
---      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'}.
+--      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
-local inbox, lease = KEYS[1], KEYS[2]
-local k = {inbox = inbox, turn = KEYS[3], journal = KEYS[4], cont = KEYS[5], events = KEYS[6]}
+local k, corrupt = turn_ending(1)
+if corrupt then
+  return corrupt
+end
 local tid = ARGV[1]
-local refused = guard_run(lease, inbox, k.turn, tid, ARGV[2], {running = true, queued = true})
+local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true, queued = true})
 if refused then
   return {refused}
 end
 local now = now_ms()
 finish(k, tid, ARGV[4], 'error', ARGV[3], ARGV[5], ARGV[6], now)
-return {'OK', hand_off(lease, inbox, ARGV[7], now)}
+return {'OK', hand_off(k.lease, k.inbox, ARGV[7], now)}

@@ -14,14 +14,18 @@
 -- Parks the running turn until its tool calls are decided: the conversation stays reserved
 -- by a lease in state "parked" that lives as long as the approval may wait.
 -- Returns {'OK'}, {'PARKED'} (replayed: already parked with this fence)
---      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'}.
+--      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
-local inbox, lease, turn, journal, cont = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local k, corrupt = turn_ending(1)
+if corrupt then
+  return corrupt
+end
+local lease, turn = k.lease, k.turn
 local l = redis.call('HMGET', lease, 'fence', 'state')
 if l[1] == ARGV[2] and l[2] == 'parked' and redis.call('HGET', turn, 'status') == 'awaiting_approval' then
   return {'PARKED'}
 end
-local refused = guard_run(lease, inbox, turn, ARGV[1], ARGV[2], {running = true})
+local refused = guard_run(lease, k.inbox, turn, ARGV[1], ARGV[2], {running = true})
 if refused then
   return {refused}
 end
@@ -32,11 +36,11 @@ if ok and type(old) == 'table' then
     redis.call('HDEL', turn, 'decision:' .. id)
   end
 end
-redis.call('SET', cont, ARGV[3])
-redis.call('DEL', journal)
+redis.call('SET', k.cont, ARGV[3])
+redis.call('DEL', k.journal)
 redis.call('HSET', turn, 'status', 'awaiting_approval', 'result', ARGV[5], 'pending', ARGV[4],
   'resume', '0', 'runs', '0', 'parked_ms', istr(now))
 redis.call('HSET', lease, 'state', 'parked', 'expires_ms', istr(now + tonumber(ARGV[6])))
 redis.call('PEXPIRE', lease, ARGV[6])
-emit(KEYS[6], ARGV[7], 'status', status_data('awaiting_approval'))
+emit(k.events, ARGV[7], 'status', status_data('awaiting_approval'))
 return {'OK'}

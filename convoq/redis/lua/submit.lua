@@ -14,7 +14,7 @@
 -- queues nothing and answers with the first turn.
 -- Returns {'OK', position} (0: the conversation was idle, send a kick)
 --      or {'DUP', turn id, position or -1 when no longer queued}
---      or {'BUSY'} / {'VERSION', v}.
+--      or {'BUSY'} / {'VERSION', v} / {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
 local meta, inbox, turn, events, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local tid = ARGV[1]
@@ -37,6 +37,10 @@ end
 local bad = bad_version(meta)
 if bad then
   return {'VERSION', bad}
+end
+local corrupt = wrong_type('list', {inbox}) or wrong_type('stream', {events})
+if corrupt then
+  return {'CORRUPT', corrupt}
 end
 local waiting = redis.call('LLEN', inbox)
 if waiting > 0 and ARGV[5] == 'reject' then

@@ -1,0 +1,90 @@
+"""What ``convoq`` prints: turn results, events, stored messages (never attachment bytes)
+and errors, on one console for output and one for errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from convoq.client import TurnResult
+from convoq.engine import TurnEvent
+from convoq.errors import ConvoqError
+from convoq.messages import Message
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+STATUS_STYLE = {
+    "queued": "yellow",
+    "running": "cyan",
+    "awaiting_approval": "magenta",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """A ConvoqError inside becomes its message on stderr and exit code 1."""
+    try:
+        yield
+    except ConvoqError as exc:
+        err_console.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def describe_message(message: Message) -> str:
+    """One line for a message: text, tool calls, attachments (never their bytes)."""
+    bits = [message.text] if message.text else []
+    bits += [f"[{p.mime_type}, {len(p.data)} bytes]" for p in message.attachments]
+    bits += [f"-> {c.name}({c.arguments})" for c in message.tool_calls]
+    return " ".join(bits)
+
+
+def print_history(conversation_id: str, messages: list[Message]) -> None:
+    """A conversation's messages as a table of role and content."""
+    console.print(f"{conversation_id}: {len(messages)} messages")
+    if messages:
+        table = Table("role", "content")
+        for message in messages:
+            table.add_row(message.role.value, escape(describe_message(message)))
+        console.print(table)
+
+
+def print_result(result: TurnResult) -> None:
+    """A turn's status and its answer, error or pending approvals."""
+    style = STATUS_STYLE.get(result.status, "")
+    console.print(f"status: [{style}]{result.status}[/{style}]")
+    if result.text:
+        console.print(escape(result.text))
+    if result.error is not None:
+        console.print(f"[red]{type(result.error).__name__}: {escape(result.error.message)}[/red]")
+    for call in result.pending_approvals:
+        shown = escape(f"{call.id} {call.name}({call.arguments})")
+        console.print(f"[magenta]needs approval[/magenta]: {shown}")
+
+
+def print_event(event: TurnEvent) -> None:
+    """One event of a turn's stream; text deltas are printed as they come, unbroken."""
+    data = event.data
+    if event.type == "text_delta":
+        console.print(escape(str(data.get("text", ""))), end="")
+        return
+    if event.type == "status":
+        status = str(data.get("status"))
+        style = STATUS_STYLE.get(status, "")
+        console.print(f"\n[{style}]● {status}[/{style}]")
+    elif event.type in ("tool_call", "approval_required"):
+        shown = escape(f"{data.get('id')} {data.get('name')}({data.get('arguments')})")
+        console.print(f"\n[magenta]{event.type}[/magenta] {shown}")
+    elif event.type == "tool_result":
+        shown = escape(f"{data.get('name')}: {data.get('result')}")
+        console.print(f"\n[blue]tool_result[/blue] {shown}")
+    elif event.type == "done":
+        console.print(f"\n[bold]done[/bold]: {data.get('status')}")

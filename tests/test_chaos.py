@@ -1,0 +1,53 @@
+"""Chaos: redis-server killed with -9 while turns run, restarted from its AOF. Nothing a
+client was told is queued may be lost, nothing may be stored twice, and order holds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from convoq import Client
+from convoq.messages import MessageRole
+from tests.support.redis_server import RedisServer
+from tests.support.workers import running_pool, wait_until
+
+pytestmark = pytest.mark.slow
+
+CONVERSATIONS, TURNS = 6, 5
+
+
+def test_redis_killed_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        with running_pool(
+            server.url, tmp_path, 2, agents="tests.support.chaos_agents",
+            lease_ms=2000, sweep_interval_s=0.5,
+        ) as pool, pool.client() as client:  # fmt: skip
+            _run_through_an_outage(server, client)
+    finally:
+        server.stop()
+
+
+def _run_through_an_outage(server: RedisServer, client: Client) -> None:
+    handles = {
+        f"chaos-{c}": [
+            client.submit(f"chaos-{c}", f"c{c} t{t}", agent="slow_echo") for t in range(TURNS)
+        ]
+        for c in range(CONVERSATIONS)
+    }
+    # Kill while turns are in flight: some done, most still queued or running.
+    wait_until(lambda: any(hs[0].status() == "succeeded" for hs in handles.values()),
+               30, what="a first turn")  # fmt: skip
+    server.kill()
+    time.sleep(1.0)
+    server.start()
+    for c in range(CONVERSATIONS):
+        cid = f"chaos-{c}"
+        results = [h.wait(90) for h in handles[cid]]
+        assert [r.status for r in results] == ["succeeded"] * TURNS, cid
+        users = [m.text for m in client.history(cid) if m.role == MessageRole.USER]
+        assert users == [f"c{c} t{t}" for t in range(TURNS)], cid  # once, in order
+        assert results[-1].text == "seen: " + " | ".join(users), cid

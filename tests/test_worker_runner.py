@@ -1,0 +1,139 @@
+"""The runner and the sweeper in this process, against a real redis-server: turns that a
+script fails before they run (over max attempts, approval expired) are finished like any
+other, so the after-turn hook (which sends callbacks) sees each of them once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from convoq import Agent
+from convoq.engine import TurnState
+from convoq.messages import Message, ToolCall
+from convoq.models import ScriptedModel
+from convoq.redis import TurnProtocol
+from convoq.worker.profiles import Profiles
+from convoq.worker.runner import Runner, RunnerConfig
+from convoq.worker.sweeper import Sweeper
+
+CID = "conv-1"
+HOOK = {"callback_url": "https://example.test/hook"}
+
+
+class Finished:
+    """An after-turn hook that records what it was called with."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def __call__(self, cid: str, tid: str, options: dict[str, Any]) -> None:
+        self.calls.append((cid, tid, options))
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
+    yield protocol
+    await protocol.close()
+
+
+def runner(proto: TurnProtocol, hook: Finished, max_attempts: int = 5) -> Runner:
+    echo = Agent(ScriptedModel(lambda request: f"seen {request.messages[-1].text}"), name="echo")
+    config = RunnerConfig(worker_id="w-test", lease_ms=5_000, max_attempts=max_attempts)
+    return Runner(proto, Profiles([echo]), config, on_finished=hook)
+
+
+async def submit(proto: TurnProtocol, tid: str, options: dict[str, Any]) -> None:
+    message = Message.user(f"text of {tid}")
+    await proto.submit(CID, tid, agent="echo", message=message, options=options)
+
+
+async def lease_gone(proto: TurnProtocol) -> None:
+    """Until the lease expired (readiness, polled: Redis expires it)."""
+    for _ in range(200):
+        if not await proto.redis.exists(proto.keys.lease(CID)):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the lease did not expire")
+
+
+async def park_until_expired(proto: TurnProtocol, tid: str) -> None:
+    """Run ``tid`` to a tool call awaiting approval that nobody answers in time."""
+    acquired = await proto.acquire(CID, worker_id="w-old", lease_ms=5_000)
+    assert acquired is not None and acquired.turn.turn_id == tid
+    call = ToolCall(id="c1", name="transfer")
+    state = TurnState(
+        messages=[acquired.turn.input, Message.assistant("", tool_calls=[call])],
+        steps=1,
+        pending=[call],
+    )
+    await proto.park(CID, tid, fence=acquired.fence, state=state, approval_ttl_ms=30)
+    await lease_gone(proto)
+
+
+async def last_event(proto: TurnProtocol, tid: str) -> tuple[str, Any]:
+    events = await proto.read_events(CID, tid)
+    return events[-1][1].type, events[-1][1].data
+
+
+async def test_expired_approval_failed_by_acquire_gets_the_finished_hook(
+    proto: TurnProtocol,
+) -> None:
+    hook = Finished()
+    await submit(proto, "t1", HOOK)
+    await submit(proto, "t2", {})
+    await park_until_expired(proto, "t1")
+
+    report = await runner(proto, hook).drain(CID)
+
+    assert report.failed == ["t1"] and report.succeeded == ["t2"]
+    assert hook.calls == [(CID, "t1", HOOK), (CID, "t2", {})]
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "failed" and record.error is not None
+    assert record.error["type"] == "ApprovalExpiredError"
+    assert await last_event(proto, "t1") == ("done", {"status": "failed"})
+    again = await runner(proto, hook).drain(CID)
+    assert again.idle and len(hook.calls) == 2  # never again
+
+
+async def test_turn_over_max_attempts_failed_by_acquire_gets_the_finished_hook(
+    proto: TurnProtocol,
+) -> None:
+    hook = Finished()
+    await submit(proto, "t1", HOOK)
+    # A first run whose worker died: its lease expires with the turn still running.
+    assert await proto.acquire(CID, worker_id="w-dead", lease_ms=50) is not None
+    await lease_gone(proto)
+
+    report = await runner(proto, hook, max_attempts=1).drain(CID)
+
+    assert report.failed == ["t1"] and report.succeeded == []
+    assert hook.calls == [(CID, "t1", HOOK)]
+    record = await proto.get_turn(CID, "t1")
+    assert record.error is not None and record.error["type"] == "MaxAttemptsExceededError"
+    assert await last_event(proto, "t1") == ("done", {"status": "failed"})
+
+
+@pytest.mark.parametrize("queued_behind", [False, True])
+async def test_sweeper_reports_the_approvals_it_expires(
+    proto: TurnProtocol, queued_behind: bool
+) -> None:
+    hook, kicked = Finished(), []
+
+    async def kick(cid: str) -> None:
+        kicked.append(cid)
+
+    await submit(proto, "t1", HOOK)
+    if queued_behind:
+        await submit(proto, "t2", {})
+    await park_until_expired(proto, "t1")
+    sweeper = Sweeper(proto, kick, interval_s=1.0, on_finished=hook)
+
+    assert await sweeper.sweep_once() == kicked == ([CID] if queued_behind else [])
+    assert hook.calls == [(CID, "t1", HOOK)]
+    assert await last_event(proto, "t1") == ("done", {"status": "failed"})
+    await sweeper.sweep_once()
+    assert len(hook.calls) == 1  # reported once, by whichever script failed it
