@@ -1,9 +1,18 @@
 """Chaos: redis-server killed with -9 while turns run, restarted from its AOF. Nothing a
-client was told is queued may be lost, nothing may be stored twice, and order holds."""
+client was told is queued may be lost, nothing may be stored twice, and order holds.
+
+When its Redis broker connection drops, a Celery 5.x worker may exit ("Unrecoverable
+error" inside kombu's reconnect); deployments run workers under a supervisor that starts
+them again (systemd Restart=always, Kubernetes, compose restart policies). The test plays
+that supervisor: it restarts exited workers, as production would, and nothing else.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -11,7 +20,7 @@ import pytest
 from convoq import Client
 from convoq.messages import MessageRole
 from tests.support.redis_server import RedisServer
-from tests.support.workers import running_pool, wait_until
+from tests.support.workers import WorkerPool, running_pool, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +34,30 @@ def test_redis_killed_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> No
         with running_pool(
             server.url, tmp_path, 2, agents="tests.support.chaos_agents",
             lease_ms=2000, sweep_interval_s=0.5,
-        ) as pool, pool.client() as client:  # fmt: skip
+        ) as pool, pool.client() as client, _supervised(pool):  # fmt: skip
             _run_through_an_outage(server, client)
     finally:
         server.stop()
+
+
+@contextmanager
+def _supervised(pool: WorkerPool) -> Iterator[None]:
+    """Restart any worker process that exits, like a process supervisor."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.2):
+            for worker in pool.workers:
+                if not worker.alive():
+                    worker.start()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _run_through_an_outage(server: RedisServer, client: Client) -> None:

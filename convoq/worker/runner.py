@@ -17,6 +17,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from convoq.agent import Agent
 from convoq.engine import Completed, Outcome, TurnEvent, TurnLoop, TurnState
 from convoq.errors import (
@@ -35,6 +38,9 @@ from convoq.window import last_turns
 from convoq.worker.profiles import Profiles
 
 log = logging.getLogger("convoq.worker")
+# Errors that say Redis cannot be reached (after the client's own retries), as opposed to
+# errors of the turn itself.
+REDIS_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
 T = TypeVar("T")
 
 # Called after a turn finished (succeeded, failed or cancelled) with (cid, tid, options).
@@ -118,6 +124,12 @@ class Runner:
             outcome = await self._with_lease(acq, self._execute(acq))
         except LeaseLostError:
             log.warning("lease on %s lost during turn %s: abandoned, nothing stored", cid, tid)
+            report.abandoned.append(tid)
+            return None
+        except REDIS_UNAVAILABLE as exc:
+            # The store is down, not the turn at fault: leave it queued under its lease; once
+            # the lease lapses the sweeper re-kicks it and the journal skips finished steps.
+            log.warning("redis unavailable during turn %s/%s (%s): left for a retry", cid, tid, exc)
             report.abandoned.append(tid)
             return None
         except Exception as exc:  # any failure ends the turn as failed; nothing is stored
