@@ -1,0 +1,55 @@
+"""JSON only, never pickle: a worker refuses a pickled task instead of running it."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import pytest
+from kombu import Connection
+from kombu.exceptions import ContentDisallowed
+from kombu.serialization import loads
+
+from convoq import Message
+from convoq.client._connect import celery_base_config
+from convoq.redis.protocol import TurnProtocol
+from convoq.settings import ConvoqSettings
+from convoq.worker import routing
+from convoq.worker.app import worker_config
+from tests.support.workers import WorkerPool, module_pool, wait_until
+
+pytestmark = pytest.mark.slow
+
+# Sweeps far apart: only a kick from the broker could start the turn in this test.
+pool = module_pool(1, sweep_interval_s=600)
+
+
+def test_every_celery_config_accepts_json_only() -> None:
+    for config in (celery_base_config("redis://x"),
+                   worker_config(ConvoqSettings(), "redis://x")):  # fmt: skip
+        assert config["accept_content"] == ["json"]
+        assert config["task_serializer"] == config["result_serializer"] == "json"
+    with pytest.raises(ContentDisallowed):
+        loads(pickle.dumps({"x": 1}), "application/x-python-serialize", "binary",
+              accept=celery_base_config("redis://x")["accept_content"])  # fmt: skip
+
+
+async def test_a_pickled_drain_is_refused_and_runs_nothing(pool: WorkerPool) -> None:
+    cid, tid = f"pickle-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    proto = TurnProtocol.from_url(pool.redis_url, prefix=pool.prefix)
+    try:
+        # Queued in Redis without a kick, so nothing but the message below could run it.
+        await proto.submit(cid, tid, agent="echo", message=Message.user("hi"), options={})
+        queue = routing.route(cid, prefix=pool.prefix, partitions=pool.partitions)
+        with Connection(pool.redis_url) as conn:
+            conn.SimpleQueue(queue, serializer="pickle").put(
+                {"task": routing.DRAIN_TASK, "args": [cid]},
+                headers={"task": routing.DRAIN_TASK, "id": tid, "lang": "py"},
+            )
+        worker = pool.workers[0]
+        wait_until(lambda: "untrusted content" in worker.log_tail(200), 30,
+                   what="the worker to refuse the pickled message")  # fmt: skip
+        assert (await proto.get_turn(cid, tid)).status == "queued"
+    finally:
+        await proto.clear(cid, force=True)
+        await proto.close()
