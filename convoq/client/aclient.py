@@ -38,6 +38,10 @@ from convoq.worker.webhooks import verify_signature
 
 log = logging.getLogger("convoq.client")
 
+# The kick of a turn that went to an idle conversation names it in this message header:
+# the worker then takes it without reading the inbox head first (a hint, checked there).
+HEAD_HEADER = "convoq_head"
+
 OnDone = Callable[[TurnResult], Any]
 
 
@@ -161,7 +165,8 @@ class AsyncClient:
         )
         if stored.position == 0 or stored.duplicate:
             # A duplicate kicks again: its first submit may have died before its kick.
-            await self._send(routing.DRAIN_TASK, sub.conversation_id)
+            head = stored.turn_id if stored.position == 0 else None
+            await self._send(routing.DRAIN_TASK, sub.conversation_id, head=head)
         handle = AsyncTurnHandle(self, sub.conversation_id, stored.turn_id)
         if on_done is not None:
             self._watch(handle, on_done)
@@ -248,11 +253,18 @@ class AsyncClient:
                 known=sorted(known),
             )
 
-    async def _send(self, task: str, conversation_id: str, *args: str) -> None:
+    async def _send(
+        self, task: str, conversation_id: str, *args: str, head: str | None = None
+    ) -> None:
         queue = routing.route(conversation_id, prefix=self.prefix, partitions=self.partitions)
+        headers = {HEAD_HEADER: head} if head is not None else None
         try:
             await asyncio.to_thread(
-                self._celery.send_task, task, args=[conversation_id, *args], queue=queue
+                self._celery.send_task,
+                task,
+                args=[conversation_id, *args],
+                queue=queue,
+                headers=headers,
             )
         except Exception as exc:
             # The turn is stored; the sweeper re-kicks queued conversations without a lease.

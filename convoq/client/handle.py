@@ -126,8 +126,8 @@ class AsyncTurnHandle:
             ``raise_on_error`` is true.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        record = await self.record()
-        after = "0"
+        protocol = self._client.protocol
+        record, after = await protocol.get_turn_and_last_event(self.conversation_id, self.turn_id)
         while not _settled(record, return_on_approval):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
@@ -137,12 +137,13 @@ class AsyncTurnHandle:
                     turn_id=self.turn_id,
                     status=record.status,
                 )
-            batch = await self._client.protocol.read_events(
-                self.conversation_id, self.turn_id, after=after, block_ms=block_ms
+            # Each wake-up (an event, or the block running out) brings the record's status
+            # along: no extra read once the turn is final.
+            batch, record = await protocol.read_events_and_turn(
+                record, after=after, block_ms=block_ms
             )
             if batch:
                 after = batch[-1][0]
-            record = await self.record()
         result = result_from_record(record)
         return result.raise_for_error() if raise_on_error else result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -16,6 +17,7 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from convoq.engine import TurnEvent
 from convoq.errors import (
     ConfigurationError,
     ConversationBusyError,
@@ -24,6 +26,7 @@ from convoq.errors import (
     ProtocolError,
     StaleFenceError,
     TurnAlreadyAppliedError,
+    TurnCancelledError,
     UnknownTurnError,
 )
 from convoq.redis._codec import Limits, MiB
@@ -207,6 +210,11 @@ class ProtocolBase:
                 f"{where} is not the turn being run (the inbox head); only the head can end",
                 **details,
             )
+        if code == "CANCELLED":
+            return TurnCancelledError(
+                f"{where} was cancelled while it ran; it ends cancelled, nothing is stored",
+                **details,
+            )
         if code == "BUSY":
             return ConversationBusyError(
                 f"conversation {cid!r} has turns queued, running or awaiting approval; wait,"
@@ -214,6 +222,13 @@ class ProtocolBase:
                 **details,
             )
         return ProtocolError(_other_refusal(code, reply, where), code=code, **details)
+
+    def event_args(self, events: Sequence[TurnEvent]) -> list[str]:
+        """``n, type, data, type, data, ...``: the events a fenced write appends first."""
+        args = [str(len(events))]
+        for event in events:
+            args += [event.type, self.json_arg(event.data, "event data")]
+        return args
 
     def json_arg(self, value: Any, what: str) -> str:
         """``value`` as compact JSON, or a clear error if it is not JSON-safe."""

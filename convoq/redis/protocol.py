@@ -10,14 +10,20 @@ returns the next turn id; :meth:`TurnProtocol.commit` then runs ``acquire`` for 
 the fence as proof of ownership. Two script calls per turn, because every key a script
 touches must arrive in ``KEYS`` (Redis Cluster) and the next turn's keys are only known once
 the inbox was popped. A new fence is taken only when a lease is acquired afresh.
+
+Events a runner emits wait in a :class:`TurnEvents` buffer and go to the stream inside its
+next fenced write (checkpoint, commit, fail, park), before that write's own events, so a
+turn's stream keeps their order and "done" comes last; a checkpoint answers whether a
+cancel was requested, so the runner reads nothing between steps.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from convoq.engine import TurnState
+from convoq.engine import TurnEvent, TurnState
 from convoq.errors import (
     ConvoqError,
     CorruptDataError,
@@ -30,7 +36,7 @@ from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message, MessageRole, check_user_message
 from convoq.redis._base import approval_expired_error, max_attempts_error, text
 from convoq.redis._codec import Encoded, check_message_limits, check_turn_size, encode_element
-from convoq.redis._control import ControlMixin
+from convoq.redis._control import ControlMixin, TurnEvents
 from convoq.redis._history import decode_window
 from convoq.redis._records import (
     Acquired,
@@ -43,12 +49,21 @@ from convoq.redis._records import (
     fields_to_dict,
 )
 
-__all__ = ["Acquired", "SubmitResult", "TurnProtocol", "TurnRecord", "TurnStatus"]
+__all__ = ["Acquired", "SubmitResult", "TurnEvents", "TurnProtocol", "TurnRecord", "TurnStatus"]
 
 log = logging.getLogger(__name__)
 
 # Each retry of acquire follows a turn that was dropped, failed or changed meanwhile.
 _MAX_RETRIES = 1000
+
+
+def _valid_turn_id(value: str) -> bool:
+    """Whether ``value`` may name a turn (and so a key)."""
+    try:
+        check_turn_id(value)
+    except ConvoqError:
+        return False
+    return True
 
 
 class TurnProtocol(ControlMixin):
@@ -105,15 +120,21 @@ class TurnProtocol(ControlMixin):
         window: int = 0,
         max_attempts: int = 5,
         failed: list[str] | None = None,
+        head: str | None = None,
     ) -> Acquired | None:
         """Take the conversation's lease (a new fence) and its head turn with the history
         window. None: nothing queued, the lease is live elsewhere, or the head is parked
         undecided. Heads over ``max_attempts`` or with an expired approval are failed on
         the way and the next head is taken; their ids are appended to ``failed`` (they
-        are finished turns whose callbacks are owed)."""
-        head = await self.redis.lindex(self.keys.inbox(check_conversation_id(cid)), 0)
+        are finished turns whose callbacks are owed). ``head``: the turn id the caller
+        believes heads the inbox, which saves reading it first (the script checks it and
+        goes on with the real head if it is not)."""
+        check_conversation_id(cid)
+        first: bytes | str | None = head
+        if head is None or not _valid_turn_id(head):
+            first = await self.redis.lindex(self.keys.inbox(cid), 0)
         taking = Taking(worker_id, lease_ms, window, max_attempts, 0, failed)
-        return await self._take(cid, head, taking)
+        return await self._take(cid, first, taking)
 
     async def _take(self, cid: str, head: bytes | str | None, t: Taking) -> Acquired | None:
         errors = [
@@ -140,6 +161,7 @@ class TurnProtocol(ControlMixin):
         return None  # the inbox kept changing under us; the sweeper kicks it again
 
     def _head_id(self, cid: str, head: bytes | str) -> str:
+        """The id of an inbox entry (CorruptDataError naming the inbox if it is no id)."""
         try:
             return check_turn_id(text(head))
         except ConvoqError as exc:
@@ -168,14 +190,25 @@ class TurnProtocol(ControlMixin):
                 fence=fence,
             )
 
-    async def checkpoint(self, cid: str, turn_id: str, *, fence: int, state: TurnState) -> None:
-        """Journal the turn so far; a rerun starts from here. Fenced like commit."""
+    async def checkpoint(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        fence: int,
+        state: TurnState,
+        events: Sequence[TurnEvent] = (),
+    ) -> bool:
+        """Journal the turn so far (a rerun starts from here), after appending ``events`` to
+        its stream. Fenced like commit. Returns True when a cancel was requested: the
+        runner stops before its next step."""
         keys = [self.keys.inbox(cid), self.keys.lease(cid), self.keys.turn(cid, turn_id)]
-        keys.append(self.keys.journal(cid, turn_id))
-        args = [turn_id, fence, state.model_dump_json(), self.turn_ttl_ms]
-        reply = await self.scripts.run("checkpoint", keys, args)
+        keys += [self.keys.journal(cid, turn_id), self.keys.events(cid, turn_id)]
+        args = [turn_id, fence, state.model_dump_json(), self.turn_ttl_ms, self.events_maxlen]
+        reply = await self.scripts.run("checkpoint", keys, [*args, *self.event_args(events)])
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, fence)
+        return bool(reply[1] == b"1")
 
     def _ending_keys(self, cid: str, turn_id: str) -> list[str]:
         return [self.keys.inbox(cid), self.keys.lease(cid), *self.keys.turn_keys(cid, turn_id)]
@@ -191,19 +224,29 @@ class TurnProtocol(ControlMixin):
         window: int = 0,
         max_attempts: int = 5,
         failed: list[str] | None = None,
+        events: Sequence[TurnEvent] = (),
+        stop_if_cancelled: bool = False,
     ) -> Acquired | None:
         """Append the whole turn (user message first) exactly once, mark it succeeded with
         ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
-        message), emit "done", and return the next queued turn under the same fence, or
-        None with the lease freed. Turns failed on the way to the next one are appended to
-        ``failed`` (as :meth:`acquire`).
+        message), append ``events`` and then "done" to its stream, and return the next
+        queued turn under the same fence, or None with the lease freed. Turns failed on the
+        way to the next one are appended to ``failed`` (as :meth:`acquire`).
 
         Raises:
             StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
-            was written; treat it as success).
+            was written; treat it as success); TurnCancelledError with
+            ``stop_if_cancelled`` when a cancel was requested (nothing was written: fail the
+            turn as cancelled).
         """
         keys, args = self.commit_call(
-            cid, turn_id, fence=fence, messages=messages, lease_ms=lease_ms
+            cid,
+            turn_id,
+            fence=fence,
+            messages=messages,
+            lease_ms=lease_ms,
+            events=events,
+            stop_if_cancelled=stop_if_cancelled,
         )
         reply = await self.scripts.run("commit", keys, args)
         if reply[0] != "OK":
@@ -212,7 +255,15 @@ class TurnProtocol(ControlMixin):
         return await self._hand_off(cid, reply[1], taking)
 
     def commit_call(
-        self, cid: str, turn_id: str, *, fence: int, messages: list[Message], lease_ms: int
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        fence: int,
+        messages: list[Message],
+        lease_ms: int,
+        events: Sequence[TurnEvent] = (),
+        stop_if_cancelled: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
         if not messages or messages[0].role != MessageRole.USER:
@@ -227,7 +278,8 @@ class TurnProtocol(ControlMixin):
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
         args = [turn_id, fence, element, self.json_arg(result, "result"), self.turn_ttl_ms]
-        return keys, [*args, self.events_maxlen, lease_ms, *encoded.blob_args()]
+        args += [self.events_maxlen, lease_ms, "1" if stop_if_cancelled else "0"]
+        return keys, [*args, *self.event_args(events), *encoded.blob_args()]
 
     async def fail(
         self,
@@ -240,13 +292,14 @@ class TurnProtocol(ControlMixin):
         window: int = 0,
         max_attempts: int = 5,
         failed: list[str] | None = None,
+        events: Sequence[TurnEvent] = (),
     ) -> Acquired | None:
         """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
-        error of type TurnCancelledError ends it as cancelled. Guards and hand-off as
-        :meth:`commit`."""
+        error of type TurnCancelledError ends it as cancelled. ``events`` go to its stream
+        before "done". Guards and hand-off as :meth:`commit`."""
         status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
         args = [turn_id, fence, self.json_arg(error, "error"), status, self.turn_ttl_ms]
-        args += [self.events_maxlen, lease_ms]
+        args += [self.events_maxlen, lease_ms, *self.event_args(events)]
         reply = await self.scripts.run("fail", self._ending_keys(cid, turn_id), args)
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, fence)
@@ -264,18 +317,26 @@ class TurnProtocol(ControlMixin):
             return None
 
     async def park(
-        self, cid: str, turn_id: str, *, fence: int, state: TurnState, approval_ttl_ms: int
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        fence: int,
+        state: TurnState,
+        approval_ttl_ms: int,
+        events: Sequence[TurnEvent] = (),
     ) -> None:
         """Store the continuation and wait for decisions on ``state``'s undecided calls; the
-        conversation stays reserved until they are decided or the approval expires. A
-        replay for a turn already parked with this fence is a no-op."""
+        conversation stays reserved until they are decided or the approval expires.
+        ``events`` go to its stream first. A replay for a turn already parked with this
+        fence is a no-op."""
         waiting = state.undecided
         if not waiting:
             raise ProtocolError("park needs a state with tool calls waiting for a decision")
         pending = self.json_arg([call.id for call in waiting], "pending")
         result = {"pending_approvals": [call.model_dump(mode="json") for call in waiting]}
         args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
-        args += [approval_ttl_ms, self.events_maxlen]
+        args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
         reply = await self.scripts.run("park", self._ending_keys(cid, turn_id), args)
         if reply[0] not in ("OK", "PARKED"):
             raise self.refusal(reply, cid, turn_id, fence)

@@ -6,6 +6,12 @@ renews the lease, then commit, fail or park. Commit and fail hand back the next 
 the same lease, so a busy conversation costs one round trip per turn. The loop ends when
 the inbox is empty, a turn parks for approval, or the lease is lost (another worker took
 over after this one stalled: its turn is abandoned, nothing is written).
+
+Besides acquire, a turn's Redis round trips are its fenced writes: a journal entry
+(checkpoint) per step before the final answer, then commit, fail or park. Events ride
+along with the next of them (or go on their own after ``event_flush_ms``, see
+:class:`~convoq.redis.protocol.TurnEvents`); checkpoints report a cancel request and the
+commit refuses a cancelled turn. A one-step turn costs acquire plus commit.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from convoq.agent import Agent
-from convoq.engine import Completed, Outcome, TurnEvent, TurnLoop, TurnState
+from convoq.engine import Completed, Outcome, TurnLoop, TurnState
 from convoq.errors import (
     AttachmentError,
     ConvoqError,
@@ -32,8 +38,8 @@ from convoq.errors import (
     TurnCancelledError,
 )
 from convoq.ids import check_conversation_id
-from convoq.messages import Message
-from convoq.redis.protocol import Acquired, TurnProtocol
+from convoq.messages import Message, MessageRole
+from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
 from convoq.window import last_turns
 from convoq.worker.profiles import Profiles
 
@@ -61,6 +67,8 @@ class RunnerConfig:
     lease_ms: int = 10_000
     max_attempts: int = 5
     approval_ttl_s: int = 86_400
+    # How long an event may wait for the turn's next write before it is sent on its own.
+    event_flush_ms: int = 10
 
 
 @dataclass
@@ -76,6 +84,23 @@ class DrainReport:
     @property
     def idle(self) -> bool:
         return not (self.succeeded or self.failed or self.parked or self.abandoned)
+
+
+@dataclass
+class _Run:
+    """One run of a turn: its lease, the events on their way to its stream, and the
+    cancel flag as last seen."""
+
+    acq: Acquired
+    events: TurnEvents
+    cancel_seen: bool = False
+    flag_read: bool = False
+
+
+def _answered(state: TurnState) -> bool:
+    """The model gave its final answer: the turn loop ends with this state."""
+    last = state.messages[-1]
+    return last.role == MessageRole.ASSISTANT and not last.tool_calls and not state.pending
 
 
 async def _no_hook(_cid: str, _tid: str, _options: dict[str, Any]) -> None:
@@ -99,8 +124,9 @@ class Runner:
         self._on_finished = on_finished
         self._window = profiles.history_window()
 
-    async def drain(self, conversation_id: str) -> DrainReport:
-        """Run the conversation's queued turns until its inbox is empty or a turn parks."""
+    async def drain(self, conversation_id: str, *, head: str | None = None) -> DrainReport:
+        """Run the conversation's queued turns until its inbox is empty or a turn parks.
+        ``head``: the turn the kick says heads the inbox (a hint, checked in Redis)."""
         cid = check_conversation_id(conversation_id)
         report = DrainReport(cid)
         ended: list[str] = []
@@ -111,6 +137,7 @@ class Runner:
             window=self._window,
             max_attempts=self._config.max_attempts,
             failed=ended,
+            head=head,
         )
         await self._failed_on_the_way(cid, ended, report)
         while acquired is not None:
@@ -119,9 +146,19 @@ class Runner:
 
     async def _run_turn(self, acq: Acquired, report: DrainReport) -> Acquired | None:
         turn = acq.turn
-        cid, tid = turn.conversation_id, turn.turn_id
+        delay = self._config.event_flush_ms / 1000
+        events = TurnEvents(self._protocol, turn.conversation_id, turn.turn_id, flush_after_s=delay)
+        run = _Run(acq, events)
         try:
-            outcome = await self._with_lease(acq, self._execute(acq))
+            return await self._run(run, report)
+        finally:
+            await run.events.close()
+
+    async def _run(self, run: _Run, report: DrainReport) -> Acquired | None:
+        acq = run.acq
+        cid, tid = acq.turn.conversation_id, acq.turn.turn_id
+        try:
+            outcome = await self._with_lease(acq, self._execute(run))
         except LeaseLostError:
             log.warning("lease on %s lost during turn %s: abandoned, nothing stored", cid, tid)
             report.abandoned.append(tid)
@@ -133,32 +170,45 @@ class Runner:
             report.abandoned.append(tid)
             return None
         except Exception as exc:  # any failure ends the turn as failed; nothing is stored
-            return await self._fail(acq, exc, report)
+            return await self._fail(run, exc, report)
         if isinstance(outcome, Completed):
-            return await self._commit(acq, outcome, report)
-        await self._protocol.park(
-            cid,
-            tid,
-            fence=acq.fence,
-            state=outcome.state,
-            approval_ttl_ms=self._config.approval_ttl_s * 1000,
-        )
+            return await self._commit(run, outcome, report)
+        async with run.events.pending() as events:
+            await self._protocol.park(
+                cid,
+                tid,
+                fence=acq.fence,
+                state=outcome.state,
+                approval_ttl_ms=self._config.approval_ttl_s * 1000,
+                events=events,
+            )
         report.parked.append(tid)
         return None
 
-    async def _execute(self, acq: Acquired) -> Outcome:
+    async def _execute(self, run: _Run) -> Outcome:
+        acq = run.acq
         turn = acq.turn
         profile = self._profiles.get_profile(turn.agent)
         cid, tid = turn.conversation_id, turn.turn_id
 
-        async def emit(event: TurnEvent) -> None:
-            await self._protocol.emit(cid, tid, event)
-
         async def checkpoint(state: TurnState) -> None:
-            await self._protocol.checkpoint(cid, tid, fence=acq.fence, state=state)
+            if _answered(state):
+                # The commit journals a final answer: it follows at once (emits only buffer,
+                # the stop check reads nothing), in the round trip this write would take.
+                return
+            async with run.events.pending() as events:
+                run.cancel_seen = await self._protocol.checkpoint(
+                    cid, tid, fence=acq.fence, state=state, events=events
+                )
 
         async def should_stop() -> bool:
-            return await self._protocol.is_cancel_requested(cid, tid)
+            # Each checkpoint reports the cancel flag and the commit refuses a flagged
+            # turn, so no read per step. Only a rerun or a resumed turn may start flagged:
+            # cancel flags running turns only, and ends a queued one at once.
+            if not run.flag_read and (turn.attempts > 1 or acq.state is not None):
+                run.cancel_seen = await self._protocol.is_cancel_requested(cid, tid)
+            run.flag_read = True
+            return run.cancel_seen
 
         loop = TurnLoop(
             model=profile.model,
@@ -166,7 +216,7 @@ class Runner:
             history=await self._history(acq, profile),
             instructions=profile.instructions,
             max_steps=profile.max_steps,
-            emit=emit,
+            emit=run.events.add,
             checkpoint=checkpoint,
             should_stop=should_stop,
         )
@@ -218,31 +268,30 @@ class Runner:
                     return
                 log.warning("renewing the lease on %s failed, retrying: %s", cid, exc)
 
-    async def _commit(
-        self, acq: Acquired, outcome: Completed, report: DrainReport
-    ) -> Acquired | None:
+    async def _commit(self, run: _Run, outcome: Completed, report: DrainReport) -> Acquired | None:
         try:
             # A replay of our own commit (TurnAlreadyApplied) means the turn is stored.
             return await self._end(
-                acq,
+                run,
                 report,
                 self._protocol.commit,
                 done=report.succeeded,
                 replayed=report.succeeded,
                 messages=outcome.messages,
+                stop_if_cancelled=True,
             )
-        except (InvalidMessageError, AttachmentError) as exc:
-            # Refused before anything was written (the turn is too big to store): it fails
-            # like any other error, and the conversation goes on.
-            return await self._fail(acq, exc, report)
+        except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
+            # Refused before anything was written (cancelled while it ran, or too big to
+            # store): it fails like any other error, and the conversation goes on.
+            return await self._fail(run, exc, report)
 
-    async def _fail(self, acq: Acquired, exc: Exception, report: DrainReport) -> Acquired | None:
-        turn = acq.turn
+    async def _fail(self, run: _Run, exc: Exception, report: DrainReport) -> Acquired | None:
+        turn = run.acq.turn
         error = error_data(exc)
         if not isinstance(exc, TurnCancelledError):
             log.info("turn %s/%s failed: %s", turn.conversation_id, turn.turn_id, error["message"])
         return await self._end(
-            acq,
+            run,
             report,
             self._protocol.fail,
             done=report.failed,
@@ -252,7 +301,7 @@ class Runner:
 
     async def _end(
         self,
-        acq: Acquired,
+        run: _Run,
         report: DrainReport,
         end: Ending,
         *,
@@ -260,23 +309,26 @@ class Runner:
         replayed: list[str],
         **outcome: Any,
     ) -> Acquired | None:
-        """Commit or fail the head turn (``end``), then run the finished hook for it and for
-        any turn the hand-off failed on the way; return the next turn under the lease."""
-        turn = acq.turn
-        cid, tid = turn.conversation_id, turn.turn_id
+        """Commit or fail the head turn (``end``, with the events still buffered), then run
+        the finished hook for it and for any turn the hand-off failed on the way; return
+        the next turn under the lease."""
+        acq = run.acq
+        cid, tid = acq.turn.conversation_id, acq.turn.turn_id
         ended: list[str] = []
         config = self._config
         try:
-            following = await end(
-                cid,
-                tid,
-                fence=acq.fence,
-                lease_ms=config.lease_ms,
-                window=self._window,
-                max_attempts=config.max_attempts,
-                failed=ended,
-                **outcome,
-            )
+            async with run.events.pending() as events:
+                following = await end(
+                    cid,
+                    tid,
+                    fence=acq.fence,
+                    lease_ms=config.lease_ms,
+                    window=self._window,
+                    max_attempts=config.max_attempts,
+                    failed=ended,
+                    events=events,
+                    **outcome,
+                )
         except TurnAlreadyAppliedError:
             log.info("turn %s/%s had already ended; nothing was written", cid, tid)
             replayed.append(tid)
@@ -286,7 +338,7 @@ class Runner:
             report.abandoned.append(tid)
             return None
         done.append(tid)
-        await after_turn(self._protocol, self._on_finished, cid, tid, turn.options)
+        await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
         await self._failed_on_the_way(cid, ended, report)
         return following
 

@@ -20,10 +20,11 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from celery import Celery
+from celery import Celery, current_task
 
 from convoq._sync import LoopThread
 from convoq.client._connect import resolve_redis_url
+from convoq.client.aclient import HEAD_HEADER
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.settings import ConvoqSettings
@@ -101,7 +102,7 @@ class WorkerRuntime:
     def drain(self, conversation_id: str) -> DrainReport:
         if self._halted is not None:
             raise self._halted
-        return self.run(self.runner.drain(conversation_id))
+        return self.run(self.runner.drain(conversation_id, head=_head_hint()))
 
     def sweep_once(self) -> list[str]:
         return self.run(self._make_sweeper().sweep_once())
@@ -229,6 +230,15 @@ class WorkerRuntime:
             await redis.hdel(self.keys.workers(), self._announced_as)
         await protocol.close()
         await redis.aclose()
+
+
+def _head_hint() -> str | None:
+    """The inbox head named by the kick this thread runs (the ``HEAD_HEADER`` a client
+    sets when its turn went to an idle conversation), or None."""
+    if not current_task:  # a proxy: false outside a task
+        return None
+    value = getattr(current_task.request, HEAD_HEADER, None)
+    return value if isinstance(value, str) else None
 
 
 _lock = threading.Lock()

@@ -29,6 +29,19 @@ local function emit(events, maxlen, etype, data)
   redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'type', etype, 'data', data)
 end
 
+-- Appends n events (ARGV[first], ARGV[first + 1] = type, data; then the next pair) in their
+-- order: what the runner buffered since its last write, sent along with that write.
+local function emit_batch(events, maxlen, first, n)
+  for i = first, first + 2 * n - 1, 2 do
+    emit(events, maxlen, ARGV[i], ARGV[i + 1])
+  end
+end
+
+-- Whether someone asked the running turn to stop (the cancel script sets the flag).
+local function cancel_requested(turn)
+  return redis.call('HGET', turn, 'cancel') == '1'
+end
+
 local function status_data(status)
   return '{"status":"' .. status .. '"}'
 end

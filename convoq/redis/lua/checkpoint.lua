@@ -2,16 +2,31 @@
 -- KEYS[2] = lease     {prefix}:{cid}:lease
 -- KEYS[3] = turn      {prefix}:{cid}:turn:{tid}
 -- KEYS[4] = journal   {prefix}:{cid}:journal:{tid}
+-- KEYS[5] = events    {prefix}:{cid}:events:{tid}
 -- ARGV[1] = turn id
 -- ARGV[2] = fence
 -- ARGV[3] = TurnState JSON
 -- ARGV[4] = turn ttl ms (the journal outlives no turn)
--- Journals the turn so far, fenced like commit.
--- Returns {'OK'} or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'}.
-local inbox, lease, turn, journal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- ARGV[5] = events stream MAXLEN (approximate)
+-- ARGV[6] = n: events the turn emitted since its last write
+-- ARGV[7 .. 6+2n] = type, data, type, data, ... (appended before the journal is written)
+-- Journals the turn so far, fenced like commit, and tells the runner whether a cancel was
+-- requested (it stops before its next step), so the runner needs no read of its own.
+-- Returns {'OK', '1' if a cancel was requested else '0'}
+--      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
+redis.replicate_commands()
+local inbox, lease, turn, journal, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local refused = guard_run(lease, inbox, turn, ARGV[1], ARGV[2], {running = true})
 if refused then
   return {refused}
 end
+local n = tonumber(ARGV[6])
+if n > 0 and wrong_type('stream', {events}) then
+  return {'CORRUPT', events}
+end
+emit_batch(events, ARGV[5], 7, n)
+if n > 0 then
+  redis.call('PEXPIRE', events, ARGV[4])
+end
 redis.call('SET', journal, ARGV[3], 'PX', ARGV[4])
-return {'OK'}
+return {'OK', cancel_requested(turn) and '1' or '0'}

@@ -14,11 +14,15 @@
 -- ARGV[5] = turn ttl ms
 -- ARGV[6] = events stream MAXLEN (approximate)
 -- ARGV[7] = lease ms (for the hand-off to the next turn)
--- ARGV[8 ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
+-- ARGV[8] = '1': refuse when a cancel was requested (the runner then fails the turn as
+--           cancelled); '0': commit anyway
+-- ARGV[9] = n: events the turn emitted since its last write
+-- ARGV[10 .. 9+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[10+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
 -- turn. Then keeps the lease (same fence) if more turns wait, else frees it.
 -- Returns {'OK', next turn id or false}
---      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'VERSION', v}
+--      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'|'CANCELLED'} / {'VERSION', v}
 --      or {'CORRUPT', key} (a key it writes holds the wrong type; nothing written).
 redis.replicate_commands()
 local meta, turns, blobs = KEYS[1], KEYS[2], KEYS[3]
@@ -31,6 +35,9 @@ local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = tru
 if refused then
   return {refused}
 end
+if ARGV[8] == '1' and cancel_requested(k.turn) then
+  return {'CANCELLED'}
+end
 local bad = bad_version(meta)
 if bad then
   return {'VERSION', bad}
@@ -40,8 +47,10 @@ local bad_key = wrong_type('list', {turns}) or wrong_type('hash', {blobs})
 if bad_key then
   return {'CORRUPT', bad_key}
 end
+local n = tonumber(ARGV[9])
 local now = now_ms()
-local added = store_blobs(blobs, 8)
+local added = store_blobs(blobs, 10 + 2 * n)
+emit_batch(k.events, ARGV[6], 10, n)
 redis.call('RPUSH', turns, ARGV[3])
 redis.call('HSETNX', meta, 'format_version', '1')
 redis.call('HINCRBY', meta, 'turns', 1)

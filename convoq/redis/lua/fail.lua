@@ -11,6 +11,8 @@
 -- ARGV[5] = turn ttl ms
 -- ARGV[6] = events stream MAXLEN (approximate)
 -- ARGV[7] = lease ms (for the hand-off to the next turn)
+-- ARGV[8] = n: events the turn emitted since its last write
+-- ARGV[9 .. 8+2n] = type, data, type, data, ... (appended before "done")
 -- Ends the head turn without storing anything in history; guards as commit (a queued
 -- head may be failed too: a handed-off turn that could not be loaded).
 -- Returns {'OK', next turn id or false}
@@ -26,5 +28,6 @@ if refused then
   return {refused}
 end
 local now = now_ms()
+emit_batch(k.events, ARGV[6], 9, tonumber(ARGV[8]))
 finish(k, tid, ARGV[4], 'error', ARGV[3], ARGV[5], ARGV[6], now)
 return {'OK', hand_off(k.lease, k.inbox, ARGV[7], now)}

@@ -11,6 +11,8 @@
 -- ARGV[5] = result JSON {"pending_approvals": [...]}
 -- ARGV[6] = approval ttl ms (the parked lease expires with it)
 -- ARGV[7] = events stream MAXLEN (approximate)
+-- ARGV[8] = n: events the turn emitted since its last write
+-- ARGV[9 .. 8+2n] = type, data, type, data, ... (appended before the status change)
 -- Parks the running turn until its tool calls are decided: the conversation stays reserved
 -- by a lease in state "parked" that lives as long as the approval may wait.
 -- Returns {'OK'}, {'PARKED'} (replayed: already parked with this fence)
@@ -36,6 +38,7 @@ if ok and type(old) == 'table' then
     redis.call('HDEL', turn, 'decision:' .. id)
   end
 end
+emit_batch(k.events, ARGV[7], 9, tonumber(ARGV[8]))
 redis.call('SET', k.cont, ARGV[3])
 redis.call('DEL', k.journal)
 redis.call('HSET', turn, 'status', 'awaiting_approval', 'result', ARGV[5], 'pending', ARGV[4],

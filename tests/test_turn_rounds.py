@@ -1,0 +1,261 @@
+"""What a turn costs in Redis round trips, and that the savings keep the guarantees: the
+runner in this process against a real redis-server, its connections counting what they
+send. Events ride along with the turn's fenced writes (in order, "done" last), checkpoints
+and the commit carry the cancel flag, every step but the final answer is journaled before
+the loop goes on, and the commit journals the final answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from convoq import Agent, tool
+from convoq.client import AsyncClient
+from convoq.client.aclient import HEAD_HEADER
+from convoq.client.handle import AsyncTurnHandle
+from convoq.engine import TurnState
+from convoq.messages import Message, ToolCall
+from convoq.models import ModelRequest, ScriptedModel
+from convoq.models.base import TextDeltaHandler
+from convoq.redis import KeySchema, TurnProtocol
+from convoq.worker.profiles import Profiles
+from convoq.worker.routing import route
+from convoq.worker.runner import Runner, RunnerConfig
+
+CID = "conv-1"
+NEVER_MS = 600_000  # events wait for the next write, however slow the machine
+
+
+class CountingConnection(aioredis.Connection):
+    """A connection that logs the command names of each round trip it sends."""
+
+    rounds: ClassVar[list[list[str]]] = []
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        self.__dict__.setdefault("_names", []).append(str(args[0]).split()[0].upper())
+        return super().pack_command(*args)
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        names, self.__dict__["_names"] = self.__dict__.get("_names", []), []
+        CountingConnection.rounds.append(names)
+        await super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
+    yield protocol
+    await protocol.close()
+
+
+@pytest.fixture
+async def counted(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    """The runner's protocol; its round trips land in ``CountingConnection.rounds``."""
+    pool = aioredis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    client = aioredis.Redis.from_pool(pool)
+    yield TurnProtocol(client, KeySchema(key_prefix))
+    await client.aclose()
+
+
+def runner(proto: TurnProtocol, agent: Agent, flush_ms: int = NEVER_MS) -> Runner:
+    config = RunnerConfig(worker_id="w-test", lease_ms=60_000, event_flush_ms=flush_ms)
+    return Runner(proto, Profiles([agent]), config)
+
+
+async def measured_drain(
+    proto: TurnProtocol, run: Runner, agent: str, head: str | None = None
+) -> list[list[str]]:
+    """Drain one fresh turn "t1" of CID after a warm-up turn (scripts loaded, connections
+    open); return the round trips the drain took. ``head``: the kick's hint."""
+    await proto.submit("warm-up", "t0", agent=agent, message=Message.user("hi"), options={})
+    assert (await run.drain("warm-up")).succeeded == ["t0"]
+    await proto.submit(CID, "t1", agent=agent, message=Message.user("hi there"), options={})
+    CountingConnection.rounds = []
+    report = await run.drain(CID, head=head)
+    assert report.succeeded == ["t1"]
+    return CountingConnection.rounds
+
+
+async def event_types(proto: TurnProtocol, tid: str = "t1") -> list[str]:
+    return [e.type for _, e in await proto.read_events(CID, tid)]
+
+
+async def test_a_one_step_turn_costs_acquire_and_commit_its_events_ride_along(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    echo = Agent(ScriptedModel(lambda r: f"seen {r.messages[-1].text}"), name="echo")
+
+    rounds = await measured_drain(proto, runner(counted, echo), "echo", head="t1")
+
+    # Acquire (lease + turn + history), commit (events + answer + done).
+    assert rounds == [["EVALSHA"], ["EVALSHA"]]
+    events = await proto.read_events(CID, "t1")
+    types = [e.type for _, e in events]
+    assert types == ["status", "status", *["text_delta"] * 3, "assistant", "status", "done"]
+    assert "".join(e.data["text"] for _, e in events if e.type == "text_delta") == "seen hi there"
+    assert (await proto.get_turn(CID, "t1")).result == {
+        "text": "seen hi there",
+        "messages": [Message.assistant("seen hi there").model_dump(mode="json")],
+    }
+
+
+async def test_a_kick_names_the_head_of_an_idle_conversation(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    async with AsyncClient(redis_url, prefix=key_prefix, partitions=4, agents=["echo"]) as c:
+        first = await c.submit(CID, "one", agent="echo")
+        await c.submit(CID, "two", agent="echo")  # queued behind: no kick
+    queue = route(CID, prefix=key_prefix, partitions=4)
+    kicks = [json.loads(raw) for raw in redis_client.lrange(queue, 0, -1)]
+    assert [k["headers"][HEAD_HEADER] for k in kicks] == [first.turn_id]
+
+
+async def test_a_wrong_head_hint_costs_one_more_round_trip_and_nothing_else(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    echo = Agent(ScriptedModel(lambda r: "ok"), name="echo")
+
+    rounds = await measured_drain(proto, runner(counted, echo), "echo", head="t9")
+
+    assert rounds == [["EVALSHA"], ["EVALSHA"], ["EVALSHA"]]  # the script named the head
+    assert (await proto.get_turn(CID, "t1")).status == "succeeded"
+
+
+async def test_every_step_but_the_answer_is_journaled_before_the_loop_goes_on(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    journal = proto.keys.journal(CID, "t1")
+    seen: list[list[str]] = []
+
+    async def saved() -> list[str]:
+        raw = await proto.redis.get(journal)
+        return [m.role for m in TurnState.model_validate_json(raw).messages] if raw else []
+
+    @tool
+    async def lookup() -> str:
+        """Look something up."""
+        seen.append(await saved())
+        return "found"
+
+    async def model(request: ModelRequest) -> str | Message:
+        seen.append(await saved())
+        if request.messages[-1].role == "user":
+            return Message.assistant("", tool_calls=[ToolCall(id="c1", name="lookup")])
+        return "done"
+
+    agent = Agent(ScriptedModel(model), tools=[lookup], name="tooled")
+    rounds = await measured_drain(proto, runner(counted, agent), "tooled")
+
+    assert seen[-3:] == [
+        [],  # the first model call
+        ["user", "assistant"],  # the tool runs once the model's call is journaled
+        ["user", "assistant", "tool"],  # the model runs again once the result is journaled
+    ]
+    # Head, acquire, a checkpoint per step before the answer, commit: no reads per step.
+    assert rounds == [["LINDEX"], ["EVALSHA"], ["EVALSHA"], ["EVALSHA"], ["EVALSHA"]]
+    assert await event_types(proto) == [
+        "status", "status", "assistant", "tool_call", "tool_result",
+        "text_delta", "assistant", "status", "done",
+    ]  # fmt: skip
+    assert not await proto.redis.exists(journal)
+
+
+async def test_a_cancel_during_the_final_model_call_ends_the_turn_cancelled(
+    proto: TurnProtocol,
+) -> None:
+    calls: list[str] = []
+
+    async def model(request: ModelRequest) -> str:
+        calls.append(request.messages[-1].text)
+        assert await proto.cancel(CID, "t1") == "stopping"
+        return "too late"
+
+    agent = Agent(ScriptedModel(model), name="bot")
+    await proto.submit(CID, "t1", agent="bot", message=Message.user("hi"), options={})
+
+    report = await runner(proto, agent).drain(CID)
+
+    assert report.failed == ["t1"] and calls == ["hi"]
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "cancelled" and record.error is not None
+    assert await proto.history(CID) == []
+    # What the model streamed before the cancel still reaches the stream, before "done".
+    assert await event_types(proto) == [
+        "status", "status", "text_delta", "text_delta", "assistant", "status", "done",
+    ]  # fmt: skip
+
+
+async def test_a_rerun_of_a_turn_cancelled_while_it_ran_never_calls_the_model(
+    proto: TurnProtocol,
+) -> None:
+    def model(_request: ModelRequest) -> str:
+        raise AssertionError("the model was called for a cancelled turn")
+
+    await proto.submit(CID, "t1", agent="bot", message=Message.user("hi"), options={})
+    assert await proto.acquire(CID, worker_id="w-dead", lease_ms=60_000) is not None
+    assert await proto.cancel(CID, "t1") == "stopping"
+    await proto.redis.delete(proto.keys.lease(CID))  # its worker died; the lease lapsed
+
+    report = await runner(proto, Agent(ScriptedModel(model), name="bot")).drain(CID)
+
+    assert report.failed == ["t1"]
+    assert (await proto.get_turn(CID, "t1")).status == "cancelled"
+
+
+class StreamingModel:
+    """Streams one delta, then answers only once a reader has seen it in the stream."""
+
+    name = "streaming"
+
+    def __init__(self, proto: TurnProtocol) -> None:
+        self.proto = proto
+
+    async def request(
+        self, request: ModelRequest, *, on_text_delta: TextDeltaHandler | None = None
+    ) -> Message:
+        assert on_text_delta is not None
+        await on_text_delta("partial")
+        for _ in range(500):  # readiness, polled: the runner flushes in the background
+            if "text_delta" in await event_types(self.proto):
+                return Message.assistant("partial answer")
+            await asyncio.sleep(0.01)
+        raise AssertionError("the delta never reached the stream while the model ran")
+
+
+async def test_deltas_of_a_long_model_call_reach_the_stream_while_it_runs(
+    proto: TurnProtocol,
+) -> None:
+    agent = Agent(StreamingModel(proto), name="streamer")
+    await proto.submit(CID, "t1", agent="streamer", message=Message.user("hi"), options={})
+
+    report = await runner(proto, agent, flush_ms=10).drain(CID)
+
+    assert report.succeeded == ["t1"]
+    assert await event_types(proto) == [
+        "status", "status", "text_delta", "assistant", "status", "done",
+    ]  # fmt: skip
+
+
+async def test_a_waiter_gets_the_result_in_the_round_trip_that_wakes_it(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    echo = Agent(ScriptedModel(lambda r: f"seen {r.messages[-1].text}"), name="echo")
+    await proto.submit(CID, "t1", agent="echo", message=Message.user("hi"), options={})
+    handle = AsyncTurnHandle(SimpleNamespace(protocol=counted), CID, "t1")
+    await counted.redis.ping()  # connected: no handshake among the rounds
+    CountingConnection.rounds = []
+
+    result, _ = await asyncio.gather(handle.wait(30), runner(proto, echo).drain(CID))
+
+    assert result.text == "seen hi"
+    # The record with the latest event id, then a blocking read that brings the record's
+    # status along each time it wakes: nothing is read after the "done" event arrived.
+    assert CountingConnection.rounds[0] == ["MULTI", "XREVRANGE", "HGETALL", "EXEC"]
+    assert all(r == ["XREAD", "HMGET"] for r in CountingConnection.rounds[1:])
