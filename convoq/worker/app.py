@@ -60,7 +60,7 @@ def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
         worker_prefetch_multiplier=1,
         worker_pool="threads",
         worker_concurrency=s.concurrency,
-        worker_send_task_events=True,
+        worker_send_task_events=s.task_events,
         # Each queue on its own direct exchange, bound by its own name: what a client's
         # send_task(queue=name) declares, so Redis and AMQP route the same way.
         task_queues=[

@@ -1,4 +1,5 @@
-"""JSON only, never pickle: a worker refuses a pickled task instead of running it."""
+"""Worker Celery config: JSON only, never pickle (a pickled task is refused, not run);
+task events as configured."""
 
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ async def test_a_pickled_drain_is_refused_and_runs_nothing(pool: WorkerPool) -> 
     finally:
         await proto.clear(cid, force=True)
         await proto.close()
+
+
+def test_task_events_follow_the_setting() -> None:
+    assert worker_config(ConvoqSettings(), "redis://x")["worker_send_task_events"] is True
+    quiet = worker_config(ConvoqSettings(task_events=False), "redis://x")
+    assert quiet["worker_send_task_events"] is False
