@@ -183,15 +183,21 @@ async def test_client_and_prefix_misconfiguration_is_reported(redis_url: str) ->
         RedisConversationMemory(redis_url, prefix="bad prefix")
 
 
+@pytest.mark.parametrize("peeked", [False, True], ids=["acquired", "in-script"])
 async def test_a_commit_stays_a_success_when_the_next_turn_cannot_be_loaded(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, redis_client: redis.Redis, peeked: bool
 ) -> None:
     await submit_all(proto, CID, "t1", "t2")
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
     assert acquired is not None
     redis_client.lpush(proto.keys.turns(CID), b"[broken")
     following = await proto.commit(
-        CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t1")
+        CID,
+        "t1",
+        fence=acquired.fence,
+        lease_ms=LEASE,
+        messages=exchange("t1"),
+        next_turn_id=acquired.next_turn_id if peeked else None,
     )
     assert following is None
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
@@ -199,6 +205,33 @@ async def test_a_commit_stays_a_success_when_the_next_turn_cannot_be_loaded(
     redis_client.delete(proto.keys.lease(CID))
     with pytest.raises(CorruptDataError):
         await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+
+
+async def test_a_hand_off_names_a_key_of_the_wrong_type_before_writing_to_the_next_turn(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit_all(proto, CID, "t1", "t2")
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None
+    journal = proto.keys.journal(CID, "t2")
+    redis_client.hset(journal, "not", "a string")
+    t2_before = redis_client.hgetall(proto.keys.turn(CID, "t2"))
+    following = await proto.commit(
+        CID,
+        "t1",
+        fence=acquired.fence,
+        lease_ms=LEASE,
+        messages=exchange("t1"),
+        next_turn_id=acquired.next_turn_id,
+    )
+    assert following is None  # logged; the next acquire after the lease expires reports it
+    assert (await proto.get_turn(CID, "t1")).status == "succeeded"
+    assert redis_client.hgetall(proto.keys.turn(CID, "t2")) == t2_before
+    redis_client.delete(proto.keys.lease(CID))
+    with pytest.raises(CorruptDataError) as caught:
+        await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert caught.value.details["key"] == journal
+    assert redis_client.hgetall(proto.keys.turn(CID, "t2")) == t2_before
 
 
 def break_key(client: redis.Redis, key: str) -> None:

@@ -43,8 +43,8 @@ async def test_redis_6_2_runs_a_whole_turn_cycle(tmp_path: Path) -> None:
 
 
 async def _full_cycle(proto: TurnProtocol) -> None:
-    """submit, acquire, checkpoint, park, decide, resume, commit (hand-off), fail,
-    discard, cancel, sweep, clear, append: every script once."""
+    """submit, acquire, checkpoint, park, decide, resume, commit and fail (each handing
+    out the next turn), discard, cancel, sweep, clear, append: every script once."""
     cid, picture = "c", bytes(range(200))
     first = Message(content=[TextPart(text="q1"), ImagePart(data=picture, mime_type="x/y")])
     await proto.submit(cid, "t1", agent="a", message=first, options={}, idempotency_key="k")
@@ -63,12 +63,19 @@ async def _full_cycle(proto: TurnProtocol) -> None:
     assert resumed.state is not None
     assert resumed.state.decisions["c1"].approved
     turn = [*state.messages, Message.tool_result(calls[0], "ok"), Message.assistant("done")]
-    nxt = await proto.commit(cid, "t1", fence=resumed.fence, messages=turn, lease_ms=LEASE)
+    assert resumed.next_turn_id == "t2"
+    nxt = await proto.commit(
+        cid, "t1", fence=resumed.fence, messages=turn, lease_ms=LEASE, next_turn_id="t2"
+    )  # hands out t2 in the same script call
     assert nxt is not None
+    assert (nxt.turn.turn_id, nxt.next_turn_id) == ("t2", "t3")
     assert nxt.history == turn
     error = {"type": "ToolError", "message": "x", "details": {}}
-    nxt = await proto.fail(cid, "t2", fence=nxt.fence, error=error, lease_ms=LEASE)
+    nxt = await proto.fail(
+        cid, "t2", fence=nxt.fence, error=error, lease_ms=LEASE, next_turn_id=nxt.next_turn_id
+    )
     assert nxt is not None
+    assert nxt.turn.turn_id == "t3"
     await proto.park(cid, "t3", fence=nxt.fence, state=state, approval_ttl_ms=LEASE)
     assert await proto.discard(cid, "t3") is True
     assert await proto.cancel(cid, "t4") == "cancelled"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis
@@ -46,13 +47,16 @@ def whole_turn(acquired: Acquired, reply: str = "ok") -> list[Message]:
     return [acquired.turn.input, Message.assistant(reply)]
 
 
-async def commit(proto: TurnProtocol, acquired: Acquired, reply: str = "ok") -> Acquired | None:
+async def commit(
+    proto: TurnProtocol, acquired: Acquired, reply: str = "ok", **kw: Any
+) -> Acquired | None:
     return await proto.commit(
         CID,
         acquired.turn.turn_id,
         fence=acquired.fence,
         messages=whole_turn(acquired, reply),
         lease_ms=LEASE,
+        **kw,
     )
 
 
@@ -417,14 +421,88 @@ async def test_epoch_marker_detects_a_replaced_dataset(
         await proto.check_epoch(epoch)
 
 
+@pytest.mark.parametrize("peeked", [False, True], ids=["acquired", "in-script"])
 async def test_hand_off_skips_a_vanished_turn_and_frees_the_lease(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, redis_client: redis.Redis, peeked: bool
 ) -> None:
     await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
+    assert acquired.next_turn_id == "t2"
     redis_client.delete(proto.keys.turn(CID, "t2"))  # its record is gone
-    assert await commit(proto, acquired) is None
+    expected = acquired.next_turn_id if peeked else None
+    assert await commit(proto, acquired, next_turn_id=expected) is None
     assert redis_client.exists(proto.keys.lease(CID)) == 0
     assert redis_client.llen(proto.keys.inbox(CID)) == 0
     await submit(proto, "t3")
     assert (await acquire(proto, "w2")).turn.turn_id == "t3"
+
+
+async def test_commit_hands_out_the_expected_next_turn_in_the_same_script_call(
+    proto: TurnProtocol,
+) -> None:
+    await submit(proto, "t1", "t2", "t3")
+    first = await acquire(proto)
+    assert first.next_turn_id == "t2"  # the peek behind the head
+    keys, args = proto.commit_call(
+        CID, "t1", fence=first.fence, messages=whole_turn(first), lease_ms=LEASE, next_turn_id="t2"
+    )
+    reply = await proto.scripts.run("commit", keys, args)
+    assert reply[:3] == ["OK", b"t2", None]
+    assert reply[3][:2] == [b"OK", str(first.fence).encode()]  # t2, handed out by commit
+    assert reply[3][-1] == b"t3"  # and the next peek
+    second = await proto.acquire(CID, worker_id="w2", lease_ms=LEASE)
+    assert second is None  # the lease is held: kept for t2
+    record = await proto.get_turn(CID, "t2")
+    assert (record.status, record.attempts) == ("running", 1)
+    events = [e.type for _, e in await proto.read_events(CID, "t2")]
+    assert events == ["status", "status"]  # queued, running
+
+
+async def test_commit_and_fail_hand_over_turns_as_acquire_would(proto: TurnProtocol) -> None:
+    await submit(proto, "t1", "t2", "t3")
+    first = await acquire(proto)
+    second = await commit(proto, first, "one", next_turn_id=first.next_turn_id)
+    assert second is not None
+    assert (second.turn.turn_id, second.turn.status, second.turn.attempts) == ("t2", "running", 1)
+    assert second.fence == first.fence  # the same lease
+    assert [m.text for m in second.history] == ["t1", "one"]
+    assert second.next_turn_id == "t3"
+    error = ProtocolError("boom").to_data()
+    third = await proto.fail(
+        CID, "t2", fence=second.fence, error=error, lease_ms=LEASE, next_turn_id="t3"
+    )
+    assert third is not None
+    assert (third.turn.turn_id, third.fence, third.next_turn_id) == ("t3", first.fence, None)
+    assert [m.text for m in third.history] == ["t1", "one"]  # t2 failed: nothing stored
+    assert (await proto.get_turn(CID, "t2")).status == "failed"
+    assert await commit(proto, third, next_turn_id=third.next_turn_id) is None
+    assert await stored_texts(proto) == ["t1", "t3"]
+    assert await proto.redis.exists(proto.keys.lease(CID)) == 0
+
+
+async def test_a_wrong_expectation_falls_back_to_acquiring_the_head(proto: TurnProtocol) -> None:
+    await submit(proto, "t1", "t2", "t3")
+    first = await acquire(proto)
+    second = await commit(proto, first, next_turn_id="t3")  # t2 heads the inbox, not t3
+    assert second is not None
+    assert (second.turn.turn_id, second.fence, second.next_turn_id) == ("t2", first.fence, "t3")
+    assert second.turn.attempts == 1
+
+
+async def test_hand_off_fails_an_expected_turn_over_max_attempts_and_goes_on(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit(proto, "t1", "t2", "t3")
+    first = await acquire(proto, max_attempts=2)
+    redis_client.hset(proto.keys.turn(CID, "t2"), "runs", "2")  # it killed two workers
+    failed: list[str] = []
+    following = await commit(
+        proto, first, max_attempts=2, failed=failed, next_turn_id=first.next_turn_id
+    )
+    assert following is not None
+    assert (following.turn.turn_id, following.fence) == ("t3", first.fence)
+    assert failed == ["t2"]
+    record = await proto.get_turn(CID, "t2")
+    assert record.status == "failed"
+    assert record.error is not None
+    assert record.error["type"] == "MaxAttemptsExceededError"

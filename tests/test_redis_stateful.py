@@ -103,7 +103,8 @@ class TurnProtocolMachine(RuleBasedStateMachine):
         self.proto = TurnProtocol.from_url(url, prefix=f"s{uuid.uuid4().hex[:10]}")
         self.client = redis.Redis.from_url(url)
         self.model = Model()
-        self.claims: dict[str, tuple[str, int]] = {}  # worker -> (turn id, fence) it holds
+        # worker -> (turn id, fence, the turn queued behind it then) of the turn it holds
+        self.claims: dict[str, tuple[str, int, str | None]] = {}
         self.count = 0
 
     def teardown(self) -> None:
@@ -138,7 +139,9 @@ class TurnProtocolMachine(RuleBasedStateMachine):
         saved = self.model.saved.get(expected)
         assert (got.state.steps if got.state else None) == saved
         assert [m.text for m in got.history if m.role == "user"] == self.model.history
-        self.claims[worker] = (expected, got.fence)
+        queue = self.model.queue
+        assert got.next_turn_id == (queue[1] if len(queue) > 1 else None)  # the peek
+        self.claims[worker] = (expected, got.fence, got.next_turn_id)
 
     # -- rules -------------------------------------------------------------------------
     @rule()
@@ -161,9 +164,10 @@ class TurnProtocolMachine(RuleBasedStateMachine):
         self.received(worker, got, expected, 0)
 
     def ending(self, worker: str, allowed: set[str], call: Any, final: str | None) -> None:
-        tid, fence = self.claims[worker]
+        """Run ``call(tid, fence, peek)`` for the turn ``worker`` holds and check it."""
+        tid, fence, peek = self.claims[worker]
         error = self.model.guard(tid, fence, allowed)
-        got = self.expect(error, call(tid, fence))
+        got = self.expect(error, call(tid, fence, peek))
         if error is not None:
             return
         if final is None:  # checkpoint
@@ -174,39 +178,44 @@ class TurnProtocolMachine(RuleBasedStateMachine):
         self.model.end(tid, final)
         self.received(worker, got, self.model.take(handoff=True), fence)
 
+    # Commit and fail pass the peek the worker got with its turn (``peeked``), so the
+    # script hands out the next turn itself when the peek still holds (or names the head
+    # to acquire when it went stale), or no peek: the same outcome either way.
     @precondition(lambda self: self.claims)
-    @rule(data=st.data())
-    def commit(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), peeked=st.booleans())
+    def commit(self, data: st.DataObject, peeked: bool) -> None:
         worker = data.draw(st.sampled_from(sorted(self.claims)))
         self.ending(
             worker,
             {"running"},
-            lambda tid, fence: self.proto.commit(
+            lambda tid, fence, peek: self.proto.commit(
                 CID,
                 tid,
                 fence=fence,
                 messages=[Message.user(tid), Message.assistant("ok")],
                 lease_ms=LEASE_MS,
                 max_attempts=MAX_ATTEMPTS,
+                next_turn_id=peek if peeked else None,
             ),
             "succeeded",
         )
 
     @precondition(lambda self: self.claims)
-    @rule(data=st.data(), cancelled=st.booleans())
-    def fail(self, data: st.DataObject, cancelled: bool) -> None:
+    @rule(data=st.data(), cancelled=st.booleans(), peeked=st.booleans())
+    def fail(self, data: st.DataObject, cancelled: bool, peeked: bool) -> None:
         worker = data.draw(st.sampled_from(sorted(self.claims)))
         error = (TurnCancelledError if cancelled else ProtocolError)("boom").to_data()
         self.ending(
             worker,
             {"running", "queued"},
-            lambda tid, fence: self.proto.fail(
+            lambda tid, fence, peek: self.proto.fail(
                 CID,
                 tid,
                 fence=fence,
                 error=error,
                 lease_ms=LEASE_MS,
                 max_attempts=MAX_ATTEMPTS,
+                next_turn_id=peek if peeked else None,
             ),
             "cancelled" if cancelled else "failed",
         )
@@ -219,7 +228,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
         self.ending(
             worker,
             {"running"},
-            lambda tid, fence: self.proto.checkpoint(CID, tid, fence=fence, state=state),
+            lambda tid, fence, _peek: self.proto.checkpoint(CID, tid, fence=fence, state=state),
             None,
         )
 
@@ -227,7 +236,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
     @rule(data=st.data(), calls=st.integers(1, 2))
     def park(self, data: st.DataObject, calls: int) -> None:
         worker = data.draw(st.sampled_from(sorted(self.claims)))
-        tid, fence = self.claims[worker]
+        tid, fence, _peek = self.claims[worker]
         ids = [f"c{i}" for i in range(calls)]
         pending = [ToolCall(id=c, name="tool") for c in ids]
         state = TurnState(messages=[Message.user(tid)], steps=3, pending=pending)
@@ -307,7 +316,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
         worker = data.draw(st.sampled_from(sorted(self.claims)))
-        _tid, fence = self.claims[worker]
+        _tid, fence, _peek = self.claims[worker]
         lease = self.model.lease
         live = lease is not None and lease.fence == fence and lease.state == "active"
         self.expect(
@@ -330,7 +339,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
             assert lease == [None, None]
         else:
             assert lease == [str(m.lease.fence).encode(), m.lease.state.encode()]
-        holders = {f for _t, f in self.claims.values() if m.lease and f == m.lease.fence}
+        holders = {f for _t, f, _p in self.claims.values() if m.lease and f == m.lease.fence}
         assert len(holders) <= 1  # at most one live lease
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from convoq import Agent, tool
 from convoq.client import AsyncClient
-from convoq.client.aclient import HEAD_HEADER
+from convoq.client._connect import HEAD_HEADER
 from convoq.client.handle import AsyncTurnHandle
 from convoq.engine import TurnState
 from convoq.messages import Message, ToolCall
@@ -28,6 +28,7 @@ from convoq.redis import KeySchema, TurnProtocol
 from convoq.worker.profiles import Profiles
 from convoq.worker.routing import route
 from convoq.worker.runner import Runner, RunnerConfig
+from tests.support.protocol_helpers import submit_all
 
 CID = "conv-1"
 NEVER_MS = 600_000  # events wait for the next write, however slow the machine
@@ -69,13 +70,19 @@ def runner(proto: TurnProtocol, agent: Agent, flush_ms: int = NEVER_MS) -> Runne
     return Runner(proto, Profiles([agent]), config)
 
 
+async def warm_up(proto: TurnProtocol, run: Runner, agent: str) -> None:
+    """Run a turn of another conversation: scripts loaded, connections open."""
+    await proto.submit("warm-up", "t0", agent=agent, message=Message.user("hi"), options={})
+    assert (await run.drain("warm-up")).succeeded == ["t0"]
+    CountingConnection.rounds = []
+
+
 async def measured_drain(
     proto: TurnProtocol, run: Runner, agent: str, head: str | None = None
 ) -> list[list[str]]:
-    """Drain one fresh turn "t1" of CID after a warm-up turn (scripts loaded, connections
-    open); return the round trips the drain took. ``head``: the kick's hint."""
-    await proto.submit("warm-up", "t0", agent=agent, message=Message.user("hi"), options={})
-    assert (await run.drain("warm-up")).succeeded == ["t0"]
+    """Drain one fresh turn "t1" of CID after a warm-up turn; return the round trips the
+    drain took. ``head``: the kick's hint."""
+    await warm_up(proto, run, agent)
     await proto.submit(CID, "t1", agent=agent, message=Message.user("hi there"), options={})
     CountingConnection.rounds = []
     report = await run.drain(CID, head=head)
@@ -104,6 +111,99 @@ async def test_a_one_step_turn_costs_acquire_and_commit_its_events_ride_along(
         "text": "seen hi there",
         "messages": [Message.assistant("seen hi there").model_dump(mode="json")],
     }
+
+
+class Recording:
+    """A model answering "ok", noting the user messages of each request of CID; runs
+    ``during_first`` while it answers the first of them."""
+
+    def __init__(self, during_first: Callable[[], Awaitable[object]] | None = None) -> None:
+        self.seen: list[list[str]] = []
+        self.during_first = during_first
+
+    async def __call__(self, request: ModelRequest) -> str:
+        users = [m.text for m in request.messages if m.role == "user"]
+        if users[-1] != "hi":  # not the warm-up turn
+            self.seen.append(users)
+            if self.during_first is not None and len(self.seen) == 1:
+                await self.during_first()
+        return "ok"
+
+
+async def test_a_busy_conversation_costs_one_round_trip_per_turn(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    model = Recording()
+    run = runner(counted, Agent(ScriptedModel(model), name="bot", keep_last_turns=2))
+    await warm_up(proto, run, "bot")
+    turns = [f"t{n}" for n in range(1, 6)]
+    await submit_all(proto, CID, *turns)
+    CountingConnection.rounds = []
+
+    report = await run.drain(CID, head="t1")
+
+    assert report.succeeded == turns
+    # Acquire hands out t1 and peeks at t2; each commit stores its turn and hands out the
+    # one it was told to expect (with the next peek) in the same script call.
+    assert CountingConnection.rounds == [["EVALSHA"]] * (len(turns) + 1)
+    # Every turn saw its own window (the last 2 turns before it), handed out by a commit.
+    assert model.seen == [
+        ["t1"], ["t1", "t2"], ["t1", "t2", "t3"], ["t2", "t3", "t4"], ["t3", "t4", "t5"],
+    ]  # fmt: skip
+    assert [m.text for m in await proto.history(CID) if m.role == "user"] == turns
+    for tid in turns:
+        record = await proto.get_turn(CID, tid)
+        assert (record.status, record.attempts) == ("succeeded", 1)
+        assert await event_types(proto, tid) == [
+            "status", "status", "text_delta", "assistant", "status", "done",
+        ]  # fmt: skip
+    assert not await proto.redis.exists(proto.keys.lease(CID), proto.keys.inbox(CID))
+
+
+async def test_a_peeked_turn_cancelled_before_the_commit_is_skipped_with_one_more_acquire(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    async def cancel_t2() -> None:
+        assert await proto.cancel(CID, "t2") == "cancelled"
+
+    model = Recording(during_first=cancel_t2)
+    run = runner(counted, Agent(ScriptedModel(model), name="bot"))
+    await warm_up(proto, run, "bot")
+    await submit_all(proto, CID, "t1", "t2", "t3")
+    CountingConnection.rounds = []
+
+    report = await run.drain(CID, head="t1")
+
+    assert report.succeeded == ["t1", "t3"]
+    # The commit of t1 expected t2 but found t3 at the head: it names t3, which the runner
+    # acquires under the same lease (the fallback), then commits.
+    assert CountingConnection.rounds == [["EVALSHA"]] * 4
+    assert model.seen == [["t1"], ["t1", "t3"]]
+    record = await proto.get_turn(CID, "t2")
+    assert (record.status, record.attempts) == ("cancelled", 0)
+    assert await event_types(proto, "t2") == ["status", "status", "done"]
+    assert [m.text for m in await proto.history(CID) if m.role == "user"] == ["t1", "t3"]
+    assert not await proto.redis.exists(proto.keys.lease(CID), proto.keys.inbox(CID))
+
+
+async def test_a_turn_queued_after_the_peek_is_acquired_after_the_commit(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    async def submit_t2() -> None:
+        await submit_all(proto, CID, "t2")
+
+    model = Recording(during_first=submit_t2)
+    run = runner(counted, Agent(ScriptedModel(model), name="bot"))
+    await warm_up(proto, run, "bot")
+    await submit_all(proto, CID, "t1")
+    CountingConnection.rounds = []
+
+    report = await run.drain(CID, head="t1")
+
+    assert report.succeeded == ["t1", "t2"]
+    # Nothing was queued behind t1 when it was handed out: its commit names t2, acquired.
+    assert CountingConnection.rounds == [["EVALSHA"]] * 4
+    assert model.seen == [["t1"], ["t1", "t2"]]
 
 
 async def test_a_kick_names_the_head_of_an_idle_conversation(

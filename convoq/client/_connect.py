@@ -1,9 +1,11 @@
 """Connections shared by the client and the workers: which Redis, which broker, and a
-Celery app that only sends (no task code needed to kick a conversation). The Redis
-client itself is :func:`convoq.redis.connect`."""
+Celery app that only sends (no task code needed to kick a conversation), and the kick
+itself. The Redis client itself is :func:`convoq.redis.connect`."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -11,6 +13,10 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 
 DEFAULT_HOME = Path(".convoq")
+# The kick of a turn that went to an idle conversation names it in this message header:
+# the worker then takes it without reading the inbox head first (a hint, checked there).
+HEAD_HEADER = "convoq_head"
+log = logging.getLogger("convoq.client")
 
 
 def resolve_redis_url(redis_url: str | None, home: Path | None = None) -> str:
@@ -59,3 +65,18 @@ def sender_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
     app = Celery("convoq-client", set_as_current=False)
     app.conf.update(celery_base_config(broker_url, visibility_timeout_s=visibility_timeout_s))
     return app
+
+
+async def send_kick(
+    app: Celery, task: str, queue: str, args: list[str], *, head: str | None = None
+) -> None:
+    """Send ``task`` by name to ``queue`` (``head``: the turn heading the inbox, as a hint).
+    A failed send is logged, not raised: the turn is stored, and the sweeper re-kicks
+    queued conversations without a lease."""
+    headers = {HEAD_HEADER: head} if head is not None else None
+    try:
+        await asyncio.to_thread(app.send_task, task, args=args, queue=queue, headers=headers)
+    except Exception as exc:
+        log.warning(
+            "could not send %s for %s (%s); the sweeper will pick it up", task, args[0], exc
+        )

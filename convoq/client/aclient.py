@@ -27,7 +27,7 @@ from convoq.client._base import (
     check_call_id,
     check_turn_ref,
 )
-from convoq.client._connect import broker_url_for, resolve_redis_url, sender_app
+from convoq.client._connect import broker_url_for, resolve_redis_url, send_kick, sender_app
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.ids import check_conversation_id
@@ -37,10 +37,6 @@ from convoq.worker import routing
 from convoq.worker.webhooks import verify_signature
 
 log = logging.getLogger("convoq.client")
-
-# The kick of a turn that went to an idle conversation names it in this message header:
-# the worker then takes it without reading the inbox head first (a hint, checked there).
-HEAD_HEADER = "convoq_head"
 
 OnDone = Callable[[TurnResult], Any]
 
@@ -257,23 +253,7 @@ class AsyncClient:
         self, task: str, conversation_id: str, *args: str, head: str | None = None
     ) -> None:
         queue = routing.route(conversation_id, prefix=self.prefix, partitions=self.partitions)
-        headers = {HEAD_HEADER: head} if head is not None else None
-        try:
-            await asyncio.to_thread(
-                self._celery.send_task,
-                task,
-                args=[conversation_id, *args],
-                queue=queue,
-                headers=headers,
-            )
-        except Exception as exc:
-            # The turn is stored; the sweeper re-kicks queued conversations without a lease.
-            log.warning(
-                "could not send %s for %s (%s); the sweeper will pick it up",
-                task,
-                conversation_id,
-                exc,
-            )
+        await send_kick(self._celery, task, queue, [conversation_id, *args], head=head)
 
     def _watch(self, handle: AsyncTurnHandle, on_done: OnDone) -> None:
         task = asyncio.get_running_loop().create_task(self._notify(handle, on_done))

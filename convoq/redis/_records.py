@@ -37,13 +37,19 @@ class TurnRecord:
 
 @dataclass(frozen=True)
 class Acquired:
-    """The lease on a conversation plus the turn to run and its history window."""
+    """The lease on a conversation plus the turn to run and its history window.
+
+    ``next_turn_id`` is the turn queued right behind this one when it was handed out (None:
+    none yet). Passed back to commit or fail, it lets them hand out that turn in the same
+    round trip.
+    """
 
     conversation_id: str
     fence: int
     turn: TurnRecord
     history: list[Message]
     state: TurnState | None
+    next_turn_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,11 @@ class Taking:
     fence: int
     failed: list[str] | None
 
-    def note_failed(self, reply: list[Any]) -> None:
-        """Record the turn an EMPTY or RETRY reply says the script failed, if any."""
-        index = {"EMPTY": 1, "RETRY": 2}.get(reply[0])
+    def note_failed(self, reply: list[Any], index: int | None = None) -> None:
+        """Record the turn a script says it failed on the way, if any: item ``index`` of
+        its reply (by default where acquire's EMPTY and RETRY replies have it)."""
+        if index is None:
+            index = {"EMPTY": 1, "RETRY": 2}.get(reply[0])
         if self.failed is None or index is None or len(reply) <= index or not reply[index]:
             return
         value = reply[index]

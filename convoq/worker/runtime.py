@@ -23,8 +23,7 @@ import redis.asyncio as aioredis
 from celery import Celery, current_task
 
 from convoq._sync import LoopThread
-from convoq.client._connect import resolve_redis_url
-from convoq.client.aclient import HEAD_HEADER
+from convoq.client._connect import HEAD_HEADER, resolve_redis_url
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.settings import ConvoqSettings

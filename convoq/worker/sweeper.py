@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 
 from convoq.redis.protocol import TurnProtocol
-from convoq.worker.runner import FinishedHook, after_turn
+from convoq.worker._finished import FinishedHook, after_turn
 
 log = logging.getLogger("convoq.sweeper")
 

@@ -81,19 +81,6 @@ local function guard_run(lease, inbox, turn, tid, fence, allowed)
   return nil
 end
 
--- After a turn ended: keep the lease (same fence) for the next queued turn and return its
--- id, or free the lease and return false.
-local function hand_off(lease, inbox, lease_ms, now)
-  local nxt = redis.call('LINDEX', inbox, 0)
-  if nxt then
-    redis.call('HSET', lease, 'expires_ms', istr(now + tonumber(lease_ms)))
-    redis.call('PEXPIRE', lease, lease_ms)
-    return nxt
-  end
-  redis.call('DEL', lease)
-  return false
-end
-
 -- Writes must not fail half way (Lua does not roll back), so a script checks the keys it
 -- writes before its first write: the first of `keys` holding another type than `want` (a
 -- missing key is fine), or nil.
@@ -107,23 +94,29 @@ local function wrong_type(want, keys)
   return nil
 end
 
--- meta when one of the counters named is set but not an integer (HINCRBY would fail).
-local function bad_counters(meta, ...)
-  local values = redis.call('HMGET', meta, ...)
+-- `hash` when one of the counters named is set but not an integer (HINCRBY would fail).
+local function bad_counters(hash, ...)
+  local values = redis.call('HMGET', hash, ...)
   for i = 1, select('#', ...) do
     if values[i] and not string.match(values[i], '^%-?%d+$') then
-      return meta
+      return hash
     end
   end
   return nil
 end
 
+-- The keys of one turn: k = {inbox, lease, turn, journal, cont, events}, the last four
+-- from KEYS[first .. first + 3].
+local function turn_keys(inbox, lease, first)
+  return {inbox = inbox, lease = lease, turn = KEYS[first], journal = KEYS[first + 1],
+    cont = KEYS[first + 2], events = KEYS[first + 3]}
+end
+
 -- The keys of a script that ends a turn, from KEYS[first] on: k = {inbox, lease, turn,
--- journal, cont, events} (what finish() and hand_off() write); and {'CORRUPT', key} when
+-- journal, cont, events} (what finish() and hand_over() write); and {'CORRUPT', key} when
 -- one of them holds the wrong type, else nil.
 local function turn_ending(first)
-  local k = {inbox = KEYS[first], lease = KEYS[first + 1], turn = KEYS[first + 2],
-    journal = KEYS[first + 3], cont = KEYS[first + 4], events = KEYS[first + 5]}
+  local k = turn_keys(KEYS[first], KEYS[first + 1], first + 2)
   local bad = wrong_type('list', {k.inbox}) or wrong_type('hash', {k.lease, k.turn})
     or wrong_type('stream', {k.events})
   return k, bad and {'CORRUPT', bad} or nil
@@ -251,3 +244,143 @@ local function store_blobs(blobs, first)
   return added
 end
 
+
+-- Handing out a turn: what acquire does for the inbox head, and commit and fail for the
+-- turn queued behind the one they end (so a busy conversation costs one round trip per
+-- turn). h = {meta, turns, blobs, lead}; k = turn_keys() of the turn handed out.
+
+-- The options of handing out a turn, from ARGV[first .. first + 6]: turn ttl ms (records
+-- of turns failed on the way), events MAXLEN, lease ms, history window in turns (0 = all),
+-- max attempts, error JSON for a turn over max attempts, error JSON for a parked turn
+-- whose approval expired.
+local function take_options(first)
+  return {ttl = ARGV[first], maxlen = ARGV[first + 1], lease_ms = ARGV[first + 2],
+    window = tonumber(ARGV[first + 3]), max_attempts = tonumber(ARGV[first + 4]),
+    over_attempts = ARGV[first + 5], expired = ARGV[first + 6]}
+end
+
+-- A key take_head() reads or writes that holds the wrong type (or a counter it
+-- increments that is no integer), or nil: checked before its first write.
+local function take_corrupt(h, k)
+  return wrong_type('hash', {h.meta, h.blobs, k.lease, k.turn})
+    or wrong_type('list', {h.turns, h.lead, k.inbox}) or wrong_type('string', {k.journal, k.cont})
+    or wrong_type('stream', {k.events}) or bad_counters(k.turn, 'attempts', 'runs')
+end
+
+-- The state a turn resumes from: 'journal'|'cont'|false, its JSON or false. A journal is
+-- newer than a continuation (park deletes the journal).
+local function saved_state(k)
+  local state = redis.call('GET', k.journal)
+  if state then
+    return 'journal', state
+  end
+  state = redis.call('GET', k.cont)
+  if state then
+    return 'cont', state
+  end
+  return false, false
+end
+
+-- A new fence token for the conversation.
+local function new_fence(meta)
+  if not redis.call('HGET', meta, 'fence') then
+    -- Seed with the server time in microseconds so fences keep increasing even after
+    -- the conversation was cleared (and its meta with the counter deleted).
+    local t = redis.call('TIME')
+    redis.call('HSET', meta, 'fence', t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  return istr(redis.call('HINCRBY', meta, 'fence', 1))
+end
+
+-- The writes of handing out a turn (previously `status`, now on its `runs`-th run) under
+-- the lease held by `holder` with `fence`.
+local function start_run(h, k, status, runs, holder, fence, o, now)
+  redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
+    'expires_ms', istr(now + tonumber(o.lease_ms)))
+  redis.call('PEXPIRE', k.lease, o.lease_ms)
+  redis.call('HSETNX', h.meta, 'format_version', '1')
+  redis.call('HINCRBY', k.turn, 'attempts', 1)
+  redis.call('HSET', k.turn, 'runs', istr(runs), 'status', 'running')
+  redis.call('HSETNX', k.turn, 'started_ms', istr(now))
+  if status == 'awaiting_approval' then
+    redis.call('HDEL', k.turn, 'result')  -- the pending approvals are decided now
+  end
+  if status ~= 'running' then
+    emit(k.events, o.maxlen, 'status', status_data('running'))
+  end
+end
+
+-- Hands out the inbox head tid with its history window, its saved state and the id of
+-- the turn queued behind it. `fence`: the lease the caller holds (kept), or false to take
+-- a new one. A head that cannot run is not handed out: dropped when its record is gone or
+-- finished, failed when parked undecided (its approval expired) or over max attempts.
+-- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
+-- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
+--      or {'DROPPED', id of the turn failed here or false} (the head moved on)
+--      or {'CORRUPT', key} (nothing written).
+local function take_head(h, k, tid, holder, fence, o, now)
+  local bad = take_corrupt(h, k)
+  if bad then
+    return {'CORRUPT', bad}
+  end
+  local rec = redis.call('HMGET', k.turn, 'status', 'runs', 'resume')
+  local status = rec[1]
+  if not status or TERMINAL[status] then
+    -- An inbox entry without a live record cannot run; drop it.
+    redis.call('LREM', k.inbox, 1, tid)
+    return {'DROPPED', false}
+  end
+  if status == 'awaiting_approval' and rec[3] ~= '1' then
+    -- Parked, undecided and the parked lease is gone: the approval expired.
+    finish(k, tid, 'failed', 'error', o.expired, o.ttl, o.maxlen, now)
+    return {'DROPPED', tid}
+  end
+  local runs = tonumber(rec[2] or '0') + 1
+  if runs > o.max_attempts then
+    finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now)
+    return {'DROPPED', tid}
+  end
+  -- All reads that can fail come before the first write.
+  local win, corrupt = load_window(h.lead, h.turns, h.blobs, o.window)
+  if not win then
+    return {'CORRUPT', corrupt}
+  end
+  local kind, state = saved_state(k)
+  fence = fence or new_fence(h.meta)
+  start_run(h, k, status, runs, holder, fence, o, now)
+  return {'OK', fence, redis.call('HGETALL', k.turn), kind, state, win[1], win[2], win[3],
+    redis.call('LINDEX', k.inbox, 1)}
+end
+
+-- After the head turn ended (and left the inbox): free the lease when no turn waits, else
+-- keep it (same fence) for the next one. When the next turn is `expected` (its keys nk,
+-- the history keys h) it is handed out here, as acquire would. Returns the reply of the
+-- ending script: {'OK', false} (lease freed; a third item names a turn failed on the
+-- way), {'OK', next id, failed id or false} (the caller acquires it with its fence), or
+-- {'OK', next id, false, reply of take_head() for it: 'OK' or 'CORRUPT'|'VERSION'}.
+local function hand_over(h, k, expected, nk, o, now)
+  local nxt = redis.call('LINDEX', k.inbox, 0)
+  if not nxt then
+    redis.call('DEL', k.lease)
+    return {'OK', false}
+  end
+  redis.call('HSET', k.lease, 'expires_ms', istr(now + tonumber(o.lease_ms)))
+  redis.call('PEXPIRE', k.lease, o.lease_ms)
+  if nxt ~= expected then
+    return {'OK', nxt}
+  end
+  local bad = bad_version(h.meta)
+  if bad then
+    return {'OK', nxt, false, {'VERSION', bad}}
+  end
+  local l = redis.call('HMGET', k.lease, 'fence', 'holder')
+  local taken = take_head(h, nk, nxt, l[2] or '', l[1], o, now)
+  if taken[1] ~= 'DROPPED' then
+    return {'OK', nxt, false, taken}
+  end
+  nxt = redis.call('LINDEX', k.inbox, 0)
+  if not nxt then
+    redis.call('DEL', k.lease)
+  end
+  return {'OK', nxt, taken[2]}
+end

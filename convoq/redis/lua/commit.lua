@@ -7,54 +7,67 @@
 -- KEYS[7] = journal   {prefix}:{cid}:journal:{tid}
 -- KEYS[8] = cont      {prefix}:{cid}:cont:{tid}
 -- KEYS[9] = events    {prefix}:{cid}:events:{tid}
+-- KEYS[10] = lead     {prefix}:{cid}:lead                   (only with ARGV[6])
+-- KEYS[11] = turn     {prefix}:{cid}:turn:{next tid}        (only with ARGV[6])
+-- KEYS[12] = journal  {prefix}:{cid}:journal:{next tid}     (only with ARGV[6])
+-- KEYS[13] = cont     {prefix}:{cid}:cont:{next tid}        (only with ARGV[6])
+-- KEYS[14] = events   {prefix}:{cid}:events:{next tid}      (only with ARGV[6])
 -- ARGV[1] = turn id
 -- ARGV[2] = fence
 -- ARGV[3] = the turn element (JSON, attachments as blob refs)
 -- ARGV[4] = result JSON {"text", "messages"}
--- ARGV[5] = turn ttl ms
--- ARGV[6] = events stream MAXLEN (approximate)
--- ARGV[7] = lease ms (for the hand-off to the next turn)
--- ARGV[8] = '1': refuse when a cancel was requested (the runner then fails the turn as
+-- ARGV[5] = '1': refuse when a cancel was requested (the runner then fails the turn as
 --           cancelled); '0': commit anyway
--- ARGV[9] = n: events the turn emitted since its last write
--- ARGV[10 .. 9+2n] = type, data, type, data, ... (appended before "done")
--- ARGV[10+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
+-- ARGV[6] = next tid: the turn the caller expects next (acquire's peek), '' = none
+-- ARGV[7 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
+--                 window, max attempts, error JSON over max attempts, error JSON approval
+--                 expired
+-- ARGV[14] = n: events the turn emitted since its last write
+-- ARGV[15 .. 14+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[15+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
--- turn. Then keeps the lease (same fence) if more turns wait, else frees it.
--- Returns {'OK', next turn id or false}
+-- turn. Then the hand-off (hand_over() in _lib.lua): the lease is freed when no turn
+-- waits, else kept with the same fence for the next one. When that next turn is the one
+-- named in ARGV[6] (whose keys came along), it is handed out right here, as acquire would
+-- do it (attempts, approval expiry, status running, its history window, its saved state
+-- and the peek behind it): a busy conversation costs one round trip per turn. When it is
+-- another (the expected one was cancelled meanwhile, or none was expected because it
+-- arrived later) only its id comes back and the caller acquires it with the kept fence.
+-- Returns {'OK', false[, failed]} (lease freed) / {'OK', next tid, failed or false}
+--         (acquire it) / {'OK', next tid, false, acquire's reply for it}
 --      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'|'CANCELLED'} / {'VERSION', v}
 --      or {'CORRUPT', key} (a key it writes holds the wrong type; nothing written).
 redis.replicate_commands()
-local meta, turns, blobs = KEYS[1], KEYS[2], KEYS[3]
+local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[10]}
 local k, corrupt = turn_ending(4)
 if corrupt then
   return corrupt
 end
-local tid = ARGV[1]
+local tid, o = ARGV[1], take_options(7)
 local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true})
 if refused then
   return {refused}
 end
-if ARGV[8] == '1' and cancel_requested(k.turn) then
+if ARGV[5] == '1' and cancel_requested(k.turn) then
   return {'CANCELLED'}
 end
-local bad = bad_version(meta)
+local bad = bad_version(h.meta)
 if bad then
   return {'VERSION', bad}
 end
-local bad_key = wrong_type('list', {turns}) or wrong_type('hash', {blobs})
-  or bad_counters(meta, 'turns', 'bytes')
+local bad_key = wrong_type('list', {h.turns}) or wrong_type('hash', {h.blobs})
+  or bad_counters(h.meta, 'turns', 'bytes')
 if bad_key then
   return {'CORRUPT', bad_key}
 end
-local n = tonumber(ARGV[9])
+local n = tonumber(ARGV[14])
 local now = now_ms()
-local added = store_blobs(blobs, 10 + 2 * n)
-emit_batch(k.events, ARGV[6], 10, n)
-redis.call('RPUSH', turns, ARGV[3])
-redis.call('HSETNX', meta, 'format_version', '1')
-redis.call('HINCRBY', meta, 'turns', 1)
-redis.call('HINCRBY', meta, 'bytes', string.len(ARGV[3]) + added)
-redis.call('HSET', meta, 'last_turn_id', tid)
-finish(k, tid, 'succeeded', 'result', ARGV[4], ARGV[5], ARGV[6], now)
-return {'OK', hand_off(k.lease, k.inbox, ARGV[7], now)}
+local added = store_blobs(h.blobs, 15 + 2 * n)
+emit_batch(k.events, o.maxlen, 15, n)
+redis.call('RPUSH', h.turns, ARGV[3])
+redis.call('HSETNX', h.meta, 'format_version', '1')
+redis.call('HINCRBY', h.meta, 'turns', 1)
+redis.call('HINCRBY', h.meta, 'bytes', string.len(ARGV[3]) + added)
+redis.call('HSET', h.meta, 'last_turn_id', tid)
+finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now)
+return hand_over(h, k, ARGV[6], turn_keys(k.inbox, k.lease, 11), o, now)

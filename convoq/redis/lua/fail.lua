@@ -4,30 +4,40 @@
 -- KEYS[4] = journal   {prefix}:{cid}:journal:{tid}
 -- KEYS[5] = cont      {prefix}:{cid}:cont:{tid}
 -- KEYS[6] = events    {prefix}:{cid}:events:{tid}
+-- KEYS[7] = meta      {prefix}:{cid}:meta                   (KEYS[7..14] only with ARGV[5])
+-- KEYS[8] = turns     {prefix}:{cid}:turns
+-- KEYS[9] = blobs     {prefix}:{cid}:blobs
+-- KEYS[10] = lead     {prefix}:{cid}:lead
+-- KEYS[11] = turn     {prefix}:{cid}:turn:{next tid}
+-- KEYS[12] = journal  {prefix}:{cid}:journal:{next tid}
+-- KEYS[13] = cont     {prefix}:{cid}:cont:{next tid}
+-- KEYS[14] = events   {prefix}:{cid}:events:{next tid}
 -- ARGV[1] = turn id
 -- ARGV[2] = fence
 -- ARGV[3] = error JSON {type, message, details}
 -- ARGV[4] = final status: 'failed' or 'cancelled'
--- ARGV[5] = turn ttl ms
--- ARGV[6] = events stream MAXLEN (approximate)
--- ARGV[7] = lease ms (for the hand-off to the next turn)
--- ARGV[8] = n: events the turn emitted since its last write
--- ARGV[9 .. 8+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[5] = next tid: the turn the caller expects next (acquire's peek), '' = none
+-- ARGV[6 .. 12] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
+--                 window, max attempts, error JSON over max attempts, error JSON approval
+--                 expired
+-- ARGV[13] = n: events the turn emitted since its last write
+-- ARGV[14 .. 13+2n] = type, data, type, data, ... (appended before "done")
 -- Ends the head turn without storing anything in history; guards as commit (a queued
--- head may be failed too: a handed-off turn that could not be loaded).
--- Returns {'OK', next turn id or false}
---      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
+-- head may be failed too: a handed-off turn that could not be loaded), hand-off as commit.
+-- Returns as commit, or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} /
+--         {'CORRUPT', key}.
 redis.replicate_commands()
 local k, corrupt = turn_ending(1)
 if corrupt then
   return corrupt
 end
-local tid = ARGV[1]
+local tid, o = ARGV[1], take_options(6)
 local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true, queued = true})
 if refused then
   return {refused}
 end
 local now = now_ms()
-emit_batch(k.events, ARGV[6], 9, tonumber(ARGV[8]))
-finish(k, tid, ARGV[4], 'error', ARGV[3], ARGV[5], ARGV[6], now)
-return {'OK', hand_off(k.lease, k.inbox, ARGV[7], now)}
+emit_batch(k.events, o.maxlen, 14, tonumber(ARGV[13]))
+finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now)
+local h = {meta = KEYS[7], turns = KEYS[8], blobs = KEYS[9], lead = KEYS[10]}
+return hand_over(h, k, ARGV[5], turn_keys(k.inbox, k.lease, 11), o, now)

@@ -1,0 +1,205 @@
+"""Turn records and their event streams: the reads that follow a turn (records, events,
+both in one round trip) and the writes of events, including :class:`TurnEvents`, the buffer
+that sends a running turn's events along with its fenced writes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast, get_args
+
+from convoq.engine import TurnEvent
+from convoq.errors import CorruptDataError, UnknownTurnError
+from convoq.redis._base import ProtocolBase, text
+from convoq.redis._records import TurnRecord, TurnStatus, decode_record
+
+# The fields of a turn record that change once it was submitted.
+_LIVE_FIELDS = ("status", "result", "error", "attempts", "started_ms", "finished_ms")
+log = logging.getLogger("convoq.redis")
+
+
+class EventsMixin(ProtocolBase):
+    """Turn records and event streams."""
+
+    async def get_turn(self, cid: str, turn_id: str) -> TurnRecord:
+        """The turn's record; UnknownTurnError if there is none (or it expired)."""
+        return self._record(cid, turn_id, await self.redis.hgetall(self.keys.turn(cid, turn_id)))
+
+    async def get_turn_and_last_event(self, cid: str, turn_id: str) -> tuple[TurnRecord, str]:
+        """The turn's record and the stream id of its latest event ("0" when there is
+        none), read together: whatever happens to the turn after this is an event after
+        that id. UnknownTurnError as :meth:`get_turn`."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xrevrange(self.keys.events(cid, turn_id), count=1)
+            pipe.hgetall(self.keys.turn(cid, turn_id))
+            last, raw = await pipe.execute()
+        return self._record(cid, turn_id, raw), text(last[0][0]) if last else "0"
+
+    async def read_events_and_turn(
+        self, record: TurnRecord, *, after: str, block_ms: int, count: int = 100
+    ) -> tuple[list[tuple[str, TurnEvent]], TurnRecord]:
+        """:meth:`read_events`, and ``record`` brought up to date in the same round trip
+        (its status, result, error, attempts and times are read after the events: never
+        older than them). UnknownTurnError if the record is gone."""
+        cid, turn_id = record.conversation_id, record.turn_id
+        key = self.keys.turn(cid, turn_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            block = block_ms if block_ms > 0 else None
+            pipe.xread({self.keys.events(cid, turn_id): after}, count=count, block=block)
+            pipe.hmget(key, _LIVE_FIELDS)
+            reply, live = await pipe.execute()
+        if live[0] is None:
+            raise _unknown_turn(cid, turn_id)
+        return _events(reply), _refreshed(record, dict(zip(_LIVE_FIELDS, live, strict=True)), key)
+
+    def _record(self, cid: str, turn_id: str, raw: dict[Any, Any]) -> TurnRecord:
+        fields = {text(k): v for k, v in raw.items()}
+        if not fields:
+            raise _unknown_turn(cid, turn_id)
+        return decode_record(cid, turn_id, fields, self.keys.turn(cid, turn_id))
+
+    async def emit(self, cid: str, turn_id: str, event: TurnEvent) -> None:
+        """Append an event to the turn's stream (capped, expires with the turn)."""
+        await self.emit_many(cid, turn_id, [event])
+
+    async def emit_many(self, cid: str, turn_id: str, events: Sequence[TurnEvent]) -> None:
+        """Append events to the turn's stream in order, in one round trip."""
+        key = self.keys.events(cid, turn_id)
+        datas = [self.json_arg(event.data, "event data") for event in events]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for event, data in zip(events, datas, strict=True):
+                pipe.xadd(key, {"type": event.type, "data": data}, maxlen=self.events_maxlen)
+            pipe.pexpire(key, self.turn_ttl_ms)
+            await pipe.execute()
+
+    async def read_events(
+        self, cid: str, turn_id: str, *, after: str = "0", block_ms: int = 0, count: int = 100
+    ) -> list[tuple[str, TurnEvent]]:
+        """Events after stream id ``after`` ("0": from the start); waits up to ``block_ms``
+        for the first one (0: no waiting)."""
+        key = self.keys.events(cid, turn_id)
+        block = block_ms if block_ms > 0 else None
+        return _events(await self.redis.xread({key: after}, count=count, block=block))
+
+
+def _unknown_turn(cid: str, turn_id: str) -> UnknownTurnError:
+    return UnknownTurnError(
+        f"no turn {turn_id!r} in conversation {cid!r}: it never existed or its record expired",
+        conversation_id=cid,
+        turn_id=turn_id,
+    )
+
+
+def _refreshed(record: TurnRecord, live: dict[str, bytes | None], key: str) -> TurnRecord:
+    """``record`` with its live fields as read now; CorruptDataError naming ``key``."""
+
+    def number(name: str) -> int | None:
+        value = live[name]
+        return int(value) if value not in (None, b"") else None
+
+    try:
+        status = text(live["status"] or b"")
+        if status not in get_args(TurnStatus):
+            raise ValueError(f"unknown status {status!r}")
+        return dataclasses.replace(
+            record,
+            status=cast(TurnStatus, status),
+            result=json.loads(live["result"]) if live["result"] is not None else None,
+            error=json.loads(live["error"]) if live["error"] is not None else None,
+            attempts=number("attempts") or 0,
+            started_ms=number("started_ms"),
+            finished_ms=number("finished_ms"),
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptDataError(
+            f"the turn record {key} does not parse ({type(exc).__name__}: {exc}"[:300]
+            + "); cancel the turn or clear the conversation",
+            key=key,
+        ) from exc
+
+
+def _events(reply: Any) -> list[tuple[str, TurnEvent]]:
+    """``(stream id, event)`` pairs of an XREAD reply."""
+    events: list[tuple[str, TurnEvent]] = []
+    for _stream, entries in reply or []:
+        for entry_id, fields in entries:
+            data = json.loads(fields.get(b"data", b"{}"))
+            events.append((entry_id.decode(), TurnEvent(type=fields[b"type"].decode(), data=data)))
+    return events
+
+
+class TurnEvents:
+    """The events of one running turn on their way to its stream, in the order added.
+
+    :meth:`add` only buffers. What is buffered goes out with the turn's next fenced write
+    (the runner hands :meth:`pending` to checkpoint, commit, fail or park, which append
+    the events before their own, so "done" still comes last: one round trip for both), or
+    on its own ``flush_after_s`` after it was buffered when no such write comes first (a
+    model streaming for seconds still shows its text as it comes). One write at a time,
+    so the stream keeps the order of :meth:`add`.
+    """
+
+    def __init__(
+        self,
+        protocol: EventsMixin,
+        cid: str,
+        turn_id: str,
+        *,
+        flush_after_s: float = 0.01,
+        max_buffered: int = 64,
+    ) -> None:
+        self._protocol, self._cid, self._tid = protocol, cid, turn_id
+        self._delay, self._max = flush_after_s, max_buffered
+        self._buffer: list[TurnEvent] = []
+        self._lock = asyncio.Lock()
+        self._timer: asyncio.Task[None] | None = None
+
+    async def add(self, event: TurnEvent) -> None:
+        """Buffer ``event`` (ConvoqError at once if its data is not JSON-safe)."""
+        self._protocol.json_arg(event.data, "event data")
+        self._buffer.append(event)
+        if len(self._buffer) >= self._max:
+            await self.flush()
+        elif self._timer is None or self._timer.done():
+            self._timer = asyncio.create_task(self._flush_later())
+
+    async def flush(self) -> None:
+        """Append what is buffered now to the stream."""
+        async with self._lock:
+            batch = self._buffer[:]
+            if batch:
+                await self._protocol.emit_many(self._cid, self._tid, batch)
+                del self._buffer[: len(batch)]
+
+    @contextlib.asynccontextmanager
+    async def pending(self) -> AsyncIterator[list[TurnEvent]]:
+        """The buffered events, for a fenced write to send along. They leave the buffer
+        when the block ends without an error (kept for the next write otherwise)."""
+        async with self._lock:
+            batch = self._buffer[:]
+            yield batch
+            del self._buffer[: len(batch)]
+
+    async def close(self) -> None:
+        """Stop a pending flush. Events still buffered are dropped: the turn was abandoned
+        (its lease moved on, or Redis is gone) and its next run writes its own."""
+        if self._timer is not None and not self._timer.done():
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+        self._buffer.clear()
+
+    async def _flush_later(self) -> None:
+        """Flush ``flush_after_s`` after an event was buffered, again while more came in
+        meanwhile; stop once the buffer is empty (a fenced write may have emptied it)."""
+        while self._buffer:
+            await asyncio.sleep(self._delay)
+            try:
+                await self.flush()
+            except Exception as exc:  # they stay buffered and go with the turn's next write
+                log.warning("events of turn %s/%s not sent yet: %s", self._cid, self._tid, exc)
+                return
