@@ -11,9 +11,10 @@ import stat
 from typing import Any
 
 from convoq.errors import AttachmentError
+from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, MiB
 from convoq.messages import FilePart, ImagePart
 
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+DEFAULT_MAX_BYTES = DEFAULT_MAX_ATTACHMENT_BYTES
 
 PathOrBytes = str | os.PathLike[str] | bytes
 
@@ -176,4 +177,4 @@ def _human(size: int) -> str:
         return f"{size} bytes"
     if size < 1024 * 1024:
         return f"{size / 1024:.1f} KiB ({size} bytes)"
-    return f"{size / (1024 * 1024):.1f} MiB ({size} bytes)"
+    return f"{size / MiB:.1f} MiB ({size} bytes)"

@@ -9,6 +9,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES
+
 
 class ConvoqSettings(BaseSettings):
     """Configuration from the environment (prefix ``CONVOQ_``) or keyword arguments."""
@@ -35,8 +37,8 @@ class ConvoqSettings(BaseSettings):
     max_attempts: int = Field(default=5, ge=1, description="Runs of a turn before it fails.")
     approval_ttl_s: int = Field(default=86_400, ge=1, description="Parked approvals expire.")
     turn_ttl_s: int = Field(default=7 * 86_400, ge=60, description="Finished turn records expire.")
-    max_attachment_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
-    max_turn_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    max_attachment_bytes: int = Field(default=DEFAULT_MAX_ATTACHMENT_BYTES, ge=1)
+    max_turn_bytes: int = Field(default=DEFAULT_MAX_TURN_BYTES, ge=1)
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")
     webhook_max_retries: int = Field(default=8, ge=0)
     webhook_retry_base_s: float = Field(

@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from convoq import Message
-from convoq.client._base import Limits, build_submission
+from convoq.client._base import build_submission
 from convoq.errors import (
     AttachmentError,
     ConfigurationError,
@@ -17,6 +17,7 @@ from convoq.errors import (
     InvalidMessageError,
     UnknownAgentError,
 )
+from convoq.limits import Limits
 from convoq.messages import FilePart, ImagePart, MessageRole, TextPart
 from convoq.worker import routing
 from convoq.worker.webhooks import backoff_s, build_payload, sign, verify_signature
@@ -143,7 +144,7 @@ def test_build_submission_accepts_text_and_user_messages() -> None:
                     FilePart(data=b"x" * 80, mime_type="application/pdf"),
                 ]
             ),
-            AttachmentError,
+            InvalidMessageError,  # over max_turn_bytes: the same error the store raises
         ),
     ],
 )

@@ -21,24 +21,13 @@ from convoq.errors import (
     UnknownAgentError,
 )
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
+from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import Message, coerce_user_message
 
 IfBusy = Literal["queue", "reject"]
-TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
-FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
-DEFAULT_MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024
-DEFAULT_MAX_TURN_BYTES = 64 * 1024 * 1024
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 MAX_CALLBACK_URL_CHARS = 2048
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Size limits checked before a turn is queued."""
-
-    max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES
-    max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES
 
 
 @dataclass(frozen=True)
@@ -106,20 +95,10 @@ def check_attachments(message: Message, limits: Limits) -> None:
         if size == 0:
             raise AttachmentError(f"{name} is empty: an attachment needs at least one byte")
         if size > limits.max_attachment_bytes:
-            advice = "send a smaller file or raise max_attachment_bytes"
-            raise _over_limit(name, size, limits.max_attachment_bytes, "per attachment", advice)
+            raise attachment_too_large(size, limits, name)
         total += size
     if total > limits.max_turn_bytes:
-        advice = "send fewer or smaller attachments"
-        raise _over_limit("the message", total, limits.max_turn_bytes, "per turn", advice)
-
-
-def _over_limit(what: str, size: int, limit: int, per: str, advice: str) -> AttachmentError:
-    return AttachmentError(
-        f"{what} is {size} bytes, over the {limit}-byte limit {per}; {advice}",
-        size=size,
-        max_bytes=limit,
-    )
+        raise turn_too_large(total, limits, "the message")
 
 
 def check_agent(agent: object, known: Collection[str] | None) -> str:

@@ -20,9 +20,6 @@ import redis.asyncio as aioredis
 
 from convoq._sync import call_maybe_async
 from convoq.client._base import (
-    DEFAULT_MAX_ATTACHMENT_BYTES,
-    DEFAULT_MAX_TURN_BYTES,
-    Limits,
     build_submission,
     check_call_id,
     check_turn_ref,
@@ -31,6 +28,7 @@ from convoq.client._connect import broker_url_for, resolve_redis_url, send_kick,
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.ids import check_conversation_id
+from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES, Limits
 from convoq.messages import Message
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.worker import routing

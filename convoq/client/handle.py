@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from convoq._sync import iterate_sync
-from convoq.client._base import FINAL_STATUSES, TurnStatus
 from convoq.client._blocking import blocking
 from convoq.engine import TurnEvent
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
+from convoq.redis._records import FINAL_STATUSES, TurnStatus
 
 if TYPE_CHECKING:
     from convoq.client.aclient import AsyncClient

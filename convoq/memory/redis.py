@@ -19,10 +19,10 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 
 from convoq._sync import run_in_portal, run_sync
+from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
-from convoq.redis._codec import MiB
 from convoq.redis._history import append_history
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
@@ -55,8 +55,8 @@ class RedisConversationMemory(StoredConversationMemory):
         url: str | None = None,
         *,
         prefix: str = "convoq",
-        max_attachment_bytes: int = 20 * MiB,
-        max_turn_bytes: int = 64 * MiB,
+        max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES,
+        max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
         client: aioredis.Redis | None = None,
         home: str | Path = ".convoq",
     ) -> None:

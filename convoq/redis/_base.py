@@ -29,7 +29,7 @@ from convoq.errors import (
     TurnCancelledError,
     UnknownTurnError,
 )
-from convoq.redis._codec import Limits, MiB
+from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES, Limits
 from convoq.redis._history import stored_data_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
@@ -148,8 +148,8 @@ class ProtocolBase:
         redis: aioredis.Redis,
         keys: KeySchema,
         *,
-        max_attachment_bytes: int = 20 * MiB,
-        max_turn_bytes: int = 64 * MiB,
+        max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES,
+        max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
         turn_ttl_s: int = 7 * DAY_S,
         events_maxlen: int = 1000,
     ) -> None:

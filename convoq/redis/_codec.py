@@ -19,19 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from convoq.errors import AttachmentError, CorruptDataError, InvalidMessageError
+from convoq.errors import CorruptDataError
+from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import Message, TextPart
 
 FORMAT_VERSION = 1
-MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Size limits checked before anything is written."""
-
-    max_attachment_bytes: int = 20 * MiB
-    max_turn_bytes: int = 64 * MiB
 
 
 @dataclass
@@ -81,23 +73,12 @@ def check_turn_size(encoded: Encoded, limits: Limits) -> None:
     """Raise if the elements plus their blobs exceed ``max_turn_bytes``."""
     size = sum(len(e) for e in encoded.elements) + sum(len(b) for b in encoded.blobs.values())
     if size > limits.max_turn_bytes:
-        raise InvalidMessageError(
-            f"the turn takes {size} bytes, over max_turn_bytes={limits.max_turn_bytes};"
-            " send fewer or smaller attachments or raise max_turn_bytes",
-            rule="max_turn_bytes",
-            size=size,
-            limit=limits.max_turn_bytes,
-        )
+        raise turn_too_large(size, limits)
 
 
 def _check_attachment(size: int, limits: Limits) -> None:
     if size > limits.max_attachment_bytes:
-        raise AttachmentError(
-            f"an attachment of {size} bytes is over max_attachment_bytes="
-            f"{limits.max_attachment_bytes}; shrink it or raise max_attachment_bytes",
-            size=size,
-            limit=limits.max_attachment_bytes,
-        )
+        raise attachment_too_large(size, limits)
 
 
 def check_message_limits(message: Message, limits: Limits) -> bytes:
@@ -106,13 +87,7 @@ def check_message_limits(message: Message, limits: Limits) -> bytes:
         _check_attachment(len(part.data), limits)
     raw = message.model_dump_json().encode("utf-8")
     if len(raw) > limits.max_turn_bytes:
-        raise InvalidMessageError(
-            f"the message takes {len(raw)} bytes as JSON, over max_turn_bytes="
-            f"{limits.max_turn_bytes}; send smaller attachments or raise max_turn_bytes",
-            rule="max_turn_bytes",
-            size=len(raw),
-            limit=limits.max_turn_bytes,
-        )
+        raise turn_too_large(len(raw), limits, "the message as JSON")
     return raw
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from convoq.errors import CorruptDataError, UnsupportedFormatVersionError
+from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
 from convoq.redis._codec import (
     FORMAT_VERSION,
     Encoded,
-    Limits,
     check_turn_size,
     decode_elements,
     encode_element,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from pydantic import ValidationError
 
@@ -13,7 +13,8 @@ from convoq.errors import CorruptDataError
 from convoq.messages import Message
 
 TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
-_STATUSES = ("queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled")
+_STATUSES: tuple[str, ...] = get_args(TurnStatus)
+FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 DECISION_FIELD = "decision:"
 
 
