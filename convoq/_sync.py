@@ -55,12 +55,22 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
-        """Drive an async iterator from sync code, one item at a time."""
-        while True:
-            try:
-                yield self.run(_anext(agen))
-            except StopAsyncIteration:
-                return
+        """Drive an async iterator from sync code, one item at a time.
+
+        Leaving the loop early closes an async generator at once (its ``finally`` runs on
+        the loop before this returns), not whenever it is garbage-collected.
+        """
+        try:
+            while True:
+                try:
+                    item = self.run(_anext(agen))
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                self.run(aclose())
 
 
 async def _anext(agen: AsyncIterator[T]) -> T:

@@ -112,7 +112,9 @@ class Agent:
             response = await task
         finally:
             if not task.done():
+                # Left early: stop the turn and wait until it has released its conversation.
                 task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         yield TurnEvent(type="done", data={"status": response.status, "text": response.text})
 
     async def aresume(
@@ -127,9 +129,9 @@ class Agent:
         try:
             history = await self._load_history(cont) if cont.uses_memory else cont.history
         except BaseException:
-            self._release(cont)
+            self._release(cont, spent=True)
             raise
-        return await self._finish(cont, history, cont.state, _no_events)
+        return await self._finish(cont, history, cont.state, _no_events, issued=True)
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
@@ -191,7 +193,7 @@ class Agent:
                 token=_token(), uses_memory=False, history=input.messages[:-1],
                 state=TurnState.start(input.messages[-1]), agent=self.name,
             )  # fmt: skip
-            return await self._finish(cont, cont.history, cont.state, emit)
+            return await self._finish(cont, cont.history, cont.state, emit, issued=False)
         message = coerce_user_message(input)
         cid = conversation_id if conversation_id is not None else self.conversation_id
         if cid is not None:
@@ -206,9 +208,9 @@ class Agent:
             # Not kept in the continuation: the history cannot change while reserved.
             history = await self._load_history(cont)
         except BaseException:
-            self._release(cont)
+            self._release(cont, spent=False)
             raise
-        return await self._finish(cont, history, cont.state, emit)
+        return await self._finish(cont, history, cont.state, emit, issued=False)
 
     async def _load_history(self, cont: Continuation) -> list[Message]:
         if not cont.uses_memory or self.memory is None or cont.conversation_id is None:
@@ -218,8 +220,17 @@ class Agent:
         )
 
     async def _finish(
-        self, cont: Continuation, history: list[Message], state: TurnState, emit: EventSink
+        self,
+        cont: Continuation,
+        history: list[Message],
+        state: TurnState,
+        emit: EventSink,
+        *,
+        issued: bool,
     ) -> Response:
+        """Run the loop; ``issued``: the token went out in a continuation (it is then spent
+        when the turn ends, so that continuation cannot run twice; tokens never handed out
+        are not remembered, so the spent set grows only with approvals)."""
         loop = TurnLoop(
             model=self.model, tools=self.tools, history=history,
             instructions=self.instructions, max_steps=self.max_steps, emit=emit,
@@ -227,7 +238,7 @@ class Agent:
         try:
             outcome: Outcome = await loop.run(state)
         except BaseException:
-            self._release(cont)
+            self._release(cont, spent=issued)
             raise
         if not isinstance(outcome, Completed):
             # Paused: the conversation stays reserved until resume or discard.
@@ -243,7 +254,7 @@ class Agent:
         try:
             await self._store(cont, outcome.messages, response)
         finally:
-            self._release(cont)
+            self._release(cont, spent=issued)
         return response
 
     async def _store(self, cont: Continuation, turn: list[Message], response: Response) -> None:
@@ -263,9 +274,9 @@ class Agent:
         if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
             self.memory.reserve(cont.conversation_id, cont.token)
 
-    def _release(self, cont: Continuation) -> None:
+    def _release(self, cont: Continuation, *, spent: bool) -> None:
         if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
-            self.memory.release(cont.conversation_id, cont.token, spent=True)
+            self.memory.release(cont.conversation_id, cont.token, spent=spent)
 
 
 async def _no_events(_event: TurnEvent) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from convoq._cli_render import (
     console,
@@ -38,7 +39,14 @@ app = typer.Typer(
 
 def _settings(**overrides: Any) -> ConvoqSettings:
     values = {k: v for k, v in overrides.items() if v is not None}
-    return ConvoqSettings(**values)
+    try:
+        return ConvoqSettings(**values)
+    except ValidationError as exc:
+        # A bad CONVOQ_* value is a configuration error, not a traceback.
+        for problem in exc.errors():
+            name = "CONVOQ_" + "_".join(str(p) for p in problem["loc"]).upper()
+            err_console.print(f"[red]error:[/red] {name}: {problem['msg']}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 @contextmanager

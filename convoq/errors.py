@@ -169,5 +169,11 @@ def error_from_data(data: dict[str, Any]) -> ConvoqError:
     if cls is None or cls in (ModelHTTPError, TurnFailedError, ConversationMemoryError):
         return TurnFailedError(message, remote_type=name, remote_details=details)
     err = cls.__new__(cls)
-    ConvoqError.__init__(err, message, **details)
+    # Set the fields directly: stored details are data, and a "message" key among them
+    # must not clash with the message argument.
+    Exception.__init__(err, message)
+    err.message = message
+    err.details = dict(details) if isinstance(details, dict) else {"details": details}
+    if isinstance(err, ConversationMemoryError):
+        err.response = None  # the answer of a remote turn stays in its record
     return err

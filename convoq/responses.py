@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from convoq.engine import Decision, TurnState
 from convoq.errors import ConvoqError
@@ -42,12 +42,18 @@ class Response(BaseModel):
 
 
 def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:
-    if isinstance(value, Continuation):
-        cont = value.model_copy(deep=True)
-    elif isinstance(value, str):
-        cont = Continuation.model_validate_json(value)
-    else:
-        cont = Continuation.model_validate(value)
+    try:
+        if isinstance(value, Continuation):
+            cont = value.model_copy(deep=True)
+        elif isinstance(value, str):
+            cont = Continuation.model_validate_json(value)
+        else:
+            cont = Continuation.model_validate(value)
+    except ValidationError as exc:
+        raise ConvoqError(
+            f"not a continuation ({exc.error_count()} problems, first: {exc.errors()[0]['msg']});"
+            " pass the continuation of an awaiting_approval Response, or its JSON, unchanged"
+        ) from None
     if cont.version != CONTINUATION_VERSION:
         raise ConvoqError(
             f"continuation version {cont.version} is not supported (expected"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from convoq.errors import ConvoqError
 from convoq.messages import Message, MessageRole
 
 _LEADING_ROLES = (MessageRole.SYSTEM, MessageRole.DEVELOPER)
@@ -35,7 +36,7 @@ def last_turns(messages: list[Message], keep: int | None) -> list[Message]:
     if not keep:
         return list(messages)
     if keep < 0:
-        raise ValueError("keep_last_turns must be >= 0")
+        raise ConvoqError("keep_last_turns must be >= 0 (0 keeps every turn)")
     lead, turns = split_turns(messages)
     kept = [m for turn in turns[-keep:] for m in turn]
     return lead + kept

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from convoq import Agent, FilePart, GenerationRequest, ImagePart, Message, TextPart, ToolCall
+from convoq import Agent, FilePart, GenerationRequest, ImagePart, Message, TextPart, ToolCall, tool
 from convoq.errors import (
     ConversationBusyError,
     ConversationMemoryError,
@@ -273,3 +273,38 @@ async def test_astream_async_iteration() -> None:
 async def test_sync_api_works_inside_a_running_loop() -> None:
     agent = Agent(ScriptedModel(lambda req: "sync inside async"))
     assert agent.generate("hi").text == "sync inside async"
+
+
+def test_leaving_a_stream_early_stops_the_turn_and_frees_the_conversation() -> None:
+    @tool
+    async def slow() -> str:
+        """Takes a minute."""
+        await asyncio.sleep(60)
+        return "late"
+
+    def script(request: ModelRequest) -> str | Message:
+        if request.messages[-1].text == "first":
+            call = ToolCall(id="c1", name="slow", arguments={})
+            return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
+        return "second answer"
+
+    memory = InMemoryConversationMemory()
+    agent = Agent(ScriptedModel(script), memory=memory, conversation_id="early", tools=[slow])
+    for event in agent.stream("first"):
+        assert event.type == "assistant"
+        break
+    # The abandoned turn is stopped before the loop ends: nothing of it is stored and the
+    # conversation is free at once.
+    assert agent.generate("second").text == "second answer"
+    assert [m.text for m in memory.load("early")] == ["second", "second answer"]
+
+
+def test_turns_that_never_paused_leave_no_reservation_state_behind() -> None:
+    # Only tokens handed out in a continuation must be remembered as spent; remembering
+    # every turn's token would grow without bound in a long-lived process.
+    memory = InMemoryConversationMemory()
+    agent = Agent(ScriptedModel(lambda req: "ok"), memory=memory, conversation_id="many")
+    for _ in range(5):
+        agent.generate("hi")
+    state = memory._reservation_state
+    assert state.holders == {} and state.spent == set()

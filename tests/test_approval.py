@@ -108,3 +108,11 @@ def test_unknown_call_id_in_decisions_is_refused(setup) -> None:  # type: ignore
     r = agent.generate("pay bob")
     with pytest.raises(ConvoqError, match="no pending tool call"):
         agent.resume(r.continuation, {"nope": True})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["not json", "{}", {"token": "t"}])
+def test_a_malformed_continuation_is_a_convoq_error(setup, bad) -> None:  # type: ignore[no-untyped-def]
+    agent, memory = setup
+    with pytest.raises(ConvoqError, match="not a continuation"):
+        agent.resume(bad, {"t1": True})
+    assert memory.load("bank") == []

@@ -183,3 +183,11 @@ def test_worker_consumes_only_the_chosen_partitions(
             assert client.submit(cid, "routed", agent="echo").wait(30).text == "seen: routed"
     finally:
         pool.stop_all()
+
+
+def test_a_bad_setting_is_an_error_message_not_a_traceback(pool: WorkerPool) -> None:
+    env = {**pool.env, "CONVOQ_PARTITIONS": "many"}
+    result = CliRunner().invoke(app, ["history", "some-conversation"], env=env)
+    output = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert result.exit_code == 2, output
+    assert "CONVOQ_PARTITIONS" in output and "Traceback" not in output

@@ -13,6 +13,7 @@ from convoq import ImagePart, Message, TextPart
 from convoq.client import AsyncClient, Client
 from convoq.errors import (
     AttachmentError,
+    ConfigurationError,
     ConversationBusyError,
     InvalidCallbackUrlError,
     InvalidConversationIdError,
@@ -174,3 +175,11 @@ async def test_async_client_submit_and_status(redis_url: str, key_prefix: str) -
         assert await handle.status() == "queued"
         assert (await handle.result()).status == "queued"
         assert await client.history(handle.conversation_id) == []
+
+
+@pytest.mark.parametrize("partitions", [0, -1, True])
+def test_a_bad_partition_count_is_refused_when_the_client_is_made(
+    redis_url: str, key_prefix: str, partitions: int
+) -> None:
+    with pytest.raises(ConfigurationError, match="partitions"):
+        AsyncClient(redis_url, prefix=key_prefix, partitions=partitions)

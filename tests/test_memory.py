@@ -19,6 +19,7 @@ import pytest
 from convoq.errors import (
     ConfigurationError,
     ConversationMemoryError,
+    ConvoqError,
     CorruptDataError,
     InvalidConversationIdError,
     InvalidMessageError,
@@ -27,6 +28,7 @@ from convoq.errors import (
 from convoq.loaders import load_image, load_pdf
 from convoq.memory import ConversationMemory, FileConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
+from convoq.window import last_turns
 from tests.support.memory_backends import BACKENDS, close_memory, make_memory
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,6 +156,14 @@ def test_last_turns_keeps_lead_and_whole_last_turns(memory: ConversationMemory, 
     assert memory.load("c", last_turns=0) == everything
     assert memory.load("c", last_turns=None) == everything
     assert memory.load("c") == everything  # windowing never trims storage
+
+
+def test_negative_last_turns_is_a_convoq_error(memory: ConversationMemory) -> None:
+    memory.append("c", [Message.user("u")])
+    with pytest.raises(ConvoqError, match="last_turns must be >= 0"):
+        memory.load("c", last_turns=-1)
+    with pytest.raises(ConvoqError, match="keep_last_turns must be >= 0"):
+        last_turns([Message.user("u")], -1)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 from convoq.errors import ModelError, ModelHTTPError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.models import Model, ModelRequest, OpenAIChatModel, ToolSpec, openai
-from convoq.models._openai_wire import retry_after
+from convoq.models._openai_wire import StreamAssembler, retry_after
 from tests.support.openai_server import OpenAIServer, tool_call_chunk
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
@@ -580,3 +580,9 @@ NOW = datetime(2030, 1, 1, tzinfo=UTC)
 )
 def test_retry_after_parsing(headers: dict[str, str], expected: float | None) -> None:
     assert retry_after(headers, cap=60.0, now=NOW) == expected
+
+
+def test_a_stream_tool_call_whose_function_is_not_an_object_is_a_model_error() -> None:
+    chunk = {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "oops"}]}}]}
+    with pytest.raises(ModelError, match="no function object"):
+        StreamAssembler().feed("data: " + json.dumps(chunk))

@@ -44,3 +44,15 @@ def test_errors_travel_as_data() -> None:
     unknown = convoq.errors.error_from_data({"type": "ValueError", "message": "bad"})
     assert isinstance(unknown, convoq.errors.TurnFailedError)
     assert unknown.remote_type == "ValueError"
+
+
+def test_errors_with_extra_fields_travel_as_data() -> None:
+    err = convoq.errors.CorruptDataError("bad file", path="/x")
+    back = convoq.errors.error_from_data(err.to_data())
+    assert type(back) is convoq.errors.CorruptDataError
+    assert back.response is None and back.details == {"path": "/x"}
+    # A stored "message" detail must not clash with the message argument.
+    odd = convoq.errors.error_from_data(
+        {"type": "ToolError", "message": "m", "details": {"message": "d"}}
+    )
+    assert type(odd) is convoq.errors.ToolError and odd.details == {"message": "d"}

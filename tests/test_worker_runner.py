@@ -137,3 +137,81 @@ async def test_sweeper_reports_the_approvals_it_expires(
     assert await last_event(proto, "t1") == ("done", {"status": "failed"})
     await sweeper.sweep_once()
     assert len(hook.calls) == 1  # reported once, by whichever script failed it
+
+
+class ResentCommit:
+    """Runs the commit script twice and answers with the second reply, as redis-py does
+    when the reply to an EVALSHA is lost to a socket timeout and it sends it again."""
+
+    def __init__(self, proto: TurnProtocol) -> None:
+        self._run = proto.scripts.run
+
+    async def __call__(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
+        if name == "commit":
+            await self._run(name, keys, args)
+        return await self._run(name, keys, args)
+
+
+async def test_a_resent_commit_still_gets_the_finished_hook(
+    proto: TurnProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = Finished()
+    await submit(proto, "t1", HOOK)
+    monkeypatch.setattr(proto.scripts, "run", ResentCommit(proto))
+
+    report = await runner(proto, hook).drain(CID)
+
+    assert report.succeeded == ["t1"]
+    assert hook.calls == [(CID, "t1", HOOK)]  # the callback is owed all the same
+    assert len(await proto.history(CID)) == 2  # and the turn was stored once
+    assert (await proto.get_turn(CID, "t1")).status == "succeeded"
+
+
+async def test_sweeper_skips_an_inbox_entry_that_is_no_turn_id(
+    proto: TurnProtocol, key_prefix: str
+) -> None:
+    kicked: list[str] = []
+
+    async def kick(cid: str) -> None:
+        kicked.append(cid)
+
+    await proto.redis.rpush(proto.keys.inbox("broken"), b"not a turn id!")
+    await submit(proto, "t1", {})  # queued, no lease: stranded
+    sweeper = Sweeper(proto, kick, interval_s=1.0)
+
+    assert await sweeper.sweep_once() == kicked == [CID]
+
+
+class LeaseStolenBeforePark(TurnProtocol):
+    """Another worker takes the conversation over just before this one parks its turn
+    (the lease lapsed after the last checkpoint): a real script call, a real refusal."""
+
+    async def park(self, cid: str, turn_id: str, **kwargs: Any) -> None:
+        await self.redis.hset(self.keys.lease(cid), "fence", "999999999999999999")
+        await super().park(cid, turn_id, **kwargs)
+
+
+async def test_a_park_refused_for_a_stolen_lease_abandons_the_turn(
+    redis_url: str, key_prefix: str
+) -> None:
+    from convoq import tool
+
+    @tool(requires_approval=True)
+    def transfer() -> str:
+        return "sent"
+
+    def ask(request: Any) -> Message:
+        return Message.assistant("", tool_calls=[ToolCall(id="c1", name="transfer")])
+
+    proto = LeaseStolenBeforePark.from_url(redis_url, prefix=key_prefix)
+    try:
+        agent = Agent(ScriptedModel(ask), name="echo", tools=[transfer])
+        config = RunnerConfig(worker_id="w-test", lease_ms=5_000)
+        hook = Finished()
+        await submit(proto, "t-stolen", {})
+        report = await Runner(proto, Profiles([agent]), config, on_finished=hook).drain(CID)
+        assert report.abandoned == ["t-stolen"] and report.parked == []
+        record = await proto.get_turn(CID, "t-stolen")
+        assert record.status == "running" and hook.calls == []
+    finally:
+        await proto.close()

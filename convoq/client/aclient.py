@@ -80,6 +80,12 @@ class AsyncClient:
         home: Path | None = None,
         max_connections: int = 100,
     ) -> None:
+        # Checked here: a bad count would only fail when routing, after the turn is stored.
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ConfigurationError(
+                f"partitions must be an int >= 1 matching the workers' CONVOQ_PARTITIONS,"
+                f" not {partitions!r}"
+            )
         self.redis_url = resolve_redis_url(redis_url, home)
         self.broker_url = broker_url_for(self.redis_url, broker_url)
         self.prefix = prefix

@@ -120,7 +120,7 @@ class StoredConversationMemory(ConversationMemory, ABC):
     async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
         check_conversation_id(conversation_id)
         if last_turns is not None and last_turns < 0:
-            raise ValueError("last_turns must be >= 0")
+            raise ConvoqError("last_turns must be >= 0 (None or 0 loads every turn)")
         messages = await self._read(conversation_id, last_turns or None)
         # Backends may window at the source; this guarantees the contract for all of them.
         return window_last_turns(messages, last_turns)

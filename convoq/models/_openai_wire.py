@@ -221,6 +221,8 @@ class StreamAssembler:
         index = call.get("index", position)
         entry = self._calls.setdefault(index if isinstance(index, int) else position, ["", "", ""])
         function = call.get("function") or {}
+        if not isinstance(function, dict):
+            raise ModelError(f"a tool call delta has no function object: {call!r}")
         # id and name come once (first one wins); arguments arrive in pieces.
         entry[0] = entry[0] or str(call.get("id") or "")
         entry[1] = entry[1] or str(function.get("name") or "")

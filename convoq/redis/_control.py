@@ -5,6 +5,7 @@ that holds no lease."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any, Literal
 
@@ -14,6 +15,9 @@ from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message
 from convoq.redis._base import ProtocolBase, approval_expired_error, text
 from convoq.redis._history import load_history
+from convoq.redis._taking import valid_turn_id
+
+log = logging.getLogger("convoq.redis")
 
 _CLEAR_RETRIES = 20
 
@@ -131,7 +135,11 @@ class ControlMixin(ProtocolBase):
         head = await self.redis.lindex(self.keys.inbox(cid), 0)
         if head is None:
             return False
-        tid = check_turn_id(text(head))
+        tid = valid_turn_id(head)
+        if tid is None:
+            # One damaged inbox must not stop the sweep of every other conversation.
+            log.error("the inbox of conversation %r holds %r, not a turn id: skipped", cid, head)
+            return False
         error = self.json_arg(approval_expired_error(), "error")
         args = [tid, error, self.turn_ttl_ms, self.events_maxlen, "expire"]
         reply = await self.scripts.run("discard", self._turn_control_keys(cid, tid), args)

@@ -144,15 +144,21 @@ class Runner:
             return await self._fail(run, exc, report)
         if isinstance(outcome, Completed):
             return await self._commit(run, outcome, report)
-        async with run.events.pending() as events:
-            await self._protocol.park(
-                cid,
-                tid,
-                fence=acq.fence,
-                state=outcome.state,
-                approval_ttl_ms=self._config.approval_ttl_s * 1000,
-                events=events,
-            )
+        try:
+            async with run.events.pending() as events:
+                await self._protocol.park(
+                    cid,
+                    tid,
+                    fence=acq.fence,
+                    state=outcome.state,
+                    approval_ttl_ms=self._config.approval_ttl_s * 1000,
+                    events=events,
+                )
+        except (StaleFenceError, NotInboxHeadError) as refused:
+            # Another worker owns the conversation now: its run of this turn decides.
+            log.warning("park of %s/%s refused (%s): abandoned", cid, tid, refused.message)
+            report.abandoned.append(tid)
+            return None
         report.parked.append(tid)
         return None
 
@@ -247,8 +253,12 @@ class Runner:
                     **outcome,
                 )
         except TurnAlreadyAppliedError:
+            # Most often our own write resent after a lost reply (redis-py retries on a
+            # timeout): the turn did end, so its callback is owed. A duplicate, when another
+            # worker ended it, is the lesser harm (webhooks are at-least-once anyway).
             log.info("turn %s/%s had already ended; nothing was written", cid, tid)
             replayed.append(tid)
+            await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
             return None
         except (StaleFenceError, NotInboxHeadError) as refused:
             log.warning("ending %s/%s was refused (%s): abandoned", cid, tid, refused.message)
