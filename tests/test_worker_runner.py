@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from convoq import Agent
 from convoq.engine import TurnState
@@ -215,3 +216,48 @@ async def test_a_park_refused_for_a_stolen_lease_abandons_the_turn(
         assert record.status == "running" and hook.calls == []
     finally:
         await proto.close()
+
+
+class RedisGoneAfterCommit(TurnProtocol):
+    """Redis becomes unreachable right after a commit, before the next turn is taken."""
+
+    async def _take(self, cid: str, head: Any, t: Any) -> Any:
+        if getattr(self, "committed", False):
+            raise RedisConnectionError("Connection closed by server.")
+        return await super()._take(cid, head, t)
+
+    async def commit(self, cid: str, turn_id: str, **kwargs: Any) -> Any:
+        self.committed = True
+        return await super().commit(cid, turn_id, **kwargs)
+
+
+async def test_a_stored_turn_keeps_its_callback_when_redis_goes_away_before_the_next(
+    redis_url: str, key_prefix: str
+) -> None:
+    proto = RedisGoneAfterCommit.from_url(redis_url, prefix=key_prefix)
+    loop = asyncio.get_running_loop()
+
+    def answer_while_t2_arrives(request: Any) -> str:
+        # t-2 arrives while t-1 runs: the commit names it and a second call must take it.
+        asyncio.run_coroutine_threadsafe(submit(proto, "t-2", HOOK), loop).result()
+        return "done"
+
+    try:
+        hook = Finished()
+        await submit(proto, "t-1", HOOK)
+        agent = Agent(ScriptedModel(answer_while_t2_arrives), name="echo")
+        config = RunnerConfig(worker_id="w-test", lease_ms=5_000)
+        report = await Runner(proto, Profiles([agent]), config, on_finished=hook).drain(CID)
+        assert report.succeeded == ["t-1"]
+        assert [tid for _, tid, _ in hook.calls] == ["t-1"]
+        assert (await proto.get_turn(CID, "t-1")).status == "succeeded"
+        assert (await proto.get_turn(CID, "t-2")).status == "queued"
+    finally:
+        await proto.close()
+
+
+async def test_a_negative_history_window_is_a_convoq_error(proto: TurnProtocol) -> None:
+    from convoq.errors import ConvoqError
+
+    with pytest.raises(ConvoqError, match="last_turns must be >= 0"):
+        await proto.history(CID, last_turns=-1)

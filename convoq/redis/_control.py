@@ -10,7 +10,7 @@ import uuid
 from typing import Any, Literal
 
 from convoq.engine import Decision
-from convoq.errors import ConversationMemoryError, TurnCancelledError
+from convoq.errors import ConversationMemoryError, ConvoqError, TurnCancelledError
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message
 from convoq.redis._base import ProtocolBase, approval_expired_error, text
@@ -111,7 +111,7 @@ class ControlMixin(ProtocolBase):
         """Stored messages: the leading system/developer ones plus the last N turns."""
         check_conversation_id(cid)
         if last_turns is not None and last_turns < 0:
-            raise ValueError("last_turns must be >= 0")
+            raise ConvoqError("last_turns must be >= 0 (0 or None loads the whole history)")
         return await load_history(self.scripts, self.keys, cid, last_turns)
 
     async def sweep_candidates(

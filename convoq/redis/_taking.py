@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from convoq.errors import ConvoqError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.redis._base import ProtocolBase, approval_expired_error, max_attempts_error, text
@@ -134,4 +137,9 @@ class TakingMixin(ProtocolBase):
             return self._acquired(cid, tid, taken, t.window)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
+            return None
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # Redis went away between the two calls: the lease lapses and the sweeper
+            # re-kicks the next turn; the stored turn must not look failed.
+            log.warning("cannot hand conversation %s its next turn now: %s", cid, exc)
             return None
