@@ -123,7 +123,8 @@ def flower(
     users = basic_auth or [u for u in (s.flower_basic_auth or "").split(",") if u]
     argv += [f"--basic-auth={item}" for item in users]
     # Flower needs the broker, events and remote control; no agent profiles are loaded.
-    celery_app = create_app(s)
+    with reported():
+        celery_app = create_app(s)
     raise typer.Exit(celery_app.start(argv) or 0)
 
 

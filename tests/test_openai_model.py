@@ -586,3 +586,26 @@ def test_a_stream_tool_call_whose_function_is_not_an_object_is_a_model_error() -
     chunk = {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "oops"}]}}]}
     with pytest.raises(ModelError, match="no function object"):
         StreamAssembler().feed("data: " + json.dumps(chunk))
+
+
+async def test_an_answer_over_max_response_bytes_is_refused(server: OpenAIServer) -> None:
+    small = openai("gpt-x", base_url=server.url, api_key="k", max_response_bytes=2000)
+    try:
+        server.reply_text("x" * 5000)
+        with pytest.raises(ModelError, match="max_response_bytes=2000"):
+            await small.request(ask())
+        server.reply_text("fits")
+        assert (await small.request(ask())).text == "fits"
+    finally:
+        await small.aclose()
+
+
+async def test_an_error_body_is_kept_only_in_part(server: OpenAIServer) -> None:
+    chat = openai("gpt-x", base_url=server.url, api_key="k", max_retries=0)
+    try:
+        server.reply_raw(b"e" * 200_000, status=400)
+        with pytest.raises(ModelHTTPError) as caught:
+            await chat.request(ask())
+        assert caught.value.status_code == 400 and 0 < len(caught.value.body) <= 64 * 1024
+    finally:
+        await chat.aclose()

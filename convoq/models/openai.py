@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from convoq.errors import ModelError, ModelHTTPError
+from convoq.limits import MiB
 from convoq.messages import Message
 from convoq.models._openai_wire import StreamAssembler, build_body, parse_completion, retry_after
 from convoq.models.base import ModelRequest, TextDeltaHandler
@@ -24,6 +25,8 @@ from convoq.models.base import ModelRequest, TextDeltaHandler
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_RETRY_AFTER = 60.0
 MAX_BACKOFF = 8.0
+DEFAULT_MAX_RESPONSE_BYTES = 16 * MiB
+MAX_ERROR_BODY_BYTES = 64 * 1024
 
 
 class _RetryableError(Exception):
@@ -49,6 +52,8 @@ class OpenAIChatModel:
         http_client: an ``httpx.AsyncClient`` to use; its owner closes it. Without one, a
             client per event loop is created on first use; :meth:`aclose` closes them.
         retry_base_delay: first backoff in seconds, doubled each retry (capped at 8 s).
+        max_response_bytes: a non-streamed answer larger than this is refused (ModelError)
+            instead of being read into memory whole.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class OpenAIChatModel:
         headers: Mapping[str, str] | None = None,
         http_client: httpx.AsyncClient | None = None,
         retry_base_delay: float = 0.5,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if max_retries < 0:
             raise ModelError(f"max_retries must be 0 or more, not {max_retries}")
@@ -74,6 +80,7 @@ class OpenAIChatModel:
         self.timeout = httpx.Timeout(timeout)
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
+        self.max_response_bytes = max_response_bytes
         self.extra_body = dict(extra_body or {})
         self.headers = dict(headers or {})
         self._http_client = http_client
@@ -143,7 +150,8 @@ class OpenAIChatModel:
             ) as response:
                 await _check_status(response)
                 if on_text_delta is None or not _is_event_stream(response):
-                    message = parse_completion(await response.aread())
+                    raw = await _read_bounded(response, self.max_response_bytes)
+                    message = parse_completion(raw)
                     if on_text_delta is not None and message.text:
                         await on_text_delta(message.text)  # the server did not stream
                     return message
@@ -188,6 +196,20 @@ class OpenAIChatModel:
         await self.aclose()
 
 
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """The whole body, or ModelError once it grows past ``limit`` bytes."""
+    raw = bytearray()
+    async for chunk in response.aiter_bytes():
+        raw += chunk
+        if len(raw) > limit:
+            raise ModelError(
+                f"the model endpoint answered more than max_response_bytes={limit} bytes;"
+                " raise max_response_bytes if such answers are expected",
+                limit=limit,
+            )
+    return bytes(raw)
+
+
 def openai(model_name: str, **kwargs: Any) -> OpenAIChatModel:
     """An :class:`OpenAIChatModel` for ``model_name``; keyword arguments as its constructor."""
     return OpenAIChatModel(model_name, **kwargs)
@@ -197,7 +219,13 @@ async def _check_status(response: httpx.Response) -> None:
     status = response.status_code
     if status < 400:
         return
-    body = (await response.aread()).decode("utf-8", errors="replace")
+    # Only the start of an error body is kept: enough to say what went wrong.
+    raw = b""
+    async for chunk in response.aiter_bytes():
+        raw += chunk
+        if len(raw) >= MAX_ERROR_BODY_BYTES:
+            break
+    body = raw[:MAX_ERROR_BODY_BYTES].decode("utf-8", errors="replace")
     error = ModelHTTPError(
         f"the model endpoint answered HTTP {status} for {response.request.url}: {body[:500]}",
         status_code=status,
