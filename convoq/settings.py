@@ -10,6 +10,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES
+from convoq.redis.embedded import DEFAULT_HOME
 
 
 class ConvoqSettings(BaseSettings):
@@ -26,7 +27,7 @@ class ConvoqSettings(BaseSettings):
         default=None, description="Celery broker; defaults to redis_url (amqp:// works too)."
     )
     prefix: str = Field(default="convoq", description="Prefix of every Redis key.")
-    home: Path = Field(default=Path(".convoq"), description="Where the embedded Redis lives.")
+    home: Path = Field(default=DEFAULT_HOME, description="Where the embedded Redis lives.")
     partitions: int = Field(default=16, ge=1, le=1024, description="Queues convoq.p0..p{N-1}.")
     agents: str | None = Field(default=None, description="Module with the agent profiles.")
     concurrency: int = Field(default=32, ge=1, description="Turns in flight per worker process.")

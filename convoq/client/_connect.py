@@ -12,7 +12,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
-DEFAULT_HOME = Path(".convoq")
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
 HEAD_HEADER = "convoq_head"
@@ -25,7 +24,7 @@ def resolve_redis_url(redis_url: str | None, home: Path | None = None) -> str:
         return redis_url
     from convoq.redis import embedded  # lazy: only without a configured Redis
 
-    return embedded.embedded_url(home or DEFAULT_HOME)
+    return embedded.embedded_url(home or embedded.DEFAULT_HOME)
 
 
 def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:

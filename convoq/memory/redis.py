@@ -24,6 +24,7 @@ from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
 from convoq.redis._history import append_history
+from convoq.redis.embedded import DEFAULT_HOME
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
 
@@ -58,7 +59,7 @@ class RedisConversationMemory(StoredConversationMemory):
         max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES,
         max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
         client: aioredis.Redis | None = None,
-        home: str | Path = ".convoq",
+        home: str | Path = DEFAULT_HOME,
     ) -> None:
         self._keys = KeySchema(prefix)
         self._url = url
