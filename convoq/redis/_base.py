@@ -36,6 +36,10 @@ from convoq.redis.scripts import Scripts
 
 DAY_S = 86_400
 
+# Errors that say Redis cannot be reached (after the client's own retries and reconnects),
+# as opposed to errors of the request itself: the same set connect() retries on.
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+
 
 def connect(
     url: str,
@@ -72,7 +76,7 @@ def connect(
             timeout=60,
             decode_responses=False,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            retry_on_error=list(REDIS_UNAVAILABLE),
             redis_connect_func=_handshake,
         )
         explicit = {"socket_timeout": socket_timeout}

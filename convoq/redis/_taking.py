@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from convoq.errors import ConvoqError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.ids import check_conversation_id, check_turn_id
-from convoq.redis._base import ProtocolBase, approval_expired_error, max_attempts_error, text
+from convoq.redis._base import (
+    REDIS_UNAVAILABLE,
+    ProtocolBase,
+    approval_expired_error,
+    max_attempts_error,
+    text,
+)
 from convoq.redis._history import decode_window
 from convoq.redis._records import Acquired, Taking, decode_record, decode_state, fields_to_dict
 
@@ -138,7 +141,7 @@ class TakingMixin(ProtocolBase):
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
             return None
-        except (RedisConnectionError, RedisTimeoutError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             # Redis went away between the two calls: the lease lapses and the sweeper
             # re-kicks the next turn; the stored turn must not look failed.
             log.warning("cannot hand conversation %s its next turn now: %s", cid, exc)

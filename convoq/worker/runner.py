@@ -25,9 +25,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from convoq.agent import Agent
 from convoq.engine import Completed, Outcome, TurnLoop, TurnState
 from convoq.errors import (
@@ -40,6 +37,7 @@ from convoq.errors import (
 )
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
+from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnProtocol
 from convoq.window import last_turns
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
@@ -47,9 +45,6 @@ from convoq.worker._lease import LeaseLostError, TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
 
 log = logging.getLogger("convoq.worker")
-# Errors that say Redis cannot be reached (after the client's own retries), as opposed to
-# errors of the turn itself.
-REDIS_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
 
 # TurnProtocol.commit or .fail: ends the head turn, hands over the next one.
 Ending = Callable[..., Awaitable[Acquired | None]]
