@@ -28,8 +28,8 @@ from celery import Celery
 
 from convoq import Agent
 from convoq.client import AsyncClient, Client
-from convoq.client._connect import broker_url_for, celery_base_config
 from convoq.models import ModelRequest, ScriptedModel
+from convoq.queue.transport import broker_url_for, celery_base_config
 from convoq.worker._spawn import process, worker_process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from convoq.agent import Agent
-from convoq.engine import Decision, TurnEvent
 from convoq.errors import ConvoqError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import (
@@ -30,6 +29,7 @@ from convoq.messages import (
 )
 from convoq.responses import Continuation, Response
 from convoq.tools import Tool, tool
+from convoq.turn_state import Decision, TurnEvent
 
 if TYPE_CHECKING:
     from convoq.client import AsyncClient, AsyncTurnHandle, Client, TurnHandle, TurnResult

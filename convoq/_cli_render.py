@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from convoq.client import TurnResult
-from convoq.engine import TurnEvent
 from convoq.errors import ConvoqError
 from convoq.messages import Message
+from convoq.turn_state import TurnEvent
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)

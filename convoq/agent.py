@@ -19,9 +19,8 @@ from convoq.engine import (
     Completed,
     EventSink,
     Outcome,
-    TurnEvent,
     TurnLoop,
-    TurnState,
+    ignore_event,
 )
 from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
@@ -30,6 +29,7 @@ from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.models.base import Model
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tools import Tool, ToolRegistry
+from convoq.turn_state import TurnEvent, TurnState
 
 AgentInput = str | Message | GenerationRequest
 
@@ -84,7 +84,7 @@ class Agent:
         keep_last_turns: int | None = None,
     ) -> Response:
         """Run one turn and return its response (see :class:`Response`)."""
-        return await self._start(input, conversation_id, keep_last_turns, _no_events)
+        return await self._start(input, conversation_id, keep_last_turns, ignore_event)
 
     async def astream(
         self,
@@ -131,13 +131,11 @@ class Agent:
         except BaseException:
             self._release(cont, spent=True)
             raise
-        return await self._finish(cont, history, cont.state, _no_events, issued=True)
+        return await self._finish(cont, history, cont.state, ignore_event, issued=True)
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
-        cont = parse_continuation(continuation)
-        if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
-            self.memory.release(cont.conversation_id, cont.token, spent=True)
+        self._release(parse_continuation(continuation), spent=True)
 
     # -- sync wrappers ---------------------------------------------------------------------
     def generate(
@@ -213,11 +211,11 @@ class Agent:
         return await self._finish(cont, history, cont.state, emit, issued=False)
 
     async def _load_history(self, cont: Continuation) -> list[Message]:
-        if not cont.uses_memory or self.memory is None or cont.conversation_id is None:
+        stored = self._memory_of(cont)
+        if stored is None:
             return []
-        return await self.memory.aload(
-            cont.conversation_id, last_turns=cont.keep_last_turns or None
-        )
+        memory, cid = stored
+        return await memory.aload(cid, last_turns=cont.keep_last_turns or None)
 
     async def _finish(
         self,
@@ -258,29 +256,33 @@ class Agent:
         return response
 
     async def _store(self, cont: Continuation, turn: list[Message], response: Response) -> None:
-        if not cont.uses_memory or self.memory is None or cont.conversation_id is None:
+        stored = self._memory_of(cont)
+        if stored is None:
             return
+        memory, cid = stored
         try:
-            await self.memory.aappend(cont.conversation_id, turn)
+            await memory.aappend(cid, turn)
         except Exception as exc:
             raise ConversationMemoryError(
                 f"the model answered but storing the turn failed ({exc}); the answer is in"
                 " this error's .response; retry the turn once the memory works again",
                 response=response,
-                conversation_id=cont.conversation_id,
+                conversation_id=cid,
             ) from exc
 
-    def _claim(self, cont: Continuation) -> None:
+    def _memory_of(self, cont: Continuation) -> tuple[ConversationMemory, str] | None:
+        """The memory and conversation a turn reads and writes, or None when it uses none."""
         if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
-            self.memory.reserve(cont.conversation_id, cont.token)
+            return self.memory, cont.conversation_id
+        return None
+
+    def _claim(self, cont: Continuation) -> None:
+        if (stored := self._memory_of(cont)) is not None:
+            stored[0].reserve(stored[1], cont.token)
 
     def _release(self, cont: Continuation, *, spent: bool) -> None:
-        if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
-            self.memory.release(cont.conversation_id, cont.token, spent=spent)
-
-
-async def _no_events(_event: TurnEvent) -> None:
-    return None
+        if (stored := self._memory_of(cont)) is not None:
+            stored[0].release(stored[1], cont.token, spent=spent)
 
 
 def _token() -> str:

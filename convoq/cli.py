@@ -80,9 +80,9 @@ def worker(
     hostname: Annotated[str | None, typer.Option(help="Worker name (name@host).")] = None,
 ) -> None:
     """Run a worker process (Celery, threads pool) for the chosen partitions."""
+    from convoq.queue.routing import parse_partitions, queue_names
     from convoq.worker.app import create_app  # lazy: worker side only here
     from convoq.worker.profiles import load_profiles
-    from convoq.worker.routing import parse_partitions, queue_names
 
     with reported():
         s = _settings(concurrency=concurrency, agents=agents)

@@ -29,8 +29,8 @@ from rich.table import Table
 
 from convoq.client import Client
 from convoq.messages import FilePart, ImagePart, Message, TextPart
+from convoq.queue.signing import SIGNATURE_HEADER, verify_signature
 from convoq.worker._spawn import worker_process
-from convoq.worker.webhooks import SIGNATURE_HEADER, verify_signature
 
 WORKER_NAME = "demo@localhost"
 

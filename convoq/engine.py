@@ -12,60 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from convoq.errors import ConvoqError, MaxStepsExceededError, TurnCancelledError
+from convoq.errors import MaxStepsExceededError, TurnCancelledError
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest
 from convoq.tools import ToolRegistry
+from convoq.turn_state import Decision, TurnEvent, TurnState
 
 DEFAULT_MAX_STEPS = 10
-
-EventType = Literal[
-    "status", "text_delta", "assistant", "tool_call", "tool_result", "approval_required", "done"
-]
-
-
-class TurnEvent(BaseModel):
-    """Something that happened during a turn: the unit of ``stream`` and ``events``."""
-
-    type: EventType
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
-class Decision(BaseModel):
-    """A human's answer to a tool call that needs approval."""
-
-    approved: bool
-    reason: str | None = None
-
-
-class TurnState(BaseModel):
-    """The turn so far, starting with its user message: what continuations and the step
-    journal persist."""
-
-    messages: list[Message]
-    steps: int = 0
-    pending: list[ToolCall] = Field(default_factory=list)
-    decisions: dict[str, Decision] = Field(default_factory=dict)
-
-    @classmethod
-    def start(cls, message: Message) -> TurnState:
-        return cls(messages=[message])
-
-    def decide(self, call_id: str, approved: bool, reason: str | None = None) -> None:
-        if call_id not in {c.id for c in self.pending}:
-            raise ConvoqError(
-                f"no pending tool call {call_id!r}; pending: {[c.id for c in self.pending]}",
-                call_id=call_id,
-            )
-        self.decisions[call_id] = Decision(approved=approved, reason=reason)
-
-    @property
-    def undecided(self) -> list[ToolCall]:
-        return [c for c in self.pending if c.id not in self.decisions]
 
 
 @dataclass
@@ -96,7 +51,8 @@ Checkpoint = Callable[[TurnState], Awaitable[None]]
 StopCheck = Callable[[], Awaitable[bool]]
 
 
-async def _ignore_event(_event: TurnEvent) -> None:
+async def ignore_event(_event: TurnEvent) -> None:
+    """The event sink of a turn nobody follows."""
     return None
 
 
@@ -117,7 +73,7 @@ class TurnLoop:
     history: list[Message]
     instructions: str | None = None
     max_steps: int = DEFAULT_MAX_STEPS
-    emit: EventSink = _ignore_event
+    emit: EventSink = ignore_event
     checkpoint: Checkpoint = _no_checkpoint
     should_stop: StopCheck = _never_stop
     _specs: list[Any] = field(default_factory=list, init=False)

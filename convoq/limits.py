@@ -8,19 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from convoq import defaults
 from convoq.errors import AttachmentError, InvalidMessageError
-
-MiB = 1024 * 1024
-DEFAULT_MAX_ATTACHMENT_BYTES = 20 * MiB
-DEFAULT_MAX_TURN_BYTES = 64 * MiB
 
 
 @dataclass(frozen=True)
 class Limits:
     """Bytes allowed per attachment and per turn."""
 
-    max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES
-    max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES
+    max_attachment_bytes: int = defaults.MAX_ATTACHMENT_BYTES
+    max_turn_bytes: int = defaults.MAX_TURN_BYTES
 
 
 def attachment_too_large(size: int, limits: Limits, name: str = "an attachment") -> AttachmentError:

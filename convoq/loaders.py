@@ -10,11 +10,11 @@ import os
 import stat
 from typing import Any
 
+from convoq import defaults
 from convoq.errors import AttachmentError
-from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, MiB
 from convoq.messages import FilePart, ImagePart
 
-DEFAULT_MAX_BYTES = DEFAULT_MAX_ATTACHMENT_BYTES
+DEFAULT_MAX_BYTES = defaults.MAX_ATTACHMENT_BYTES
 
 PathOrBytes = str | os.PathLike[str] | bytes
 
@@ -177,4 +177,4 @@ def _human(size: int) -> str:
         return f"{size} bytes"
     if size < 1024 * 1024:
         return f"{size / 1024:.1f} KiB ({size} bytes)"
-    return f"{size / MiB:.1f} MiB ({size} bytes)"
+    return f"{size / defaults.MiB:.1f} MiB ({size} bytes)"

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from convoq.engine import Decision, TurnState
 from convoq.errors import ConvoqError
 from convoq.messages import Message, ToolCall
+from convoq.turn_state import Decision, TurnState
 
 CONTINUATION_VERSION = 1
 

@@ -1,16 +1,20 @@
-"""``ConvoqSettings``: every ``CONVOQ_*`` environment variable, read only at the edges
-(the CLI, worker start-up, the embedded default). Library classes take explicit arguments.
+"""``ConvoqSettings``: every ``CONVOQ_*`` environment variable, and the one way every
+entry point resolves a setting (:meth:`ConvoqSettings.resolve`): an explicit argument,
+else the ``CONVOQ_*`` variable, else the embedded default from :mod:`convoq.defaults`.
+``Client()``, ``AsyncClient()``, ``RedisConversationMemory()``, the worker and the CLI all
+go through it, so a client and a worker started in one environment agree.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Self
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES
-from convoq.redis.embedded import DEFAULT_HOME
+from convoq import defaults
+from convoq.errors import ConfigurationError
 
 
 class ConvoqSettings(BaseSettings):
@@ -26,20 +30,32 @@ class ConvoqSettings(BaseSettings):
     broker_url: str | None = Field(
         default=None, description="Celery broker; defaults to redis_url (amqp:// works too)."
     )
-    prefix: str = Field(default="convoq", description="Prefix of every Redis key.")
-    home: Path = Field(default=DEFAULT_HOME, description="Where the embedded Redis lives.")
-    partitions: int = Field(default=16, ge=1, le=1024, description="Queues convoq.p0..p{N-1}.")
-    agents: str | None = Field(default=None, description="Module with the agent profiles.")
-    concurrency: int = Field(default=32, ge=1, description="Turns in flight per worker process.")
-    lease_ms: int = Field(
-        default=10_000, ge=500, description="Lease TTL; renewed while a turn runs."
+    prefix: str = Field(default=defaults.PREFIX, description="Prefix of every Redis key.")
+    home: Path = Field(default=defaults.HOME, description="Where the embedded Redis lives.")
+    partitions: int = Field(
+        default=defaults.PARTITIONS, ge=1, le=1024, description="Queues convoq.p0..p{N-1}."
     )
-    sweep_interval_s: float = Field(default=5.0, gt=0, description="Sweeper period.")
-    max_attempts: int = Field(default=5, ge=1, description="Runs of a turn before it fails.")
-    approval_ttl_s: int = Field(default=86_400, ge=1, description="Parked approvals expire.")
-    turn_ttl_s: int = Field(default=7 * 86_400, ge=60, description="Finished turn records expire.")
-    max_attachment_bytes: int = Field(default=DEFAULT_MAX_ATTACHMENT_BYTES, ge=1)
-    max_turn_bytes: int = Field(default=DEFAULT_MAX_TURN_BYTES, ge=1)
+    agents: str | None = Field(default=None, description="Module with the agent profiles.")
+    concurrency: int = Field(
+        default=defaults.CONCURRENCY, ge=1, description="Turns in flight per worker process."
+    )
+    lease_ms: int = Field(
+        default=defaults.LEASE_MS, ge=500, description="Lease TTL; renewed while a turn runs."
+    )
+    sweep_interval_s: float = Field(
+        default=defaults.SWEEP_INTERVAL_S, gt=0, description="Sweeper period."
+    )
+    max_attempts: int = Field(
+        default=defaults.MAX_ATTEMPTS, ge=1, description="Runs of a turn before it fails."
+    )
+    approval_ttl_s: int = Field(
+        default=defaults.APPROVAL_TTL_S, ge=1, description="Parked approvals expire."
+    )
+    turn_ttl_s: int = Field(
+        default=defaults.TURN_TTL_S, ge=60, description="Finished turn records expire."
+    )
+    max_attachment_bytes: int = Field(default=defaults.MAX_ATTACHMENT_BYTES, ge=1)
+    max_turn_bytes: int = Field(default=defaults.MAX_TURN_BYTES, ge=1)
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")
     webhook_max_retries: int = Field(default=8, ge=0)
     webhook_retry_base_s: float = Field(
@@ -47,7 +63,7 @@ class ConvoqSettings(BaseSettings):
     )
     webhook_timeout_s: float = Field(default=10.0, gt=0, description="Per webhook POST.")
     visibility_timeout_s: int = Field(
-        default=3600,
+        default=defaults.VISIBILITY_TIMEOUT_S,
         ge=60,
         description="Redis broker: an unacked task is redelivered after this long. Crash"
         " recovery does not wait for it (the sweeper re-kicks after lease_ms).",
@@ -62,6 +78,34 @@ class ConvoqSettings(BaseSettings):
         description="user:password for `convoq flower` (comma separated for several users).",
     )
 
+    @classmethod
+    def resolve(cls, **explicit: Any) -> Self:
+        """The settings an entry point runs with: each explicit argument that is not None,
+        else its ``CONVOQ_*`` variable, else the embedded default.
+
+        Raises:
+            ConfigurationError: a value (given or from the environment) is invalid; every
+                problem is named with the variable that sets it.
+        """
+        given = {name: value for name, value in explicit.items() if value is not None}
+        unknown = sorted(set(given) - set(cls.model_fields))
+        if unknown:
+            raise ConfigurationError(f"unknown settings {unknown}", unknown=unknown)
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            problems = [
+                f"{_variable(problem['loc'])}: {problem['msg']}" for problem in exc.errors()
+            ]
+            raise ConfigurationError(
+                "invalid settings: " + "; ".join(problems), problems=problems
+            ) from None
+
     @property
     def effective_broker_url(self) -> str | None:
         return self.broker_url or self.redis_url
+
+
+def _variable(loc: tuple[int | str, ...]) -> str:
+    """``("partitions",)`` -> ``CONVOQ_PARTITIONS`` (the name a user sets)."""
+    return "CONVOQ_" + "_".join(str(part) for part in loc).upper()

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from convoq.cli import app
 from convoq.demo import tiny_pdf, tiny_png
+from convoq.queue.routing import partition_of
 from convoq.redis.keys import KeySchema
-from convoq.worker.routing import partition_of
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, WorkerPool, module_pool, worker_env
 

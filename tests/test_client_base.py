@@ -19,8 +19,9 @@ from convoq.errors import (
 )
 from convoq.limits import Limits
 from convoq.messages import FilePart, ImagePart, MessageRole, TextPart
-from convoq.worker import routing
-from convoq.worker.webhooks import backoff_s, build_payload, sign, verify_signature
+from convoq.queue import routing
+from convoq.queue.signing import build_payload, sign, verify_signature
+from convoq.worker.webhooks import backoff_s
 
 
 def test_route_is_crc32_of_the_conversation_id() -> None:

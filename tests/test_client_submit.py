@@ -23,8 +23,8 @@ from convoq.errors import (
     UnknownTurnError,
 )
 from convoq.messages import MessageRole
+from convoq.queue.routing import route
 from convoq.redis.keys import KeySchema
-from convoq.worker.routing import route
 
 
 @pytest.fixture

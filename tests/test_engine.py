@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from convoq import Message, ToolCall, tool
-from convoq.engine import Completed, Paused, TurnLoop, TurnState
+from convoq.engine import Completed, Paused, TurnLoop
 from convoq.errors import TurnCancelledError
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.tools import ToolRegistry
+from convoq.turn_state import TurnState
 from tests.support.models import call_tool_then_answer
 
 runs: list[int] = []

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import redis
 
-from convoq.engine import TurnState
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol, embedded
 from convoq.redis._history import append_history
+from convoq.turn_state import TurnState
 
 LEASE = 30_000
 

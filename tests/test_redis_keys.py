@@ -7,10 +7,10 @@ import re
 import pytest
 import redis
 
-from convoq.engine import TurnEvent
 from convoq.errors import ConfigurationError, InvalidConversationIdError
 from convoq.messages import Message
 from convoq.redis import KeySchema
+from convoq.turn_state import TurnEvent
 from tests.support.protocol_helpers import exchange, open_protocol
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import redis
 
-from convoq.engine import TurnEvent, TurnState
 from convoq.errors import (
     ConversationBusyError,
     NotInboxHeadError,
@@ -21,6 +20,7 @@ from convoq.errors import (
 )
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import Acquired, TurnProtocol
+from convoq.turn_state import TurnEvent, TurnState
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
 CID = "conv-1"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from convoq.engine import TurnState
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol
+from convoq.turn_state import TurnState
 from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_server import RedisServer
 

@@ -20,7 +20,6 @@ from hypothesis.stateful import (
 )
 
 from convoq._sync import run_sync
-from convoq.engine import TurnState
 from convoq.errors import (
     NotInboxHeadError,
     ProtocolError,
@@ -30,6 +29,7 @@ from convoq.errors import (
 )
 from convoq.messages import Message, ToolCall
 from convoq.redis import Acquired, TurnProtocol
+from convoq.turn_state import TurnState
 
 CID = "stateful"
 WORKERS = ("w1", "w2", "w3")

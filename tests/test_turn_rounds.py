@@ -18,15 +18,15 @@ import redis.asyncio as aioredis
 
 from convoq import Agent, tool
 from convoq.client import AsyncClient
-from convoq.client._connect import HEAD_HEADER
 from convoq.client.handle import AsyncTurnHandle
-from convoq.engine import TurnState
 from convoq.messages import Message, ToolCall
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.models.base import TextDeltaHandler
+from convoq.queue.routing import route
+from convoq.queue.transport import HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol
+from convoq.turn_state import TurnState
 from convoq.worker.profiles import Profiles
-from convoq.worker.routing import route
 from convoq.worker.runner import Runner, RunnerConfig
 from tests.support.protocol_helpers import submit_all
 

@@ -12,10 +12,10 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads
 
 from convoq import Message
-from convoq.client._connect import celery_base_config
+from convoq.queue import routing
+from convoq.queue.transport import celery_base_config
 from convoq.redis.protocol import TurnProtocol
 from convoq.settings import ConvoqSettings
-from convoq.worker import routing
 from convoq.worker.app import worker_config
 from tests.support.workers import WorkerPool, module_pool, wait_until
 

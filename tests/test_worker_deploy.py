@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from convoq.queue.routing import queue_names
 from convoq.settings import ConvoqSettings
-from convoq.worker.routing import queue_names
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 

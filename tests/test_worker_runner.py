@@ -12,10 +12,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from convoq import Agent
-from convoq.engine import TurnState
 from convoq.messages import Message, ToolCall
 from convoq.models import ScriptedModel
 from convoq.redis import TurnProtocol
+from convoq.turn_state import TurnState
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper

@@ -5,7 +5,7 @@
 from convoq.client.aclient import AsyncClient
 from convoq.client.client import Client
 from convoq.client.handle import AsyncTurnHandle, TurnHandle, TurnResult
-from convoq.worker.webhooks import SIGNATURE_HEADER, verify_signature
+from convoq.queue.signing import SIGNATURE_HEADER, verify_signature
 
 __all__ = [
     "SIGNATURE_HEADER",

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
 import redis.asyncio as aioredis
+from celery import Celery
 
 from convoq._sync import call_maybe_async
 from convoq.client._base import (
@@ -24,19 +26,28 @@ from convoq.client._base import (
     check_call_id,
     check_turn_ref,
 )
-from convoq.client._connect import broker_url_for, resolve_redis_url, send_kick, sender_app
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.ids import check_conversation_id
-from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES, Limits
+from convoq.limits import Limits
 from convoq.messages import Message
+from convoq.queue import routing
+from convoq.queue.signing import verify_signature
+from convoq.queue.transport import broker_url_for, send_kick, sender_app
 from convoq.redis import KeySchema, TurnProtocol, connect
-from convoq.worker import routing
-from convoq.worker.webhooks import verify_signature
+from convoq.redis.embedded import url_or_embedded
+from convoq.settings import ConvoqSettings
 
 log = logging.getLogger("convoq.client")
 
 OnDone = Callable[[TurnResult], Any]
+LIVE_WORKER_MS = 60_000
+
+
+def _is_live(worker: dict[str, Any]) -> bool:
+    """A registered worker seen within the last minute (it refreshes every sweep period)."""
+    seen = worker.get("seen_ms")
+    return isinstance(seen, int) and time.time() * 1000 - seen < LIVE_WORKER_MS
 
 
 class TurnRef(Protocol):
@@ -49,21 +60,31 @@ class TurnRef(Protocol):
 class AsyncClient:
     """Queue turns for convoq workers and follow them.
 
+    Every setting resolves as everywhere in convoq (:meth:`ConvoqSettings.resolve`): the
+    argument when given, else its ``CONVOQ_*`` variable, else the embedded default; so a
+    client started where the workers' environment is set reaches the same Redis, prefix and
+    queues.
+
     Args:
-        redis_url: the Redis holding memory and turns; ``None`` starts or reuses the
-            embedded redis-server under ``home``.
-        broker_url: the Celery broker; defaults to ``redis_url`` (``amqp://`` works too).
+        redis_url: the Redis holding memory and turns (``CONVOQ_REDIS_URL``); unset, the
+            embedded redis-server under ``home``, started on first use.
+        broker_url: the Celery broker (``CONVOQ_BROKER_URL``); defaults to the Redis.
         prefix: key and queue prefix; must match the workers' ``CONVOQ_PREFIX``.
-        partitions: number of queues; must match the workers' ``CONVOQ_PARTITIONS``.
+        partitions: number of queues; must match the workers' ``CONVOQ_PARTITIONS``
+            (``submit`` says so when live workers run another count).
         agents: profile names to accept; ``None`` checks the names running workers
             registered in Redis (and accepts any name while no worker has registered).
         webhook_secret: the workers' ``CONVOQ_WEBHOOK_SECRET``, for :meth:`verify_webhook`.
         max_attachment_bytes: largest attachment accepted by ``submit``.
         max_turn_bytes: largest user message (text plus attachments) accepted.
-        home: where the embedded Redis lives when ``redis_url`` is ``None``.
+        home: where the embedded Redis lives when no Redis URL is set.
         max_connections: Redis connections at most; more concurrent calls wait for one.
 
-    Use one AsyncClient from one event loop (its connections belong to that loop).
+    Nothing is started or connected here: connections open on first use (or in
+    ``async with``). Use one AsyncClient from one event loop (its connections belong to it).
+
+    Raises:
+        ConfigurationError: a setting (given or from the environment) is invalid.
     """
 
     def __init__(
@@ -71,34 +92,59 @@ class AsyncClient:
         redis_url: str | None = None,
         *,
         broker_url: str | None = None,
-        prefix: str = "convoq",
-        partitions: int = 16,
+        prefix: str | None = None,
+        partitions: int | None = None,
         agents: Collection[str] | None = None,
         webhook_secret: str | None = None,
-        max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES,
-        max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
+        max_attachment_bytes: int | None = None,
+        max_turn_bytes: int | None = None,
         home: Path | None = None,
         max_connections: int = 100,
     ) -> None:
         # Checked here: a bad count would only fail when routing, after the turn is stored.
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        if partitions is not None and (
+            isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
+        ):
             raise ConfigurationError(
                 f"partitions must be an int >= 1 matching the workers' CONVOQ_PARTITIONS,"
                 f" not {partitions!r}"
             )
-        self.redis_url = resolve_redis_url(redis_url, home)
-        self.broker_url = broker_url_for(self.redis_url, broker_url)
-        self.prefix = prefix
-        self.partitions = partitions
-        self.webhook_secret = webhook_secret
+        self.settings = ConvoqSettings.resolve(
+            redis_url=redis_url,
+            broker_url=broker_url,
+            prefix=prefix,
+            partitions=partitions,
+            webhook_secret=webhook_secret,
+            max_attachment_bytes=max_attachment_bytes,
+            max_turn_bytes=max_turn_bytes,
+            home=home,
+        )
+        self.prefix = self.settings.prefix
+        self.partitions = self.settings.partitions
+        self.webhook_secret = self.settings.webhook_secret
         self._agents = frozenset(agents) if agents is not None else None
-        self._limits = Limits(max_attachment_bytes, max_turn_bytes)
+        self._limits = Limits(self.settings.max_attachment_bytes, self.settings.max_turn_bytes)
         self._max_connections = max_connections
-        self._celery = sender_app(self.broker_url)
+        self._redis_url: str | None = self.settings.redis_url
+        self._celery: Celery | None = None
         self._redis: aioredis.Redis | None = None
         self._protocol: TurnProtocol | None = None
         self._registered: frozenset[str] = frozenset()
+        self._deployment_checked = False
         self._watchers: set[asyncio.Task[None]] = set()
+
+    @property
+    def redis_url(self) -> str:
+        """The Redis this client uses; without a configured one, the embedded server's
+        (started here, on first use)."""
+        if self._redis_url is None:
+            self._redis_url = url_or_embedded(None, self.settings.home)
+        return self._redis_url
+
+    @property
+    def broker_url(self) -> str:
+        """The Celery broker kicks go to: the configured one, else the Redis."""
+        return broker_url_for(self.redis_url, self.settings.broker_url)
 
     @property
     def protocol(self) -> TurnProtocol:
@@ -112,6 +158,14 @@ class AsyncClient:
                 max_turn_bytes=self._limits.max_turn_bytes,
             )
         return self._protocol
+
+    async def connect(self) -> AsyncClient:
+        """Start the embedded Redis if needed and open the connections now rather than on
+        first use (``async with`` does this)."""
+        if self._redis_url is None:
+            self._redis_url = await asyncio.to_thread(url_or_embedded, None, self.settings.home)
+        await self.protocol.redis.ping()
+        return self
 
     async def submit(
         self,
@@ -152,6 +206,8 @@ class AsyncClient:
             callback_url=callback_url,
             if_busy=if_busy,
         )
+        if not self._deployment_checked:
+            await self._check_deployment()
         if self._agents is None:
             await self._check_registered(sub.agent)
         stored = await self.protocol.submit(
@@ -253,11 +309,46 @@ class AsyncClient:
                 known=sorted(known),
             )
 
+    async def _check_deployment(self) -> None:
+        """Once per client: refuse to queue where no live worker would take the kick because
+        this client's partition count differs from every live worker's; warn when workers
+        run only under other prefixes."""
+        workers = await self.protocol.registered_workers()
+        live = [w for w in workers.values() if _is_live(w)]
+        counts = {w["partitions"] for w in live if isinstance(w.get("partitions"), int)}
+        if counts and self.partitions not in counts:
+            raise ConfigurationError(
+                f"this client routes kicks over {self.partitions} partitions but the live"
+                f" workers use {sorted(counts)}: set CONVOQ_PARTITIONS (or partitions=) to"
+                " the workers' value",
+                partitions=self.partitions,
+                workers_partitions=sorted(counts),
+            )
+        if not live:
+            others = sorted(await self.protocol.registered_prefixes() - {self.prefix})
+            if others:
+                log.warning(
+                    "no convoq worker is registered under prefix %r; workers have registered"
+                    " under %s: check CONVOQ_PREFIX (turns wait until a worker of prefix %r"
+                    " starts)",
+                    self.prefix,
+                    others,
+                    self.prefix,
+                )
+        self._deployment_checked = True
+
     async def _send(
         self, task: str, conversation_id: str, *args: str, head: str | None = None
     ) -> None:
         queue = routing.route(conversation_id, prefix=self.prefix, partitions=self.partitions)
-        await send_kick(self._celery, task, queue, [conversation_id, *args], head=head)
+        await send_kick(self._sender(), task, queue, [conversation_id, *args], head=head)
+
+    def _sender(self) -> Celery:
+        if self._celery is None:
+            self._celery = sender_app(
+                self.broker_url, visibility_timeout_s=self.settings.visibility_timeout_s
+            )
+        return self._celery
 
     def _watch(self, handle: AsyncTurnHandle, on_done: OnDone) -> None:
         task = asyncio.get_running_loop().create_task(self._notify(handle, on_done))
@@ -281,10 +372,12 @@ class AsyncClient:
         if self._redis is not None:
             await self._redis.aclose()
         self._protocol = self._redis = None
-        await asyncio.to_thread(self._celery.close)
+        if self._celery is not None:
+            celery, self._celery = self._celery, None
+            await asyncio.to_thread(celery.close)
 
     async def __aenter__(self) -> AsyncClient:
-        return self
+        return await self.connect()
 
     async def __aexit__(
         self,

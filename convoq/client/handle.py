@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
-from convoq.engine import TurnEvent
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
 from convoq.redis._records import FINAL_STATUSES, TurnStatus
+from convoq.turn_state import TurnEvent
 
 if TYPE_CHECKING:
     from convoq.client.aclient import AsyncClient

@@ -19,14 +19,14 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 
 from convoq._sync import run_in_portal, run_sync
-from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
 from convoq.redis._history import append_history
-from convoq.redis.embedded import DEFAULT_HOME
+from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
+from convoq.settings import ConvoqSettings
 
 T = TypeVar("T")
 
@@ -37,15 +37,17 @@ class RedisConversationMemory(StoredConversationMemory):
     Args:
         url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; add
             ``?ssl_ca_certs=/path/ca.pem`` for a private CA) or ``unix://`` URL, as
-            :func:`convoq.redis.connect` takes it. None starts (or reuses) the embedded
-            redis-server under ``home``. A URL that cannot work, or credentials Redis
-            refuses, raise ConfigurationError on first use.
-        prefix: prefix of every key.
+            :func:`convoq.redis.connect` takes it. None: ``CONVOQ_REDIS_URL``, else the
+            embedded redis-server under ``home`` (started on first use). A URL that cannot
+            work, or credentials Redis refuses, raise ConfigurationError on first use.
+        prefix: prefix of every key (None: ``CONVOQ_PREFIX``, else ``"convoq"``).
         max_attachment_bytes: largest attachment accepted (AttachmentError above it).
         max_turn_bytes: largest append accepted (InvalidMessageError above it).
         client: a ready ``redis.asyncio.Redis`` (``decode_responses=False``) used as is,
             in the caller's event loop, instead of ``url``.
-        home: directory of the embedded server when ``url`` and ``client`` are None.
+        home: directory of the embedded server (None: ``CONVOQ_HOME``, else ``.convoq``).
+
+    Settings resolve as everywhere in convoq: argument, else ``CONVOQ_*``, else default.
 
     Without ``client`` the memory owns one connection pool that lives on convoq's shared
     loop thread, so its sync and async methods may be mixed from any thread or loop.
@@ -55,17 +57,24 @@ class RedisConversationMemory(StoredConversationMemory):
         self,
         url: str | None = None,
         *,
-        prefix: str = "convoq",
-        max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES,
-        max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
+        prefix: str | None = None,
+        max_attachment_bytes: int | None = None,
+        max_turn_bytes: int | None = None,
         client: aioredis.Redis | None = None,
-        home: str | Path = DEFAULT_HOME,
+        home: str | Path | None = None,
     ) -> None:
-        self._keys = KeySchema(prefix)
-        self._url = url
-        self._home = Path(home)
-        self._limits = {"max_attachment_bytes": max_attachment_bytes}
-        self._limits["max_turn_bytes"] = max_turn_bytes
+        s = ConvoqSettings.resolve(
+            redis_url=url,
+            prefix=prefix,
+            max_attachment_bytes=max_attachment_bytes,
+            max_turn_bytes=max_turn_bytes,
+            home=home,
+        )
+        self._keys = KeySchema(s.prefix)
+        self._url = s.redis_url
+        self._home = s.home
+        self._limits = {"max_attachment_bytes": s.max_attachment_bytes}
+        self._limits["max_turn_bytes"] = s.max_turn_bytes
         self._given = TurnProtocol(client, self._keys, **self._limits) if client else None
         self._owned: TurnProtocol | None = None
         self._lock: asyncio.Lock | None = None
@@ -113,11 +122,7 @@ class RedisConversationMemory(StoredConversationMemory):
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._owned is None:
-                url = self._url
-                if url is None:
-                    from convoq.redis.embedded import embedded_url
-
-                    url = await asyncio.to_thread(embedded_url, self._home)
+                url = await asyncio.to_thread(url_or_embedded, self._url, self._home)
                 client = connect(url)
                 self._owned = TurnProtocol(client, self._keys, **self._limits)
                 # A memory dropped without close() must not leave sockets to the GC.

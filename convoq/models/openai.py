@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
+from convoq import defaults
 from convoq.errors import ModelError, ModelHTTPError
-from convoq.limits import MiB
 from convoq.messages import Message
 from convoq.models._openai_wire import StreamAssembler, build_body, parse_completion, retry_after
 from convoq.models.base import ModelRequest, TextDeltaHandler
@@ -25,7 +25,7 @@ from convoq.models.base import ModelRequest, TextDeltaHandler
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_RETRY_AFTER = 60.0
 MAX_BACKOFF = 8.0
-DEFAULT_MAX_RESPONSE_BYTES = 16 * MiB
+DEFAULT_MAX_RESPONSE_BYTES = 16 * defaults.MiB
 MAX_ERROR_BODY_BYTES = 64 * 1024
 
 

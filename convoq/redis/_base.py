@@ -17,7 +17,7 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from convoq.engine import TurnEvent
+from convoq import defaults
 from convoq.errors import (
     ConfigurationError,
     ConversationBusyError,
@@ -29,12 +29,12 @@ from convoq.errors import (
     TurnCancelledError,
     UnknownTurnError,
 )
-from convoq.limits import DEFAULT_MAX_ATTACHMENT_BYTES, DEFAULT_MAX_TURN_BYTES, Limits
+from convoq.limits import Limits
+from convoq.redis._codec import text
 from convoq.redis._history import stored_data_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
-
-DAY_S = 86_400
+from convoq.turn_state import TurnEvent
 
 # Errors that say Redis cannot be reached (after the client's own retries and reconnects),
 # as opposed to errors of the request itself: the same set connect() retries on.
@@ -152,9 +152,9 @@ class ProtocolBase:
         redis: aioredis.Redis,
         keys: KeySchema,
         *,
-        max_attachment_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES,
-        max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
-        turn_ttl_s: int = 7 * DAY_S,
+        max_attachment_bytes: int = defaults.MAX_ATTACHMENT_BYTES,
+        max_turn_bytes: int = defaults.MAX_TURN_BYTES,
+        turn_ttl_s: int = defaults.TURN_TTL_S,
         events_maxlen: int = 1000,
     ) -> None:
         if redis.connection_pool.connection_kwargs.get("decode_responses"):
@@ -171,7 +171,7 @@ class ProtocolBase:
         self._owns_client = False
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "convoq", **limits: Any) -> Self:
+    def from_url(cls, url: str, *, prefix: str = defaults.PREFIX, **limits: Any) -> Self:
         """A protocol on its own client for ``url`` (closed by :meth:`close`)."""
         keys = KeySchema(prefix)  # checked before a client exists
         protocol = cls(connect(url), keys, **limits)
@@ -244,15 +244,10 @@ class ProtocolBase:
             ) from exc
 
 
-def text(value: bytes | str) -> str:
-    """A reply item as str (the protocol's client answers bytes)."""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
 def _other_refusal(code: str, reply: list[Any], where: str) -> str:
     def arg(index: int) -> str:
         value = reply[index] if len(reply) > index else ""
-        return value.decode() if isinstance(value, bytes) else str(value)
+        return text(value)
 
     messages = {
         "NOT_RUNNING": f"{where} is not running; acquire it first",

@@ -125,9 +125,12 @@ def _blob(blobs: dict[str, bytes], sha: str, blobs_key: str) -> bytes:
     return data
 
 
+def text(value: Any) -> str:
+    """A reply item as str (the protocol's client answers bytes): the one bytes->str of
+    the store."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def pairs_to_dict(flat: list[Any]) -> dict[str, bytes]:
-    """``[sha, data, sha, data, ...]`` as returned by the scripts."""
-    return {
-        (flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])): flat[i + 1]
-        for i in range(0, len(flat), 2)
-    }
+    """A flat ``[name, value, name, value, ...]`` reply (HGETALL from Lua, blob pairs)."""
+    return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}

@@ -9,13 +9,14 @@ import logging
 import uuid
 from typing import Any, Literal
 
-from convoq.engine import Decision
 from convoq.errors import ConversationMemoryError, ConvoqError, TurnCancelledError
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message
-from convoq.redis._base import ProtocolBase, approval_expired_error, text
+from convoq.redis._base import ProtocolBase, approval_expired_error
+from convoq.redis._codec import text
 from convoq.redis._history import load_history
 from convoq.redis._taking import valid_turn_id
+from convoq.turn_state import Decision
 
 log = logging.getLogger("convoq.redis")
 
@@ -158,6 +159,10 @@ class ControlMixin(ProtocolBase):
         seen_ms (refreshed every sweep period, so a stale entry is a dead worker)."""
         entries = await self.redis.hgetall(self.keys.workers())
         return {text(name): json.loads(info) for name, info in entries.items()}
+
+    async def registered_prefixes(self) -> frozenset[str]:
+        """The prefixes any worker on this Redis has registered under."""
+        return frozenset(text(n) for n in await self.redis.smembers(self.keys.prefixes()))
 
     async def check_epoch(self, expected: str | None) -> str:
         """The dataset's epoch marker, created if absent. Workers call it with None at start

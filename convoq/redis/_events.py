@@ -12,10 +12,11 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast, get_args
 
-from convoq.engine import TurnEvent
 from convoq.errors import CorruptDataError, UnknownTurnError
-from convoq.redis._base import ProtocolBase, text
+from convoq.redis._base import ProtocolBase
+from convoq.redis._codec import text
 from convoq.redis._records import TurnRecord, TurnStatus, decode_record
+from convoq.turn_state import TurnEvent
 
 # The fields of a turn record that change once it was submitted.
 _LIVE_FIELDS = ("status", "result", "error", "attempts", "started_ms", "finished_ms")
@@ -128,7 +129,7 @@ def _events(reply: Any) -> list[tuple[str, TurnEvent]]:
     for _stream, entries in reply or []:
         for entry_id, fields in entries:
             data = json.loads(fields.get(b"data", b"{}"))
-            events.append((entry_id.decode(), TurnEvent(type=fields[b"type"].decode(), data=data)))
+            events.append((text(entry_id), TurnEvent(type=text(fields[b"type"]), data=data)))
     return events
 
 

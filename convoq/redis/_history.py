@@ -14,6 +14,7 @@ from convoq.redis._codec import (
     decode_elements,
     encode_element,
     pairs_to_dict,
+    text,
 )
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
@@ -26,7 +27,7 @@ def stored_data_error(
 ) -> CorruptDataError | UnsupportedFormatVersionError | None:
     """The error for a 'VERSION' or 'CORRUPT' script reply, else None."""
     if code == "VERSION":
-        found = _text(reply[1])
+        found = text(reply[1])
         return UnsupportedFormatVersionError(
             f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
             f" version {FORMAT_VERSION}; upgrade convoq or migrate the data",
@@ -34,17 +35,13 @@ def stored_data_error(
             format_version=found,
         )
     if code == "CORRUPT":
-        key = _text(reply[1])
+        key = text(reply[1])
         return CorruptDataError(
             f"stored data in {key} does not parse; restore it from a backup or clear the"
             " conversation",
             key=key,
         )
     return None
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def decode_window(

@@ -8,9 +8,10 @@ from typing import Any, Literal, cast, get_args
 
 from pydantic import ValidationError
 
-from convoq.engine import Decision, TurnState
 from convoq.errors import CorruptDataError
 from convoq.messages import Message
+from convoq.redis._codec import text
+from convoq.turn_state import Decision, TurnState
 
 TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
@@ -73,7 +74,7 @@ class Taking:
         if self.failed is None or index is None or len(reply) <= index or not reply[index]:
             return
         value = reply[index]
-        self.failed.append(value.decode() if isinstance(value, bytes) else str(value))
+        self.failed.append(text(value))
 
 
 @dataclass(frozen=True)
@@ -87,17 +88,9 @@ class SubmitResult:
     duplicate: bool
 
 
-def fields_to_dict(flat: list[Any]) -> dict[str, bytes]:
-    """HGETALL as a flat ``[field, value, ...]`` list (from Lua) -> dict."""
-    return {
-        (flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])): flat[i + 1]
-        for i in range(0, len(flat), 2)
-    }
-
-
 def _text(fields: dict[str, bytes], name: str) -> str | None:
     value = fields.get(name)
-    return value.decode() if isinstance(value, bytes) else value
+    return None if value is None else text(value)
 
 
 def _int(fields: dict[str, bytes], name: str) -> int | None:

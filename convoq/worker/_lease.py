@@ -11,10 +11,9 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from convoq.engine import TurnState
 from convoq.errors import ConvoqError, StaleFenceError
-from convoq.messages import MessageRole
 from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
+from convoq.turn_state import TurnState, answered
 
 log = logging.getLogger("convoq.worker")
 T = TypeVar("T")
@@ -22,12 +21,6 @@ T = TypeVar("T")
 
 class LeaseLostError(ConvoqError):
     """Renewing the lease failed: another worker owns the conversation now."""
-
-
-def _answered(state: TurnState) -> bool:
-    """The model gave its final answer: the turn loop ends with this state."""
-    last = state.messages[-1]
-    return last.role == MessageRole.ASSISTANT and not last.tool_calls and not state.pending
 
 
 @dataclass
@@ -43,7 +36,7 @@ class TurnRun:
 
     async def checkpoint(self, state: TurnState) -> None:
         """Journal a finished step, with the events buffered so far."""
-        if _answered(state):
+        if answered(state):
             # The commit journals a final answer: it follows at once (emits only buffer,
             # the stop check reads nothing), in the round trip this write would take.
             return

@@ -18,9 +18,10 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
-from convoq.client._connect import broker_url_for, celery_base_config, resolve_redis_url
+from convoq.queue import routing
+from convoq.queue.transport import broker_url_for, celery_base_config
+from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
-from convoq.worker import routing
 from convoq.worker.runtime import WorkerRuntime, current_runtime, runtime_for
 from convoq.worker.tasks import register_tasks
 
@@ -38,7 +39,7 @@ class ConvoqCelery(Celery):
 def create_app(settings: ConvoqSettings | None = None) -> ConvoqCelery:
     """Build the worker app from ``settings`` (the environment when omitted)."""
     s = settings or ConvoqSettings()
-    redis_url = resolve_redis_url(s.redis_url, s.home)
+    redis_url = url_or_embedded(s.redis_url, s.home)
     if s.redis_url is None:
         # Pool children and the runtime must reach the same embedded server.
         s = s.model_copy(update={"redis_url": redis_url})

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from convoq import defaults
 from convoq.agent import Agent
-from convoq.engine import Completed, Outcome, TurnLoop, TurnState
+from convoq.engine import Completed, Outcome, TurnLoop
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
@@ -39,6 +40,7 @@ from convoq.ids import check_conversation_id
 from convoq.messages import Message
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnProtocol
+from convoq.turn_state import TurnState
 from convoq.window import last_turns
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import LeaseLostError, TurnRun, turn_run, with_lease
@@ -55,11 +57,11 @@ class RunnerConfig:
     """How a worker runs turns (from ConvoqSettings at start-up)."""
 
     worker_id: str
-    lease_ms: int = 10_000
-    max_attempts: int = 5
-    approval_ttl_s: int = 86_400
+    lease_ms: int = defaults.LEASE_MS
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    approval_ttl_s: int = defaults.APPROVAL_TTL_S
     # How long an event may wait for the turn's next write before it is sent on its own.
-    event_flush_ms: int = 10
+    event_flush_ms: int = defaults.EVENT_FLUSH_MS
 
 
 @dataclass

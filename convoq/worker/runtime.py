@@ -23,11 +23,13 @@ import redis.asyncio as aioredis
 from celery import Celery, current_task
 
 from convoq._sync import LoopThread
-from convoq.client._connect import HEAD_HEADER, resolve_redis_url
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
+from convoq.queue import routing, signing
+from convoq.queue.transport import HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol, connect
+from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
-from convoq.worker import routing, webhooks
+from convoq.worker import webhooks
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper
@@ -42,7 +44,7 @@ class WorkerRuntime:
     def __init__(self, app: Celery, settings: ConvoqSettings) -> None:
         self.app = app
         self.settings = settings
-        self.redis_url = resolve_redis_url(settings.redis_url, settings.home)
+        self.redis_url = url_or_embedded(settings.redis_url, settings.home)
         self.profiles: Profiles = load_profiles(settings.agents)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.keys = KeySchema(settings.prefix)
@@ -138,7 +140,7 @@ class WorkerRuntime:
         url = record.options.get("callback_url")
         if not url:
             return webhooks.Attempt("rejected", "the turn has no callback_url")
-        body = webhooks.build_payload(
+        body = signing.build_payload(
             conversation_id=cid,
             turn_id=tid,
             status=record.status,
@@ -165,6 +167,7 @@ class WorkerRuntime:
         self._info = {
             "pid": os.getpid(),
             "queues": queues,
+            "partitions": self.settings.partitions,
             "agents": sorted(self.profiles),
             "started_ms": now,
             "seen_ms": now,
@@ -172,6 +175,7 @@ class WorkerRuntime:
         async with redis.pipeline(transaction=True) as pipe:
             pipe.sadd(self.keys.agents(), *sorted(self.profiles))
             pipe.hset(self.keys.workers(), hostname, json.dumps(self._info))
+            pipe.sadd(self.keys.prefixes(), self.keys.prefix)
             await pipe.execute()
 
     async def _each_period(self) -> None:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Task
 
-from convoq.worker import routing, webhooks
+from convoq.queue import routing
+from convoq.worker import webhooks
 
 if TYPE_CHECKING:
     from convoq.worker.app import ConvoqCelery

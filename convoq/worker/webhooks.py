@@ -1,106 +1,21 @@
-"""Signed webhooks: the payload, the signature and one delivery attempt.
-
-A finished turn with a ``callback_url`` gets one POST of a small JSON body (status, text,
-error; never attachment bytes) signed like Stripe's webhooks::
-
-    X-Convoq-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of f"{t}.{body}">
-
-The timestamp is part of what is signed, so a receiver that checks it against its clock
-(:func:`verify_signature`, 5 minutes by default) refuses replays. Redirects are never
+"""Webhook delivery: one signed POST of a finished turn's payload and whether a retry
+makes sense (retrying is the ``convoq.deliver_callback`` task's job). Redirects are never
 followed (a redirect could send the signed body elsewhere) and response bodies are not
-read. Retrying is the ``convoq.deliver_callback`` task's job; this module only says
-whether a retry makes sense.
+read. The payload and signature are the queue contract's (:mod:`convoq.queue.signing`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
-SIGNATURE_HEADER = "X-Convoq-Signature"
-MAX_TEXT_CHARS = 64 * 1024
+from convoq.queue.signing import SIGNATURE_HEADER, sign
+
 USER_AGENT = "convoq-webhook/1"
 
 DeliveryOutcome = Literal["delivered", "retry", "rejected"]
-
-
-def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
-    """The ``X-Convoq-Signature`` header value for ``body``."""
-    ts = int(time.time()) if timestamp is None else timestamp
-    return f"t={ts},v1={_digest(secret, ts, body)}"
-
-
-def verify_signature(secret: str, header: str, body: bytes | str, tolerance_s: int = 300) -> bool:
-    """Check a webhook's ``X-Convoq-Signature`` header against its raw body.
-
-    Args:
-        secret: the shared secret (``CONVOQ_WEBHOOK_SECRET`` of the workers).
-        header: the header value, ``t=<ts>,v1=<hex>`` (several ``v1`` are allowed while a
-            secret is rotated).
-        body: the raw request body, exactly as received.
-        tolerance_s: how old (or how far in the future) the timestamp may be.
-
-    Returns:
-        True only if one ``v1`` matches and the timestamp is within ``tolerance_s``.
-    """
-    raw = body.encode() if isinstance(body, str) else body
-    timestamp: int | None = None
-    candidates: list[str] = []
-    for item in header.split(","):
-        key, _, value = item.strip().partition("=")
-        if key == "t" and value.isdigit():
-            timestamp = int(value)
-        elif key == "v1":
-            candidates.append(value)
-    if timestamp is None or not candidates:
-        return False
-    if abs(time.time() - timestamp) > tolerance_s:
-        return False
-    expected = _digest(secret, timestamp, raw)
-    return any(hmac.compare_digest(expected, c) for c in candidates)
-
-
-def _digest(secret: str, timestamp: int, body: bytes) -> str:
-    message = str(timestamp).encode() + b"." + body
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
-
-
-def build_payload(
-    *,
-    conversation_id: str,
-    turn_id: str,
-    status: str,
-    agent: str,
-    text: str | None,
-    error: dict[str, Any] | None,
-    finished_ms: int | None,
-) -> bytes:
-    """The JSON body of a callback: small and bounded (long text is cut and flagged)."""
-    shown = text or ""
-    payload = {
-        "type": "turn.finished",
-        "conversation_id": conversation_id,
-        "turn_id": turn_id,
-        "status": status,
-        "agent": agent,
-        "text": shown[:MAX_TEXT_CHARS],
-        "text_truncated": len(shown) > MAX_TEXT_CHARS,
-        "error": _bounded_error(error),
-        "finished_ms": finished_ms,
-    }
-    return json.dumps(payload, separators=(",", ":")).encode()
-
-
-def _bounded_error(error: dict[str, Any] | None) -> dict[str, Any] | None:
-    if error is None:
-        return None
-    return {"type": error.get("type"), "message": str(error.get("message", ""))[:2000]}
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,14 @@
 Queues are keyed by conversation id so every kick for one conversation lands on the same
 queue: ``{prefix}.p{crc32(cid) % partitions}`` (``convoq.p3`` with the default prefix).
 The prefix is part of the queue name so deployments (and tests) that share one broker
-never consume each other's kicks. This module is pure: the client imports it without
-pulling in any worker code.
+never consume each other's kicks. Pure: the client and the workers both import it.
 """
 
 from __future__ import annotations
 
 import zlib
 
+from convoq import defaults
 from convoq.errors import ConfigurationError
 from convoq.ids import check_conversation_id
 
@@ -33,7 +33,9 @@ def queue_name(prefix: str, partition: int) -> str:
     return f"{prefix}.p{partition}"
 
 
-def route(conversation_id: str, *, prefix: str = "convoq", partitions: int = 16) -> str:
+def route(
+    conversation_id: str, *, prefix: str = defaults.PREFIX, partitions: int = defaults.PARTITIONS
+) -> str:
     """The Celery queue that kicks for ``conversation_id`` are sent to."""
     return queue_name(prefix, partition_of(conversation_id, partitions))
 

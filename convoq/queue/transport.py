@@ -1,30 +1,22 @@
-"""Connections shared by the client and the workers: which Redis, which broker, and a
-Celery app that only sends (no task code needed to kick a conversation), and the kick
-itself. The Redis client itself is :func:`convoq.redis.connect`."""
+"""The Celery side of the queue contract: the broker URL, the Celery settings every convoq
+app shares (sender or worker), a Celery app that only sends (no task code is needed to
+kick a conversation), the kick itself and its message header."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
+from convoq import defaults
+
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
 HEAD_HEADER = "convoq_head"
 log = logging.getLogger("convoq.client")
-
-
-def resolve_redis_url(redis_url: str | None, home: Path | None = None) -> str:
-    """``redis_url`` itself, or the URL of the embedded redis-server (started if needed)."""
-    if redis_url:
-        return redis_url
-    from convoq.redis import embedded  # lazy: only without a configured Redis
-
-    return embedded.embedded_url(home or embedded.DEFAULT_HOME)
 
 
 def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
@@ -40,7 +32,9 @@ def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
     return f"redis+socket://{parts.path}?virtual_host={db}"
 
 
-def celery_base_config(broker_url: str, *, visibility_timeout_s: int = 3600) -> dict[str, Any]:
+def celery_base_config(
+    broker_url: str, *, visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
+) -> dict[str, Any]:
     """Settings every convoq Celery app shares, sender or worker: JSON only, no results."""
     return {
         "broker_url": broker_url,
@@ -59,7 +53,9 @@ def celery_base_config(broker_url: str, *, visibility_timeout_s: int = 3600) -> 
     }
 
 
-def sender_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
+def sender_app(
+    broker_url: str, *, visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
+) -> Celery:
     """A Celery app that only sends tasks by name (``send_task``) to convoq's queues."""
     app = Celery("convoq-client", set_as_current=False)
     app.conf.update(celery_base_config(broker_url, visibility_timeout_s=visibility_timeout_s))

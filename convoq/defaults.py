@@ -1,0 +1,40 @@
+"""The embedded defaults: the one place each default value is written.
+
+Every entry point resolves a setting the same way (:meth:`convoq.settings.ConvoqSettings.resolve`):
+an explicit argument, else the ``CONVOQ_*`` variable, else the value here. Library classes
+that take a setting as an argument default to these same values, so a client and a worker
+started in one environment agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MiB = 1024 * 1024
+
+PREFIX = "convoq"
+"""Prefix of every Redis key and Celery queue (``CONVOQ_PREFIX``)."""
+PARTITIONS = 16
+"""Queues ``{prefix}.p0`` .. ``p{N-1}``; kicks go to ``crc32(cid) % N`` (``CONVOQ_PARTITIONS``)."""
+HOME = Path(".convoq")
+"""Where the embedded redis-server lives when no Redis URL is set (``CONVOQ_HOME``)."""
+CONCURRENCY = 32
+"""Turns in flight per worker process (``CONVOQ_CONCURRENCY``)."""
+LEASE_MS = 10_000
+"""A conversation's lease; renewed every third of it while a turn runs (``CONVOQ_LEASE_MS``)."""
+MAX_ATTEMPTS = 5
+"""Runs of one turn (its worker died each time) before it fails (``CONVOQ_MAX_ATTEMPTS``)."""
+APPROVAL_TTL_S = 86_400
+"""How long a parked turn waits for its decisions (``CONVOQ_APPROVAL_TTL_S``)."""
+TURN_TTL_S = 7 * 86_400
+"""How long finished turn records and their events are kept (``CONVOQ_TURN_TTL_S``)."""
+SWEEP_INTERVAL_S = 5.0
+"""How often one worker re-kicks stranded conversations (``CONVOQ_SWEEP_INTERVAL_S``)."""
+VISIBILITY_TIMEOUT_S = 3600
+"""Redis broker: an unacked kick is redelivered after this long."""
+EVENT_FLUSH_MS = 10
+"""How long a turn event may wait for the turn's next write before it goes on its own."""
+MAX_ATTACHMENT_BYTES = 20 * MiB
+"""Largest attachment accepted (``CONVOQ_MAX_ATTACHMENT_BYTES``)."""
+MAX_TURN_BYTES = 64 * MiB
+"""Largest turn (messages plus attachments) accepted (``CONVOQ_MAX_TURN_BYTES``)."""

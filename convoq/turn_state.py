@@ -1,0 +1,64 @@
+"""The data of a turn in flight, shared by the engine, the store and the memory: the
+turn so far (:class:`TurnState`, what the step journal and continuations persist), its
+events (:class:`TurnEvent`) and the decisions on tool calls that wait for approval
+(:class:`Decision`). Data only: the loop that moves a turn on is :mod:`convoq.engine`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from convoq.errors import ConvoqError
+from convoq.messages import Message, MessageRole, ToolCall
+
+EventType = Literal[
+    "status", "text_delta", "assistant", "tool_call", "tool_result", "approval_required", "done"
+]
+
+
+class TurnEvent(BaseModel):
+    """Something that happened during a turn: the unit of ``stream`` and ``events``."""
+
+    type: EventType
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Decision(BaseModel):
+    """A human's answer to a tool call that needs approval."""
+
+    approved: bool
+    reason: str | None = None
+
+
+class TurnState(BaseModel):
+    """The turn so far, starting with its user message: what continuations and the step
+    journal persist."""
+
+    messages: list[Message]
+    steps: int = 0
+    pending: list[ToolCall] = Field(default_factory=list)
+    decisions: dict[str, Decision] = Field(default_factory=dict)
+
+    @classmethod
+    def start(cls, message: Message) -> TurnState:
+        return cls(messages=[message])
+
+    def decide(self, call_id: str, approved: bool, reason: str | None = None) -> None:
+        if call_id not in {c.id for c in self.pending}:
+            raise ConvoqError(
+                f"no pending tool call {call_id!r}; pending: {[c.id for c in self.pending]}",
+                call_id=call_id,
+            )
+        self.decisions[call_id] = Decision(approved=approved, reason=reason)
+
+    @property
+    def undecided(self) -> list[ToolCall]:
+        return [c for c in self.pending if c.id not in self.decisions]
+
+
+def answered(state: TurnState) -> bool:
+    """The model gave its final answer: the turn loop ends with this state."""
+    last = state.messages[-1]
+    return last.role == MessageRole.ASSISTANT and not last.tool_calls and not state.pending
