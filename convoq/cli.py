@@ -63,6 +63,7 @@ def _connected(settings: ConvoqSettings | None = None) -> Iterator[Client]:
             max_attachment_bytes=s.max_attachment_bytes,
             max_turn_bytes=s.max_turn_bytes,
             home=s.home,
+            callback_allowed_networks=s.callback_allowed_networks,
         )
         with client:
             yield client

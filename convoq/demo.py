@@ -33,6 +33,7 @@ from convoq.queue.signing import SIGNATURE_HEADER, verify_signature
 from convoq.worker._spawn import worker_process
 
 WORKER_NAME = "demo@localhost"
+LOOPBACK = "127.0.0.1"
 
 
 def tiny_png(width: int = 2, height: int = 2, rgb: tuple[int, int, int] = (200, 40, 40)) -> bytes:
@@ -208,7 +209,9 @@ def run_demo(console: Console | None = None) -> int:
             url = embedded.embedded_url(home)
             hook_url, hooks = stack.enter_context(_webhook_receiver())
             env = _worker_env(url, home, secret)
-            client = stack.enter_context(Client(url, prefix=env["CONVOQ_PREFIX"]))
+            client = stack.enter_context(
+                Client(url, prefix=env["CONVOQ_PREFIX"], callback_allowed_networks=LOOPBACK)
+            )
             log, options = home / "worker.log", ["--concurrency=8", "--loglevel=warning"]
             stack.enter_context(
                 worker_process(WORKER_NAME, env, log, *options, registered=client.workers)
@@ -232,6 +235,9 @@ def _worker_env(url: str, home: Path, secret: str) -> dict[str, str]:
         CONVOQ_AGENTS="convoq.demo_agents",
         CONVOQ_HOME=str(home),
         CONVOQ_WEBHOOK_SECRET=secret,
+        # The demo's webhook receiver listens on loopback, which callbacks may not reach
+        # unless allowed.
+        CONVOQ_CALLBACK_ALLOWED_NETWORKS=LOOPBACK,
         CONVOQ_WEBHOOK_RETRY_BASE_S="0.5",
     )
     return env

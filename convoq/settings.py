@@ -62,6 +62,11 @@ class ConvoqSettings(BaseSettings):
         default=2.0, gt=0, description="First webhook retry delay; doubles per retry."
     )
     webhook_timeout_s: float = Field(default=10.0, gt=0, description="Per webhook POST.")
+    callback_allowed_networks: str | None = Field(
+        default=None,
+        description="Networks callbacks may go to although not public (comma separated,"
+        " e.g. 10.0.0.0/8,127.0.0.1). Unset: public addresses only.",
+    )
     visibility_timeout_s: int = Field(
         default=defaults.VISIBILITY_TIMEOUT_S,
         ge=60,

@@ -31,6 +31,7 @@ from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.messages import Message
+from convoq.netguard import CallbackPolicy
 from convoq.queue import routing
 from convoq.queue.signing import verify_signature
 from convoq.queue.transport import broker_url_for, send_kick, sender_app
@@ -48,6 +49,10 @@ def _is_live(worker: dict[str, Any]) -> bool:
     """A registered worker seen within the last minute (it refreshes every sweep period)."""
     seen = worker.get("seen_ms")
     return isinstance(seen, int) and time.time() * 1000 - seen < LIVE_WORKER_MS
+
+
+def _networks_setting(value: str | Collection[str] | None) -> str | None:
+    return value if value is None or isinstance(value, str) else ",".join(value)
 
 
 class TurnRef(Protocol):
@@ -79,6 +84,11 @@ class AsyncClient:
         max_turn_bytes: largest user message (text plus attachments) accepted.
         home: where the embedded Redis lives when no Redis URL is set.
         max_connections: Redis connections at most; more concurrent calls wait for one.
+        callback_allowed_networks: networks a ``callback_url`` may point into although
+            they are not public (loopback, private ...; see :mod:`convoq.netguard`);
+            ``None``: ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``, else public addresses only
+            (``""``: public only, whatever the environment). The workers check again at delivery with
+            their ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``.
 
     Nothing is started or connected here: connections open on first use (or in
     ``async with``). Use one AsyncClient from one event loop (its connections belong to it).
@@ -100,6 +110,7 @@ class AsyncClient:
         max_turn_bytes: int | None = None,
         home: Path | None = None,
         max_connections: int = 100,
+        callback_allowed_networks: str | Collection[str] | None = None,
     ) -> None:
         # Checked here: a bad count would only fail when routing, after the turn is stored.
         if partitions is not None and (
@@ -118,6 +129,7 @@ class AsyncClient:
             max_attachment_bytes=max_attachment_bytes,
             max_turn_bytes=max_turn_bytes,
             home=home,
+            callback_allowed_networks=_networks_setting(callback_allowed_networks),
         )
         self.prefix = self.settings.prefix
         self.partitions = self.settings.partitions
@@ -127,6 +139,7 @@ class AsyncClient:
         self._max_connections = max_connections
         self._redis_url: str | None = self.settings.redis_url
         self._celery: Celery | None = None
+        self._callback_policy = CallbackPolicy(self.settings.callback_allowed_networks)
         self._redis: aioredis.Redis | None = None
         self._protocol: TurnProtocol | None = None
         self._registered: frozenset[str] = frozenset()
@@ -193,7 +206,8 @@ class AsyncClient:
 
         Raises:
             InvalidConversationIdError, InvalidMessageError, AttachmentError,
-            UnknownAgentError, ConversationBusyError: nothing was queued.
+            InvalidCallbackUrlError (also for a loopback, private or other non-public
+            address), UnknownAgentError, ConversationBusyError: nothing was queued.
         """
         sub = build_submission(
             conversation_id,
@@ -206,6 +220,8 @@ class AsyncClient:
             callback_url=callback_url,
             if_busy=if_busy,
         )
+        if "callback_url" in sub.options:
+            await self._callback_policy.check_url(sub.options["callback_url"])
         if not self._deployment_checked:
             await self._check_deployment()
         if self._agents is None:

@@ -24,6 +24,7 @@ from celery import Celery, current_task
 
 from convoq._sync import LoopThread
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
+from convoq.netguard import CallbackPolicy
 from convoq.queue import routing, signing
 from convoq.queue.transport import HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol, connect
@@ -48,6 +49,8 @@ class WorkerRuntime:
         self.profiles: Profiles = load_profiles(settings.agents)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.keys = KeySchema(settings.prefix)
+        # Parsed at start-up: a bad allow-list stops the worker, not its first webhook.
+        self._callback_policy = CallbackPolicy(settings.callback_allowed_networks)
         self._loop = LoopThread("convoq-worker-loop")
         self._open_lock = threading.Lock()
         self._state: tuple[aioredis.Redis, TurnProtocol, Runner] | None = None
@@ -150,7 +153,11 @@ class WorkerRuntime:
             finished_ms=record.finished_ms,
         )
         return await webhooks.post_once(
-            str(url), body, secret=secret, timeout_s=self.settings.webhook_timeout_s
+            str(url),
+            body,
+            secret=secret,
+            timeout_s=self.settings.webhook_timeout_s,
+            policy=self._callback_policy,
         )
 
     # -- worker lifecycle ------------------------------------------------------------------

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import httpcore
 import httpx
 
+from convoq.errors import InvalidCallbackUrlError
+from convoq.netguard import CallbackPolicy, GuardedBackend, Resolver
 from convoq.queue.signing import SIGNATURE_HEADER, sign
 
 USER_AGENT = "convoq-webhook/1"
@@ -26,9 +29,19 @@ class Attempt:
     detail: str
 
 
-async def post_once(url: str, body: bytes, *, secret: str, timeout_s: float) -> Attempt:
+async def post_once(
+    url: str,
+    body: bytes,
+    *,
+    secret: str,
+    timeout_s: float,
+    policy: CallbackPolicy | None = None,
+    resolver: Resolver | None = None,
+) -> Attempt:
     """POST ``body`` once. 2xx delivered; 5xx, 429, timeouts and connection errors retry;
-    anything else (4xx, a redirect) is the receiver saying no, so it is not retried."""
+    anything else (4xx, a redirect) is the receiver saying no, so it is not retried, nor is
+    an address ``policy`` refuses (checked on the connection itself: see
+    :mod:`convoq.netguard`; default: public addresses only)."""
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
@@ -37,10 +50,17 @@ async def post_once(url: str, body: bytes, *, secret: str, timeout_s: float) -> 
     try:
         # stream(): the response body is never read, so a huge one costs nothing.
         async with (
-            httpx.AsyncClient(follow_redirects=False, timeout=timeout_s) as client,
+            httpx.AsyncClient(
+                transport=_guarded_transport(policy or CallbackPolicy(), resolver),
+                follow_redirects=False,
+                timeout=timeout_s,
+                trust_env=False,  # a proxy would make the guard check the proxy's address
+            ) as client,
             client.stream("POST", url, content=body, headers=headers) as response,
         ):
             status = response.status_code
+    except InvalidCallbackUrlError as exc:
+        return Attempt("rejected", exc.message)
     except httpx.TransportError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
     if 200 <= status < 300:
@@ -48,6 +68,19 @@ async def post_once(url: str, body: bytes, *, secret: str, timeout_s: float) -> 
     if status >= 500 or status == 429:
         return Attempt("retry", f"HTTP {status}")
     return Attempt("rejected", f"HTTP {status}")
+
+
+def _guarded_transport(
+    policy: CallbackPolicy, resolver: Resolver | None
+) -> httpx.AsyncHTTPTransport:
+    transport = httpx.AsyncHTTPTransport(trust_env=False)
+    # httpx takes no network backend; its transport delegates every request to this
+    # httpcore pool, so the pool is rebuilt around the guarded backend (same TLS context).
+    ssl_context = transport._pool._ssl_context
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl_context, network_backend=GuardedBackend(policy, resolver)
+    )
+    return transport
 
 
 def backoff_s(retries: int, base_s: float, cap_s: float = 600.0) -> float:

@@ -31,6 +31,7 @@ from tests.support.redis_server import RedisServer
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = "tests.support.worker_agents"
 WEBHOOK_SECRET = "test-webhook-secret"
+LOOPBACK = "127.0.0.0/8,::1"
 _names = itertools.count()
 
 
@@ -46,6 +47,9 @@ def worker_env(redis_url: str, prefix: str, **settings: Any) -> dict[str, str]:
         "sweep_interval_s": 1.0,
         "webhook_secret": WEBHOOK_SECRET,
         "webhook_retry_base_s": 0.2,
+        # Webhook receivers in tests listen on loopback, which callbacks may not reach
+        # unless allowed.
+        "callback_allowed_networks": LOOPBACK,
     }
     values.update(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
@@ -179,6 +183,9 @@ class WorkerPool:
         return started
 
     def client(self, **kwargs: Any) -> Client:
+        kwargs.setdefault(
+            "callback_allowed_networks", self.env.get("CONVOQ_CALLBACK_ALLOWED_NETWORKS")
+        )
         return Client(
             self.redis_url,
             broker_url=self.env.get("CONVOQ_BROKER_URL"),

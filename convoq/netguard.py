@@ -1,0 +1,223 @@
+"""Callback URLs that cannot be turned against the network they are sent from.
+
+A ``callback_url`` makes a worker POST wherever the submitter says. Once less-trusted
+callers can submit (the HTTP gateway), that is a way to reach internal services, so by
+default a callback may only go to a *public* address. Refused, for IPv4 and IPv6 alike
+(an IPv4-mapped IPv6 address is judged as the IPv4 address it carries)::
+
+    unspecified   0.0.0.0, ::
+    loopback      127.0.0.0/8, ::1
+    link-local    169.254.0.0/16, fe80::/10 (cloud metadata services live here)
+    multicast     224.0.0.0/4, ff00::/8
+    private       10/8, 172.16/12, 192.168/16, fc00::/7, ...
+    reserved      240.0.0.0/4, ::/8, ...
+    non-public    anything else not globally routable (100.64.0.0/10, 192.0.2.0/24, ...)
+
+The check runs twice: when the turn is submitted (:meth:`CallbackPolicy.check_url`,
+literal addresses and what the name resolves to then) and when the webhook is delivered,
+against the address the connection is actually made to (:class:`GuardedBackend`): a name
+that resolved to a public address at submit and to ``127.0.0.1`` later (DNS rebinding)
+is refused at delivery. A name that does not resolve at submit is accepted: the delivery
+check is the one that counts, and the submitting host may not see the workers' DNS.
+
+Deployments with internal receivers list their networks in an explicit allow-list
+(``CONVOQ_CALLBACK_ALLOWED_NETWORKS="10.20.0.0/16,127.0.0.1"``); addresses inside one of
+them pass whatever their class.
+
+This module sits below both the client and the workers: both import it, neither imports
+the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from httpcore import AsyncNetworkBackend, AsyncNetworkStream, ConnectError
+from httpcore._backends.auto import AutoBackend
+
+from convoq.errors import ConfigurationError, InvalidCallbackUrlError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# host, port -> addresses (OSError when there are none).
+Resolver = Callable[[str, int], Awaitable[list["IPAddress"]]]
+
+# Bounded: a stalled resolver must not hold a submit (or a delivery) for ever.
+RESOLVE_TIMEOUT_S = 5.0
+
+
+def address_class(address: IPAddress) -> str | None:
+    """Why ``address`` may not receive callbacks (``"loopback"``, ``"private"``, ...), or
+    None for a public address."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    checks = (
+        ("unspecified", address.is_unspecified),
+        ("loopback", address.is_loopback),
+        ("link-local", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("reserved", address.is_reserved),  # before private: Python counts 240/4 as both
+        ("private", address.is_private),
+        ("non-public", not address.is_global),
+    )
+    return next((name for name, hit in checks if hit), None)
+
+
+def parse_networks(value: str | Iterable[str] | None) -> tuple[IPNetwork, ...]:
+    """Networks from ``"10.0.0.0/8, 127.0.0.1"`` or a list of such strings (a bare address
+    is a network of one).
+
+    Raises:
+        ConfigurationError: an entry that is not an IP network.
+    """
+    if value is None:
+        return ()
+    items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+    networks: list[IPNetwork] = []
+    for item in items:
+        try:
+            networks.append(ipaddress.ip_network(str(item).strip(), strict=False))
+        except ValueError:
+            raise ConfigurationError(
+                f"callback allow-list entry {str(item)[:80]!r} is not an IP network"
+                " (write 10.0.0.0/8, 127.0.0.1 or fd00::/8)",
+                entry=str(item)[:80],
+            ) from None
+    return tuple(networks)
+
+
+class CallbackPolicy:
+    """Which addresses callbacks may go to.
+
+    Args:
+        allowed_networks: networks allowed whatever their class (see
+            :func:`parse_networks`); empty: public addresses only.
+    """
+
+    def __init__(self, allowed_networks: str | Iterable[str] | None = None) -> None:
+        self.allowed = parse_networks(allowed_networks)
+
+    def refusal(self, address: IPAddress) -> str | None:
+        """Why a callback may not go to ``address``, or None if it may."""
+        kind = address_class(address)
+        if kind is None:
+            return None
+        plain = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        if any(a in net for net in self.allowed for a in (address, plain) if a is not None):
+            return None
+        return kind
+
+    def check_address(self, address: IPAddress | str, host: str = "") -> None:
+        """Raise InvalidCallbackUrlError unless a callback may go to ``address``."""
+        ip = ipaddress.ip_address(address) if isinstance(address, str) else address
+        kind = self.refusal(ip)
+        if kind is not None:
+            shown = f"{host} ({ip})" if host and host != str(ip) else str(ip)
+            raise InvalidCallbackUrlError(
+                f"callback_url goes to {shown}, a {kind} address: callbacks may only go to"
+                " public addresses unless CONVOQ_CALLBACK_ALLOWED_NETWORKS allows it",
+                address=str(ip),
+                address_class=kind,
+            )
+
+    async def check_url(self, url: str, resolver: Resolver | None = None) -> None:
+        """The submit-time check: a literal address, or every address the host resolves
+        to now, must be allowed. A host that does not resolve passes (delivery checks)."""
+        host = urlsplit(url).hostname or ""
+        literal = _literal(host)
+        if literal is not None:
+            self.check_address(literal, host)
+            return
+        try:
+            found = await (resolver or resolve)(host, 0)
+        except OSError:
+            return
+        for address in found:
+            self.check_address(address, host)
+
+
+def _literal(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+async def resolve(host: str, port: int) -> list[IPAddress]:
+    """Every address ``host`` resolves to (OSError if none, or the resolver stalls)."""
+    literal = _literal(host)
+    if literal is not None:
+        return [literal]
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S
+        )
+    except TimeoutError:
+        raise OSError(f"resolving {host!r} took over {RESOLVE_TIMEOUT_S}s") from None
+    found: list[IPAddress] = []
+    for *_, sockaddr in infos:
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if address not in found:
+            found.append(address)
+    if not found:
+        raise OSError(f"{host!r} resolves to no address")
+    return found
+
+
+class GuardedBackend(AsyncNetworkBackend):
+    """An httpcore network backend that connects only to addresses ``policy`` allows.
+
+    It resolves the host itself, refuses the connection if any address is refused, then
+    connects to the checked address (not the name: no second lookup can differ) and checks
+    the peer of the socket it got. TLS still verifies the certificate against the host
+    name: httpcore passes the URL's host as server_hostname, not the address.
+    """
+
+    def __init__(self, policy: CallbackPolicy, resolver: Resolver | None = None) -> None:
+        self.policy = policy
+        self._resolve = resolver or resolve
+        self._inner = AutoBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> AsyncNetworkStream:
+        try:
+            addresses = await self._resolve(host, port)
+        except OSError as exc:
+            # A connect error to httpx: the delivery is retried later.
+            raise ConnectError(str(exc)) from None
+        for address in addresses:
+            self.policy.check_address(address, host)
+        stream = await self._inner.connect_tcp(
+            str(addresses[0]), port, timeout, local_address, socket_options
+        )
+        peer = stream.get_extra_info("server_addr")
+        try:
+            self.policy.check_address(str(peer[0]) if peer else "::", host)
+        except InvalidCallbackUrlError:
+            await stream.aclose()
+            raise
+        return stream
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> AsyncNetworkStream:
+        raise InvalidCallbackUrlError("callbacks are never sent over a unix socket")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)

@@ -1,0 +1,153 @@
+"""Callback URLs that cannot be turned against the network: every address class is
+refused at submit and at delivery (against the address connected), unless allowed."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+
+import pytest
+
+from convoq.errors import ConfigurationError, InvalidCallbackUrlError
+from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks
+from convoq.worker.webhooks import post_once
+from tests.support.workers import WebhookReceiver, webhook_receiver
+
+PUBLIC = "93.184.216.34"
+
+REFUSED = [
+    ("0.0.0.0", "unspecified"),
+    ("::", "unspecified"),
+    ("127.0.0.1", "loopback"),
+    ("127.9.9.9", "loopback"),
+    ("::1", "loopback"),
+    ("169.254.169.254", "link-local"),
+    ("fe80::1", "link-local"),
+    ("224.0.0.1", "multicast"),
+    ("ff02::1", "multicast"),
+    ("10.1.2.3", "private"),
+    ("172.16.0.1", "private"),
+    ("192.168.1.1", "private"),
+    ("fc00::1", "private"),
+    ("fd12:3456::1", "private"),
+    ("240.0.0.1", "reserved"),
+    ("100.64.0.1", "non-public"),
+    # IPv4-mapped IPv6 forms are judged as the IPv4 address they carry.
+    ("::ffff:127.0.0.1", "loopback"),
+    ("::ffff:10.0.0.1", "private"),
+    ("::ffff:169.254.169.254", "link-local"),
+]
+
+
+@pytest.mark.parametrize(("address", "kind"), REFUSED)
+def test_every_non_public_address_class_is_named(address: str, kind: str) -> None:
+    assert address_class(ipaddress.ip_address(address)) == kind
+    with pytest.raises(InvalidCallbackUrlError) as raised:
+        CallbackPolicy().check_address(address)
+    assert raised.value.details["address_class"] == kind
+
+
+@pytest.mark.parametrize("address", [PUBLIC, "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"])
+def test_public_addresses_pass(address: str) -> None:
+    assert address_class(ipaddress.ip_address(address)) is None
+    CallbackPolicy().check_address(address)
+
+
+def test_the_allow_list_lets_listed_networks_through_and_no_others() -> None:
+    policy = CallbackPolicy("10.20.0.0/16, 127.0.0.1 fd00::/8")
+    for allowed in ["10.20.3.4", "127.0.0.1", "::ffff:127.0.0.1", "fd00::5"]:
+        policy.check_address(allowed)
+    for refused in ["10.21.0.1", "127.0.0.2", "::1", "169.254.169.254"]:
+        with pytest.raises(InvalidCallbackUrlError):
+            policy.check_address(refused)
+
+
+@pytest.mark.parametrize("entry", ["not-a-network", "10.0.0.0/33", "example.com"])
+def test_a_bad_allow_list_entry_is_a_configuration_error(entry: str) -> None:
+    with pytest.raises(ConfigurationError, match="not an IP network"):
+        parse_networks(f"127.0.0.1,{entry}")
+
+
+async def test_submit_check_resolves_names_and_refuses_any_internal_answer() -> None:
+    policy = CallbackPolicy()
+
+    async def mixed(host: str, port: int) -> list[IPAddress]:
+        return [ipaddress.ip_address(PUBLIC), ipaddress.ip_address("10.0.0.7")]
+
+    with pytest.raises(InvalidCallbackUrlError, match="private"):
+        await policy.check_url("https://hooks.example.test/x", resolver=mixed)
+    with pytest.raises(InvalidCallbackUrlError, match="loopback"):
+        await policy.check_url("http://localhost:9/x")  # the system resolver
+    with pytest.raises(InvalidCallbackUrlError, match="loopback"):
+        await policy.check_url("http://[::ffff:7f00:1]/x")
+    await policy.check_url(f"http://{PUBLIC}/x")
+    await policy.check_url("https://does-not-resolve.invalid/x")  # delivery checks it
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with webhook_receiver() as hooks:
+        yield hooks
+
+
+async def test_delivery_refuses_loopback_and_sends_nothing(receiver: WebhookReceiver) -> None:
+    port = receiver.server.server_address[1]
+    for url in [f"{receiver.url}/a", f"http://localhost:{port}/a"]:
+        attempt = await post_once(url, b"{}", secret="s", timeout_s=5)
+        assert attempt.outcome == "rejected"  # not retried
+        assert "loopback" in attempt.detail
+    assert receiver.posts("/a") == []
+
+
+async def test_delivery_goes_through_when_the_allow_list_names_the_network(
+    receiver: WebhookReceiver,
+) -> None:
+    policy = CallbackPolicy("127.0.0.0/8")
+    attempt = await post_once(f"{receiver.url}/b", b"{}", secret="s", timeout_s=5, policy=policy)
+    assert attempt.outcome == "delivered"
+    assert len(receiver.posts("/b")) == 1
+
+
+async def test_dns_rebinding_is_caught_at_delivery(receiver: WebhookReceiver) -> None:
+    """The name resolved to a public address at submit; at delivery it answers loopback:
+    the connection is checked, not the earlier answer."""
+    answers = iter([PUBLIC, "127.0.0.1"])
+
+    async def rebinding(host: str, port: int) -> list[IPAddress]:
+        return [ipaddress.ip_address(next(answers))]
+
+    port = receiver.server.server_address[1]
+    url = f"http://rebind.example.test:{port}/c"
+    policy = CallbackPolicy()
+    await policy.check_url(url, resolver=rebinding)  # accepted at submit
+    attempt = await post_once(
+        url, b"{}", secret="s", timeout_s=5, policy=policy, resolver=rebinding
+    )
+    assert attempt.outcome == "rejected"
+    assert "loopback" in attempt.detail
+    assert receiver.posts("/c") == []
+
+
+async def test_delivery_connects_to_the_checked_address_not_a_second_lookup(
+    receiver: WebhookReceiver,
+) -> None:
+    """Allowed, the name is resolved once and the connection made to that address: a
+    resolver that answers differently a second time is never asked again."""
+    calls: list[str] = []
+
+    async def once(host: str, port: int) -> list[IPAddress]:
+        calls.append(host)
+        return [ipaddress.ip_address("127.0.0.1" if len(calls) == 1 else PUBLIC)]
+
+    port = receiver.server.server_address[1]
+    attempt = await post_once(
+        f"http://hooks.example.test:{port}/d",
+        b"{}",
+        secret="s",
+        timeout_s=5,
+        policy=CallbackPolicy("127.0.0.1"),
+        resolver=once,
+    )
+    assert attempt.outcome == "delivered"
+    assert calls == ["hooks.example.test"]
+    assert receiver.posts("/d")[0][2]["Host"] == f"hooks.example.test:{port}"
