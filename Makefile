@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check convoq tests bench
 	$(BIN)/ruff format --check convoq tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -9,6 +9,21 @@ Queued on Celery workers, history in Redis::
 
     handle = Client().submit("user-42", "What is my name?", agent="assistant")
     handle.wait(timeout=30).text
+
+Layers, bottom up (a module imports only from layers below; checked by import-linter,
+``make lint``)::
+
+    cli, demo, gateway                          what people run
+    client  |  worker                           side by side, never importing each other
+    agent                                       the in-process Agent
+    engine                                      THE turn loop
+    memory                                      ConversationMemory backends
+    redis | tools | loaders | queue | responses store, tools, the queue contract
+    models                                      Model protocol, OpenAI wire, scripted
+    turn_state | window | limits                the data model ...
+    messages
+    settings | ids | _sync
+    errors | defaults                           ... down to the error tree and defaults
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from convoq._cli_render import (
     console,
@@ -24,6 +23,7 @@ from convoq._cli_render import (
     reported,
 )
 from convoq.client import Client
+from convoq.errors import ConfigurationError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import Message, MessageRole, TextPart
 from convoq.settings import ConvoqSettings
@@ -38,14 +38,12 @@ app = typer.Typer(
 
 
 def _settings(**overrides: Any) -> ConvoqSettings:
-    values = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return ConvoqSettings(**values)
-    except ValidationError as exc:
+        return ConvoqSettings.resolve(**overrides)
+    except ConfigurationError as exc:
         # A bad CONVOQ_* value is a configuration error, not a traceback.
-        for problem in exc.errors():
-            name = "CONVOQ_" + "_".join(str(p) for p in problem["loc"]).upper()
-            err_console.print(f"[red]error:[/red] {name}: {problem['msg']}", soft_wrap=True)
+        for problem in exc.details.get("problems", [exc.message]):
+            err_console.print(f"[red]error:[/red] {problem}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 

@@ -17,6 +17,7 @@
     ├── MaxStepsExceededError          the model/tool loop did not finish in max_steps
     ├── ProtocolError                  a turn-protocol script refused a transition
     │   ├── StaleFenceError            the caller's lease was taken over
+    │   ├── LeaseLostError             renewing the lease failed while a turn ran
     │   ├── NotInboxHeadError          the turn is not the one being run
     │   └── TurnAlreadyAppliedError    the turn was already committed, failed or cancelled
     ├── UnknownTurnError               no such turn (or it expired)
@@ -27,7 +28,9 @@
     └── ConfigurationError             settings that cannot work together
 
 Errors that cross processes travel as data (``{type, message, details}``) in the turn
-record; :meth:`ConvoqError.to_data` and :func:`error_from_data` convert both ways.
+record; :meth:`ConvoqError.to_data` and :func:`error_from_data` convert both ways. Every
+class also pickles with its fields (:meth:`ConvoqError.__reduce__`), for whoever sends
+them through multiprocessing or a result backend.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ class ConvoqError(Exception):
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = details
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles as cls(*args): subclasses whose __init__ takes keyword fields
+        # (status_code=..., response=...) could not be rebuilt that way. Rebuild bare and
+        # restore every attribute instead.
+        return (_rebuild, (type(self), self.message), self.__dict__)
 
     def to_data(self) -> dict[str, Any]:
         """The JSON-safe form stored in a turn record."""
@@ -114,6 +123,10 @@ class StaleFenceError(ProtocolError):
     """The caller's fence token is no longer current: another worker took the lease."""
 
 
+class LeaseLostError(ProtocolError):
+    """Renewing the lease failed: another worker owns the conversation now."""
+
+
 class NotInboxHeadError(ProtocolError):
     """The turn is not at the head of the conversation's inbox."""
 
@@ -150,6 +163,13 @@ class ConfigurationError(ConvoqError):
     """Settings that cannot work together."""
 
 
+def _rebuild(cls: type[ConvoqError], message: str) -> ConvoqError:
+    """An instance of ``cls`` with ``message``, its fields left to ``__setstate__``."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    return err
+
+
 def _all_error_classes() -> dict[str, type[ConvoqError]]:
     found: dict[str, type[ConvoqError]] = {}
     stack: list[type[ConvoqError]] = [ConvoqError]
@@ -168,10 +188,9 @@ def error_from_data(data: dict[str, Any]) -> ConvoqError:
     cls = _all_error_classes().get(name)
     if cls is None or cls in (ModelHTTPError, TurnFailedError, ConversationMemoryError):
         return TurnFailedError(message, remote_type=name, remote_details=details)
-    err = cls.__new__(cls)
     # Set the fields directly: stored details are data, and a "message" key among them
     # must not clash with the message argument.
-    Exception.__init__(err, message)
+    err = _rebuild(cls, message)
     err.message = message
     err.details = dict(details) if isinstance(details, dict) else {"details": details}
     if isinstance(err, ConversationMemoryError):

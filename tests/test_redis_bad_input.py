@@ -21,6 +21,7 @@ from convoq.errors import (
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import FilePart, Message, TextPart
 from convoq.redis import KeySchema, TurnProtocol
+from convoq.redis.protocol import TurnEnding
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
 CID = "bad-input"
@@ -112,14 +113,13 @@ async def test_oversize_attachment_and_turn_are_refused_before_any_write(
     with pytest.raises(InvalidMessageError, match="max_turn_bytes=5000"):
         await memory.aappend(CID, many)
     with pytest.raises(InvalidMessageError, match="max_turn_bytes"):
-        await proto.commit(CID, "t1", fence=acquired.fence, messages=many, lease_ms=LEASE)
+        await proto.commit(CID, "t1", many, TurnEnding(fence=acquired.fence, lease_ms=LEASE))
     with pytest.raises(AttachmentError):
         await proto.commit(
             CID,
             "t1",
-            fence=acquired.fence,
-            lease_ms=LEASE,
-            messages=[acquired.turn.input, with_file(2000)],
+            [acquired.turn.input, with_file(2000)],
+            TurnEnding(fence=acquired.fence, lease_ms=LEASE),
         )
     assert snapshot(redis_client, proto.keys.prefix) == before
 
@@ -194,10 +194,12 @@ async def test_a_commit_stays_a_success_when_the_next_turn_cannot_be_loaded(
     following = await proto.commit(
         CID,
         "t1",
-        fence=acquired.fence,
-        lease_ms=LEASE,
-        messages=exchange("t1"),
-        next_turn_id=acquired.next_turn_id if peeked else None,
+        exchange("t1"),
+        TurnEnding(
+            fence=acquired.fence,
+            lease_ms=LEASE,
+            next_turn_id=acquired.next_turn_id if peeked else None,
+        ),
     )
     assert following is None
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
@@ -219,10 +221,8 @@ async def test_a_hand_off_names_a_key_of_the_wrong_type_before_writing_to_the_ne
     following = await proto.commit(
         CID,
         "t1",
-        fence=acquired.fence,
-        lease_ms=LEASE,
-        messages=exchange("t1"),
-        next_turn_id=acquired.next_turn_id,
+        exchange("t1"),
+        TurnEnding(fence=acquired.fence, lease_ms=LEASE, next_turn_id=acquired.next_turn_id),
     )
     assert following is None  # logged; the next acquire after the lease expires reports it
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
@@ -250,11 +250,13 @@ async def test_protocol_scripts_name_a_key_of_the_wrong_type_before_any_write(
     break_key(redis_client, events)
     break_key(redis_client, proto.keys.events(CID, "t2"))
     before = snapshot(redis_client, proto.keys.prefix)
-    commit = proto.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t1"))
+    commit = proto.commit(
+        CID, "t1", exchange("t1"), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
+    )
     error = ProtocolError("x").to_data()
     calls = [
         (commit, events),
-        (proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE), events),
+        (proto.fail(CID, "t1", error, TurnEnding(fence=acquired.fence, lease_ms=LEASE)), events),
         (proto.cancel(CID, "t1"), events),
         (proto.submit(CID, "t2", agent="a", message=Message.user("x"), options={}), None),
     ]
@@ -266,7 +268,9 @@ async def test_protocol_scripts_name_a_key_of_the_wrong_type_before_any_write(
     redis_client.delete(events)
     redis_client.hset(meta, "turns", "lots")  # HINCRBY would fail after the append
     with pytest.raises(CorruptDataError, match="meta"):
-        await proto.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t1"))
+        await proto.commit(
+            CID, "t1", exchange("t1"), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
+        )
     assert redis_client.llen(proto.keys.turns(CID)) == 0
     assert (await proto.get_turn(CID, "t1")).status == "running"
 

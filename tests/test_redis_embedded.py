@@ -14,6 +14,7 @@ import redis
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol, embedded
 from convoq.redis._history import append_history
+from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnState
 
 LEASE = 30_000
@@ -65,14 +66,14 @@ async def _full_cycle(proto: TurnProtocol) -> None:
     turn = [*state.messages, Message.tool_result(calls[0], "ok"), Message.assistant("done")]
     assert resumed.next_turn_id == "t2"
     nxt = await proto.commit(
-        cid, "t1", fence=resumed.fence, messages=turn, lease_ms=LEASE, next_turn_id="t2"
+        cid, "t1", turn, TurnEnding(fence=resumed.fence, lease_ms=LEASE, next_turn_id="t2")
     )  # hands out t2 in the same script call
     assert nxt is not None
     assert (nxt.turn.turn_id, nxt.next_turn_id) == ("t2", "t3")
     assert nxt.history == turn
     error = {"type": "ToolError", "message": "x", "details": {}}
     nxt = await proto.fail(
-        cid, "t2", fence=nxt.fence, error=error, lease_ms=LEASE, next_turn_id=nxt.next_turn_id
+        cid, "t2", error, TurnEnding(fence=nxt.fence, lease_ms=LEASE, next_turn_id=nxt.next_turn_id)
     )
     assert nxt is not None
     assert nxt.turn.turn_id == "t3"

@@ -10,6 +10,7 @@ import redis
 from convoq.errors import ConfigurationError, InvalidConversationIdError
 from convoq.messages import Message
 from convoq.redis import KeySchema
+from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent
 from tests.support.protocol_helpers import exchange, open_protocol
 
@@ -70,7 +71,7 @@ async def test_keys_written_by_a_full_cycle_all_carry_the_tag(
         await proto.emit(cid, "t1", TurnEvent(type="assistant", data={"text": "x"}))
         await proto.submit(cid, "t2", agent="a", message=Message.user("next"), options={})
         turn = exchange("hi", "yo")
-        await proto.commit(cid, "t1", fence=acquired.fence, lease_ms=10_000, messages=turn)
+        await proto.commit(cid, "t1", turn, TurnEnding(fence=acquired.fence, lease_ms=10_000))
     found = [k.decode() for k in redis_client.keys(f"{key_prefix}*")]
     kinds = {k.split(":")[2] for k in found}
     assert {"meta", "turns", "inbox", "lease", "turn", "events", "idem"} <= kinds

@@ -20,6 +20,7 @@ from convoq.errors import (
 )
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import Acquired, TurnProtocol
+from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent, TurnState
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
@@ -53,10 +54,8 @@ async def commit(
     return await proto.commit(
         CID,
         acquired.turn.turn_id,
-        fence=acquired.fence,
-        messages=whole_turn(acquired, reply),
-        lease_ms=LEASE,
-        **kw,
+        whole_turn(acquired, reply),
+        TurnEnding(fence=acquired.fence, lease_ms=LEASE, **kw),
     )
 
 
@@ -102,7 +101,9 @@ async def test_commit_of_a_turn_that_is_not_the_inbox_head_is_refused(
     await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     with pytest.raises(NotInboxHeadError):
-        await proto.commit(CID, "t2", fence=acquired.fence, lease_ms=LEASE, messages=exchange("t2"))
+        await proto.commit(
+            CID, "t2", exchange("t2"), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
+        )
     assert await stored_texts(proto) == []
     assert (await proto.get_turn(CID, "t2")).status == "queued"
 
@@ -111,7 +112,7 @@ async def test_fail_stores_nothing_and_hands_over_the_next_turn(proto: TurnProto
     await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     error = ProtocolError("model exploded").to_data()
-    following = await proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE)
+    following = await proto.fail(CID, "t1", error, TurnEnding(fence=acquired.fence, lease_ms=LEASE))
     record = await proto.get_turn(CID, "t1")
     assert record.status == "failed"
     assert record.error == error
@@ -128,12 +129,12 @@ async def test_commit_replayed_after_a_dropped_reply_appends_once(
     await submit(proto, "t1")
     acquired = await acquire(proto)
     keys, args = proto.commit_call(
-        CID, "t1", fence=acquired.fence, messages=whole_turn(acquired), lease_ms=LEASE
+        CID, "t1", whole_turn(acquired), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
     )
     await proto.scripts.run("commit", keys, args)  # the reply is lost on the way back
     with pytest.raises(TurnAlreadyAppliedError):
         await proto.commit(
-            CID, "t1", fence=acquired.fence, messages=whole_turn(acquired), lease_ms=LEASE
+            CID, "t1", whole_turn(acquired), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
         )
     assert redis_client.llen(proto.keys.turns(CID)) == 1
     assert await stored_texts(proto) == ["t1"]
@@ -310,7 +311,7 @@ async def test_cancel_a_running_turn_asks_its_runner_to_stop(proto: TurnProtocol
     assert await proto.cancel(CID, "t1") == "stopping"
     assert await proto.is_cancel_requested(CID, "t1")
     error = TurnCancelledError("the turn was cancelled").to_data()
-    await proto.fail(CID, "t1", fence=acquired.fence, error=error, lease_ms=LEASE)
+    await proto.fail(CID, "t1", error, TurnEnding(fence=acquired.fence, lease_ms=LEASE))
     assert (await proto.get_turn(CID, "t1")).status == "cancelled"
     assert await stored_texts(proto) == []
 
@@ -366,10 +367,8 @@ async def test_acquire_returns_the_history_window(proto: TurnProtocol) -> None:
         following = await proto.commit(
             CID,
             acquired.turn.turn_id,
-            fence=acquired.fence,
-            messages=whole_turn(acquired),
-            lease_ms=LEASE,
-            window=2,
+            whole_turn(acquired),
+            TurnEnding(fence=acquired.fence, lease_ms=LEASE, window=2),
         )
         assert following is not None
         acquired = following
@@ -444,7 +443,10 @@ async def test_commit_hands_out_the_expected_next_turn_in_the_same_script_call(
     first = await acquire(proto)
     assert first.next_turn_id == "t2"  # the peek behind the head
     keys, args = proto.commit_call(
-        CID, "t1", fence=first.fence, messages=whole_turn(first), lease_ms=LEASE, next_turn_id="t2"
+        CID,
+        "t1",
+        whole_turn(first),
+        TurnEnding(fence=first.fence, lease_ms=LEASE, next_turn_id="t2"),
     )
     reply = await proto.scripts.run("commit", keys, args)
     assert reply[:3] == ["OK", b"t2", None]
@@ -469,7 +471,7 @@ async def test_commit_and_fail_hand_over_turns_as_acquire_would(proto: TurnProto
     assert second.next_turn_id == "t3"
     error = ProtocolError("boom").to_data()
     third = await proto.fail(
-        CID, "t2", fence=second.fence, error=error, lease_ms=LEASE, next_turn_id="t3"
+        CID, "t2", error, TurnEnding(fence=second.fence, lease_ms=LEASE, next_turn_id="t3")
     )
     assert third is not None
     assert (third.turn.turn_id, third.fence, third.next_turn_id) == ("t3", first.fence, None)

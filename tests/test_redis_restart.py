@@ -11,6 +11,7 @@ import redis
 
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol
+from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnState
 from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_server import RedisServer
@@ -66,13 +67,15 @@ async def test_a_conversation_survives_kill_9_between_every_step(
     assert resumed.state.messages == state.messages
     assert resumed.state.decisions["c1"].approved
     turn = [*state.messages, Message.tool_result(calls[0], "sent"), Message.assistant("done")]
-    following = await proto.commit(CID, "t1", fence=resumed.fence, messages=turn, lease_ms=LEASE)
+    following = await proto.commit(CID, "t1", turn, TurnEnding(fence=resumed.fence, lease_ms=LEASE))
     assert following is not None
     crash(server)  # after commit: history, blob and the handed-off lease
     assert await proto.history(CID) == turn
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
     assert await proto.acquire(CID, worker_id="w3", lease_ms=LEASE) is None
-    await proto.commit(CID, "t2", fence=following.fence, lease_ms=LEASE, messages=exchange("then"))
+    await proto.commit(
+        CID, "t2", exchange("then"), TurnEnding(fence=following.fence, lease_ms=LEASE)
+    )
     crash(server)
     history = await proto.history(CID, last_turns=2)
     assert [m.text for m in history] == [m.text for m in turn] + ["then", "ok"]
@@ -90,7 +93,7 @@ async def test_a_fresh_client_after_a_restart_sees_the_same_state(
     async with open_protocol(server.url, key_prefix) as after:
         assert await after.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
         turn = exchange("hi", "yo")
-        await after.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=turn)
+        await after.commit(CID, "t1", turn, TurnEnding(fence=acquired.fence, lease_ms=LEASE))
         assert [m.text for m in await after.history(CID)] == ["hi", "yo"]
 
 

@@ -29,6 +29,7 @@ from convoq.errors import (
 )
 from convoq.messages import Message, ToolCall
 from convoq.redis import Acquired, TurnProtocol
+from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnState
 
 CID = "stateful"
@@ -191,11 +192,13 @@ class TurnProtocolMachine(RuleBasedStateMachine):
             lambda tid, fence, peek: self.proto.commit(
                 CID,
                 tid,
-                fence=fence,
-                messages=[Message.user(tid), Message.assistant("ok")],
-                lease_ms=LEASE_MS,
-                max_attempts=MAX_ATTEMPTS,
-                next_turn_id=peek if peeked else None,
+                [Message.user(tid), Message.assistant("ok")],
+                TurnEnding(
+                    fence=fence,
+                    lease_ms=LEASE_MS,
+                    max_attempts=MAX_ATTEMPTS,
+                    next_turn_id=peek if peeked else None,
+                ),
             ),
             "succeeded",
         )
@@ -211,11 +214,13 @@ class TurnProtocolMachine(RuleBasedStateMachine):
             lambda tid, fence, peek: self.proto.fail(
                 CID,
                 tid,
-                fence=fence,
-                error=error,
-                lease_ms=LEASE_MS,
-                max_attempts=MAX_ATTEMPTS,
-                next_turn_id=peek if peeked else None,
+                error,
+                TurnEnding(
+                    fence=fence,
+                    lease_ms=LEASE_MS,
+                    max_attempts=MAX_ATTEMPTS,
+                    next_turn_id=peek if peeked else None,
+                ),
             ),
             "cancelled" if cancelled else "failed",
         )

@@ -12,6 +12,7 @@ from convoq.errors import ConfigurationError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, TextPart
 from convoq.redis import connect
+from convoq.redis.protocol import TurnEnding
 from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_server import RedisServer
 from tests.support.tls import make_tls_files
@@ -82,7 +83,7 @@ async def test_turn_protocol_runs_submit_acquire_commit(
         assert acquired is not None
         assert acquired.turn.input == hi
         turn = exchange("hi", "hello")
-        nxt = await proto.commit(CID, "t1", fence=acquired.fence, lease_ms=LEASE, messages=turn)
+        nxt = await proto.commit(CID, "t1", turn, TurnEnding(fence=acquired.fence, lease_ms=LEASE))
         assert nxt is None
         assert await proto.history(CID) == turn
         assert (await proto.get_turn(CID, "t1")).status == "succeeded"

@@ -13,6 +13,7 @@ from typing import Any
 from convoq.client._blocking import blocking, blocking_as, signature_of
 from convoq.client.aclient import AsyncClient
 from convoq.client.handle import TurnHandle
+from convoq.settings import ConvoqSettings
 
 
 class Client:
@@ -29,8 +30,21 @@ class Client:
         return self._async
 
     @property
+    def settings(self) -> ConvoqSettings:
+        """The settings this client resolved (argument, else ``CONVOQ_*``, else default)."""
+        return self._async.settings
+
+    @property
     def redis_url(self) -> str:
         return self._async.redis_url
+
+    @property
+    def prefix(self) -> str:
+        return self._async.prefix
+
+    @property
+    def partitions(self) -> int:
+        return self._async.partitions
 
     submit = blocking_as(AsyncClient.submit, TurnHandle)
     approve = blocking(AsyncClient.approve)
@@ -42,6 +56,12 @@ class Client:
     registered_agents = blocking(AsyncClient.registered_agents)
     workers = blocking(AsyncClient.workers)
     close = blocking(AsyncClient.aclose)
+    _connect = blocking(AsyncClient.connect)
+
+    def connect(self) -> Client:
+        """Start the embedded Redis if needed and open connections now (``with`` does)."""
+        self._connect()
+        return self
 
     def handle(self, conversation_id: str, turn_id: str) -> TurnHandle:
         """A handle on a turn submitted anywhere."""
@@ -52,7 +72,7 @@ class Client:
         return self._async.verify_webhook(header, body, tolerance_s)
 
     def __enter__(self) -> Client:
-        return self
+        return self.connect()
 
     def __exit__(
         self,

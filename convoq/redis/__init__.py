@@ -10,12 +10,20 @@ Redis 6.2 and later.
 
 from convoq.redis._base import connect
 from convoq.redis.keys import KeySchema
-from convoq.redis.protocol import Acquired, SubmitResult, TurnProtocol, TurnRecord, TurnStatus
+from convoq.redis.protocol import (
+    Acquired,
+    SubmitResult,
+    TurnEnding,
+    TurnProtocol,
+    TurnRecord,
+    TurnStatus,
+)
 
 __all__ = [
     "Acquired",
     "KeySchema",
     "SubmitResult",
+    "TurnEnding",
     "TurnProtocol",
     "TurnRecord",
     "TurnStatus",

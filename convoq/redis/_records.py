@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from pydantic import ValidationError
 
+from convoq import defaults
 from convoq.errors import CorruptDataError
 from convoq.messages import Message
 from convoq.redis._codec import text
-from convoq.turn_state import Decision, TurnState
+from convoq.turn_state import Decision, TurnEvent, TurnState
 
 TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
@@ -75,6 +77,35 @@ class Taking:
             return
         value = reply[index]
         self.failed.append(text(value))
+
+
+@dataclass(frozen=True)
+class TurnEnding:
+    """How the run of a head turn ends under its lease, and how the turn behind it is taken
+    in the same round trip: the one request :meth:`~convoq.redis.TurnProtocol.commit` and
+    :meth:`~convoq.redis.TurnProtocol.fail` share.
+
+    Attributes:
+        fence: the lease's fence token (the write is refused if it moved on).
+        lease_ms: the lease TTL the next turn is taken with.
+        window: turns of history handed out with the next turn (0: none).
+        max_attempts: runs of the next turn before it fails instead.
+        next_turn_id: the turn expected next (:attr:`Acquired.next_turn_id`).
+        events: buffered events to append before the turn's own ("done" comes last).
+        failed: where turns failed on the way to the next one are reported.
+    """
+
+    fence: int
+    lease_ms: int = defaults.LEASE_MS
+    window: int = 0
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    next_turn_id: str | None = None
+    events: Sequence[TurnEvent] = ()
+    failed: list[str] | None = None
+
+    def taking(self) -> Taking:
+        """The hand-off of the next turn: same fence, no new holder."""
+        return Taking("", self.lease_ms, self.window, self.max_attempts, self.fence, self.failed)
 
 
 @dataclass(frozen=True)

@@ -34,17 +34,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from convoq import defaults
 from convoq.errors import ConvoqError, InvalidMessageError, ProtocolError, StaleFenceError
 from convoq.messages import Message, MessageRole, check_user_message
 from convoq.redis._codec import Encoded, check_message_limits, check_turn_size, encode_element, text
 from convoq.redis._control import ControlMixin
 from convoq.redis._events import EventsMixin, TurnEvents
-from convoq.redis._records import Acquired, SubmitResult, Taking, TurnRecord, TurnStatus
+from convoq.redis._records import Acquired, SubmitResult, TurnEnding, TurnRecord, TurnStatus
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
 
-__all__ = ["Acquired", "SubmitResult", "TurnEvents", "TurnProtocol", "TurnRecord", "TurnStatus"]
+__all__ = [
+    "Acquired",
+    "SubmitResult",
+    "TurnEnding",
+    "TurnEvents",
+    "TurnProtocol",
+    "TurnRecord",
+    "TurnStatus",
+]
 
 
 class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
@@ -130,24 +137,17 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         self,
         cid: str,
         turn_id: str,
-        *,
-        fence: int,
         messages: list[Message],
-        lease_ms: int,
-        window: int = 0,
-        max_attempts: int = defaults.MAX_ATTEMPTS,
-        failed: list[str] | None = None,
-        events: Sequence[TurnEvent] = (),
+        ending: TurnEnding,
+        *,
         stop_if_cancelled: bool = False,
-        next_turn_id: str | None = None,
     ) -> Acquired | None:
         """Append the whole turn (user message first) exactly once, mark it succeeded with
         ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
-        message), append ``events`` and then "done" to its stream, and return the next
-        queued turn under the same fence, or None with the lease freed. Turns failed on the
-        way to the next one are appended to ``failed`` (as :meth:`acquire`).
-        ``next_turn_id``: the turn expected next (:attr:`Acquired.next_turn_id`); when it
-        is the next one, it comes back in this same round trip.
+        message), append ``ending.events`` and then "done" to its stream, and return the
+        next queued turn under the same fence, or None with the lease freed. Turns failed
+        on the way to the next one are appended to ``ending.failed`` (as :meth:`acquire`).
+        When ``ending.next_turn_id`` is the next turn, it comes back in this same round trip.
 
         Raises:
             StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
@@ -155,48 +155,32 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
             ``stop_if_cancelled`` when a cancel was requested (nothing was written: fail the
             turn as cancelled).
         """
-        taking = Taking("", lease_ms, window, max_attempts, fence, failed)
         keys, args = self.commit_call(
-            cid,
-            turn_id,
-            fence=fence,
-            messages=messages,
-            lease_ms=lease_ms,
-            window=window,
-            max_attempts=max_attempts,
-            events=events,
-            stop_if_cancelled=stop_if_cancelled,
-            next_turn_id=next_turn_id,
+            cid, turn_id, messages, ending, stop_if_cancelled=stop_if_cancelled
         )
         reply = await self.scripts.run("commit", keys, args)
         if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, fence)
-        return await self.handed(cid, reply, taking)
+            raise self.refusal(reply, cid, turn_id, ending.fence)
+        return await self.handed(cid, reply, ending.taking())
 
     def commit_call(
         self,
         cid: str,
         turn_id: str,
-        *,
-        fence: int,
         messages: list[Message],
-        lease_ms: int,
-        window: int = 0,
-        max_attempts: int = defaults.MAX_ATTEMPTS,
-        events: Sequence[TurnEvent] = (),
+        ending: TurnEnding,
+        *,
         stop_if_cancelled: bool = False,
-        next_turn_id: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
         element, result, encoded = self._stored_turn(messages)
-        following = self.next_turn_keys(cid, next_turn_id)
+        following = self.next_turn_keys(cid, ending.next_turn_id)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
         keys += [self.keys.lead(cid), *following] if following else []
-        taking = Taking("", lease_ms, window, max_attempts, fence, None)
-        args = [turn_id, fence, element, result, "1" if stop_if_cancelled else "0"]
-        args += [next_turn_id or "", *self.take_args(taking), *self.event_args(events)]
-        return keys, [*args, *encoded.blob_args()]
+        args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
+        args += [ending.next_turn_id or "", *self.take_args(ending.taking())]
+        return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
 
     def _stored_turn(self, messages: list[Message]) -> tuple[bytes, str, Encoded]:
         """The history element of a committed turn, its result JSON and its blobs."""
@@ -212,33 +196,21 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         return element, self.json_arg(result, "result"), encoded
 
     async def fail(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        fence: int,
-        error: dict[str, Any],
-        lease_ms: int,
-        window: int = 0,
-        max_attempts: int = defaults.MAX_ATTEMPTS,
-        failed: list[str] | None = None,
-        events: Sequence[TurnEvent] = (),
-        next_turn_id: str | None = None,
+        self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
     ) -> Acquired | None:
         """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
-        error of type TurnCancelledError ends it as cancelled. ``events`` go to its stream
-        before "done". Guards and hand-off as :meth:`commit`."""
+        error of type TurnCancelledError ends it as cancelled. ``ending.events`` go to its
+        stream before "done". Guards and hand-off as :meth:`commit`."""
         status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
-        taking = Taking("", lease_ms, window, max_attempts, fence, failed)
-        following = self.next_turn_keys(cid, next_turn_id)
+        following = self.next_turn_keys(cid, ending.next_turn_id)
         keys = self._ending_keys(cid, turn_id)
         keys += [*self.keys.history_keys(cid), *following] if following else []
-        args = [turn_id, fence, self.json_arg(error, "error"), status, next_turn_id or ""]
-        args += [*self.take_args(taking), *self.event_args(events)]
-        reply = await self.scripts.run("fail", keys, args)
+        args = [turn_id, ending.fence, self.json_arg(error, "error"), status]
+        args += [ending.next_turn_id or "", *self.take_args(ending.taking())]
+        reply = await self.scripts.run("fail", keys, [*args, *self.event_args(ending.events)])
         if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, fence)
-        return await self.handed(cid, reply, taking)
+            raise self.refusal(reply, cid, turn_id, ending.fence)
+        return await self.handed(cid, reply, ending.taking())
 
     async def park(
         self,

@@ -11,16 +11,12 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from convoq.errors import ConvoqError, StaleFenceError
+from convoq.errors import LeaseLostError, StaleFenceError
 from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
 from convoq.turn_state import TurnState, answered
 
 log = logging.getLogger("convoq.worker")
 T = TypeVar("T")
-
-
-class LeaseLostError(ConvoqError):
-    """Renewing the lease failed: another worker owns the conversation now."""
 
 
 @dataclass

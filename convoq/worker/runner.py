@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from convoq import defaults
 from convoq.agent import Agent
@@ -31,6 +30,7 @@ from convoq.engine import Completed, Outcome, TurnLoop
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
+    LeaseLostError,
     NotInboxHeadError,
     StaleFenceError,
     TurnAlreadyAppliedError,
@@ -39,17 +39,18 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
 from convoq.redis._base import REDIS_UNAVAILABLE
-from convoq.redis.protocol import Acquired, TurnProtocol
+from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState
 from convoq.window import last_turns
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
-from convoq.worker._lease import LeaseLostError, TurnRun, turn_run, with_lease
+from convoq.worker._lease import TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
 
 log = logging.getLogger("convoq.worker")
 
-# TurnProtocol.commit or .fail: ends the head turn, hands over the next one.
-Ending = Callable[..., Awaitable[Acquired | None]]
+# TurnProtocol.commit or .fail bound to its turn and outcome: ends the head turn, hands
+# over the next one.
+Ending = Callable[[TurnEnding], Awaitable[Acquired | None]]
 
 
 @dataclass(frozen=True)
@@ -190,14 +191,19 @@ class Runner:
     ) -> Acquired | None:
         try:
             # A replay of our own commit (TurnAlreadyApplied) means the turn is stored.
+            turn = run.acq.turn
             return await self._end(
                 run,
                 report,
-                self._protocol.commit,
+                lambda ending: self._protocol.commit(
+                    turn.conversation_id,
+                    turn.turn_id,
+                    outcome.messages,
+                    ending,
+                    stop_if_cancelled=True,
+                ),
                 done=report.succeeded,
                 replayed=report.succeeded,
-                messages=outcome.messages,
-                stop_if_cancelled=True,
             )
         except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
             # Refused before anything was written (cancelled while it ran, or too big to
@@ -212,10 +218,9 @@ class Runner:
         return await self._end(
             run,
             report,
-            self._protocol.fail,
+            lambda ending: self._protocol.fail(turn.conversation_id, turn.turn_id, error, ending),
             done=report.failed,
             replayed=report.abandoned,
-            error=error,
         )
 
     async def _end(
@@ -226,7 +231,6 @@ class Runner:
         *,
         done: list[str],
         replayed: list[str],
-        **outcome: Any,
     ) -> Acquired | None:
         """Commit or fail the head turn (``end``, with the events still buffered), then run
         the finished hook for it and for any turn the hand-off failed on the way; return
@@ -238,16 +242,15 @@ class Runner:
         try:
             async with run.events.pending() as events:
                 following = await end(
-                    cid,
-                    tid,
-                    fence=acq.fence,
-                    lease_ms=config.lease_ms,
-                    window=self._window,
-                    max_attempts=config.max_attempts,
-                    failed=ended,
-                    events=events,
-                    next_turn_id=acq.next_turn_id,
-                    **outcome,
+                    TurnEnding(
+                        fence=acq.fence,
+                        lease_ms=config.lease_ms,
+                        window=self._window,
+                        max_attempts=config.max_attempts,
+                        next_turn_id=acq.next_turn_id,
+                        events=events,
+                        failed=ended,
+                    )
                 )
         except TurnAlreadyAppliedError:
             # Most often our own write resent after a lost reply (redis-py retries on a
