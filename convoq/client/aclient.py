@@ -87,8 +87,8 @@ class AsyncClient:
         callback_allowed_networks: networks a ``callback_url`` may point into although
             they are not public (loopback, private ...; see :mod:`convoq.netguard`);
             ``None``: ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``, else public addresses only
-            (``""``: public only, whatever the environment). The workers check again at delivery with
-            their ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``.
+            (``""``: public only, whatever the environment). The workers check again at
+            delivery with their ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``.
 
     Nothing is started or connected here: connections open on first use (or in
     ``async with``). Use one AsyncClient from one event loop (its connections belong to it).
