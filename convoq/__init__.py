@@ -45,6 +45,7 @@ from convoq.messages import (
 from convoq.responses import Continuation, Response
 from convoq.tools import Tool, tool
 from convoq.turn_state import Decision, TurnEvent
+from convoq.usage import Usage
 
 if TYPE_CHECKING:
     from convoq.client import AsyncClient, AsyncTurnHandle, Client, TurnHandle, TurnResult
@@ -90,6 +91,7 @@ __all__ = [
     "TurnEvent",
     "TurnHandle",
     "TurnResult",
+    "Usage",
     "load_image",
     "load_pdf",
     "tool",

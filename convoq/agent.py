@@ -30,6 +30,7 @@ from convoq.models.base import Model
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tools import Tool, ToolRegistry
 from convoq.turn_state import TurnEvent, TurnState
+from convoq.usage import turn_usage
 
 AgentInput = str | Message | GenerationRequest
 
@@ -46,6 +47,9 @@ class Agent:
         keep_last_turns: previous turns sent with each prompt; 0 sends all of them.
         name: the profile name workers know this agent by.
         max_steps: model calls allowed per turn.
+        fail_on_length: a model answer cut off at its token limit (``finish_reason ==
+            "length"``) fails the turn with TruncatedAnswerError and stores nothing;
+            by default it is kept and ``Response.finish_reason`` says ``"length"``.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class Agent:
         keep_last_turns: int = 0,
         name: str | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
+        fail_on_length: bool = False,
     ) -> None:
         if keep_last_turns < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
@@ -74,6 +79,7 @@ class Agent:
         self.keep_last_turns = keep_last_turns
         self.name = name
         self.max_steps = max_steps
+        self.fail_on_length = fail_on_length
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(
@@ -192,6 +198,12 @@ class Agent:
                 state=TurnState.start(input.messages[-1]), agent=self.name,
             )  # fmt: skip
             return await self._finish(cont, cont.history, cont.state, emit, issued=False)
+        if not isinstance(input, str | Message):
+            raise InvalidMessageError(
+                f"expected a str, a user Message or a GenerationRequest, got"
+                f" {type(input).__name__}",
+                rule="type",
+            )
         message = coerce_user_message(input)
         cid = conversation_id if conversation_id is not None else self.conversation_id
         if cid is not None:
@@ -232,6 +244,7 @@ class Agent:
         loop = TurnLoop(
             model=self.model, tools=self.tools, history=history,
             instructions=self.instructions, max_steps=self.max_steps, emit=emit,
+            fail_on_length=self.fail_on_length,
         )  # fmt: skip
         try:
             outcome: Outcome = await loop.run(state)
@@ -244,10 +257,12 @@ class Agent:
                 text="", turn=list(outcome.state.messages), status="awaiting_approval",
                 conversation_id=cont.conversation_id, pending_approvals=outcome.pending,
                 continuation=cont.model_copy(update={"state": outcome.state}),
+                usage=turn_usage(outcome.state.messages[1:], requests=outcome.state.steps),
             )  # fmt: skip
         response = Response(
             text=outcome.text, turn=outcome.messages, status="completed",
-            conversation_id=cont.conversation_id,
+            conversation_id=cont.conversation_id, usage=outcome.usage,
+            finish_reason=outcome.finish_reason, refusal=outcome.refusal,
         )  # fmt: skip
         try:
             await self._store(cont, outcome.messages, response)

@@ -14,24 +14,42 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from convoq.errors import MaxStepsExceededError, TurnCancelledError
+from convoq.errors import MaxStepsExceededError, TruncatedAnswerError, TurnCancelledError
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest
 from convoq.tools import ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
+from convoq.usage import Usage, turn_usage
 
 DEFAULT_MAX_STEPS = 10
 
 
 @dataclass
 class Completed:
-    """The model answered: ``messages`` is the whole turn, user message first."""
+    """The model answered: ``messages`` is the whole turn, user message first; ``steps``
+    the model calls it took."""
 
     messages: list[Message]
+    steps: int = 0
 
     @property
     def text(self) -> str:
         return self.messages[-1].text
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens the turn's model calls reported, summed."""
+        return turn_usage(self.messages[1:], requests=self.steps)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the final model call stopped (``"length"``: the answer is cut off)."""
+        return self.messages[-1].finish_reason
+
+    @property
+    def refusal(self) -> str | None:
+        """The model's refusal, when it refused instead of answering."""
+        return self.messages[-1].refusal
 
 
 @dataclass
@@ -66,13 +84,16 @@ async def _never_stop() -> bool:
 
 @dataclass
 class TurnLoop:
-    """Everything a turn needs besides its state. One object per turn run."""
+    """Everything a turn needs besides its state. One object per turn run.
+    ``fail_on_length``: a model answer cut off at its token limit fails the turn
+    (TruncatedAnswerError) instead of being kept with ``finish_reason == "length"``."""
 
     model: Model
     tools: ToolRegistry
     history: list[Message]
     instructions: str | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    fail_on_length: bool = False
     emit: EventSink = ignore_event
     checkpoint: Checkpoint = _no_checkpoint
     should_stop: StopCheck = _never_stop
@@ -88,8 +109,10 @@ class TurnLoop:
             if open_calls:
                 if not await self._run_calls(state, open_calls):
                     return Paused(state)
-            elif last.role == MessageRole.ASSISTANT:
-                return Completed(list(state.messages))
+            elif last.role == MessageRole.ASSISTANT and state.steps > 0:
+                # An assistant message the turn did not produce (the end of a
+                # GenerationRequest) is input: the model still has to answer.
+                return Completed(list(state.messages), state.steps)
             else:
                 await self._call_model(state)
 
@@ -107,10 +130,18 @@ class TurnLoop:
             await self.emit(TurnEvent(type="text_delta", data={"text": text}))
 
         reply = await self.model.request(request, on_text_delta=on_delta)
+        if self.fail_on_length and reply.finish_reason == "length":
+            raise TruncatedAnswerError(
+                "the model stopped at its token limit (finish_reason 'length'), its answer"
+                " cut off; raise the model's max_completion_tokens, shorten the input, or"
+                " keep such answers with fail_on_length=False",
+                finish_reason="length",
+                usage=reply.usage.model_dump() if reply.usage else None,
+            )
         state.steps += 1
         state.messages.append(reply)
         await self.checkpoint(state)
-        await self.emit(TurnEvent(type="assistant", data={"text": reply.text}))
+        await self.emit(TurnEvent(type="assistant", data=_assistant_data(reply)))
 
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run what may run; return False when some calls still wait for a decision."""
@@ -150,6 +181,18 @@ class TurnLoop:
             return await self.tools.get(call.name).call(call.arguments)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             return f"Error: {type(exc).__name__}: {exc}"
+
+
+def _assistant_data(reply: Message) -> dict[str, Any]:
+    """The ``assistant`` event: its text, and what the model reported about the call."""
+    data: dict[str, Any] = {"text": reply.text}
+    if reply.refusal is not None:
+        data["refusal"] = reply.refusal
+    if reply.finish_reason is not None:
+        data["finish_reason"] = reply.finish_reason
+    if reply.usage is not None:
+        data["usage"] = reply.usage.model_dump()
+    return data
 
 
 def _unanswered_calls(messages: list[Message]) -> list[ToolCall]:

@@ -12,7 +12,9 @@
     │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
     │   └── CorruptDataError           stored data that does not parse (the key is named)
     ├── ModelError                     the model call failed or answered nonsense
-    │   └── ModelHTTPError             the model endpoint answered an HTTP error
+    │   ├── ModelHTTPError             the model endpoint answered an HTTP error
+    │   ├── ModelTimeoutError          the model call ran past its deadline
+    │   └── TruncatedAnswerError       the model stopped at its token limit (finish "length")
     ├── ToolError                      a tool is unknown or its arguments are invalid
     ├── MaxStepsExceededError          the model/tool loop did not finish in max_steps
     ├── ProtocolError                  a turn-protocol script refused a transition
@@ -105,6 +107,15 @@ class ModelHTTPError(ModelError):
         super().__init__(message, status_code=status_code, body=body[:2000])
         self.status_code = status_code
         self.body = body
+
+
+class ModelTimeoutError(ModelError):
+    """The model call (one attempt, or all of them with retries) ran past its deadline."""
+
+
+class TruncatedAnswerError(ModelError):
+    """The model stopped at its token limit (``finish_reason == "length"``): the answer is
+    cut off, or there is none."""
 
 
 class ToolError(ConvoqError):

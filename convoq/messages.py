@@ -10,9 +10,18 @@ import base64
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 from convoq.errors import InvalidMessageError
+from convoq.usage import Usage
 
 _BYTES_AS_BASE64 = ConfigDict(val_json_bytes="base64")
 
@@ -77,8 +86,19 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+# Set only on assistant messages a model produced; left out of the JSON when unset, so
+# messages without them are stored exactly as before these fields existed.
+_MODEL_FIELDS = ("refusal", "usage", "finish_reason")
+
+
 class Message(BaseModel):
-    """One message of a conversation. ``role`` defaults to user."""
+    """One message of a conversation. ``role`` defaults to user.
+
+    On an assistant message from a model call: ``refusal`` is the model's refusal text
+    (the API's ``refusal`` field; ``content`` is then usually empty), ``usage`` the tokens
+    that call reported and ``finish_reason`` why it stopped (``"stop"``, ``"length"``,
+    ``"tool_calls"``, ``"content_filter"``...); each None when not reported.
+    """
 
     model_config = _BYTES_AS_BASE64
     role: MessageRole = MessageRole.USER
@@ -86,6 +106,18 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+    refusal: str | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_model_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in _MODEL_FIELDS:
+                if key in data and data[key] is None:
+                    del data[key]
+        return data
 
     @property
     def text(self) -> str:
@@ -106,9 +138,20 @@ class Message(BaseModel):
         return cls(role=MessageRole.SYSTEM, content=[TextPart(text=text)])
 
     @classmethod
-    def assistant(cls, text: str, tool_calls: list[ToolCall] | None = None) -> Message:
+    def assistant(
+        cls,
+        text: str,
+        tool_calls: list[ToolCall] | None = None,
+        *,
+        refusal: str | None = None,
+        usage: Usage | None = None,
+        finish_reason: str | None = None,
+    ) -> Message:
         content: list[TextPart | ImagePart | FilePart] = [TextPart(text=text)] if text else []
-        return cls(role=MessageRole.ASSISTANT, content=content, tool_calls=tool_calls or [])
+        return cls(
+            role=MessageRole.ASSISTANT, content=content, tool_calls=tool_calls or [],
+            refusal=refusal, usage=usage, finish_reason=finish_reason,
+        )  # fmt: skip
 
     @classmethod
     def tool_result(cls, call: ToolCall, text: str) -> Message:
@@ -170,5 +213,5 @@ def coerce_user_message(value: str | Message) -> Message:
     if isinstance(value, Message):
         return check_user_message(value)
     raise InvalidMessageError(
-        f"expected str, Message or GenerationRequest, got {type(value).__name__}", rule="type"
+        f"expected a str or a user Message, got {type(value).__name__}", rule="type"
     )

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, ValidationError
 from convoq.errors import ConvoqError
 from convoq.messages import Message, ToolCall
 from convoq.turn_state import Decision, TurnState
+from convoq.usage import Usage
 
 CONTINUATION_VERSION = 1
 
@@ -31,7 +32,14 @@ class Continuation(BaseModel):
 
 
 class Response(BaseModel):
-    """What a call returns. ``turn`` holds the messages this call added, its input first."""
+    """What a call returns. ``turn`` holds the messages this call added, its input first.
+
+    ``usage``: tokens the turn's model calls reported, summed (``requests``: the calls
+    made; all counts 0 when the server reports none). ``finish_reason``: why the final
+    model call stopped (``"length"``: the answer was cut off at the token limit).
+    ``refusal``: the model's refusal text when it refused instead of answering (``text``
+    is then usually empty).
+    """
 
     text: str
     turn: list[Message]
@@ -39,6 +47,9 @@ class Response(BaseModel):
     conversation_id: str | None = None
     pending_approvals: list[ToolCall] = Field(default_factory=list)
     continuation: Continuation | None = None
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    refusal: str | None = None
 
 
 def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:

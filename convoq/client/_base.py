@@ -22,7 +22,7 @@ from convoq.errors import (
 )
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
 from convoq.limits import Limits, attachment_too_large, turn_too_large
-from convoq.messages import Message, coerce_user_message
+from convoq.messages import GenerationRequest, Message, coerce_user_message
 
 IfBusy = Literal["queue", "reject"]
 
@@ -63,6 +63,15 @@ def build_submission(
         nothing is queued.
     """
     cid = check_conversation_id(conversation_id)
+    if isinstance(message, GenerationRequest):
+        raise InvalidMessageError(
+            "submit queues a turn of a stored conversation: one user message that a worker"
+            " answers with the conversation's history and then stores. A GenerationRequest"
+            " is sent as given and bypasses memory, so it cannot be queued: run it in"
+            " process with Agent.generate(GenerationRequest(...)), or submit its user"
+            " message as str or Message",
+            rule="generation_request",
+        )
     user = coerce_user_message(message)
     check_attachments(user, limits)
     check_agent(agent, known_agents)

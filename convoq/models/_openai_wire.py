@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import mimetypes
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
-from convoq.errors import ModelError
+from convoq.errors import ModelError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.models.base import ModelRequest, ToolSpec
+from convoq.usage import Usage
 
 Json = dict[str, Any]
 _EXCERPT = 200
@@ -55,10 +55,13 @@ def wire_message(message: Message) -> Json:
             " format; put attachments in a user message"
         )
     out: Json = {"role": role.value, "content": _wire_content(message)}
-    if role == MessageRole.ASSISTANT and message.tool_calls:
-        out["tool_calls"] = [_wire_tool_call(c) for c in message.tool_calls]
+    if role == MessageRole.ASSISTANT and (message.tool_calls or message.refusal is not None):
+        if message.tool_calls:
+            out["tool_calls"] = [_wire_tool_call(c) for c in message.tool_calls]
+        if message.refusal is not None:
+            out["refusal"] = message.refusal  # sent back as the API gave it
         if not message.content:
-            out["content"] = None  # the API wants null, not "", beside tool calls
+            out["content"] = None  # the API wants null, not "", beside tool calls or refusal
     if message.name is not None:
         out["name"] = message.name
     return out
@@ -103,10 +106,9 @@ def parse_completion(raw: bytes) -> Message:
     if not isinstance(message, dict):
         raise ModelError(f"the model response has no choices[0].message: {_excerpt(raw)}")
     content = message.get("content")
-    if content is None:
-        content = message.get("refusal")
     if content is not None and not isinstance(content, str):
         raise ModelError(f"the model response content is not a string: {_excerpt(raw)}")
+    refusal = message.get("refusal")
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise ModelError(f"the model response tool_calls is not a list: {_excerpt(raw)}")
@@ -116,7 +118,44 @@ def parse_completion(raw: bytes) -> Message:
         if not isinstance(function, dict):
             raise ModelError(f"a tool call in the model response has no function: {call!r}")
         raw_calls.append((call.get("id"), function.get("name"), function.get("arguments")))
-    return assemble(content or "", raw_calls, choice.get("finish_reason"))
+    return assemble(
+        content or "",
+        raw_calls,
+        choice.get("finish_reason"),
+        refusal=refusal if isinstance(refusal, str) and refusal else None,
+        usage=parse_usage(data.get("usage")),
+    )
+
+
+def parse_usage(data: Any) -> Usage | None:
+    """The ``usage`` object of a response or stream chunk (None when absent or unusable);
+    cached and reasoning tokens from their ``*_details`` where the server reports them."""
+    if not isinstance(data, dict):
+        return None
+    prompt_details = data.get("prompt_tokens_details")
+    completion_details = data.get("completion_tokens_details")
+    usage = Usage(
+        requests=1,
+        prompt_tokens=_count(data.get("prompt_tokens")),
+        completion_tokens=_count(data.get("completion_tokens")),
+        total_tokens=_count(data.get("total_tokens")),
+        cached_tokens=_count(_get(prompt_details, "cached_tokens")),
+        reasoning_tokens=_count(_get(completion_details, "reasoning_tokens")),
+    )
+    if not usage.total_tokens:
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    return usage
+
+
+def _get(data: Any, key: str) -> Any:
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def _count(value: Any) -> int:
+    # Servers send null, floats or nothing; a count that is not a whole number counts 0.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return max(0, int(value)) if math.isfinite(value) else 0
 
 
 def _raise_reported_error(data: Any) -> None:
@@ -127,27 +166,47 @@ def _raise_reported_error(data: Any) -> None:
 
 
 def _first_choice(data: Any) -> Json:
+    """Choice 0 (by its ``index``: with ``n`` > 1 the others are ignored)."""
     _raise_reported_error(data)
     choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    if not isinstance(choices, list) or not choices:
         raise ModelError(f"the model response has no choices: {_excerpt(data)}")
-    return choices[0]
+    choice = _choice_zero(choices)
+    if choice is None:
+        raise ModelError(f"the model response has no choice with index 0: {_excerpt(data)}")
+    return choice
 
 
-def assemble(text: str, calls: Sequence[Sequence[Any]], finish_reason: Any) -> Message:
+def _choice_zero(choices: list[Any]) -> Json | None:
+    for position, choice in enumerate(choices):
+        if isinstance(choice, dict) and choice.get("index", position) == 0:
+            return choice
+    return None
+
+
+def assemble(
+    text: str,
+    calls: Sequence[Sequence[Any]],
+    finish_reason: Any,
+    *,
+    refusal: str | None = None,
+    usage: Usage | None = None,
+) -> Message:
     """Build the assistant message from text and ``(id, name, arguments)`` triples."""
     tool_calls = [_tool_call(*c) for c in calls]
-    if not text and not tool_calls:
-        if finish_reason == "length":
-            raise ModelError(
+    finish = finish_reason if isinstance(finish_reason, str) and finish_reason else None
+    if not text and not tool_calls and refusal is None:
+        if finish == "length":
+            raise TruncatedAnswerError(
                 "the model hit its token limit before answering; raise max_tokens"
-                " (extra_body={'max_completion_tokens': ...}) or shorten the input"
+                " (extra_body={'max_completion_tokens': ...}) or shorten the input",
+                finish_reason=finish,
             )
         raise ModelError(
             f"the model returned an empty answer (finish_reason={finish_reason!r}):"
             " no text and no tool calls"
         )
-    return Message.assistant(text, tool_calls)
+    return Message.assistant(text, tool_calls, refusal=refusal, usage=usage, finish_reason=finish)
 
 
 def _tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
@@ -171,13 +230,20 @@ def _tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
 
 
 class StreamAssembler:
-    """Accumulates a server-sent-event stream of chat completion chunks into one message."""
+    """Accumulates a server-sent-event stream of chat completion chunks into one message.
+
+    Only choice 0 is kept (by ``choices[i].index``: a request with ``n`` > 1 streams the
+    other choices' chunks interleaved). Refusal deltas are kept apart from the text; the
+    usage chunk (``stream_options.include_usage``) is kept, the last one winning.
+    """
 
     def __init__(self) -> None:
         self.done = False
         self._text: list[str] = []
+        self._refusal: list[str] = []
         self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         self._finish_reason: Any = None
+        self._usage: Usage | None = None
 
     def feed(self, line: str) -> str | None:
         """Take one line of the stream; return its text delta, if any."""
@@ -197,9 +263,14 @@ class StreamAssembler:
         if not isinstance(chunk, dict):
             raise ModelError(f"a model stream chunk is not an object: {_excerpt(payload)}")
         _raise_reported_error(chunk)
-        if not chunk.get("choices"):
+        usage = parse_usage(chunk.get("usage"))
+        if usage is not None:
+            self._usage = usage
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices:
             return None  # the usage chunk has no choices
-        return self._take(_first_choice(chunk))
+        choice = _choice_zero(choices)
+        return None if choice is None else self._take(choice)
 
     def _take(self, choice: Json) -> str | None:
         if choice.get("finish_reason"):
@@ -209,6 +280,9 @@ class StreamAssembler:
             raise ModelError(f"a model stream delta is not an object: {delta!r}")
         for position, call in enumerate(delta.get("tool_calls") or []):
             self._take_call(position, call)
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            self._refusal.append(refusal)
         content = delta.get("content")
         if isinstance(content, str) and content:
             self._text.append(content)
@@ -235,44 +309,10 @@ class StreamAssembler:
                 "the model stream ended before 'data: [DONE]'; the answer may be cut off"
             )
         calls = [self._calls[i] for i in sorted(self._calls)]
-        return assemble("".join(self._text), calls, self._finish_reason)
-
-
-def retry_after(
-    headers: Mapping[str, str], *, cap: float, now: datetime | None = None
-) -> float | None:
-    """Seconds the server asks us to wait (``retry-after-ms`` or ``Retry-After``), capped."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    seconds: float | None = None
-    if "retry-after-ms" in lowered:
-        seconds = _float(lowered["retry-after-ms"])
-        seconds = None if seconds is None else seconds / 1000
-    if seconds is None and "retry-after" in lowered:
-        value = lowered["retry-after"]
-        seconds = _float(value)
-        if seconds is None:
-            seconds = _seconds_until(value, now or datetime.now(UTC))
-    if seconds is None or seconds < 0:
-        return None
-    return min(seconds, cap)
-
-
-def _float(value: str) -> float | None:
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if number == number and number != float("inf") else None
-
-
-def _seconds_until(http_date: str, now: datetime) -> float | None:
-    try:
-        when = parsedate_to_datetime(http_date)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
+        refusal = "".join(self._refusal) or None
+        return assemble(
+            "".join(self._text), calls, self._finish_reason, refusal=refusal, usage=self._usage
+        )
 
 
 def _loads(raw: str | bytes, what: str) -> Any:

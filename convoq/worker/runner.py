@@ -169,6 +169,7 @@ class Runner:
             history=await self._history(run.acq, profile),
             instructions=profile.instructions,
             max_steps=profile.max_steps,
+            fail_on_length=profile.fail_on_length,
             emit=run.events.add,
             checkpoint=run.checkpoint,
             should_stop=run.should_stop,

@@ -13,8 +13,10 @@ Each request takes the next reply in order. Replies made with :meth:`reply_text`
 :meth:`reply_tool_call` and :meth:`reply_message` follow the request like a real server:
 a JSON completion, or an SSE stream when the request says ``"stream": true``.
 :meth:`reply_stream` always streams the chunks given; :meth:`reply_status` and
-:meth:`reply_raw` send exactly what they are told. With no reply left the server answers
-400 with a message saying so.
+:meth:`reply_raw` send exactly what they are told; :meth:`reply_keepalive` sends SSE
+comments and never an answer, :meth:`reply_silent` nothing at all. Replies carry a usage
+object (``usage=None``: none, as servers that do not report it). With no reply left the
+server answers 400 with a message saying so.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Json = dict[str, Any]
+
+_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+_USAGE_DEFAULT: Json = {"default": True}  # marker: the usage above
 
 
 @dataclass
@@ -58,11 +63,18 @@ class _Reply:
     finish_reason: str | None = "stop"
     done: bool = True
     delay: float = 0.0
+    usage: Json | None = field(default_factory=lambda: dict(_USAGE))
+    keepalive: float | None = None  # send ": keep-alive" this often, and nothing else
 
 
-def text_chunk(text: str) -> Json:
-    """A stream chunk carrying a text delta."""
-    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+def text_chunk(text: str, *, index: int = 0) -> Json:
+    """A stream chunk carrying a text delta (of choice ``index``)."""
+    return {"choices": [{"index": index, "delta": {"content": text}, "finish_reason": None}]}
+
+
+def refusal_chunk(text: str) -> Json:
+    """A stream chunk carrying a refusal delta."""
+    return {"choices": [{"index": 0, "delta": {"refusal": text}, "finish_reason": None}]}
 
 
 def tool_call_chunk(
@@ -90,6 +102,9 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         reply = owner._record(RecordedRequest("POST", self.path, headers, body))
         if reply.delay and owner._closing.wait(reply.delay):
+            return
+        if reply.keepalive is not None:
+            self._send_keepalive(reply.keepalive)
             return
         stream = _wants_stream(body)
         if reply.chunks is not None or (reply.message is not None and stream):
@@ -122,6 +137,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         if reply.done:
             self.wfile.write(b"data: [DONE]\n\n")
+
+    def _send_keepalive(self, every: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        # Until the client hangs up (the write then fails) or the server stops.
+        while not self.server.owner._closing.wait(every):
+            self.wfile.write(b": keep-alive\n\n")
+            self.wfile.flush()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output clean
@@ -186,10 +210,18 @@ class OpenAIServer:
 
     # Replies, answered in the order they were queued.
 
-    def reply_text(self, text: str, *, finish_reason: str = "stop", delay: float = 0.0) -> None:
+    def reply_text(
+        self,
+        text: str,
+        *,
+        finish_reason: str = "stop",
+        delay: float = 0.0,
+        usage: Json | None = _USAGE_DEFAULT,
+    ) -> None:
         """An assistant text answer (JSON, or SSE when the request streams)."""
         message = {"role": "assistant", "content": text}
-        self._push(_Reply(message=message, finish_reason=finish_reason, delay=delay))
+        reply = _Reply(message=message, finish_reason=finish_reason, delay=delay)
+        self._push(_with_usage(reply, usage))
 
     def reply_tool_call(
         self, name: str, arguments: Mapping[str, Any] | str, *, id: str = "call_1", text: str = ""
@@ -210,9 +242,15 @@ class OpenAIServer:
         message = {"role": "assistant", "content": text or None, "tool_calls": wire}
         self._push(_Reply(message=message, finish_reason="tool_calls"))
 
-    def reply_message(self, message: Json, *, finish_reason: str | None = "stop") -> None:
+    def reply_message(
+        self,
+        message: Json,
+        *,
+        finish_reason: str | None = "stop",
+        usage: Json | None = _USAGE_DEFAULT,
+    ) -> None:
         """Any ``choices[0].message`` object, rendered like :meth:`reply_text`."""
-        self._push(_Reply(message=message, finish_reason=finish_reason))
+        self._push(_with_usage(_Reply(message=message, finish_reason=finish_reason), usage))
 
     def reply_stream(
         self,
@@ -220,12 +258,24 @@ class OpenAIServer:
         *,
         finish_reason: str | None = "stop",
         done: bool = True,
+        usage: Json | None = _USAGE_DEFAULT,
     ) -> None:
         """An SSE stream: a ``str`` is a text delta, a dict a whole chunk (see
-        :func:`tool_call_chunk`); then the finish chunk, a usage chunk and, if ``done``,
-        ``data: [DONE]``."""
+        :func:`tool_call_chunk`); then the finish chunk, a usage chunk (unless ``usage``
+        is None) and, if ``done``, ``data: [DONE]``."""
         items = [text_chunk(c) if isinstance(c, str) else dict(c) for c in chunks]
-        self._push(_Reply(chunks=items, finish_reason=finish_reason, done=done))
+        reply = _Reply(chunks=items, finish_reason=finish_reason, done=done)
+        self._push(_with_usage(reply, usage))
+
+    def reply_keepalive(self, every: float = 0.5) -> None:
+        """An event stream that sends only ``: keep-alive`` comments, ``every`` seconds,
+        until the client gives up."""
+        self._push(_Reply(keepalive=every))
+
+    def reply_silent(self, seconds: float = 30.0) -> None:
+        """Accept the request and send nothing for ``seconds`` (then a 504)."""
+        body = json.dumps({"error": {"message": "silent", "type": "test_error"}}).encode()
+        self._push(_Reply(status=504, body=body, delay=seconds))
 
     def reply_status(
         self,
@@ -266,6 +316,11 @@ class OpenAIServer:
         return _Reply(status=400, body=error)
 
 
+def _with_usage(reply: _Reply, usage: Json | None) -> _Reply:
+    reply.usage = dict(_USAGE) if usage is _USAGE_DEFAULT else usage
+    return reply
+
+
 def _wants_stream(body: bytes) -> bool:
     try:
         return bool(json.loads(body).get("stream"))
@@ -280,15 +335,14 @@ def _model_of(body: bytes) -> str:
         return "test-model"
 
 
-_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-
-
 def _render_body(reply: _Reply, model: str) -> bytes:
     if reply.body is not None:
         return reply.body
     choice = {"index": 0, "message": reply.message, "finish_reason": reply.finish_reason}
     completion = {"id": "chatcmpl-test", "object": "chat.completion", "created": 0,
-                  "model": model, "choices": [choice], "usage": _USAGE}  # fmt: skip
+                  "model": model, "choices": [choice]}  # fmt: skip
+    if reply.usage is not None:
+        completion["usage"] = reply.usage
     return json.dumps(completion).encode()
 
 
@@ -299,7 +353,8 @@ def _stream_chunks(reply: _Reply) -> Iterator[Json]:
         yield from _message_as_chunks(reply.message or {})
     end = {"index": 0, "delta": {}, "finish_reason": reply.finish_reason}
     yield {"choices": [end]}
-    yield {"choices": [], "usage": _USAGE}
+    if reply.usage is not None:
+        yield {"choices": [], "usage": reply.usage}
 
 
 def _message_as_chunks(message: Json) -> Iterator[Json]:
@@ -307,6 +362,8 @@ def _message_as_chunks(message: Json) -> Iterator[Json]:
     text = message.get("content") or ""
     for start in range(0, len(text), 4):  # several deltas, as a real server sends
         yield text_chunk(text[start : start + 4])
+    if message.get("refusal"):
+        yield refusal_chunk(message["refusal"])
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call["function"]
         yield tool_call_chunk(index, id=call["id"], name=function["name"])

@@ -1,0 +1,250 @@
+"""One attempt of a Chat Completions call over httpx, bounded by a deadline.
+
+:class:`convoq.models.openai.OpenAIChatModel` decides on retries; this module runs a single
+attempt and says whether a failure is worth another one (:class:`RetryableError`).
+
+The deadline is kept two ways, so neither has to be trusted alone: the attempt runs under
+``asyncio.timeout`` (which cancels it), and every httpx timeout is cut to the time left
+and checked again after each piece of the answer arrives. A server that sends ``:
+keep-alive`` comments forever, or nothing at all, is given up on at the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from convoq.errors import ModelError, ModelHTTPError, ModelTimeoutError
+from convoq.messages import Message
+from convoq.models._openai_wire import StreamAssembler, parse_completion
+from convoq.models.base import TextDeltaHandler
+
+MAX_RETRY_AFTER = 60.0
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+class RetryableError(Exception):
+    """One failed attempt worth another try; ``error`` is raised if none is left."""
+
+    def __init__(self, error: ModelError, delay: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.delay = delay
+
+
+@dataclass
+class Attempt:
+    """One POST: where, what, and until when (``time.monotonic()``)."""
+
+    client: httpx.AsyncClient
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    timeout: httpx.Timeout
+    stop_at: float
+    why: str  # which setting set the deadline, for the error message
+    max_response_bytes: int
+    delivered: bool = False
+
+    def left(self) -> float:
+        """Seconds left; ModelTimeoutError once none is."""
+        left = self.stop_at - time.monotonic()
+        if left <= 0:
+            raise ModelTimeoutError(
+                f"the model endpoint {self.url} did not finish answering within its deadline"
+                f" ({self.why}); raise it or check the server",
+                deadline=self.why,
+            )
+        return left
+
+    def bounded_timeout(self) -> httpx.Timeout:
+        left = self.left()
+        t = self.timeout
+
+        def cut(value: float | None) -> float:
+            return left if value is None else min(value, left)
+
+        return httpx.Timeout(connect=cut(t.connect), read=cut(t.read), write=cut(t.write),
+                             pool=cut(t.pool))  # fmt: skip
+
+
+async def run_attempt(attempt: Attempt, on_text_delta: TextDeltaHandler | None) -> Message:
+    """Send the request once. Raises RetryableError for what another attempt may fix (a
+    retryable status, a transport failure or the deadline, unless text went out already)."""
+    try:
+        async with asyncio.timeout(attempt.left()):
+            return await _send(attempt, on_text_delta)
+    except TimeoutError as exc:  # asyncio.timeout fired: the deadline passed mid-await
+        error = ModelTimeoutError(
+            f"the model endpoint {attempt.url} did not finish answering within its deadline"
+            f" ({attempt.why}); raise it or check the server",
+            deadline=attempt.why,
+        )
+        if attempt.delivered:  # a retry would repeat text already handed out
+            raise error from exc
+        raise RetryableError(error) from exc
+    except ModelTimeoutError as exc:
+        if attempt.delivered:
+            raise
+        raise RetryableError(exc) from exc
+
+
+async def _send(attempt: Attempt, on_text_delta: TextDeltaHandler | None) -> Message:
+    try:
+        async with attempt.client.stream(
+            "POST",
+            attempt.url,
+            json=attempt.body,
+            headers=attempt.headers,
+            timeout=attempt.bounded_timeout(),
+        ) as response:
+            await _check_status(response)
+            if on_text_delta is None or not _is_event_stream(response):
+                raw = await _read_bounded(response, attempt)
+                message = parse_completion(raw)
+                if on_text_delta is not None and message.text:
+                    await on_text_delta(message.text)  # the server did not stream
+                return message
+            return await _read_stream(response, attempt, on_text_delta)
+    except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+        error = _transport_error(exc, attempt)
+        if attempt.delivered:  # a retry would repeat text already handed out
+            raise error from exc
+        raise RetryableError(error) from exc
+    except httpx.HTTPError as exc:
+        raise _transport_error(exc, attempt) from exc
+
+
+async def _chunks(response: httpx.Response, attempt: Attempt) -> AsyncIterator[bytes]:
+    async for chunk in response.aiter_bytes():
+        attempt.left()  # a trickle of bytes does not stretch the deadline
+        yield chunk
+
+
+async def _read_bounded(response: httpx.Response, attempt: Attempt) -> bytes:
+    """The whole body, or ModelError once it grows past ``max_response_bytes``."""
+    limit = attempt.max_response_bytes
+    raw = bytearray()
+    async for chunk in _chunks(response, attempt):
+        raw += chunk
+        if len(raw) > limit:
+            raise ModelError(
+                f"the model endpoint answered more than max_response_bytes={limit} bytes;"
+                " raise max_response_bytes if such answers are expected",
+                limit=limit,
+            )
+    return bytes(raw)
+
+
+async def _read_stream(
+    response: httpx.Response, attempt: Attempt, on_text_delta: TextDeltaHandler
+) -> Message:
+    assembler = StreamAssembler()
+    async for line in response.aiter_lines():
+        attempt.left()  # keep-alive comments must not keep the call open past its deadline
+        text = assembler.feed(line)
+        if text:
+            attempt.delivered = True
+            await on_text_delta(text)
+    return assembler.finish()
+
+
+async def _check_status(response: httpx.Response) -> None:
+    status = response.status_code
+    if status < 400:
+        return
+    # Only the start of an error body is kept: enough to say what went wrong.
+    raw = b""
+    async for chunk in response.aiter_bytes():
+        raw += chunk
+        if len(raw) >= MAX_ERROR_BODY_BYTES:
+            break
+    body = raw[:MAX_ERROR_BODY_BYTES].decode("utf-8", errors="replace")
+    error = ModelHTTPError(
+        f"the model endpoint answered HTTP {status} for {response.request.url}: {body[:500]}",
+        status_code=status,
+        body=body,
+    )
+    if should_retry(status, response.headers):
+        raise RetryableError(error, retry_after(response.headers, cap=MAX_RETRY_AFTER))
+    raise error
+
+
+def _is_event_stream(response: httpx.Response) -> bool:
+    # A server that ignores "stream": true answers plain JSON; that is read as one delta.
+    return "json" not in response.headers.get("content-type", "")
+
+
+def _transport_error(exc: httpx.HTTPError, attempt: Attempt) -> ModelError:
+    if isinstance(exc, httpx.TimeoutException) and attempt.stop_at - time.monotonic() < 0.01:
+        # The read timeout was cut to the deadline: it is the deadline that ran out.
+        return ModelTimeoutError(
+            f"the model endpoint {attempt.url} did not finish answering within its deadline"
+            f" ({attempt.why}); raise it or check the server",
+            deadline=attempt.why,
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return ModelTimeoutError(
+            f"the model endpoint {attempt.url} did not answer within {attempt.timeout.read} s"
+            f" ({type(exc).__name__}); raise timeout=... or check the server",
+            deadline="timeout",
+        )
+    return ModelError(
+        f"could not reach the model endpoint {attempt.url}: {type(exc).__name__}: {exc};"
+        " check base_url and that the server is running"
+    )
+
+
+def should_retry(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an error status is worth another attempt, as the official OpenAI SDK
+    decides: the server's ``x-should-retry: true|false`` first, else 408, 409, 429, 5xx."""
+    asked = {k.lower(): v for k, v in headers.items()}.get("x-should-retry", "").strip().lower()
+    if asked == "true":
+        return True
+    if asked == "false":
+        return False
+    return status in (408, 409, 429) or status >= 500
+
+
+def retry_after(
+    headers: Mapping[str, str], *, cap: float, now: datetime | None = None
+) -> float | None:
+    """Seconds the server asks us to wait (``retry-after-ms`` or ``Retry-After``), capped."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    seconds: float | None = None
+    if "retry-after-ms" in lowered:
+        seconds = _float(lowered["retry-after-ms"])
+        seconds = None if seconds is None else seconds / 1000
+    if seconds is None and "retry-after" in lowered:
+        value = lowered["retry-after"]
+        seconds = _float(value)
+        if seconds is None:
+            seconds = _seconds_until(value, now or datetime.now(UTC))
+    if seconds is None or seconds < 0:
+        return None
+    return min(seconds, cap)
+
+
+def _float(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number == number and number != float("inf") else None
+
+
+def _seconds_until(http_date: str, now: datetime) -> float | None:
+    try:
+        when = parsedate_to_datetime(http_date)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
