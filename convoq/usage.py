@@ -15,13 +15,10 @@ so memory backends without such a field compute the same number from the message
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from pydantic import BaseModel, NonNegativeInt
-
-if TYPE_CHECKING:
-    from convoq.messages import Message
 
 
 class Usage(BaseModel):
@@ -50,6 +47,14 @@ class Usage(BaseModel):
 
 FIELDS: tuple[str, ...] = tuple(Usage.model_fields)
 
+
+class _Counted(Protocol):
+    """A message as seen here (this module sits below :mod:`convoq.messages`)."""
+
+    @property
+    def usage(self) -> Usage | None: ...
+
+
 COUNTER_FIELDS: dict[str, str] = {name: f"usage_{name}" for name in FIELDS}
 """Usage field -> the Redis meta hash field that sums it over a conversation's turns."""
 
@@ -63,7 +68,7 @@ def sum_usage(usages: Iterable[Usage | None]) -> Usage:
     return total
 
 
-def turn_usage(messages: Iterable[Message], *, requests: int | None = None) -> Usage:
+def turn_usage(messages: Iterable[_Counted], *, requests: int | None = None) -> Usage:
     """The usage of a turn: the sum over ``messages`` (what the turn added after its user
     message). ``requests``: the model calls the turn made, when known (calls whose server
     reported no usage are counted there too)."""
@@ -73,7 +78,7 @@ def turn_usage(messages: Iterable[Message], *, requests: int | None = None) -> U
     return total
 
 
-def turn_tokens(turn: list[Message]) -> int | None:
+def turn_tokens(turn: Sequence[_Counted]) -> int | None:
     """Tokens the model counted for what a stored turn added after its user message
     (assistant replies, tool calls, tool results), or None when its calls reported none.
 
