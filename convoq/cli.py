@@ -106,6 +106,30 @@ def worker(
 
 
 @app.command()
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Address (CONVOQ_GATEWAY_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (CONVOQ_GATEWAY_PORT).")] = None,
+) -> None:
+    """Serve the client API over HTTP and the approvals inbox (keys: CONVOQ_GATEWAY_API_KEYS)."""
+    try:
+        import uvicorn
+
+        from convoq.gateway import create_app
+    except ImportError as exc:
+        err_console.print(
+            f"[red]error:[/red] {exc}: install the extra: pip install 'convoq[gateway]'"
+        )
+        raise typer.Exit(2) from None
+    s = _settings(gateway_host=host, gateway_port=port)
+    with reported():
+        asgi = create_app(s)
+    if not s.gateway_api_keys:
+        err_console.print("[yellow]warning:[/yellow] CONVOQ_GATEWAY_API_KEYS is empty:"
+                          " every request will be refused (401)")  # fmt: skip
+    uvicorn.run(asgi, host=s.gateway_host, port=s.gateway_port, log_level="info")
+
+
+@app.command()
 def flower(
     port: Annotated[int | None, typer.Option(help="HTTP port (CONVOQ_FLOWER_PORT).")] = None,
     address: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",

@@ -8,13 +8,28 @@ go through it, so a client and a worker started in one environment agree.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from convoq import defaults
 from convoq.errors import ConfigurationError
+
+GatewayScope = Literal["submit", "read", "approve", "admin"]
+
+
+class GatewayKey(BaseModel):
+    """One API key of the HTTP gateway: what it may do, and on which conversations."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: SecretStr = Field(min_length=16, description="The bearer token (16+ characters).")
+    scopes: tuple[GatewayScope, ...] = Field(min_length=1)
+    conversation_prefix: str = Field(
+        default="", max_length=256, description="Only conversation ids starting with this."
+    )
+    name: str = Field(default="", max_length=100, description="Shown in logs, never the key.")
 
 
 class ConvoqSettings(BaseSettings):
@@ -77,6 +92,14 @@ class ConvoqSettings(BaseSettings):
         default=True,
         description="Workers send Celery task events (Flower needs them; off saves ~0.3 ms/turn).",
     )
+    gateway_api_keys: list[GatewayKey] = Field(
+        default_factory=list,
+        description='API keys of `convoq gateway`, as JSON: [{"key": "...", "scopes":'
+        ' ["submit", "read"], "conversation_prefix": "tenant-a:"}]. No keys: every'
+        " request is refused.",
+    )
+    gateway_host: str = Field(default="127.0.0.1", description="`convoq gateway` listens here.")
+    gateway_port: int = Field(default=8000, ge=1, le=65535)
     flower_port: int = Field(default=5555, ge=1, le=65535)
     flower_basic_auth: str | None = Field(
         default=None,

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 import redis.asyncio as aioredis
 from celery import Celery
+from redis.exceptions import RedisError
 
 from convoq._sync import call_maybe_async
 from convoq.client._base import (
@@ -34,9 +35,10 @@ from convoq.messages import Message
 from convoq.netguard import CallbackPolicy
 from convoq.queue import routing
 from convoq.queue.signing import verify_signature
-from convoq.queue.transport import broker_url_for, send_kick, sender_app
+from convoq.queue.transport import broker_reachable, broker_url_for, send_kick, sender_app
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis.embedded import url_or_embedded
+from convoq.redis.protocol import ParkedTurn
 from convoq.settings import ConvoqSettings
 
 log = logging.getLogger("convoq.client")
@@ -249,17 +251,21 @@ class AsyncClient:
         cid, tid = check_turn_ref(conversation_id, turn_id)
         return AsyncTurnHandle(self, cid, tid)
 
-    async def approve(self, turn: TurnRef, call_id: str) -> None:
-        """Approve a parked tool call; when all are decided the turn resumes on a worker."""
-        await self._decide(turn, call_id, approved=True, reason=None)
+    async def approve(self, turn: TurnRef, call_id: str) -> Literal["resume", "pending"]:
+        """Approve a parked tool call; when all are decided the turn resumes on a worker.
+        Returns "resume" when this was the last call to decide, else "pending"."""
+        return await self._decide(turn, call_id, approved=True, reason=None)
 
-    async def deny(self, turn: TurnRef, call_id: str, *, reason: str | None = None) -> None:
-        """Deny a parked tool call; the model is told (with ``reason``) and goes on."""
-        await self._decide(turn, call_id, approved=False, reason=reason)
+    async def deny(
+        self, turn: TurnRef, call_id: str, *, reason: str | None = None
+    ) -> Literal["resume", "pending"]:
+        """Deny a parked tool call; the model is told (with ``reason``) and goes on.
+        Returns as :meth:`approve`."""
+        return await self._decide(turn, call_id, approved=False, reason=reason)
 
     async def _decide(
         self, turn: TurnRef, call_id: str, *, approved: bool, reason: str | None
-    ) -> None:
+    ) -> Literal["resume", "pending"]:
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         check_call_id(call_id)
         outcome = await self.protocol.decide(
@@ -267,6 +273,7 @@ class AsyncClient:
         )
         if outcome == "resume":
             await self._send(routing.RESUME_TASK, cid, tid)
+        return outcome
 
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:
         """Drop a parked turn: it ends cancelled, nothing is stored, later turns run."""
@@ -295,6 +302,24 @@ class AsyncClient:
     async def clear(self, conversation_id: str, *, force: bool = False) -> None:
         """Delete a conversation (ConversationBusyError while a turn runs, unless forced)."""
         await self.protocol.clear(check_conversation_id(conversation_id), force=force)
+
+    async def awaiting_approval(self, *, limit: int = 100) -> list[ParkedTurn]:
+        """Turns parked for approval across conversations, newest first: each record's
+        ``result["pending_approvals"]`` are the tool calls waiting, with when it parked and
+        when its approval expires. A scan of the keyspace: poll it, do not loop on it."""
+        return await self.protocol.parked_turns(limit)
+
+    async def ping(self, timeout_s: float = 5.0) -> None:
+        """Check that Redis and the broker answer within ``timeout_s`` each.
+
+        Raises:
+            ConfigurationError naming the one that did not (and why).
+        """
+        try:
+            await asyncio.wait_for(self.protocol.redis.ping(), timeout_s)
+        except (TimeoutError, OSError, RedisError) as exc:
+            raise ConfigurationError(f"Redis does not answer: {exc!r}"[:300]) from None
+        await broker_reachable(self._sender(), timeout_s)
 
     async def registered_agents(self) -> frozenset[str]:
         """Profile names the running workers registered in Redis."""

@@ -55,6 +55,8 @@ class Client:
     clear = blocking(AsyncClient.clear)
     registered_agents = blocking(AsyncClient.registered_agents)
     workers = blocking(AsyncClient.workers)
+    awaiting_approval = blocking(AsyncClient.awaiting_approval)
+    ping = blocking(AsyncClient.ping)
     close = blocking(AsyncClient.aclose)
     _connect = blocking(AsyncClient.connect)
 

@@ -155,6 +155,18 @@ class AsyncTurnHandle:
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.
         """
+        async for _, event in self.events_with_ids(after=after, timeout=timeout):
+            yield event
+
+    async def events_with_ids(
+        self, *, after: str = "0", timeout: float | None = None
+    ) -> AsyncIterator[tuple[str, TurnEvent]]:
+        """:meth:`events` with each event's stream id: pass the last one as ``after`` to
+        go on where a dropped reader stopped.
+
+        Raises:
+            TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
         while True:
@@ -166,7 +178,7 @@ class AsyncTurnHandle:
             )
             for event_id, event in batch:
                 after = event_id
-                yield event
+                yield event_id, event
                 if event.type == "done":
                     return
             if not batch and (await self.record()).status in FINAL_STATUSES:

@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 
 from convoq import defaults
+from convoq.errors import ConfigurationError
 
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
@@ -75,3 +76,21 @@ async def send_kick(
         log.warning(
             "could not send %s for %s (%s); the sweeper will pick it up", task, args[0], exc
         )
+
+
+async def broker_reachable(app: Celery, timeout_s: float) -> None:
+    """Connect to ``app``'s broker once, bounded by ``timeout_s``.
+
+    Raises:
+        ConfigurationError: the broker did not answer (the reason is named).
+    """
+
+    def attempt() -> None:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, timeout=max(1, int(timeout_s)))
+
+    try:
+        # The thread is abandoned if kombu ignores its timeout: the caller's wait is bounded.
+        await asyncio.wait_for(asyncio.to_thread(attempt), timeout_s + 1)
+    except Exception as exc:
+        raise ConfigurationError(f"the broker does not answer: {exc!r}"[:300]) from None

@@ -15,6 +15,7 @@ from convoq.messages import Message
 from convoq.redis._base import ProtocolBase, approval_expired_error
 from convoq.redis._codec import text
 from convoq.redis._history import load_history
+from convoq.redis._records import ParkedTurn, decode_record
 from convoq.redis._taking import valid_turn_id
 from convoq.turn_state import Decision
 
@@ -149,6 +150,36 @@ class ControlMixin(ProtocolBase):
         if expired is not None:
             expired.append((cid, tid))
         return int(reply[1]) > 0
+
+    async def parked_turns(self, limit: int = 100) -> list[ParkedTurn]:
+        """Turns awaiting approval across conversations, newest first, at most ``limit``.
+
+        A SCAN over the inboxes (as the sweeper's): its cost grows with the number of
+        keys, so callers poll it every few seconds, not per request of a busy path.
+        """
+        found: list[ParkedTurn] = []
+        async for key in self.redis.scan_iter(match=self.keys.inbox_pattern(), count=1000):
+            cid = self.keys.conversation_of_inbox(key)
+            parked = await self._parked_head(cid) if cid is not None else None
+            if parked is not None:
+                found.append(parked)
+        found.sort(key=lambda p: p.parked_ms, reverse=True)
+        return found[: max(0, limit)]
+
+    async def _parked_head(self, cid: str) -> ParkedTurn | None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.keys.lease(cid), "state", "expires_ms")
+            pipe.lindex(self.keys.inbox(cid), 0)
+            (state, expires_ms), head = await pipe.execute()
+        tid = valid_turn_id(head) if state == b"parked" and head is not None else None
+        if tid is None:
+            return None
+        raw: dict[Any, Any] = await self.redis.hgetall(self.keys.turn(cid, tid))
+        if not raw or raw.get(b"status") != b"awaiting_approval":
+            return None  # decided (or expired) since the lease was read
+        fields: dict[str, bytes] = {text(k): v for k, v in raw.items()}
+        record = decode_record(cid, tid, fields, self.keys.turn(cid, tid))
+        return ParkedTurn(record, int(fields.get("parked_ms") or 0), int(expires_ms or 0))
 
     async def registered_agents(self) -> frozenset[str]:
         """The agent profile names running workers registered."""

@@ -109,6 +109,16 @@ class TurnEnding:
 
 
 @dataclass(frozen=True)
+class ParkedTurn:
+    """A turn awaiting approval: its record (``result["pending_approvals"]`` are the calls
+    waiting), when it parked and when its approval expires (unix ms)."""
+
+    record: TurnRecord
+    parked_ms: int
+    expires_ms: int
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     """``position`` 0: the conversation was idle and the caller sends a kick. For a
     duplicate, ``turn_id`` is the first turn and ``position`` its place in the inbox

@@ -39,12 +39,20 @@ from convoq.messages import Message, MessageRole, check_user_message
 from convoq.redis._codec import Encoded, check_message_limits, check_turn_size, encode_element, text
 from convoq.redis._control import ControlMixin
 from convoq.redis._events import EventsMixin, TurnEvents
-from convoq.redis._records import Acquired, SubmitResult, TurnEnding, TurnRecord, TurnStatus
+from convoq.redis._records import (
+    Acquired,
+    ParkedTurn,
+    SubmitResult,
+    TurnEnding,
+    TurnRecord,
+    TurnStatus,
+)
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
 
 __all__ = [
     "Acquired",
+    "ParkedTurn",
     "SubmitResult",
     "TurnEnding",
     "TurnEvents",

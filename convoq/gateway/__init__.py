@@ -1,0 +1,16 @@
+"""``convoq gateway``: the client API over HTTP, and an approvals inbox page.
+
+An ASGI app (FastAPI on uvicorn) on top of :class:`convoq.client.AsyncClient`; it never
+imports the worker. Modules: :mod:`.app` (the factory), :mod:`.auth` (API keys and
+scopes), :mod:`.problems` (RFC 9457 errors), :mod:`.routes_turns` and
+:mod:`.routes_conversations` (the API), :mod:`.sse` (event streams), :mod:`.inbox` (the
+pages), :mod:`.limits` (request sizes), :mod:`.models` and :mod:`.bodies` (bodies).
+
+Conversation ids travel in the URL path, percent-encoded; an id containing ``/`` cannot
+be addressed through the gateway (the path would split), so give such deployments ids
+with another separator (``tenant-a:user-42``).
+"""
+
+from convoq.gateway.app import create_app
+
+__all__ = ["create_app"]

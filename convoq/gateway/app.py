@@ -1,0 +1,115 @@
+"""The gateway's ASGI app: :func:`create_app` wires the client, keys, routes and pages.
+
+One :class:`~convoq.client.AsyncClient` per app, opened in the lifespan (its connections
+belong to the server's event loop). Settings come from :class:`ConvoqSettings` (explicit
+argument > ``CONVOQ_*`` > default) like every other entry point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from convoq import __version__
+from convoq.client import AsyncClient
+from convoq.errors import ConvoqError
+from convoq.gateway import inbox, problems, routes_conversations, routes_turns
+from convoq.gateway.auth import KeyRing
+from convoq.gateway.bodies import add_schemas
+from convoq.gateway.limits import BodyLimit, max_body_bytes
+from convoq.gateway.models import DecisionRequest, Health, TurnRequest
+from convoq.settings import ConvoqSettings
+
+READY_TIMEOUT_S = 3.0
+
+
+def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> FastAPI:
+    """The gateway app for ``settings`` (default: resolved from ``CONVOQ_*``; keyword
+    ``overrides`` win over both).
+
+    Raises:
+        ConfigurationError: invalid settings.
+    """
+    s = settings or ConvoqSettings.resolve(**overrides)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = AsyncClient(
+            s.redis_url,
+            broker_url=s.broker_url,
+            prefix=s.prefix,
+            partitions=s.partitions,
+            max_attachment_bytes=s.max_attachment_bytes,
+            max_turn_bytes=s.max_turn_bytes,
+            home=s.home,
+            callback_allowed_networks=s.callback_allowed_networks or "",
+        )
+        app.state.client = client
+        try:
+            yield
+        finally:
+            await client.aclose()
+
+    app = FastAPI(
+        title="convoq gateway",
+        version=__version__,
+        summary="Queue AI-agent turns, follow them, approve their tool calls.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.keys = KeyRing(s.gateway_api_keys)
+    app.state.settings = s
+    problems.install(app)
+    app.include_router(routes_turns.router)
+    app.include_router(routes_conversations.router)
+    app.include_router(inbox.router)
+    _health_routes(app)
+    _document(app)
+    app.add_middleware(BodyLimit, limit=max_body_bytes(s.max_turn_bytes))
+    return app
+
+
+def _health_routes(app: FastAPI) -> None:
+    @app.get("/healthz", response_model=Health, tags=["health"], summary="The process lives")
+    async def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=Health,
+        tags=["health"],
+        summary="Redis and the broker answer",
+        responses={503: {"model": Health}},
+    )
+    async def readyz(request: Request) -> Any:
+        client: AsyncClient = request.app.state.client
+        try:
+            await asyncio.wait_for(client.ping(READY_TIMEOUT_S), 2 * READY_TIMEOUT_S + 2)
+        except (ConvoqError, TimeoutError) as exc:
+            detail = getattr(exc, "message", None) or repr(exc)
+            return JSONResponse(
+                Health(status="unavailable", detail=detail).model_dump(), status_code=503
+            )
+        return Health(status="ok")
+
+
+def _document(app: FastAPI) -> None:
+    """The bodies read by hand join the OpenAPI document (see :mod:`.bodies`)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = FastAPI.openapi(app)
+            document.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"}
+            }
+            document["security"] = [{"bearer": []}]
+            app.openapi_schema = add_schemas(document, TurnRequest, DecisionRequest)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

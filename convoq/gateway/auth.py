@@ -1,0 +1,92 @@
+"""Bearer API keys with scopes, optionally limited to conversation ids with a prefix.
+
+Keys come from ``CONVOQ_GATEWAY_API_KEYS`` (:class:`convoq.settings.GatewayKey`). Scopes:
+
+- ``submit``: queue turns, cancel them;
+- ``read``: turn status, results, events and history;
+- ``approve``: the approvals inbox, approve/deny tool calls, discard parked turns;
+- ``admin``: everything, including deleting conversations.
+
+A request without a known key gets 401, one whose key lacks the scope (or whose
+conversation is outside the key's prefix) gets 403; both before anything is read or
+written. Keys are compared in constant time over their SHA-256 digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from convoq.gateway.problems import GatewayError
+from convoq.settings import GatewayKey, GatewayScope
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the key's name, scopes and conversation prefix."""
+
+    name: str
+    scopes: frozenset[str]
+    conversation_prefix: str
+
+    def may(self, scope: GatewayScope) -> bool:
+        return scope in self.scopes or "admin" in self.scopes
+
+    def owns(self, conversation_id: str) -> bool:
+        return conversation_id.startswith(self.conversation_prefix)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+class KeyRing:
+    """The configured keys, by digest."""
+
+    def __init__(self, keys: Iterable[GatewayKey]) -> None:
+        self._keys: list[tuple[bytes, Principal]] = []
+        for index, key in enumerate(keys):
+            principal = Principal(
+                key.name or f"key{index}", frozenset(key.scopes), key.conversation_prefix
+            )
+            self._keys.append((_digest(key.key.get_secret_value()), principal))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def authenticate(self, header: str | None) -> Principal:
+        """The principal of an ``Authorization: Bearer <key>`` header (401 otherwise)."""
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise GatewayError(401, "Unauthorized", "send Authorization: Bearer <api key>")
+        digest = _digest(token.strip())
+        found = None
+        for known, principal in self._keys:  # every key compared: no early exit to time
+            if hmac.compare_digest(known, digest):
+                found = principal
+        if found is None:
+            raise GatewayError(401, "Unauthorized", "unknown API key")
+        return found
+
+
+def requires(scope: GatewayScope) -> Callable[[Request], Awaitable[Principal]]:
+    """A FastAPI dependency: the caller's principal, if it holds ``scope`` and (for a
+    route with ``{cid}``) the conversation is inside its prefix; else 401/403."""
+
+    async def dependency(request: Request) -> Principal:
+        ring: KeyRing = request.app.state.keys
+        principal = ring.authenticate(request.headers.get("authorization"))
+        if not principal.may(scope):
+            raise GatewayError(
+                403, "Forbidden", f"this API key lacks the {scope!r} scope", scope=scope
+            )
+        cid = request.path_params.get("cid")
+        if isinstance(cid, str) and not principal.owns(cid):
+            raise GatewayError(403, "Forbidden", "this API key may not reach that conversation id")
+        return principal
+
+    return dependency

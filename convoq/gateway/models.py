@@ -1,0 +1,156 @@
+"""The request and response bodies of the gateway (pydantic: they are its OpenAPI schema).
+
+A message is the text alone or a :class:`convoq.messages.Message` in its JSON form: parts
+``{"type": "text", "text": ...}``, ``{"type": "image", "data": <base64>, "mime_type":
+...}`` and ``{"type": "file", "data": <base64>, "mime_type": ..., "filename": ...}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from convoq.messages import Message, ToolCall
+from convoq.redis.protocol import ParkedTurn, TurnRecord
+
+
+class TurnRequest(BaseModel):
+    """``POST /v1/conversations/{cid}/turns`` (JSON; multipart takes the same fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: str | Message = Field(description="The user's text, or a user message.")
+    agent: str = Field(min_length=1, max_length=256, description="The agent profile.")
+    keep_last_turns: int | None = Field(
+        default=None, ge=0, description="Previous turns sent to the model (0: all)."
+    )
+    if_busy: Literal["queue", "reject"] = Field(
+        default="queue", description="reject: 409 while another turn is in progress."
+    )
+    callback_url: str | None = Field(
+        default=None, description="Gets one signed POST when the turn is final."
+    )
+
+
+class TurnLinks(BaseModel):
+    self: str
+    events: str
+    cancel: str
+
+
+class TurnAccepted(BaseModel):
+    """The answer to a submit: 202, the turn is queued."""
+
+    conversation_id: str
+    turn_id: str
+    status: str
+    links: TurnLinks
+
+
+class TurnView(BaseModel):
+    """A turn where it stands: final, parked for approval, or still in progress."""
+
+    conversation_id: str
+    turn_id: str
+    status: str
+    agent: str
+    text: str = ""
+    messages: list[Message] = Field(default_factory=list, description="What the turn added.")
+    pending_approvals: list[ToolCall] = Field(default_factory=list)
+    error: dict[str, Any] | None = None
+    attempts: int = 0
+    created_ms: int
+    started_ms: int | None = None
+    finished_ms: int | None = None
+
+    @classmethod
+    def of(cls, record: TurnRecord) -> TurnView:
+        data: dict[str, Any] = record.result or {}
+        done = record.status == "succeeded"
+        return cls(
+            conversation_id=record.conversation_id,
+            turn_id=record.turn_id,
+            status=record.status,
+            agent=record.agent,
+            text=str(data.get("text") or "") if done else "",
+            messages=[Message.model_validate(m) for m in data.get("messages") or []]
+            if done
+            else [],
+            pending_approvals=[
+                ToolCall.model_validate(c) for c in data.get("pending_approvals") or []
+            ]
+            if record.status == "awaiting_approval"
+            else [],
+            error=record.error,
+            attempts=record.attempts,
+            created_ms=record.created_ms,
+            started_ms=record.started_ms,
+            finished_ms=record.finished_ms,
+        )
+
+
+class DecisionRequest(BaseModel):
+    """Approve or deny one pending tool call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "deny"]
+    reason: str | None = Field(default=None, max_length=2000, description="Told to the model.")
+
+
+class DecisionResult(BaseModel):
+    """``resume``: every pending call is decided, the turn goes on on a worker;
+    ``pending``: other calls of the turn still wait."""
+
+    outcome: Literal["resume", "pending"]
+    turn: TurnView
+
+
+class CancelResult(BaseModel):
+    outcome: Literal["cancelled", "stopping", "finished"]
+
+
+class History(BaseModel):
+    """One page of a conversation's stored messages, oldest first."""
+
+    conversation_id: str
+    messages: list[Message]
+    offset: int
+    total: int
+
+
+class Approval(BaseModel):
+    """A turn waiting for decisions on its tool calls (the approvals inbox)."""
+
+    conversation_id: str
+    turn_id: str
+    agent: str
+    input_text: str
+    pending_approvals: list[ToolCall]
+    parked_ms: int
+    expires_ms: int
+
+    @classmethod
+    def of(cls, parked: ParkedTurn) -> Approval:
+        record = parked.record
+        calls = (record.result or {}).get("pending_approvals") or []
+        return cls(
+            conversation_id=record.conversation_id,
+            turn_id=record.turn_id,
+            agent=record.agent,
+            input_text=record.input.text[:2000],
+            pending_approvals=[ToolCall.model_validate(c) for c in calls],
+            parked_ms=parked.parked_ms,
+            expires_ms=parked.expires_ms,
+        )
+
+
+class Approvals(BaseModel):
+    now_ms: int = Field(description="The server's clock, to count down to expires_ms.")
+    turns: list[Approval]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    detail: str = ""

@@ -1,0 +1,106 @@
+"""Errors as RFC 9457 ``application/problem+json``, carrying the ConvoqError they were.
+
+Every error answer has the same shape::
+
+    {"type": "urn:convoq:error:UnknownTurnError", "title": "UnknownTurnError",
+     "status": 404, "detail": "...", "error": {"type": ..., "message": ..., "details": ...}}
+
+``error`` is :meth:`ConvoqError.to_data`, so a client in any language can rebuild the
+error (Python: :func:`convoq.errors.error_from_data`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException
+
+from convoq.errors import (
+    AttachmentError,
+    ConfigurationError,
+    ConversationBusyError,
+    ConversationMemoryError,
+    ConvoqError,
+    InvalidMessageError,
+    ProtocolError,
+    TurnTimeoutError,
+    UnknownTurnError,
+)
+
+PROBLEM_JSON = "application/problem+json"
+TYPE_PREFIX = "urn:convoq:error:"
+log = logging.getLogger("convoq.gateway")
+
+# Most specific first: the first class the error is an instance of gives the status.
+_STATUS: tuple[tuple[type[ConvoqError], int], ...] = (
+    (UnknownTurnError, 404),
+    (ConversationBusyError, 409),
+    (ProtocolError, 409),
+    (TurnTimeoutError, 504),
+    (ConversationMemoryError, 503),
+    (ConfigurationError, 503),
+    (ConvoqError, 422),
+)
+
+
+class GatewayError(Exception):
+    """An error of the gateway itself (auth, sizes, routes), not of convoq's library."""
+
+    def __init__(self, status: int, title: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail, self.extra = status, title, detail, extra
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+    """A problem+json response."""
+    body = {"type": TYPE_PREFIX + title, "title": title, "status": status, "detail": detail}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({**body, **extra}, status_code=status, media_type=PROBLEM_JSON,
+                        headers=headers)  # fmt: skip
+
+
+def status_of(error: ConvoqError) -> int:
+    if isinstance(error, (AttachmentError, InvalidMessageError)) and "limit" in error.details:
+        return 413  # a size limit of convoq.limits: the content is too large, not malformed
+    return next(code for cls, code in _STATUS if isinstance(error, cls))
+
+
+def convoq_problem(error: ConvoqError) -> JSONResponse:
+    data = error.to_data()
+    return problem(status_of(error), data["type"], error.message, error=data)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error of ``app`` as problem+json."""
+
+    @app.exception_handler(ConvoqError)
+    async def _convoq(_: Request, exc: ConvoqError) -> JSONResponse:
+        return convoq_problem(exc)
+
+    @app.exception_handler(GatewayError)
+    async def _gateway(_: Request, exc: GatewayError) -> JSONResponse:
+        return problem(exc.status, exc.title, exc.detail, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in exc.errors()
+        ]
+        return problem(422, "ValidationError", "the request does not match its schema",
+                       errors=errors[:20])  # fmt: skip
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        return problem(exc.status_code, "HTTPError", str(exc.detail))
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("Redis unavailable: %r", exc)
+        return problem(503, "RedisUnavailable", "Redis does not answer; try again shortly")

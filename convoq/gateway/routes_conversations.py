@@ -1,0 +1,65 @@
+"""Conversations as a whole (history, delete) and the approvals waiting across them."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from convoq.gateway.auth import Principal, requires
+from convoq.gateway.models import Approval, Approvals, History
+from convoq.gateway.routes_turns import Client
+
+router = APIRouter(tags=["conversations"])
+
+
+@router.get(
+    "/v1/conversations/{cid}/messages",
+    response_model=History,
+    summary="A conversation's stored messages, paged (scope: read)",
+)
+async def messages(
+    cid: str,
+    client: Client,
+    _: Annotated[Principal, Depends(requires("read"))],
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    last_turns: Annotated[int | None, Query(ge=1, description="Only the last N turns")] = None,
+) -> History:
+    """Messages oldest first (attachments as base64): ``limit`` of them from ``offset``."""
+    stored = await client.history(cid, last_turns=last_turns)
+    page = stored[offset : offset + limit]
+    return History(conversation_id=cid, messages=page, offset=offset, total=len(stored))
+
+
+@router.delete(
+    "/v1/conversations/{cid}", status_code=204, summary="Delete a conversation (scope: admin)"
+)
+async def delete_conversation(
+    cid: str,
+    client: Client,
+    _: Annotated[Principal, Depends(requires("admin"))],
+    force: Annotated[bool, Query(description="Also while turns are queued or running")] = False,
+) -> Response:
+    """Every key of the conversation goes (409 while a turn is in progress, unless force)."""
+    await client.clear(cid, force=force)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/approvals",
+    response_model=Approvals,
+    tags=["approvals"],
+    summary="Turns awaiting approval, newest first (scope: approve)",
+)
+async def approvals(
+    client: Client,
+    principal: Annotated[Principal, Depends(requires("approve"))],
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> Approvals:
+    """What the approvals inbox shows: every parked turn the key may reach, with its
+    pending tool calls and when its approval expires."""
+    parked = await client.awaiting_approval(limit=limit)
+    turns = [Approval.of(p) for p in parked if principal.owns(p.record.conversation_id)]
+    return Approvals(now_ms=int(time.time() * 1000), turns=turns)

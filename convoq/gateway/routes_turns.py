@@ -1,0 +1,228 @@
+"""``/v1/conversations/{cid}/turns``: submit, read, follow, decide, cancel, discard."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from convoq.client import AsyncClient
+from convoq.errors import TurnTimeoutError
+from convoq.gateway.auth import Principal, requires
+from convoq.gateway.bodies import body_schema, invalid, json_body
+from convoq.gateway.models import (
+    CancelResult,
+    DecisionRequest,
+    DecisionResult,
+    TurnAccepted,
+    TurnLinks,
+    TurnRequest,
+    TurnView,
+)
+from convoq.gateway.sse import check_event_id, turn_events
+from convoq.messages import FilePart, ImagePart, Message, TextPart
+
+router = APIRouter(prefix="/v1/conversations/{cid}/turns", tags=["turns"])
+MAX_WAIT_S = 60.0
+
+_SUBMIT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            **body_schema("TurnRequest")["requestBody"]["content"],
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["agent"],
+                    "properties": {
+                        "text": {"type": "string"},
+                        "agent": {"type": "string"},
+                        "keep_last_turns": {"type": "integer"},
+                        "if_busy": {"type": "string", "enum": ["queue", "reject"]},
+                        "callback_url": {"type": "string"},
+                        "files": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                        },
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+def client_of(request: Request) -> AsyncClient:
+    client: AsyncClient = request.app.state.client
+    return client
+
+
+Client = Annotated[AsyncClient, Depends(client_of)]
+
+
+def _links(request: Request, cid: str, tid: str) -> TurnLinks:
+    base = str(request.url_for("get_turn", cid=cid, tid=tid))
+    return TurnLinks(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=TurnAccepted,
+    openapi_extra=_SUBMIT_BODY,
+    summary="Queue a turn (scope: submit)",
+)
+async def submit_turn(
+    cid: str,
+    request: Request,
+    response: Response,
+    client: Client,
+    _: Annotated[Principal, Depends(requires("submit"))],
+    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+) -> TurnAccepted:
+    """Queue a turn and answer at once (202) with its id and URLs. JSON body, or
+    multipart/form-data with ``text`` and files (images become image parts, anything else
+    file parts). ``Idempotency-Key``: a repeat answers with the first turn."""
+    body = await _turn_request(request)
+    handle = await client.submit(
+        cid,
+        body.message,
+        agent=body.agent,
+        idempotency_key=idempotency_key,
+        keep_last_turns=body.keep_last_turns,
+        callback_url=body.callback_url,
+        if_busy=body.if_busy,
+    )
+    links = _links(request, handle.conversation_id, handle.turn_id)
+    response.headers["Location"] = links.self
+    return TurnAccepted(
+        conversation_id=handle.conversation_id,
+        turn_id=handle.turn_id,
+        status="queued",
+        links=links,
+    )
+
+
+async def _turn_request(request: Request) -> TurnRequest:
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "multipart/form-data":
+        return await json_body(request, TurnRequest)
+    try:
+        return await _multipart(request)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+
+
+async def _multipart(request: Request) -> TurnRequest:
+    form = await request.form(max_files=64, max_fields=32)
+    content: list[TextPart | ImagePart | FilePart] = []
+    text = form.get("text")
+    if isinstance(text, str) and text:
+        content.append(TextPart(text=text))
+    for upload in form.getlist("files"):
+        if not isinstance(upload, UploadFile):
+            continue
+        data = await upload.read()
+        mime = upload.content_type or "application/octet-stream"
+        if mime.startswith("image/"):
+            content.append(ImagePart(data=data, mime_type=mime))
+        else:
+            content.append(FilePart(data=data, mime_type=mime, filename=upload.filename))
+    fields = {k: v for k, v in form.items() if k not in ("text", "files") and isinstance(v, str)}
+    return TurnRequest.model_validate({**fields, "message": Message(content=content)})
+
+
+@router.get("/{tid}", response_model=TurnView, summary="A turn's status and result (scope: read)")
+async def get_turn(
+    cid: str,
+    tid: str,
+    client: Client,
+    _: Annotated[Principal, Depends(requires("read"))],
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll seconds")] = 0,
+    until: Annotated[
+        Literal["settled", "final"],
+        Query(description="With wait: settled (final or parked for approval) or final"),
+    ] = "settled",
+) -> TurnView:
+    """The turn as it stands. ``?wait=N``: answer once it is final or parked for approval
+    (``until=final``: only once final), or after N seconds with where it stands then."""
+    handle = client.handle(cid, tid)
+    if wait > 0:
+        # Timed out: answered with the turn as it stands.
+        with contextlib.suppress(TurnTimeoutError):
+            parked_counts = until == "settled"
+            await handle.wait(wait, raise_on_error=False, return_on_approval=parked_counts)
+    return TurnView.of(await handle.record())
+
+
+@router.get(
+    "/{tid}/events",
+    summary="The turn's events as Server-Sent Events (scope: read)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def turn_events_sse(
+    cid: str,
+    tid: str,
+    client: Client,
+    _: Annotated[Principal, Depends(requires("read"))],
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+    after: Annotated[str | None, Query(max_length=64, description="As Last-Event-ID")] = None,
+) -> StreamingResponse:
+    """Every event of the turn (status, text deltas, tool calls, approvals, done), from
+    the start or after ``Last-Event-ID``; the stream ends after ``done``."""
+    start = check_event_id(last_event_id if last_event_id is not None else after)
+    handle = client.handle(cid, tid)
+    await handle.record()  # 404 before the stream starts
+    return StreamingResponse(
+        turn_events(handle, start),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{tid}/approvals/{call_id}",
+    response_model=DecisionResult,
+    openapi_extra=body_schema("DecisionRequest"),
+    summary="Approve or deny a pending tool call (scope: approve)",
+)
+async def decide(
+    cid: str,
+    tid: str,
+    call_id: str,
+    request: Request,
+    client: Client,
+    _: Annotated[Principal, Depends(requires("approve"))],
+) -> DecisionResult:
+    """Record the decision; once every pending call is decided the turn resumes on a worker
+    (``outcome`` "resume"). Answers with the turn as it stands after the decision."""
+    body = await json_body(request, DecisionRequest)
+    handle = client.handle(cid, tid)
+    if body.decision == "approve":
+        outcome = await client.approve(handle, call_id)
+    else:
+        outcome = await client.deny(handle, call_id, reason=body.reason)
+    return DecisionResult(outcome=outcome, turn=TurnView.of(await handle.record()))
+
+
+@router.post("/{tid}/cancel", response_model=CancelResult, summary="Cancel a turn (scope: submit)")
+async def cancel(
+    cid: str, tid: str, client: Client, _: Annotated[Principal, Depends(requires("submit"))]
+) -> CancelResult:
+    """Queued or parked: cancelled at once. Running: it stops at its next step
+    ("stopping"). Already final: "finished"."""
+    return CancelResult(outcome=await client.cancel(client.handle(cid, tid)))
+
+
+@router.delete("/{tid}", status_code=204, summary="Discard a parked turn (scope: approve)")
+async def discard(
+    cid: str, tid: str, client: Client, _: Annotated[Principal, Depends(requires("approve"))]
+) -> Response:
+    """End a turn awaiting approval as cancelled; nothing is stored, later turns run."""
+    await client.discard(client.handle(cid, tid), reason="discarded through the gateway")
+    return Response(status_code=204)

@@ -1,0 +1,56 @@
+"""A turn's event stream as Server-Sent Events, resumable with ``Last-Event-ID``.
+
+Each event goes out as ``id: <stream id>``, ``event: <type>``, ``data: <JSON>``; the id is
+the event's id in the turn's Redis stream, so a reader that lost its connection reconnects
+with ``Last-Event-ID`` (browsers' EventSource do it by themselves) and gets exactly the
+events after it. The response ends after ``done``. Between events a comment line goes out
+every ``keepalive_s`` so proxies keep the connection open; the whole response is bounded by
+``max_s`` (the reader reconnects and goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+
+from convoq.client import AsyncTurnHandle
+from convoq.errors import TurnTimeoutError
+from convoq.gateway.problems import GatewayError
+
+_STREAM_ID = re.compile(r"0|\d{1,20}-\d{1,20}")
+KEEPALIVE_S = 15.0
+MAX_S = 900.0
+
+
+def check_event_id(value: str | None) -> str:
+    """A Redis stream id to read after ("0": from the start); 422 for anything else."""
+    if value is None or value == "":
+        return "0"
+    if not _STREAM_ID.fullmatch(value):
+        raise GatewayError(
+            422, "InvalidEventId", "Last-Event-ID must be an event id this stream sent"
+        )
+    return value
+
+
+async def turn_events(
+    handle: AsyncTurnHandle,
+    after: str,
+    *,
+    keepalive_s: float = KEEPALIVE_S,
+    max_s: float = MAX_S,
+) -> AsyncIterator[str]:
+    """The SSE body: events after ``after`` until ``done`` (or ``max_s``)."""
+    yield f"retry: 1000\n: following turn {handle.turn_id}\n\n"
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        try:
+            async for event_id, event in handle.events_with_ids(after=after, timeout=keepalive_s):
+                after = event_id
+                data = json.dumps(event.data, separators=(",", ":"))
+                yield f"id: {event_id}\nevent: {event.type}\ndata: {data}\n\n"
+            return  # done (or final with its stream expired)
+        except TurnTimeoutError:
+            yield ": keepalive\n\n"
