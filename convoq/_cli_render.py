@@ -15,6 +15,7 @@ from convoq.client import TurnResult
 from convoq.errors import ConvoqError
 from convoq.messages import Message
 from convoq.turn_state import TurnEvent
+from convoq.usage import Usage
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -47,14 +48,31 @@ def describe_message(message: Message) -> str:
     return " ".join(bits)
 
 
-def print_history(conversation_id: str, messages: list[Message]) -> None:
-    """A conversation's messages as a table of role and content."""
+def print_history(
+    conversation_id: str, messages: list[Message], usage: Usage | None = None
+) -> None:
+    """A conversation's messages as a table of role and content; with ``usage`` (the
+    conversation's totals) each model answer shows the tokens its call reported."""
     console.print(f"{conversation_id}: {len(messages)} messages")
     if messages:
-        table = Table("role", "content")
+        table = Table("role", "content", *(["tokens"] if usage is not None else []))
         for message in messages:
-            table.add_row(message.role.value, escape(describe_message(message)))
+            row = [message.role.value, escape(describe_message(message))]
+            if usage is not None:
+                row.append(describe_usage(message.usage) if message.usage else "")
+            table.add_row(*row)
         console.print(table)
+    if usage is not None:
+        console.print(f"usage: {usage.requests} model calls, {describe_usage(usage)}")
+
+
+def describe_usage(usage: Usage) -> str:
+    """Token counts in one line (cached and reasoning ones when there are any)."""
+    text = f"{usage.prompt_tokens} prompt + {usage.completion_tokens} completion"
+    text += f" = {usage.total_tokens} tokens"
+    extra = [f"{usage.cached_tokens} cached"] if usage.cached_tokens else []
+    extra += [f"{usage.reasoning_tokens} reasoning"] if usage.reasoning_tokens else []
+    return text + (f" ({', '.join(extra)})" if extra else "")
 
 
 def print_result(result: TurnResult) -> None:

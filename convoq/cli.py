@@ -230,10 +230,14 @@ def status(conversation_id: str, turn_id: str) -> None:
 def history(
     conversation_id: str,
     last: Annotated[int | None, typer.Option(help="Only the last N turns.")] = None,
+    usage: Annotated[
+        bool, typer.Option("--usage", help="Tokens per model answer and for the conversation.")
+    ] = False,
 ) -> None:
     """Print a conversation's stored messages."""
     with _connected() as client:
-        print_history(conversation_id, client.history(conversation_id, last_turns=last))
+        messages = client.history(conversation_id, last_turns=last)
+        print_history(conversation_id, messages, client.usage(conversation_id) if usage else None)
 
 
 @app.command()

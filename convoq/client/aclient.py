@@ -40,6 +40,7 @@ from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.protocol import ParkedTurn
 from convoq.settings import ConvoqSettings
+from convoq.usage import Usage
 
 log = logging.getLogger("convoq.client")
 
@@ -298,6 +299,11 @@ class AsyncClient:
         return await self.protocol.history(
             check_conversation_id(conversation_id), last_turns=last_turns
         )
+
+    async def usage(self, conversation_id: str) -> Usage:
+        """Tokens the conversation's stored turns reported, summed (one read, however long
+        the history): ``requests`` model calls; all 0 for a server that reports none."""
+        return await self.protocol.usage(check_conversation_id(conversation_id))
 
     async def clear(self, conversation_id: str, *, force: bool = False) -> None:
         """Delete a conversation (ConversationBusyError while a turn runs, unless forced)."""

@@ -52,6 +52,7 @@ class Client:
     discard = blocking(AsyncClient.discard)
     cancel = blocking(AsyncClient.cancel)
     history = blocking(AsyncClient.history)
+    usage = blocking(AsyncClient.usage)
     clear = blocking(AsyncClient.clear)
     registered_agents = blocking(AsyncClient.registered_agents)
     workers = blocking(AsyncClient.workers)

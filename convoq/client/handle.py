@@ -18,6 +18,7 @@ from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, err
 from convoq.messages import Message, ToolCall
 from convoq.redis._records import FINAL_STATUSES, TurnStatus
 from convoq.turn_state import TurnEvent
+from convoq.usage import Usage
 
 if TYPE_CHECKING:
     from convoq.client.aclient import AsyncClient
@@ -39,6 +40,9 @@ class TurnResult:
         turn: the whole stored turn (user message first) when succeeded.
         error: the turn's error rebuilt as a ConvoqError when failed or cancelled.
         pending_approvals: tool calls waiting for approve/deny when parked.
+        usage: tokens the turn's model calls reported, summed (when succeeded).
+        finish_reason: why the final model call stopped (``"length"``: cut off).
+        refusal: the model's refusal text, when it refused instead of answering.
     """
 
     conversation_id: str
@@ -49,6 +53,9 @@ class TurnResult:
     error: ConvoqError | None = None
     pending_approvals: list[ToolCall] = field(default_factory=list)
     attempts: int = 0
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    refusal: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -78,6 +85,9 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         error=error,
         pending_approvals=[ToolCall.model_validate(c) for c in data.get("pending_approvals") or []],
         attempts=record.attempts,
+        usage=Usage.model_validate(data["usage"]) if data.get("usage") else Usage(),
+        finish_reason=data.get("finish_reason"),
+        refusal=data.get("refusal"),
     )
 
 

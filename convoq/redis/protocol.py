@@ -31,6 +31,7 @@ registry) and :mod:`convoq.redis._events` (events and turn records), over
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -49,6 +50,7 @@ from convoq.redis._records import (
 )
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
+from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage, turn_usage
 
 __all__ = [
     "Acquired",
@@ -181,27 +183,45 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         stop_if_cancelled: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
-        element, result, encoded = self._stored_turn(messages)
+        element, result, counters, encoded = self._stored_turn(messages)
         following = self.next_turn_keys(cid, ending.next_turn_id)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
         keys += [self.keys.lead(cid), *following] if following else []
         args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
         args += [ending.next_turn_id or "", *self.take_args(ending.taking())]
+        args.append(counters)
         return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
 
-    def _stored_turn(self, messages: list[Message]) -> tuple[bytes, str, Encoded]:
-        """The history element of a committed turn, its result JSON and its blobs."""
+    def _stored_turn(self, messages: list[Message]) -> tuple[bytes, str, str, Encoded]:
+        """The history element of a committed turn, its result JSON, the usage counters to
+        add to the conversation's and its blobs."""
         if not messages or messages[0].role != MessageRole.USER:
             raise InvalidMessageError("a committed turn starts with its user message", rule="turn")
         encoded = Encoded()
         element = encode_element(messages, self.limits, encoded)
         check_turn_size(encoded, self.limits)
-        result = {
-            "text": messages[-1].text,
+        final = messages[-1]
+        # Each assistant message of a turn is one model call's answer.
+        calls = sum(m.role == MessageRole.ASSISTANT for m in messages[1:])
+        usage = turn_usage(messages[1:], requests=calls)
+        result: dict[str, Any] = {
+            "text": final.text,
             "messages": [m.model_dump(mode="json") for m in messages[1:]],
+            "usage": usage.model_dump(),
+            "finish_reason": final.finish_reason,
         }
-        return element, self.json_arg(result, "result"), encoded
+        if final.refusal is not None:
+            result["refusal"] = final.refusal
+        counters = {COUNTER_FIELDS[name]: n for name, n in usage.model_dump().items() if n}
+        return element, self.json_arg(result, "result"), json.dumps(counters), encoded
+
+    async def usage(self, cid: str) -> Usage:
+        """What the conversation's committed turns reported, summed: one read of its meta
+        hash, whatever the history's length (commit adds each turn's usage there)."""
+        fields = list(COUNTER_FIELDS.values())
+        values = await self.redis.hmget(self.keys.meta(cid), fields)
+        return counters_to_usage(dict(zip(fields, values, strict=True)))
 
     async def fail(
         self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding

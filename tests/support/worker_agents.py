@@ -18,6 +18,7 @@ from convoq import Agent, Message, ToolCall, tool
 from convoq.errors import ModelError
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
+from convoq.usage import Usage
 
 _redis: redis.Redis | None = None
 
@@ -106,7 +107,42 @@ def approver_fn(request: ModelRequest) -> str | Message:
     return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
 
 
+TOOL_CALL_USAGE = Usage(requests=1, prompt_tokens=100, completion_tokens=10, total_tokens=110,
+                        cached_tokens=64)  # fmt: skip
+ANSWER_USAGE = Usage(requests=1, prompt_tokens=130, completion_tokens=20, total_tokens=150,
+                     reasoning_tokens=5)  # fmt: skip
+
+
+@tool
+def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+def metered_fn(request: ModelRequest) -> Message:
+    """Calls ``lookup`` once, then answers; both calls report usage, as a server would."""
+    last = request.messages[-1]
+    if last.role == MessageRole.TOOL:
+        return Message.assistant(f"answer from {last.text}", usage=ANSWER_USAGE,
+                                 finish_reason="stop")  # fmt: skip
+    call = ToolCall(id=f"call-{len(request.messages)}", name="lookup", arguments={"topic": "x"})
+    return Message.assistant("", [call], usage=TOOL_CALL_USAGE, finish_reason="tool_calls")
+
+
+def cut_off_fn(request: ModelRequest) -> Message:
+    """An answer cut off at the token limit."""
+    return Message.assistant("Once upon a", usage=ANSWER_USAGE, finish_reason="length")
+
+
+def refuser_fn(request: ModelRequest) -> Message:
+    return Message.assistant("", refusal="I can't help with that.", finish_reason="stop")
+
+
 echo = Agent(ScriptedModel(echo_fn), name="echo", instructions="Repeat what you saw.")
+metered = Agent(ScriptedModel(metered_fn), name="metered", tools=[lookup])
+cut_off = Agent(ScriptedModel(cut_off_fn), name="cut_off")
+strict_cut_off = Agent(ScriptedModel(cut_off_fn), name="strict_cut_off", fail_on_length=True)
+refuser = Agent(ScriptedModel(refuser_fn), name="refuser")
 tracker = Agent(ScriptedModel(tracker_fn), name="tracker")
 blocker = Agent(ScriptedModel(blocker_fn), name="blocker")
 crasher = Agent(ScriptedModel(crasher_fn), name="crasher")

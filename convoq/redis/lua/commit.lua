@@ -22,9 +22,11 @@
 -- ARGV[7 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
 --                 window, max attempts, error JSON over max attempts, error JSON approval
 --                 expired
--- ARGV[14] = n: events the turn emitted since its last write
--- ARGV[15 .. 14+2n] = type, data, type, data, ... (appended before "done")
--- ARGV[15+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
+-- ARGV[14] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
+--           the conversation's counters ('{}': nothing reported)
+-- ARGV[15] = n: events the turn emitted since its last write
+-- ARGV[16 .. 15+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[16+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
 -- turn. Then the hand-off (hand_over() in _lib.lua): the lease is freed when no turn
 -- waits, else kept with the same fence for the next one. When that next turn is the one
@@ -55,19 +57,27 @@ local bad = bad_version(h.meta)
 if bad then
   return {'VERSION', bad}
 end
+local usage = cjson.decode(ARGV[14])
+local counters = {'turns', 'bytes'}
+for field in pairs(usage) do
+  counters[#counters + 1] = field
+end
 local bad_key = wrong_type('list', {h.turns}) or wrong_type('hash', {h.blobs})
-  or bad_counters(h.meta, 'turns', 'bytes')
+  or bad_counters(h.meta, unpack(counters))
 if bad_key then
   return {'CORRUPT', bad_key}
 end
-local n = tonumber(ARGV[14])
+local n = tonumber(ARGV[15])
 local now = now_ms()
-local added = store_blobs(h.blobs, 15 + 2 * n)
-emit_batch(k.events, o.maxlen, 15, n)
+local added = store_blobs(h.blobs, 16 + 2 * n)
+emit_batch(k.events, o.maxlen, 16, n)
 redis.call('RPUSH', h.turns, ARGV[3])
 redis.call('HSETNX', h.meta, 'format_version', '1')
 redis.call('HINCRBY', h.meta, 'turns', 1)
 redis.call('HINCRBY', h.meta, 'bytes', string.len(ARGV[3]) + added)
 redis.call('HSET', h.meta, 'last_turn_id', tid)
+for field, count in pairs(usage) do
+  redis.call('HINCRBY', h.meta, field, istr(count))
+end
 finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now)
 return hand_over(h, k, ARGV[6], turn_keys(k.inbox, k.lease, 11), o, now)
