@@ -1,0 +1,153 @@
+"""The approvals inbox page in a real headless browser (Debian's chromium driven by
+Playwright): a turn parks on a worker, the page shows it live, a click approves it, the
+turn finishes on a worker and the page shows it gone; deny with a reason; markup in a
+message stays text. Skipped, saying why, where chromium or Playwright is missing
+(``.ci/run`` installs both)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.support.gateway import GatewayProcess, key_of, module_gateway
+from tests.support.workers import module_pool
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pool = module_pool(1)
+gateway = module_gateway()
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("no chromium on PATH: install Debian's (apt-get install -y chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    executable = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("Playwright is not installed: pip install -e '.[dev]'")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context()
+    opened = context.new_page()
+    opened.set_default_timeout(30_000)
+    yield opened
+    context.close()
+
+
+def _submit(gateway: GatewayProcess, cid: str, text: str = "pay") -> str:
+    with gateway.client("submitter") as http:
+        response = http.post(
+            f"/v1/conversations/{quote(cid, safe='')}/turns",
+            json={"message": text, "agent": "approver"},
+        )
+        assert response.status_code == 202, response.text
+        return str(response.json()["turn_id"])
+
+
+def _final(gateway: GatewayProcess, cid: str, tid: str) -> dict[str, Any]:
+    with gateway.client("reader") as http:
+        url = f"/v1/conversations/{quote(cid, safe='')}/turns/{tid}"
+        body: dict[str, Any] = http.get(url, params={"wait": 30, "until": "final"}).json()
+        return body
+
+
+def _open_inbox(page: Any, gateway: GatewayProcess, key: str = "approver") -> None:
+    page.goto(f"{gateway.url}/inbox#key={key_of(key)}")
+    page.locator("#status").filter(has_text="wait").wait_for()
+
+
+def test_a_parked_turn_appears_is_approved_with_a_click_and_goes(
+    page: Any, gateway: GatewayProcess
+) -> None:
+    _open_inbox(page, gateway)
+    assert "#key=" not in page.url  # the key left the address bar
+    cid = f"inbox-{uuid.uuid4().hex[:8]}"
+    tid = _submit(gateway, cid)  # submitted after the page loaded: it must appear live
+    item = page.locator(f'li.turn[data-turn-id="{tid}"]')
+    item.wait_for(state="visible")
+    assert item.locator(".agent").text_content() == "approver"
+    assert item.locator(".conversation").text_content() == cid
+    assert "expires in" in (item.locator(".expires").text_content() or "")
+    call = item.locator(".call")
+    assert call.locator(".tool").text_content() == "transfer"
+    assert call.locator("pre.arguments").text_content() == '{\n  "amount": 5\n}'
+
+    call.locator("button.approve").click()
+    outcome = page.locator("#outcome")
+    outcome.filter(has_text="the turn resumes on a worker").wait_for()
+    assert (outcome.text_content() or "").startswith("Approved transfer")
+
+    done = _final(gateway, cid, tid)
+    assert done["status"] == "succeeded"
+    assert done["text"].startswith("after tool: transferred 5")
+    item.wait_for(state="detached")  # the page updated without a reload
+
+
+def test_deny_with_a_reason_and_markup_in_the_message_stays_text(page: Any, gateway: GatewayProcess) -> None:
+    cid = f"inbox-{uuid.uuid4().hex[:8]}"
+    text = "pay <img src=x onerror=window.pwned=1> <b>now</b>"
+    tid = _submit(gateway, cid, text)
+    _open_inbox(page, gateway)
+    item = page.locator(f'li.turn[data-turn-id="{tid}"]')
+    item.wait_for(state="visible")
+    assert item.locator(".input").text_content() == text
+    assert item.locator("img").count() == 0
+    assert page.evaluate("window.pwned") is None
+
+    item.locator("input.reason").fill("not this month")
+    item.locator("button.deny").click()
+    page.locator("#outcome").filter(has_text="Denied transfer").wait_for()
+    text = _final(gateway, cid, tid)["text"]
+    assert "denied" in text and "not this month" in text
+    item.wait_for(state="detached")
+
+
+def test_without_the_approve_scope_the_page_shows_nothing_and_asks_for_a_key(
+    page: Any, gateway: GatewayProcess
+) -> None:
+    cid = f"inbox-{uuid.uuid4().hex[:8]}"
+    tid = _submit(gateway, cid)
+    page.goto(f"{gateway.url}/inbox#key={key_of('reader')}")
+    page.locator("#key-form").wait_for(state="visible")
+    assert page.locator("li.turn").count() == 0
+    page.locator("#key").fill(key_of("approver"))
+    page.locator("#key-form button").click()
+    page.locator(f'li.turn[data-turn-id="{tid}"]').wait_for(state="visible")
+    with gateway.client("approver") as http:
+        http.delete(f"/v1/conversations/{cid}/turns/{tid}")
+
+
+def test_the_page_loads_nothing_from_elsewhere(gateway: GatewayProcess) -> None:
+    response = httpx.get(f"{gateway.url}/inbox")
+    assert response.status_code == 200
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert "http" not in response.text.split("<body>", 1)[1]
