@@ -112,7 +112,9 @@ def test_a_parked_turn_appears_is_approved_with_a_click_and_goes(
     item.wait_for(state="detached")  # the page updated without a reload
 
 
-def test_deny_with_a_reason_and_markup_in_the_message_stays_text(page: Any, gateway: GatewayProcess) -> None:
+def test_deny_with_a_reason_and_markup_in_the_message_stays_text(
+    page: Any, gateway: GatewayProcess
+) -> None:
     cid = f"inbox-{uuid.uuid4().hex[:8]}"
     text = "pay <img src=x onerror=window.pwned=1> <b>now</b>"
     tid = _submit(gateway, cid, text)
