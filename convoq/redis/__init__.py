@@ -4,7 +4,7 @@
 - :mod:`convoq.redis.protocol`: ``TurnProtocol``, a typed async function per script.
 - :mod:`convoq.redis.embedded`: a private redis-server under ``.convoq/`` when no URL is set.
 
-The Redis layout has ``format_version`` 1 (see :mod:`convoq.redis._codec`); scripts run on
+The Redis layout has ``format_version`` 2 (see :mod:`convoq.redis._codec`); scripts run on
 Redis 6.2 and later.
 """
 

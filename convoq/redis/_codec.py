@@ -1,19 +1,35 @@
-"""Turn elements and blobs: how messages are laid out in Redis (format_version 1).
+"""Turn elements and blobs: how messages are laid out in Redis (format_version 2).
 
-A stored element is the JSON object ``{"blobs": [sha256...], "messages": [...]}``. Each
-attachment part keeps its fields but its bytes are replaced by ``"blob": sha256hex``; the
-bytes live once per conversation in the ``blobs`` hash. The Lua side reads ``blobs`` (to
-fetch them in the same round trip) and the role of the first message (a user message
-starts a turn; any other element continues the turn before it).
+A stored element is one line of header, a newline, then the body::
 
-Format changelog (the ``format_version`` field of the meta hash):
-  1: this layout (turn elements + lead list + blobs hash).
+    T b=<sha256>,<sha256>\n[{"role":"user",...},{"role":"assistant",...}]
+
+The header is ASCII: its first character says whether the element starts a turn (``T``:
+its first message is a user message) or continues the element before it (``C``; also
+every element of the lead list), followed by zero or more `` name=value`` fields. Readers
+skip fields they do not know, so a field can be added without a new format version:
+
+    ``b=sha,sha,...``   the attachments the body refers to (absent: none)
+
+The body is the JSON array of the element's messages, exactly :class:`Message`'s JSON,
+except that an attachment part's ``data`` is replaced by ``"blob": sha256hex``; the bytes
+live once per conversation in the ``blobs`` hash. So Lua finds turn boundaries and blob
+refs from the header alone (no JSON decoding inside Redis), and the client decodes runs of
+elements without attachments with one compiled pydantic ``validate_json`` call.
+
+Format changelog (the ``format_version`` field of the meta hash; any other value is
+refused with UnsupportedFormatVersionError, and nothing is written):
+  1: turn elements as JSON objects ``{"blobs": [...], "messages": [...]}`` + lead list +
+     blobs hash; Lua decoded every element to find turn starts and blob refs.
+  2: a header line before each element's JSON array (turn start, blob refs, room for
+     more fields); bodies decode with pydantic's compiled JSON validation.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +37,16 @@ from pydantic import ValidationError
 
 from convoq.errors import CorruptDataError
 from convoq.limits import Limits, attachment_too_large, turn_too_large
-from convoq.messages import Message, TextPart
+from convoq.messages import Message, MessageList, MessageRole, TextPart
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_STARTS, _CONTINUES = b"T", b"C"
+_BLOBS_FIELD = b"b="
 
 
 @dataclass
 class Encoded:
-    """Elements ready for a script: JSON strings plus the blobs they refer to."""
+    """Elements ready for a script: encoded bytes plus the blobs they refer to."""
 
     elements: list[bytes] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)
@@ -42,7 +60,12 @@ class Encoded:
 
 
 def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> bytes:
-    """Encode one element, add its blobs to ``into`` and return the JSON."""
+    """Encode one element (header line + body), add its blobs to ``into``, return it."""
+    kind = _STARTS if messages and messages[0].role == MessageRole.USER else _CONTINUES
+    if not any(m.attachments for m in messages):
+        element = kind + b"\n" + MessageList.dump_json(messages)
+        into.elements.append(element)
+        return element
     refs: list[str] = []
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -62,9 +85,9 @@ def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> by
             parts.append(dumped)
         data["content"] = parts
         out.append(data)
-    element = json.dumps(
-        {"blobs": refs, "messages": out}, separators=(",", ":"), ensure_ascii=False
-    ).encode("utf-8")
+    header = kind + b" " + _BLOBS_FIELD + ",".join(refs).encode("ascii")
+    body = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    element = header + b"\n" + body
     into.elements.append(element)
     return element
 
@@ -91,27 +114,80 @@ def check_message_limits(message: Message, limits: Limits) -> bytes:
     return raw
 
 
+@dataclass(frozen=True)
+class Header:
+    """What an element's header line says."""
+
+    starts_turn: bool
+    blobs: tuple[str, ...]
+    body: memoryview  # the JSON array after the header line
+
+
+def parse_header(element: bytes, *, key: str) -> Header:
+    """The header of a stored element; CorruptDataError naming ``key`` if it has none."""
+    newline = element.find(b"\n")
+    kind = element[:1]
+    if newline < 1 or kind not in (_STARTS, _CONTINUES):
+        raise _corrupt(key, "no element header")
+    blobs: tuple[str, ...] = ()
+    for item in element[1:newline].split():
+        if item.startswith(_BLOBS_FIELD):
+            blobs = tuple(item[2:].decode("ascii").split(","))
+    return Header(kind == _STARTS, blobs, memoryview(element)[newline + 1 :])
+
+
+def blob_refs(headers: Iterable[Header]) -> list[str]:
+    """Every blob sha the headers name, each once, in order."""
+    return list(dict.fromkeys(sha for header in headers for sha in header.blobs))
+
+
 def decode_elements(
-    elements: list[bytes], blobs: dict[str, bytes], *, key: str, blobs_key: str
+    headers: list[Header], blobs: dict[str, bytes], *, key: str, blobs_key: str
 ) -> list[Message]:
-    """Messages of stored elements, attachment bytes restored from ``blobs``."""
+    """Messages of stored elements, attachment bytes restored from ``blobs``. Runs of
+    elements without attachments are validated in one ``validate_json`` call."""
     messages: list[Message] = []
-    for element in elements:
-        try:
-            data = json.loads(element)
-            raw_messages = data["messages"]
-            for raw in raw_messages:
-                for part in raw.get("content", []):
-                    if "blob" in part:
-                        part["data"] = _blob(blobs, part.pop("blob"), blobs_key)
-                messages.append(Message.model_validate(raw))
-        except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
-            raise CorruptDataError(
-                f"stored turn data in {key} does not parse ({type(exc).__name__}); "
-                "restore it from a backup or clear the conversation",
-                key=key,
-            ) from exc
+    run: list[memoryview] = []
+    try:
+        for header in headers:
+            if not header.blobs:
+                if len(header.body) > 2:  # "[]" holds nothing
+                    run.append(header.body[1:-1])
+                continue
+            messages += _validate_run(run)
+            run = []
+            messages += _with_blobs(header.body, blobs, blobs_key)
+        messages += _validate_run(run)
+    except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
+        raise _corrupt(key, f"{type(exc).__name__}") from exc
     return messages
+
+
+def _validate_run(bodies: list[memoryview]) -> list[Message]:
+    if not bodies:
+        return []
+    return MessageList.validate_json(b"[" + b",".join(bodies) + b"]")
+
+
+def _with_blobs(body: memoryview, blobs: dict[str, bytes], blobs_key: str) -> list[Message]:
+    out: list[Message] = []
+    raw_messages = json.loads(bytes(body))
+    if not isinstance(raw_messages, list):
+        raise TypeError("the element body is no JSON array")
+    for raw in raw_messages:
+        for part in raw.get("content", []):
+            if "blob" in part:
+                part["data"] = _blob(blobs, part.pop("blob"), blobs_key)
+        out.append(Message.model_validate(raw))
+    return out
+
+
+def _corrupt(key: str, why: str) -> CorruptDataError:
+    return CorruptDataError(
+        f"stored turn data in {key} does not parse ({why}); "
+        "restore it from a backup or clear the conversation",
+        key=key,
+    )
 
 
 def _blob(blobs: dict[str, bytes], sha: str, blobs_key: str) -> bytes:

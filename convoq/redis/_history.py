@@ -1,19 +1,33 @@
-"""History in Redis: window loads and appends, shared by the memory backend and the protocol."""
+"""History in Redis: window loads and appends, shared by the memory backend and the protocol.
+
+A window of the last N turns comes from the ``load`` script in one round trip (it reads
+only element headers inside Redis). A whole history, or a window longer than one script
+call may read, is read by the client in chunks of :data:`CHUNK` elements: each call's
+Redis time is bounded, so a long conversation never blocks Redis for other clients. The
+turns list only grows at its end (RPUSH) until it is cleared, so the first ``n`` elements
+read in chunks are the ones that were there when the read began; a clear meanwhile shows
+as a shorter list and the read starts over.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from convoq.errors import CorruptDataError, UnsupportedFormatVersionError
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from convoq.errors import ConversationMemoryError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
 from convoq.redis._codec import (
     FORMAT_VERSION,
     Encoded,
+    blob_refs,
     check_turn_size,
     decode_elements,
     encode_element,
     pairs_to_dict,
+    parse_header,
     text,
 )
 from convoq.redis.keys import KeySchema
@@ -21,19 +35,18 @@ from convoq.redis.scripts import Scripts
 from convoq.window import last_turns as window_last_turns
 from convoq.window import split_turns
 
+# Elements (or blobs) per Redis call of a chunked read.
+CHUNK = 1000
+_BLOB_CHUNK = 200
+_RESTARTS = 5
+
 
 def stored_data_error(
     code: str, reply: list[Any], keys: KeySchema, cid: str
 ) -> CorruptDataError | UnsupportedFormatVersionError | None:
     """The error for a 'VERSION' or 'CORRUPT' script reply, else None."""
     if code == "VERSION":
-        found = text(reply[1])
-        return UnsupportedFormatVersionError(
-            f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
-            f" version {FORMAT_VERSION}; upgrade convoq or migrate the data",
-            key=keys.meta(cid),
-            format_version=found,
-        )
+        return version_error(keys, cid, text(reply[1]))
     if code == "CORRUPT":
         key = text(reply[1])
         return CorruptDataError(
@@ -44,33 +57,124 @@ def stored_data_error(
     return None
 
 
+def version_error(keys: KeySchema, cid: str, found: str) -> UnsupportedFormatVersionError:
+    return UnsupportedFormatVersionError(
+        f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
+        f" version {FORMAT_VERSION}; upgrade convoq, or export the conversation with the"
+        " convoq that wrote it and import it here",
+        key=keys.meta(cid),
+        format_version=found,
+    )
+
+
 def decode_window(
     keys: KeySchema,
     cid: str,
     lead: list[bytes],
     elements: list[bytes],
-    pairs: list[Any],
+    blobs: dict[str, bytes],
     window: int | None,
 ) -> list[Message]:
     """Messages of a load: the lead, then the window's elements, cut to ``window`` turns."""
-    blobs = pairs_to_dict(pairs)
     blobs_key = keys.blobs(cid)
-    messages = decode_elements(lead, blobs, key=keys.lead(cid), blobs_key=blobs_key)
-    messages += decode_elements(elements, blobs, key=keys.turns(cid), blobs_key=blobs_key)
+    lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
+    headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
+    messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
+    messages += decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
     return window_last_turns(messages, window or None)
 
 
 async def load_history(
     scripts: Scripts, keys: KeySchema, cid: str, last_turns: int | None
 ) -> list[Message]:
-    """Leading system/developer messages plus the last ``last_turns`` turns (None: all),
-    in one round trip: the window's elements and their blobs."""
+    """Leading system/developer messages plus the last ``last_turns`` turns (None: all):
+    a window in one round trip, a whole history in bounded chunks."""
     window = last_turns or 0
-    reply = await scripts.run("load", keys.history_keys(cid), [window])
-    error = stored_data_error(reply[0], reply, keys, cid)
-    if error is not None:
-        raise error
-    return decode_window(keys, cid, reply[1], reply[2], reply[3], window)
+    if window > 0:
+        reply = await scripts.run("load", keys.history_keys(cid), [window])
+        error = stored_data_error(reply[0], reply, keys, cid)
+        if error is not None:
+            raise error
+        if reply[2] is not None:
+            return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]), window)
+    return await read_chunked(scripts.client, keys, cid, window)
+
+
+async def read_chunked(
+    client: aioredis.Redis, keys: KeySchema, cid: str, window: int
+) -> list[Message]:
+    """The whole history read in chunks (each Redis call bounded), cut to ``window``."""
+    for _ in range(_RESTARTS):
+        read = await _read_elements(client, keys, cid)
+        if read is None:
+            continue  # cleared while we read: start over
+        lead, elements = read
+        headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
+        lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
+        blobs = await _read_blobs(client, keys, cid, blob_refs([*lead_headers, *headers]))
+        blobs_key = keys.blobs(cid)
+        messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
+        messages += decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
+        return window_last_turns(messages, window or None)
+    raise ConversationMemoryError(
+        f"the history of conversation {cid!r} kept being cleared while it was read; try again"
+    )
+
+
+async def _read_elements(
+    client: aioredis.Redis, keys: KeySchema, cid: str
+) -> tuple[list[bytes], list[bytes]] | None:
+    """Lead and turn elements, or None when the list shrank meanwhile (a clear)."""
+    turns = keys.turns(cid)
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.hget(keys.meta(cid), "format_version")
+        pipe.lrange(keys.lead(cid), 0, -1)
+        pipe.llen(turns)
+        pipe.lrange(turns, 0, CHUNK - 1)
+        first = await pipe.execute(raise_on_error=False)
+    names = [keys.meta(cid), keys.lead(cid), turns, turns]
+    _raise_stored_errors(first, names)
+    version, lead, total, elements = first
+    if version is not None and text(version) != str(FORMAT_VERSION):
+        raise version_error(keys, cid, text(version))
+    if total > len(elements):
+        # The rest in one pipeline of bounded calls: other clients' commands run between them.
+        async with client.pipeline(transaction=False) as pipe:
+            for start in range(len(elements), total, CHUNK):
+                pipe.lrange(turns, start, min(start + CHUNK, total) - 1)
+            rest = await pipe.execute(raise_on_error=False)
+        _raise_stored_errors(rest, [turns] * len(rest))
+        for chunk in rest:
+            elements += chunk
+    if len(elements) != total:
+        return None
+    return lead, elements
+
+
+async def _read_blobs(
+    client: aioredis.Redis, keys: KeySchema, cid: str, refs: list[str]
+) -> dict[str, bytes]:
+    if not refs:
+        return {}
+    key = keys.blobs(cid)
+    async with client.pipeline(transaction=False) as pipe:
+        for start in range(0, len(refs), _BLOB_CHUNK):
+            pipe.hmget(key, refs[start : start + _BLOB_CHUNK])
+        replies = await pipe.execute(raise_on_error=False)
+    _raise_stored_errors(replies, [key] * len(replies))
+    values = [value for reply in replies for value in reply]
+    return {sha: value for sha, value in zip(refs, values, strict=True) if value is not None}
+
+
+def _raise_stored_errors(replies: list[Any], keys: list[str]) -> None:
+    """CorruptDataError naming the key of the first reply that is an error (WRONGTYPE)."""
+    for reply, key in zip(replies, keys, strict=True):
+        if isinstance(reply, ResponseError):
+            raise CorruptDataError(
+                f"stored data in {key} cannot be read ({reply}); restore it from a backup or"
+                " clear the conversation",
+                key=key,
+            )
 
 
 async def append_history(

@@ -21,7 +21,7 @@ from convoq.redis._base import (
     max_attempts_error,
 )
 from convoq.redis._codec import pairs_to_dict, text
-from convoq.redis._history import decode_window
+from convoq.redis._history import decode_window, read_chunked
 from convoq.redis._records import Acquired, Taking, decode_record, decode_state
 
 log = logging.getLogger("convoq.redis")
@@ -94,7 +94,7 @@ class TakingMixin(ProtocolBase):
             keys += self.keys.turn_keys(cid, tid)
             reply = await self.scripts.run("acquire", keys, [tid, t.worker_id, t.fence, *options])
             if reply[0] == "OK":
-                return self._acquired(cid, tid, reply, t.window)
+                return await self._acquired(cid, tid, reply, t.window)
             t.note_failed(reply)
             if reply[0] in ("EMPTY", "BUSY"):
                 return None
@@ -110,16 +110,24 @@ class TakingMixin(ProtocolBase):
         except ConvoqError as exc:
             raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from exc
 
-    def _acquired(self, cid: str, tid: str, reply: list[Any], window: int) -> Acquired:
-        """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off carries)."""
+    async def _acquired(self, cid: str, tid: str, reply: list[Any], window: int) -> Acquired:
+        """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off
+        carries). A window too long for one script call came without its elements: it is
+        read here in chunks, under the lease just taken."""
         fields = pairs_to_dict(reply[2])
         key = self.keys.turn(cid, tid)
         kind = text(reply[3]) if isinstance(reply[3], bytes) else None
+        if reply[6] is None:
+            history = await read_chunked(self.redis, self.keys, cid, window)
+        else:
+            history = decode_window(
+                self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]), window
+            )
         return Acquired(
             conversation_id=cid,
             fence=int(reply[1]),
             turn=decode_record(cid, tid, fields, key),
-            history=decode_window(self.keys, cid, reply[5], reply[6], reply[7], window),
+            history=history,
             state=decode_state(kind, reply[4], fields, key),
             next_turn_id=valid_turn_id(reply[8]),
         )
@@ -138,7 +146,7 @@ class TakingMixin(ProtocolBase):
             tid = self._head_id(cid, reply[1])
             if taken[0] != b"OK":
                 raise self.refusal([text(taken[0]), *taken[1:]], cid, tid)
-            return self._acquired(cid, tid, taken, t.window)
+            return await self._acquired(cid, tid, taken, t.window)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
             return None

@@ -44,6 +44,7 @@ class Scripts:
     """Every script registered on one client; ``await scripts.run(name, keys, args)``."""
 
     def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(source(name)) for name in NAMES
         }

@@ -4,7 +4,8 @@
 -- would mangle large integers.
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
-local NO_BLOBS = {blobs = {}, messages = {}}
+-- The stored layout this code reads and writes (FORMAT_VERSION in _codec.py).
+local FORMAT = '2'
 
 local function istr(n)
   return string.format('%d', n)
@@ -16,10 +17,10 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A stored format_version we do not know, or nil when it is 1 or not set yet.
+-- A stored format_version we do not know, or nil when it is FORMAT or not set yet.
 local function bad_version(meta)
   local v = redis.call('HGET', meta, 'format_version')
-  if v and v ~= '1' then
+  if v and v ~= FORMAT then
     return v
   end
   return nil
@@ -122,57 +123,54 @@ local function turn_ending(first)
   return k, bad and {'CORRUPT', bad} or nil
 end
 
--- Decoded element, or nil when it does not parse.
-local function decode_element(raw)
-  local ok, value = pcall(cjson.decode, raw)
-  if not ok or type(value) ~= 'table' or type(value.messages) ~= 'table' then
-    return nil
-  end
-  if value.blobs ~= nil and type(value.blobs) ~= 'table' then
-    return nil
-  end
-  return value
-end
+-- Most elements one script call reads: a longer window (or a whole long history) is left
+-- to the client, which reads it in chunks, so no call blocks Redis longer than this.
+local INLINE_MAX = 256
 
--- A turn starts at a user message; an element led by any other role continues the turn
--- before it (except the very first element, which always opens a turn).
-local function starts_turn(decoded, index)
-  local first = decoded.messages[1]
-  return index == 0 or (type(first) == 'table' and first.role == 'user')
+-- The header line of a stored element (format 2, see _codec.py): 'T' (starts a turn) or
+-- 'C' (continues the element before it), then ' name=value' fields; nil when malformed.
+-- Only the header is looked at: no JSON decoding.
+local function element_header(raw)
+  local kind = string.sub(raw, 1, 1)
+  if kind ~= 'T' and kind ~= 'C' then
+    return nil
+  end
+  if string.byte(raw, 2) == 10 then
+    return kind, ''
+  end
+  local newline = string.find(raw, '\n', 2, true)
+  if not newline then
+    return nil
+  end
+  return kind, string.sub(raw, 2, newline - 1)
 end
 
 -- Elements of the last `window` turns (0 = all), oldest first, walking back in batches so
--- only the window is read. Returns raws, decoded; or nil on a malformed element.
+-- only the window is read. Returns raws, headers; nil on a malformed element; false when
+-- more than INLINE_MAX elements would be read (the client reads them in chunks).
 local function window_elements(turns, window)
-  if window <= 0 then
-    local raws = redis.call('LRANGE', turns, 0, -1)
-    local decoded = {}
-    for i, raw in ipairs(raws) do
-      -- Elements without attachments need no decoding here; the client parses them all.
-      if string.sub(raw, 1, 12) == '{"blobs":[],' then
-        decoded[i] = NO_BLOBS
-      else
-        decoded[i] = decode_element(raw)
-        if not decoded[i] then
-          return nil
-        end
-      end
-    end
-    return raws, decoded
-  end
-  local raws_rev, dec_rev, starts = {}, {}, 0
+  local raws_rev, heads_rev, starts = {}, {}, 0
   local stop = redis.call('LLEN', turns) - 1
-  while stop >= 0 and starts < window do
-    local start = math.max(0, stop - (window - starts) + 1)
+  if window <= 0 and stop >= INLINE_MAX then
+    return false
+  end
+  while stop >= 0 and (window <= 0 or starts < window) do
+    if #raws_rev >= INLINE_MAX then
+      return false
+    end
+    local start = 0
+    if window > 0 then
+      start = math.max(0, stop - math.min(window - starts, INLINE_MAX - #raws_rev) + 1)
+    end
     local batch = redis.call('LRANGE', turns, start, stop)
     for i = #batch, 1, -1 do
-      local d = decode_element(batch[i])
-      if not d then
+      local kind, header = element_header(batch[i])
+      if not kind then
         return nil
       end
       raws_rev[#raws_rev + 1] = batch[i]
-      dec_rev[#dec_rev + 1] = d
-      if starts_turn(d, start + i - 1) then
+      heads_rev[#heads_rev + 1] = header
+      if kind == 'T' or start + i - 1 == 0 then
         starts = starts + 1
         if starts == window then
           break
@@ -181,17 +179,25 @@ local function window_elements(turns, window)
     end
     stop = start - 1
   end
-  local raws, decoded = {}, {}
+  local raws, headers = {}, {}
   for i = #raws_rev, 1, -1 do
     raws[#raws + 1] = raws_rev[i]
-    decoded[#decoded + 1] = dec_rev[i]
+    headers[#headers + 1] = heads_rev[i]
   end
-  return raws, decoded
+  return raws, headers
 end
 
--- Appends the blob refs of a decoded element to refs, each sha once (seen: sha -> true).
-local function add_refs(refs, seen, decoded)
-  for _, sha in ipairs(decoded.blobs or {}) do
+-- Appends the blob refs of an element header (its ' b=sha,sha' field) to refs, each sha
+-- once (seen: sha -> true).
+local function add_refs(refs, seen, header)
+  if header == '' then
+    return
+  end
+  local list = string.match(header, ' b=([0-9a-f,]+)')
+  if not list then
+    return
+  end
+  for sha in string.gmatch(list, '[0-9a-f]+') do
     if not seen[sha] then
       seen[sha] = true
       refs[#refs + 1] = sha
@@ -199,23 +205,27 @@ local function add_refs(refs, seen, decoded)
   end
 end
 
--- {lead elements, window elements, {sha, bytes, ...}} or nil, name of the malformed key.
+-- {lead elements, window elements or false (too long: the client reads it), {sha, bytes,
+-- ...}} or nil, name of the malformed key.
 local function load_window(lead, turns, blobs, window)
   local lead_raw = redis.call('LRANGE', lead, 0, -1)
   local refs, seen = {}, {}
   for _, raw in ipairs(lead_raw) do
-    local d = decode_element(raw)
-    if not d then
+    local kind, header = element_header(raw)
+    if not kind then
       return nil, lead
     end
-    add_refs(refs, seen, d)
+    add_refs(refs, seen, header)
   end
-  local raws, decoded = window_elements(turns, window)
-  if not raws then
+  local raws, headers = window_elements(turns, window)
+  if raws == nil then
     return nil, turns
   end
-  for _, d in ipairs(decoded) do
-    add_refs(refs, seen, d)
+  if raws == false then
+    return {lead_raw, false, {}}
+  end
+  for _, header in ipairs(headers) do
+    add_refs(refs, seen, header)
   end
   local pairs_out = {}
   -- HMGET in chunks: unpack() of a very long table would overflow the Lua stack.
@@ -298,7 +308,7 @@ local function start_run(h, k, status, runs, holder, fence, o, now)
   redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
     'expires_ms', istr(now + tonumber(o.lease_ms)))
   redis.call('PEXPIRE', k.lease, o.lease_ms)
-  redis.call('HSETNX', h.meta, 'format_version', '1')
+  redis.call('HSETNX', h.meta, 'format_version', FORMAT)
   redis.call('HINCRBY', k.turn, 'attempts', 1)
   redis.call('HSET', k.turn, 'runs', istr(runs), 'status', 'running')
   redis.call('HSETNX', k.turn, 'started_ms', istr(now))

@@ -43,7 +43,7 @@ for i = 4, 3 + n do
   redis.call('RPUSH', turns, ARGV[i])
 end
 size = size + store_blobs(blobs, 4 + n)
-redis.call('HSETNX', meta, 'format_version', '1')
+redis.call('HSETNX', meta, 'format_version', FORMAT)
 redis.call('HINCRBY', meta, 'bytes', size)
 local total = redis.call('HINCRBY', meta, 'turns', starts)
 return {'OK', total}

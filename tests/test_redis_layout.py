@@ -1,0 +1,93 @@
+"""The stored layout (format 2): element headers Redis reads instead of JSON, the format
+version gate, and long histories read in bounded chunks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+from convoq.errors import UnsupportedFormatVersionError
+from convoq.memory.redis import RedisConversationMemory
+from convoq.messages import ImagePart, Message, MessageRole, TextPart
+from convoq.redis import TurnProtocol, scripts
+from convoq.redis import _history as history_module
+from tests.support.protocol_helpers import open_protocol
+
+CID = "layout"
+LEASE = 30_000
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    async with open_protocol(redis_url, key_prefix) as protocol:
+        yield protocol
+
+
+@pytest.fixture
+async def memory(redis_url: str, key_prefix: str) -> AsyncIterator[RedisConversationMemory]:
+    mem = RedisConversationMemory(redis_url, prefix=key_prefix)
+    yield mem
+    await mem.aclose()
+
+
+def picture(n: int) -> Message:
+    image = ImagePart(data=bytes([n % 256]) * 40, mime_type="image/png")
+    return Message(role=MessageRole.USER, content=[TextPart(text=f"look {n}"), image])
+
+
+def history(turns: int) -> list[Message]:
+    """``turns`` turns, every tenth with an image."""
+    out = [Message.system("be brief")]
+    for n in range(turns):
+        out += [picture(n) if n % 10 == 0 else Message.user(f"q{n}"), Message.assistant(f"a{n}")]
+    return out
+
+
+async def test_elements_carry_a_header_line_and_meta_says_format_2(
+    memory: RedisConversationMemory, proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await memory.aappend(CID, history(2)[1:])
+    await memory.aappend(CID, [Message.assistant("more")])
+    first, second, third = redis_client.lrange(proto.keys.turns(CID), 0, -1)
+    sha = redis_client.hkeys(proto.keys.blobs(CID))[0]
+    assert first.startswith(b"T b=" + sha + b"\n[")
+    assert second.startswith(b'T\n[{"role":"user"')
+    assert third.startswith(b'C\n[{"role":"assistant"')
+    assert redis_client.hget(proto.keys.meta(CID), "format_version") == b"2"
+
+
+def test_the_window_scripts_decode_no_json_inside_redis() -> None:
+    for name in ("load", "acquire", "commit", "fail"):
+        assert "cjson.decode" not in scripts.source(name)
+
+
+async def test_a_format_1_conversation_is_refused_with_what_to_do(
+    memory: RedisConversationMemory, proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    redis_client.hset(proto.keys.meta(CID), "format_version", "1")
+    redis_client.rpush(proto.keys.turns(CID), b'{"blobs":[],"messages":[]}')
+    for call in (memory.aload(CID), memory.aload(CID, last_turns=2)):
+        with pytest.raises(UnsupportedFormatVersionError, match=r"version '1'.*reads version 2"):
+            await call
+    with pytest.raises(UnsupportedFormatVersionError):
+        await memory.aappend(CID, [Message.user("x")])
+    assert redis_client.llen(proto.keys.turns(CID)) == 1
+
+
+async def test_long_histories_are_read_in_chunks_with_their_attachments(
+    memory: RedisConversationMemory,
+    proto: TurnProtocol,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 300 elements: more than one script call reads (INLINE_MAX = 256 in _lib.lua).
+    everything = history(300)
+    await memory.aappend(CID, everything)
+    monkeypatch.setattr(history_module, "CHUNK", 7)
+    assert await memory.aload(CID) == everything
+    window = await memory.aload(CID, last_turns=280)
+    assert window == [everything[0], *everything[-560:]]
+    await proto.submit(CID, "t1", agent="a", message=Message.user("next"), options={})
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE, window=0)
+    assert acquired is not None and acquired.history == everything
