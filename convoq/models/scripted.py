@@ -18,7 +18,9 @@ class ScriptedModel:
     """A model answered by ``fn(request)``: a ``str`` (final text) or an assistant ``Message``.
 
     ``fn`` may be sync (it then runs in a worker thread) or async. Text answers are streamed
-    word by word to ``on_text_delta`` so streaming paths are exercised offline too.
+    word by word to ``on_text_delta`` so streaming paths are exercised offline too. An
+    assistant Message may carry ``usage``, ``finish_reason`` or ``refusal`` to play a server
+    that reports them (``Message.assistant("...", usage=Usage(...), finish_reason="length")``).
     """
 
     def __init__(self, fn: ScriptFn, *, name: str = "scripted") -> None:
