@@ -195,6 +195,19 @@ def test_history_is_paged_and_a_conversation_can_be_deleted(gateway: GatewayProc
         assert http.get(f"/v1/conversations/{cid}/messages").json()["total"] == 0
 
 
+def test_turns_and_conversations_report_usage(gateway: GatewayProcess) -> None:
+    cid = _cid("usage")
+    with gateway.client("admin") as http:
+        turn = _wait(http, cid, _submit(http, cid, "look it up", agent="metered"))
+        assert turn["finish_reason"] == "stop"
+        usage = turn["usage"]
+        assert isinstance(usage, dict)
+        assert (usage["requests"], usage["prompt_tokens"], usage["cached_tokens"]) == (2, 230, 64)
+        _wait(http, cid, _submit(http, cid, "again", agent="metered"))
+        total = http.get(f"/v1/conversations/{cid}/usage").json()
+        assert (total["requests"], total["total_tokens"]) == (4, 520)
+
+
 # -- events -------------------------------------------------------------------------------
 def _sse(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, object]]]:
     """(id, event, data) of each event of an SSE response, as they arrive."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from convoq.messages import Message, ToolCall
 from convoq.redis.protocol import ParkedTurn, TurnRecord
+from convoq.usage import Usage
 
 
 class TurnRequest(BaseModel):
@@ -60,6 +61,9 @@ class TurnView(BaseModel):
     pending_approvals: list[ToolCall] = Field(default_factory=list)
     error: dict[str, Any] | None = None
     attempts: int = 0
+    usage: Usage = Field(default_factory=Usage, description="Tokens its model calls reported.")
+    finish_reason: str | None = Field(default=None, description='"length": cut off.')
+    refusal: str | None = Field(default=None, description="The model's refusal, if it refused.")
     created_ms: int
     started_ms: int | None = None
     finished_ms: int | None = None
@@ -84,6 +88,9 @@ class TurnView(BaseModel):
             else [],
             error=record.error,
             attempts=record.attempts,
+            usage=Usage.model_validate(data["usage"]) if done and data.get("usage") else Usage(),
+            finish_reason=data.get("finish_reason") if done else None,
+            refusal=data.get("refusal") if done else None,
             created_ms=record.created_ms,
             started_ms=record.started_ms,
             finished_ms=record.finished_ms,

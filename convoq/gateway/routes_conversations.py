@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from convoq.gateway.auth import Principal, requires
 from convoq.gateway.models import Approval, Approvals, History
 from convoq.gateway.routes_turns import Client
+from convoq.usage import Usage
 
 router = APIRouter(tags=["conversations"])
 
@@ -31,6 +32,18 @@ async def messages(
     stored = await client.history(cid, last_turns=last_turns)
     page = stored[offset : offset + limit]
     return History(conversation_id=cid, messages=page, offset=offset, total=len(stored))
+
+
+@router.get(
+    "/v1/conversations/{cid}/usage",
+    response_model=Usage,
+    summary="Tokens a conversation's stored turns reported, summed (scope: read)",
+)
+async def usage(
+    cid: str, client: Client, _: Annotated[Principal, Depends(requires("read"))]
+) -> Usage:
+    """One read of the counters each commit adds to, whatever the history's length."""
+    return await client.usage(cid)
 
 
 @router.delete(
