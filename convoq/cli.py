@@ -162,11 +162,16 @@ def redis(
 
 
 @app.command()
-def demo() -> None:
-    """Run the whole stack on an embedded Redis: worker, turns, attachments, approval."""
+def demo(
+    serve: Annotated[
+        bool, typer.Option(help="Then keep the worker and gateway up (try the inbox page).")
+    ] = False,
+) -> None:
+    """Run the whole stack on an embedded Redis: worker, turns, attachments, approval,
+    and the HTTP gateway with its approvals inbox."""
     from convoq.demo import run_demo
 
-    raise typer.Exit(run_demo(console))
+    raise typer.Exit(run_demo(console, serve=serve))
 
 
 # -- turns --------------------------------------------------------------------------------

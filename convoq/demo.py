@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from convoq._demo_gateway import gateway_server, http_turn
 from convoq.client import Client
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 from convoq.queue.signing import SIGNATURE_HEADER, verify_signature
@@ -194,8 +195,9 @@ def _history(console: Console, client: Client) -> None:
 
 
 # -- the whole run -------------------------------------------------------------------------
-def run_demo(console: Console | None = None) -> int:
-    """Run the demo; return the exit code (0 on success)."""
+def run_demo(console: Console | None = None, *, serve: bool = False) -> int:
+    """Run the demo; return the exit code (0 on success). ``serve``: then keep the worker
+    and the gateway running until interrupted (to try the inbox page)."""
     from convoq.redis import embedded
 
     out = console or Console()
@@ -216,15 +218,37 @@ def run_demo(console: Console | None = None) -> int:
             stack.enter_context(
                 worker_process(WORKER_NAME, env, log, *options, registered=client.workers)
             )
-        out.print(Panel(f"Redis  {url}\nworker {WORKER_NAME}, {mode}", title="convoq demo"))
+            web, key = stack.enter_context(gateway_server(env))
+        out.print(
+            Panel(
+                f"Redis   {url}\nworker  {WORKER_NAME}, {mode}\ngateway {web}"
+                f"\ninbox   {web}/inbox#key={key}",
+                title="convoq demo",
+            )
+        )
         _conversations(out, client)
         _events(out, client)
         _approval(out, client)
         _webhook(out, client, hook_url, hooks, secret)
         _history(out, client)
+        http_turn(out, web, key)
+        if serve:
+            _serve(out, client, web, key)
         out.print("[dim]stopping the worker and the embedded Redis...[/dim]")
     out.print(f"[bold green]demo finished in {time.monotonic() - started:.1f}s[/bold green]")
     return 0
+
+
+def _serve(out: Console, client: Client, web: str, key: str) -> None:
+    client.submit("web-demo", "Send 7 EUR to Frank", agent="banker")
+    out.print(f"[bold]Serving.[/bold] Approve the parked transfer at {web}/inbox#key={key}")
+    out.print(f"  or: curl -H 'Authorization: Bearer {key}' {web}/v1/approvals")
+    out.print("  Ctrl-C stops everything.")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        out.print()
 
 
 def _worker_env(url: str, home: Path, secret: str) -> dict[str, str]:

@@ -163,6 +163,9 @@ def test_demo_runs_the_whole_stack_offline() -> None:
         "Done: sent 20 EUR to Carol.",
         "signature valid: True",
         "status  -> running",
+        "/inbox#key=",
+        "SSE status -> awaiting_approval",
+        "succeeded: Done: sent 5 EUR to Erin.",
         "demo finished",
     ]:
         assert expected in out, expected
