@@ -4,36 +4,138 @@ Sync APIs (``Agent.generate``, ``Client``, ``ConversationMemory.load``...) submi
 coroutine here instead of calling ``asyncio.run`` each time, so connection pools (httpx,
 redis) created by the coroutine outlive the call, and sync APIs work from inside a running
 event loop too. Celery worker processes use the same loop for their tasks.
+
+A sync call that is interrupted (Ctrl-C) or times out cancels its coroutine and waits, for
+at most :data:`CANCEL_GRACE_S`, until the coroutine has cleaned up: a turn interrupted
+this way stores nothing. The wait is bounded and the cancel is repeated, because a library
+may swallow a ``CancelledError``. A forked child gets fresh loops and a fresh thread pool
+(the parent's threads do not exist in it); loops are stopped at interpreter exit.
+
+Blocking user code (sync model functions and tools) runs on one process-wide thread pool
+sized by :func:`set_blocking_threads` (a worker sizes it to its concurrency), not on
+asyncio's default executor, which caps at ``min(32, CPUs + 4)`` threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
 import inspect
+import logging
+import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from typing import Any, ParamSpec, TypeVar
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
+from typing import Any, Generic, TypeVar
+
+from convoq.errors import ConfigurationError
 
 T = TypeVar("T")
-P = ParamSpec("P")
+C = TypeVar("C")
+R = TypeVar("R")
+
+log = logging.getLogger("convoq")
+
+# How long an interrupted or timed-out sync call waits for its coroutine's cleanup.
+CANCEL_GRACE_S = 5.0
+# Sync model functions and tools that may run at once in a process without a worker (as
+# many as a worker runs turns by default). Threads start only when needed.
+DEFAULT_BLOCKING_THREADS = 32
+_RECANCEL_S = 0.1  # a swallowed cancel is repeated this often while we wait
+
+
+class _Call(Generic[T]):
+    """A coroutine run as a task on a loop, cancellable from any thread; ``done``
+    settles only once the task has really ended (its cleanup included)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> None:
+        self.done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._loop = loop
+        self._task: asyncio.Task[T] | None = None
+        try:
+            loop.call_soon_threadsafe(self._start, coro)
+        except RuntimeError:  # the loop was closed meanwhile
+            coro.close()
+            raise
+
+    def _start(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._task = self._loop.create_task(coro)
+        self._task.add_done_callback(self._settle)
+
+    def _settle(self, task: asyncio.Task[T]) -> None:
+        if task.cancelled():
+            self.done.cancel()
+        elif (exc := task.exception()) is not None:
+            self.done.set_exception(exc)
+        else:
+            self.done.set_result(task.result())
+
+    def cancel(self) -> None:
+        """Ask the loop to cancel the task (the request runs after ``_start``)."""
+        with contextlib.suppress(RuntimeError):  # a closed loop runs nothing any more
+            self._loop.call_soon_threadsafe(self._cancel_task)
+
+    def _cancel_task(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self, grace_s: float) -> None:
+        """Cancel and wait up to ``grace_s`` for the task to end (from a sync caller)."""
+        waited = 0.0
+        while not self.done.done() and waited < grace_s:
+            self.cancel()
+            step = min(_RECANCEL_S, grace_s - waited)
+            concurrent.futures.wait([self.done], timeout=step)
+            waited += step
+        self._report(grace_s)
+
+    async def astop(self, waiter: asyncio.Future[T], grace_s: float) -> None:
+        """:meth:`stop` for a caller on another event loop."""
+        waited = 0.0
+        while not waiter.done() and waited < grace_s:
+            self.cancel()
+            step = min(_RECANCEL_S, grace_s - waited)
+            await asyncio.wait([waiter], timeout=step)
+            waited += step
+        if waiter.done() and not waiter.cancelled():
+            waiter.exception()  # retrieved: it is not news any more
+        self._report(grace_s)
+
+    def _report(self, grace_s: float) -> None:
+        if not self.done.done():
+            log.warning(
+                "a cancelled convoq call did not finish within %.1f s; it may still run", grace_s
+            )
 
 
 class LoopThread:
-    """An event loop running forever on its own daemon thread."""
+    """An event loop running forever on its own daemon thread.
 
-    def __init__(self, name: str = "convoq-loop") -> None:
+    Args:
+        name: the thread's name.
+        cancel_grace_s: how long an interrupted call waits for its coroutine to clean up.
+    """
+
+    def __init__(self, name: str = "convoq-loop", *, cancel_grace_s: float = CANCEL_GRACE_S):
         self._name = name
+        self.cancel_grace_s = cancel_grace_s
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        _loop_threads.add(self)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._loop.is_closed():
-                self._loop = self._start()
+                self._loop, self._thread = self._start()
             return self._loop
 
-    def _start(self) -> asyncio.AbstractEventLoop:
+    def _start(self) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
         loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -42,17 +144,42 @@ class LoopThread:
             loop.call_soon(ready.set)
             loop.run_forever()
 
-        threading.Thread(target=run, name=self._name, daemon=True).start()
+        thread = threading.Thread(target=run, name=self._name, daemon=True)
+        thread.start()
         ready.wait()
-        return loop
+        return loop, thread
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop thread and block until it returns or raises."""
+        """Run ``coro`` on the loop thread and block until it returns or raises.
+
+        Interrupted (KeyboardInterrupt) or past ``timeout`` (TimeoutError), the coroutine
+        is cancelled and its cleanup awaited (bounded by ``cancel_grace_s``) before the
+        exception reaches the caller.
+        """
         loop = self.loop
         if _running_loop() is loop:
             coro.close()
             raise RuntimeError("a sync convoq API was called from its own loop thread; await it")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+        call = _Call(coro, loop)
+        try:
+            return call.done.result(timeout)
+        except BaseException:
+            call.stop(self.cancel_grace_s)
+            raise
+
+    async def run_from_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on this loop from any other loop; cancelling the caller
+        cancels ``coro`` and waits (bounded) for its cleanup."""
+        loop = self.loop
+        if _running_loop() is loop:
+            return await coro
+        call = _Call(coro, loop)
+        waiter = asyncio.wrap_future(call.done)
+        try:
+            return await asyncio.shield(waiter)
+        except asyncio.CancelledError:
+            await call.astop(waiter, self.cancel_grace_s)
+            raise
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         """Drive an async iterator from sync code, one item at a time.
@@ -70,11 +197,49 @@ class LoopThread:
         finally:
             aclose = getattr(agen, "aclose", None)
             if aclose is not None:
-                self.run(aclose())
+                try:
+                    self.run(aclose(), timeout=self.cancel_grace_s)
+                except RuntimeError:  # still running after an interrupt it swallowed
+                    log.warning("an interrupted convoq stream could not be closed")
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Cancel what still runs on the loop, wait (bounded), stop and close it."""
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None or loop.is_closed() or not thread.is_alive():
+            return
+        if thread is threading.current_thread():
+            raise RuntimeError("a convoq loop cannot stop itself")
+        finished = asyncio.run_coroutine_threadsafe(_cancel_all(timeout), loop)
+        try:
+            finished.result(timeout + 1)
+        except Exception as exc:  # stopping anyway
+            log.warning("convoq loop %s did not wind down cleanly: %r", self._name, exc)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        if not thread.is_alive():
+            loop.close()
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's loop thread does not exist here. The loop is kept referenced, never
+        # closed: it counts as running (for a thread that is gone) and owns parent's fds.
+        if self._loop is not None:
+            _orphans.append(self._loop)
+        self._lock = threading.Lock()
+        self._loop = self._thread = None
 
 
 async def _anext(agen: AsyncIterator[T]) -> T:
     return await agen.__anext__()
+
+
+async def _cancel_all(timeout: float) -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -84,11 +249,13 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+_loop_threads: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+_orphans: list[asyncio.AbstractEventLoop] = []
 _portal = LoopThread()
 
 
 def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-    """Run a coroutine from sync code on the shared loop thread."""
+    """Run a coroutine from sync code on the shared loop thread (see :meth:`LoopThread.run`)."""
     return _portal.run(coro, timeout)
 
 
@@ -98,10 +265,7 @@ async def run_in_portal(coro: Coroutine[Any, Any, T]) -> T:
     For clients bound to that loop (a backend's redis pool serving both its sync and its
     async API): connections never cross event loops.
     """
-    loop = _portal.loop
-    if _running_loop() is loop:
-        return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+    return await _portal.run_from_loop(coro)
 
 
 def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
@@ -109,14 +273,105 @@ def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
     return _portal.iterate(agen)
 
 
+# -- blocking user code ----------------------------------------------------------------------
+_blocking_lock = threading.Lock()
+_blocking: concurrent.futures.ThreadPoolExecutor | None = None
+_blocking_threads = DEFAULT_BLOCKING_THREADS
+
+
+def set_blocking_threads(count: int) -> None:
+    """How many sync model functions and tools may run at once in this process.
+
+    Calls already running finish on the old pool; later ones use the new size.
+
+    Raises:
+        ConfigurationError: ``count`` is not a positive int.
+    """
+    global _blocking, _blocking_threads
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigurationError(f"blocking threads must be a positive int, not {count!r}")
+    with _blocking_lock:
+        old, _blocking, _blocking_threads = _blocking, None, count
+    if old is not None:
+        old.shutdown(wait=False)
+
+
+def blocking_threads() -> int:
+    """The current size of the pool for blocking user code."""
+    return _blocking_threads
+
+
+def _submit_blocking(call: Callable[[], T]) -> concurrent.futures.Future[T]:
+    global _blocking
+    while True:
+        with _blocking_lock:
+            if _blocking is None:
+                _blocking = concurrent.futures.ThreadPoolExecutor(
+                    _blocking_threads, thread_name_prefix="convoq-blocking"
+                )
+            pool = _blocking
+        try:
+            return pool.submit(call)
+        except RuntimeError:
+            if pool is _blocking:  # the interpreter is shutting down, not a resize
+                raise
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run blocking ``fn`` on the pool for user code, in the caller's context."""
+    context = contextvars.copy_context()
+    call = functools.partial(context.run, fn, *args, **kwargs)
+    return await asyncio.wrap_future(_submit_blocking(call))
+
+
 async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Await ``fn`` if it is async; otherwise run it in a worker thread.
+    """Await ``fn`` if it is async; otherwise run it on the pool for blocking user code.
 
     A blocking sync function (a tool, a scripted model) then holds up only its own turn.
     """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    result = await asyncio.to_thread(fn, *args, **kwargs)
+    result = await run_blocking(fn, *args, **kwargs)
     if isinstance(result, Awaitable):  # a sync callable that returned a coroutine
         return await result
     return result
+
+
+# -- one logic, two drivers ------------------------------------------------------------------
+def drive(steps: Generator[C, R, T], perform: Callable[[C], R]) -> T:
+    """Run sans-I/O ``steps`` (a generator that yields requests and receives their
+    replies) with a blocking ``perform``: the sync twin of :func:`adrive`."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(perform(request))
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+
+
+async def adrive(steps: Generator[C, R, T], perform: Callable[[C], Awaitable[R]]) -> T:
+    """Run sans-I/O ``steps`` with an async ``perform``."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(await perform(request))
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+
+
+# -- process lifecycle -----------------------------------------------------------------------
+def _after_fork_in_child() -> None:
+    global _blocking, _blocking_lock
+    for loop_thread in list(_loop_threads):
+        loop_thread._after_fork_in_child()
+    _blocking_lock = threading.Lock()
+    _blocking = None  # its threads stayed in the parent
+
+
+def _stop_at_exit() -> None:
+    for loop_thread in list(_loop_threads):
+        loop_thread.stop()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_stop_at_exit)

@@ -8,12 +8,11 @@ the window and tracks reservations once; backends only store.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from convoq._sync import run_sync
+from convoq._sync import run_blocking, run_sync
 from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
@@ -41,7 +40,7 @@ class ConversationMemory:
 
     async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
         self._require_override("aload", "load")
-        return await asyncio.to_thread(self.load, conversation_id, last_turns=last_turns)
+        return await run_blocking(self.load, conversation_id, last_turns=last_turns)
 
     def append(self, conversation_id: str, messages: list[Message]) -> None:
         """Append messages (a whole turn) to a conversation."""
@@ -50,7 +49,7 @@ class ConversationMemory:
 
     async def aappend(self, conversation_id: str, messages: list[Message]) -> None:
         self._require_override("aappend", "append")
-        await asyncio.to_thread(self.append, conversation_id, messages)
+        await run_blocking(self.append, conversation_id, messages)
 
     def clear(self, conversation_id: str) -> None:
         """Delete every message of a conversation."""
@@ -59,7 +58,7 @@ class ConversationMemory:
 
     async def aclear(self, conversation_id: str) -> None:
         self._require_override("aclear", "clear")
-        await asyncio.to_thread(self.clear, conversation_id)
+        await run_blocking(self.clear, conversation_id)
 
     # Reservations: at most one turn per conversation runs through one memory at a time.
     # A token is spent once its turn finished or was discarded, so a continuation cannot
@@ -115,26 +114,36 @@ class ConversationMemory:
 
 
 class StoredConversationMemory(ConversationMemory, ABC):
-    """Template for convoq's backends: checks once here, storage in ``_read``/``_write``."""
+    """Template for convoq's backends: checks once here, storage in ``_read``/``_write``/
+    ``_delete``. Their sync twins (``_read_blocking``...) run the async ones on the bridge
+    loop unless a backend can do its I/O on the caller's thread, which skips the hop."""
 
     async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
-        check_conversation_id(conversation_id)
-        if last_turns is not None and last_turns < 0:
-            raise ConvoqError("last_turns must be >= 0 (None or 0 loads every turn)")
+        _check_load(conversation_id, last_turns)
         messages = await self._read(conversation_id, last_turns or None)
         # Backends may window at the source; this guarantees the contract for all of them.
         return window_last_turns(messages, last_turns)
 
+    def load(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
+        _check_load(conversation_id, last_turns)
+        messages = self._read_blocking(conversation_id, last_turns or None)
+        return window_last_turns(messages, last_turns)
+
     async def aappend(self, conversation_id: str, messages: list[Message]) -> None:
-        check_conversation_id(conversation_id)
-        if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
-            raise InvalidMessageError("append takes a list of Message", rule="type")
-        if messages:
+        if _check_append(conversation_id, messages):
             await self._write(conversation_id, messages)
+
+    def append(self, conversation_id: str, messages: list[Message]) -> None:
+        if _check_append(conversation_id, messages):
+            self._write_blocking(conversation_id, messages)
 
     async def aclear(self, conversation_id: str) -> None:
         check_conversation_id(conversation_id)
         await self._delete(conversation_id)
+
+    def clear(self, conversation_id: str) -> None:
+        check_conversation_id(conversation_id)
+        self._delete_blocking(conversation_id)
 
     @abstractmethod
     async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
@@ -147,3 +156,26 @@ class StoredConversationMemory(ConversationMemory, ABC):
     @abstractmethod
     async def _delete(self, conversation_id: str) -> None:
         """Remove the conversation; a missing one is not an error."""
+
+    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        return run_sync(self._read(conversation_id, last_turns))
+
+    def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:
+        run_sync(self._write(conversation_id, messages))
+
+    def _delete_blocking(self, conversation_id: str) -> None:
+        run_sync(self._delete(conversation_id))
+
+
+def _check_load(conversation_id: str, last_turns: int | None) -> None:
+    check_conversation_id(conversation_id)
+    if last_turns is not None and last_turns < 0:
+        raise ConvoqError("last_turns must be >= 0 (None or 0 loads every turn)")
+
+
+def _check_append(conversation_id: str, messages: list[Message]) -> bool:
+    """Whether there is anything to write; raises before any I/O on bad input."""
+    check_conversation_id(conversation_id)
+    if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
+        raise InvalidMessageError("append takes a list of Message", rule="type")
+    return bool(messages)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from celery import Celery, current_task
 
-from convoq._sync import LoopThread
+from convoq._sync import LoopThread, set_blocking_threads
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
 from convoq.netguard import CallbackPolicy
 from convoq.queue import routing, signing
@@ -52,6 +52,8 @@ class WorkerRuntime:
         # Parsed at start-up: a bad allow-list stops the worker, not its first webhook.
         self._callback_policy = CallbackPolicy(settings.callback_allowed_networks)
         self._loop = LoopThread("convoq-worker-loop")
+        # Every turn in flight may be inside a sync model function or tool at once.
+        set_blocking_threads(settings.concurrency)
         self._open_lock = threading.Lock()
         self._state: tuple[aioredis.Redis, TurnProtocol, Runner] | None = None
         self._sweeper: concurrent.futures.Future[None] | None = None

@@ -150,3 +150,37 @@ failer = Agent(ScriptedModel(failer_fn), name="failer")
 oversize = Agent(ScriptedModel(oversize_fn), name="oversize")
 approver = Agent(ScriptedModel(approver_fn), name="approver", tools=[transfer])
 short_memory = Agent(ScriptedModel(echo_fn), name="short_memory", keep_last_turns=1)
+
+
+def _rendezvous(phase: str, text: str) -> None:
+    """Wait (bounded) until ``n`` calls of ``group`` reached this phase, recording when this
+    one started and ended: all of them overlap only if they ran at once."""
+    group, n = text.split(" ")[:2]
+    r, key = test_redis(), test_key("meet", group, phase)
+    started = time.time()
+    r.incr(key)
+    deadline = time.monotonic() + 10
+    while int(r.get(key) or 0) < int(n) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r.rpush(test_key("spans", group, phase), f"{started} {time.time()}")
+
+
+@tool
+def rendezvous_tool(text: str) -> str:
+    """A blocking tool that waits for its peers."""
+    _rendezvous("tool", text)
+    return "met"
+
+
+def rendezvous_fn(request: ModelRequest) -> str | Message:
+    """A blocking model: waits for its peers, asks for ``rendezvous_tool``, then answers."""
+    last = request.messages[-1]
+    if last.role == MessageRole.TOOL:
+        return f"after tool: {last.text}"
+    text = _user_messages(request)[-1].text
+    _rendezvous("model", text)
+    call = ToolCall(id="call-meet", name="rendezvous_tool", arguments={"text": text})
+    return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
+
+
+rendezvous = Agent(ScriptedModel(rendezvous_fn), name="rendezvous", tools=[rendezvous_tool])
