@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,13 +157,15 @@ def _in_forked_child_call(fn: object, tmp_path: Path) -> str:
             signal.alarm(20)  # a hanging bridge must not hang the suite
             out.write_text(fn())  # type: ignore[operator]
             code = 0
+        except BaseException:
+            out.write_text(traceback.format_exc())
         finally:
             os._exit(code)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            assert os.waitstatus_to_exitcode(status) == 0, "the forked child failed"
+            assert os.waitstatus_to_exitcode(status) == 0, out.read_text()
             return out.read_text()
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -77,6 +78,7 @@ class RedisConversationMemory(StoredConversationMemory):
         self._limits["max_turn_bytes"] = s.max_turn_bytes
         self._given = TurnProtocol(client, self._keys, **self._limits) if client else None
         self._owned: TurnProtocol | None = None
+        self._owned_pid = os.getpid()
         self._lock: asyncio.Lock | None = None
 
     async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
@@ -116,6 +118,10 @@ class RedisConversationMemory(StoredConversationMemory):
 
     async def _protocol(self) -> TurnProtocol:
         """The owned protocol, created on first use (on the shared loop thread)."""
+        if self._owned_pid != os.getpid():
+            # A forked child: the parent's pool lives on the parent's loop and its sockets
+            # are the parent's. Left alone (never closed here), a new one is opened.
+            self._owned, self._lock, self._owned_pid = None, None, os.getpid()
         if self._owned is not None:
             return self._owned
         if self._lock is None:
