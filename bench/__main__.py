@@ -9,6 +9,7 @@ import sys
 BENCHMARKS: dict[str, str] = {
     "memory": "bench.memory_append",
     "turns": "bench.turn_latency",
+    "gateway": "bench.gateway_latency",
 }
 
 

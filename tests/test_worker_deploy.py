@@ -36,3 +36,11 @@ def test_redis_runs_with_aof_and_noeviction_everywhere() -> None:
     for name in ["docker-compose.yml", "k8s/redis.yaml"]:
         text = (DEPLOY / name).read_text()
         assert "appendonly" in text and "noeviction" in text, name
+
+
+def test_the_gateway_is_deployed_with_probes_on_its_health_routes() -> None:
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    assert '"convoq", "gateway"' in compose and "/readyz" in compose
+    k8s = (DEPLOY / "k8s" / "gateway.yaml").read_text()
+    assert "path: /readyz" in k8s and "path: /healthz" in k8s
+    assert "gateway" in (DEPLOY / "Dockerfile").read_text()
