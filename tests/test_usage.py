@@ -3,20 +3,23 @@ processes in the turn's result, its events, the stored turn and the conversation
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from typer.testing import CliRunner
 
-from convoq import Agent, Message, ToolCall, tool
+from convoq import Agent, ImagePart, Message, TextPart, ToolCall, tool
 from convoq.cli import app
 from convoq.client import AsyncClient, Client
 from convoq.errors import TruncatedAnswerError
-from convoq.memory import FileConversationMemory
+from convoq.memory import FileConversationMemory, RedisConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
+from convoq.redis.keys import KeySchema
 from convoq.usage import Usage, turn_tokens
 from tests.support.worker_agents import ANSWER_USAGE, TOOL_CALL_USAGE, lookup, metered_fn
 from tests.support.workers import WorkerPool, module_pool
@@ -86,6 +89,31 @@ async def test_a_model_reporting_no_usage_counts_its_calls_only() -> None:
     assert response.finish_reason is None
 
 
+async def test_redis_elements_carry_the_turns_token_count(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    image = ImagePart(data=b"\x89PNG" + b"\x00" * 40, mime_type="image/png")
+    metered = Agent(ScriptedModel(metered_fn), memory=memory, tools=[lookup])
+    try:
+        await metered.agenerate(Message(content=[TextPart(text="see"), image]), conversation_id="c")
+        await Agent(ScriptedModel.from_replies(["hi"]), memory=memory).agenerate(
+            "plain", conversation_id="c"
+        )
+        first, second = redis_client.lrange(KeySchema(key_prefix).turns("c"), 0, -1)
+        sha = hashlib.sha256(image.data).hexdigest().encode()
+        assert first.startswith(b"T t=45 b=" + sha + b"\n")  # 45 = turn_tokens(the turn)
+        assert second.startswith(b"T\n")  # no usage reported: no count
+        stored = await memory.aload("c", last_turns=2)
+        assert stored[0].attachments == [image]
+        assert [m.usage for m in stored if m.role == MessageRole.ASSISTANT][:2] == [
+            TOOL_CALL_USAGE,
+            ANSWER_USAGE,
+        ]
+    finally:
+        await memory.aclose()
+
+
 # -- through workers ----------------------------------------------------------------------
 
 
@@ -106,6 +134,13 @@ def test_worker_turn_result_events_and_history_carry_usage(client: Client) -> No
         TOOL_CALL_USAGE,
         ANSWER_USAGE,
     ]
+    r = redis.Redis.from_url(client.redis_url)
+    try:  # the committed element carries the turn's token count for windows
+        assert r.lindex(KeySchema(client.async_client.settings.prefix).turns(cid), 0).startswith(
+            b"T t=45\n"
+        )
+    finally:
+        r.close()
 
 
 def test_conversation_usage_sums_its_turns(client: Client) -> None:

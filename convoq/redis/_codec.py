@@ -10,6 +10,10 @@ every element of the lead list), followed by zero or more `` name=value`` fields
 skip fields they do not know, so a field can be added without a new format version:
 
     ``b=sha,sha,...``   the attachments the body refers to (absent: none)
+    ``t=N``             on a turn's element: the tokens the model counted for what the
+                        turn added after its user message (:func:`convoq.usage.turn_tokens`;
+                        absent when its calls reported no usage). For token-budget
+                        windows: Lua reads it with ``string.match(header, ' t=(%d+)')``.
 
 The body is the JSON array of the element's messages, exactly :class:`Message`'s JSON,
 except that an attachment part's ``data`` is replaced by ``"blob": sha256hex``; the bytes
@@ -38,10 +42,12 @@ from pydantic import ValidationError
 from convoq.errors import CorruptDataError
 from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import Message, MessageList, MessageRole, TextPart
+from convoq.usage import turn_tokens
 
 FORMAT_VERSION = 2
 _STARTS, _CONTINUES = b"T", b"C"
 _BLOBS_FIELD = b"b="
+_TOKENS_FIELD = b"t="
 
 
 @dataclass
@@ -62,8 +68,10 @@ class Encoded:
 def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> bytes:
     """Encode one element (header line + body), add its blobs to ``into``, return it."""
     kind = _STARTS if messages and messages[0].role == MessageRole.USER else _CONTINUES
+    tokens = turn_tokens(messages) if kind == _STARTS else None
+    head = kind if tokens is None else kind + b" " + _TOKENS_FIELD + b"%d" % tokens
     if not any(m.attachments for m in messages):
-        element = kind + b"\n" + MessageList.dump_json(messages)
+        element = head + b"\n" + MessageList.dump_json(messages)
         into.elements.append(element)
         return element
     refs: list[str] = []
@@ -85,7 +93,7 @@ def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> by
             parts.append(dumped)
         data["content"] = parts
         out.append(data)
-    header = kind + b" " + _BLOBS_FIELD + ",".join(refs).encode("ascii")
+    header = head + b" " + _BLOBS_FIELD + ",".join(refs).encode("ascii")
     body = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     element = header + b"\n" + body
     into.elements.append(element)
@@ -121,6 +129,7 @@ class Header:
     starts_turn: bool
     blobs: tuple[str, ...]
     body: memoryview  # the JSON array after the header line
+    tokens: int | None = None  # the t= field: see the module docstring
 
 
 def parse_header(element: bytes, *, key: str) -> Header:
@@ -130,10 +139,13 @@ def parse_header(element: bytes, *, key: str) -> Header:
     if newline < 1 or kind not in (_STARTS, _CONTINUES):
         raise _corrupt(key, "no element header")
     blobs: tuple[str, ...] = ()
+    tokens: int | None = None
     for item in element[1:newline].split():
         if item.startswith(_BLOBS_FIELD):
             blobs = tuple(item[2:].decode("ascii").split(","))
-    return Header(kind == _STARTS, blobs, memoryview(element)[newline + 1 :])
+        elif item.startswith(_TOKENS_FIELD) and item[2:].isdigit():
+            tokens = int(item[2:])
+    return Header(kind == _STARTS, blobs, memoryview(element)[newline + 1 :], tokens)
 
 
 def blob_refs(headers: Iterable[Header]) -> list[str]:
