@@ -104,6 +104,9 @@ async def test_redis_elements_carry_the_turns_token_count(
         sha = hashlib.sha256(image.data).hexdigest().encode()
         assert first.startswith(b"T t=45 b=" + sha + b"\n")  # 45 = turn_tokens(the turn)
         assert second.startswith(b"T\n")  # no usage reported: no count
+        async with AsyncClient(redis_url, prefix=key_prefix) as aclient:
+            # Turns stored in process count in the conversation's sums too.
+            assert await aclient.usage("c") == TURN_USAGE + Usage(requests=1)
         stored = await memory.aload("c", last_turns=2)
         assert stored[0].attachments == [image]
         assert [m.usage for m in stored if m.role == MessageRole.ASSISTANT][:2] == [

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from convoq.errors import CorruptDataError
 from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import Message, MessageList, MessageRole, TextPart
-from convoq.usage import turn_tokens
+from convoq.usage import COUNTER_FIELDS, Usage, turn_tokens, turn_usage
 
 FORMAT_VERSION = 2
 _STARTS, _CONTINUES = b"T", b"C"
@@ -98,6 +98,19 @@ def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> by
     element = header + b"\n" + body
     into.elements.append(element)
     return element
+
+
+def usage_of(messages: list[Message]) -> Usage:
+    """The usage stored messages add to their conversation's counters: what their model
+    calls reported, each assistant message counted as one call."""
+    calls = sum(m.role == MessageRole.ASSISTANT for m in messages)
+    return turn_usage(messages, requests=calls)
+
+
+def counters_arg(usage: Usage) -> str:
+    """The usage counters a script adds to the meta hash: ``{field: count}`` JSON."""
+    dumped = usage.model_dump()
+    return json.dumps({COUNTER_FIELDS[name]: n for name, n in dumped.items() if n})
 
 
 def check_turn_size(encoded: Encoded, limits: Limits) -> None:

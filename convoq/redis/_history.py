@@ -24,11 +24,13 @@ from convoq.redis._codec import (
     Encoded,
     blob_refs,
     check_turn_size,
+    counters_arg,
     decode_elements,
     encode_element,
     pairs_to_dict,
     parse_header,
     text,
+    usage_of,
 )
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
@@ -195,7 +197,9 @@ async def append_history(
         turns = turns[1:]
     elements = [encode_element(turn, limits, encoded) for turn in turns]
     check_turn_size(encoded, limits)
-    args: list[Any] = [lead_element, orphan, len(elements), *elements, *encoded.blob_args()]
+    counters = counters_arg(usage_of(messages))
+    args: list[Any] = [lead_element, orphan, counters, len(elements), *elements]
+    args += encoded.blob_args()
     reply = await scripts.run("append", keys.history_keys(cid), args)
     error = stored_data_error(reply[0], reply, keys, cid)
     if error is not None:

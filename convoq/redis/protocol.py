@@ -31,13 +31,20 @@ registry) and :mod:`convoq.redis._events` (events and turn records), over
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from convoq.errors import ConvoqError, InvalidMessageError, ProtocolError, StaleFenceError
 from convoq.messages import Message, MessageRole, check_user_message
-from convoq.redis._codec import Encoded, check_message_limits, check_turn_size, encode_element, text
+from convoq.redis._codec import (
+    Encoded,
+    check_message_limits,
+    check_turn_size,
+    counters_arg,
+    encode_element,
+    text,
+    usage_of,
+)
 from convoq.redis._control import ControlMixin
 from convoq.redis._events import EventsMixin, TurnEvents
 from convoq.redis._records import (
@@ -50,7 +57,7 @@ from convoq.redis._records import (
 )
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
-from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage, turn_usage
+from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
 
 __all__ = [
     "Acquired",
@@ -202,9 +209,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         element = encode_element(messages, self.limits, encoded)
         check_turn_size(encoded, self.limits)
         final = messages[-1]
-        # Each assistant message of a turn is one model call's answer.
-        calls = sum(m.role == MessageRole.ASSISTANT for m in messages[1:])
-        usage = turn_usage(messages[1:], requests=calls)
+        usage = usage_of(messages[1:])
         result: dict[str, Any] = {
             "text": final.text,
             "messages": [m.model_dump(mode="json") for m in messages[1:]],
@@ -213,8 +218,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         }
         if final.refusal is not None:
             result["refusal"] = final.refusal
-        counters = {COUNTER_FIELDS[name]: n for name, n in usage.model_dump().items() if n}
-        return element, self.json_arg(result, "result"), json.dumps(counters), encoded
+        return element, self.json_arg(result, "result"), counters_arg(usage), encoded
 
     async def usage(self, cid: str) -> Usage:
         """What the conversation's committed turns reported, summed: one read of its meta
