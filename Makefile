@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:
