@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import zlib
 
@@ -103,6 +104,15 @@ def test_payload_is_bounded() -> None:
     )
     assert len(body) < 80_000
     assert b'"text_truncated":true' in body
+
+
+def test_payload_carries_usage_and_finish_reason() -> None:
+    usage = {"requests": 2, "prompt_tokens": 230, "completion_tokens": 30, "total_tokens": 260}
+    body = build_payload(conversation_id="c", turn_id="t", status="succeeded", agent="a",
+                         text="hi", error=None, finished_ms=1, usage=usage,
+                         finish_reason="length")  # fmt: skip
+    payload = json.loads(body)
+    assert (payload["usage"], payload["finish_reason"]) == (usage, "length")
 
 
 def test_backoff_doubles_and_is_capped() -> None:

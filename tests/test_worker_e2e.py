@@ -281,6 +281,7 @@ def test_webhook_is_signed_retried_and_delivered_once(
     payload = json.loads(body)
     assert payload["turn_id"] == handle.turn_id
     assert payload["status"] == "succeeded" and payload["text"] == "seen: call me"
+    assert payload["usage"]["requests"] == 1  # the echo model reports no tokens
     assert len([s for s in handler.seen if s[0] == "/hook/b"]) == 1
 
 

@@ -68,8 +68,10 @@ class Attempt:
         left = self.left()
         t = self.timeout
 
-        def cut(value: float | None) -> float:
-            return left if value is None else min(value, left)
+        def cut(value: float | None) -> float | None:
+            if value is None:
+                return None if left == float("inf") else left
+            return min(value, left)
 
         return httpx.Timeout(connect=cut(t.connect), read=cut(t.read), write=cut(t.write),
                              pool=cut(t.pool))  # fmt: skip
@@ -79,7 +81,8 @@ async def run_attempt(attempt: Attempt, on_text_delta: TextDeltaHandler | None) 
     """Send the request once. Raises RetryableError for what another attempt may fix (a
     retryable status, a transport failure or the deadline, unless text went out already)."""
     try:
-        async with asyncio.timeout(attempt.left()):
+        left = attempt.left()
+        async with asyncio.timeout(None if left == float("inf") else left):
             return await _send(attempt, on_text_delta)
     except TimeoutError as exc:  # asyncio.timeout fired: the deadline passed mid-await
         error = ModelTimeoutError(

@@ -74,8 +74,12 @@ def build_payload(
     text: str | None,
     error: dict[str, Any] | None,
     finished_ms: int | None,
+    usage: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
 ) -> bytes:
-    """The JSON body of a callback: small and bounded (long text is cut and flagged)."""
+    """The JSON body of a callback: small and bounded (long text is cut and flagged).
+    ``usage``: the turn's token counts (from its result), ``finish_reason`` its final
+    model call's."""
     shown = text or ""
     payload = {
         "type": "turn.finished",
@@ -87,8 +91,16 @@ def build_payload(
         "text_truncated": len(shown) > MAX_TEXT_CHARS,
         "error": _bounded_error(error),
         "finished_ms": finished_ms,
+        "usage": _bounded_usage(usage),
+        "finish_reason": str(finish_reason)[:64] if finish_reason is not None else None,
     }
     return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _bounded_usage(usage: dict[str, Any] | None) -> dict[str, int] | None:
+    if not isinstance(usage, dict):
+        return None
+    return {str(k)[:64]: v for k, v in list(usage.items())[:16] if isinstance(v, int)}
 
 
 def _bounded_error(error: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -153,6 +153,8 @@ class WorkerRuntime:
             text=(record.result or {}).get("text"),
             error=record.error,
             finished_ms=record.finished_ms,
+            usage=(record.result or {}).get("usage"),
+            finish_reason=(record.result or {}).get("finish_reason"),
         )
         return await webhooks.post_once(
             str(url),
