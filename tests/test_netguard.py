@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
 from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks
 from convoq.worker.webhooks import post_once
-from tests.support.workers import WebhookReceiver, webhook_receiver
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WebhookReceiver, running_pool, wait_until, webhook_receiver
 
 PUBLIC = "93.184.216.34"
 
@@ -151,3 +153,23 @@ async def test_delivery_connects_to_the_checked_address_not_a_second_lookup(
     assert attempt.outcome == "delivered"
     assert calls == ["hooks.example.test"]
     assert receiver.posts("/d")[0][2]["Host"] == f"hooks.example.test:{port}"
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_allow_list_refuses_a_loopback_callback(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Accepted at submit by a client that allows loopback, refused by the worker that does
+    not: the delivery side checks on its own settings and sends nothing."""
+    with (
+        running_pool(redis_server.url, tmp_path, 1, callback_allowed_networks="") as pool,
+        pool.client(callback_allowed_networks="127.0.0.1") as client,
+        webhook_receiver() as hooks,
+    ):
+        handle = client.submit("hook-1", "hi", agent="echo", callback_url=f"{hooks.url}/w")
+        handle.wait(30)
+        worker = pool.workers[0]
+        line = f"callback hook-1/{handle.turn_id} rejected"
+        wait_until(lambda: line in worker.log_tail(200), what=line)
+        assert "loopback" in worker.log_tail(200).split(line, 1)[1].splitlines()[0]
+        assert hooks.posts("/w") == []
