@@ -121,7 +121,9 @@ class Agent:
                 # Left early: stop the turn and wait until it has released its conversation.
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        yield TurnEvent(type="done", data={"status": response.status, "text": response.text})
+        done: dict[str, Any] = {"status": response.status, "text": response.text}
+        done |= {"usage": response.usage.model_dump(), "finish_reason": response.finish_reason}
+        yield TurnEvent(type="done", data=done)
 
     async def aresume(
         self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]

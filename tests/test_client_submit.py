@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from convoq import ImagePart, Message, TextPart
+from convoq import GenerationRequest, ImagePart, Message, TextPart
 from convoq.client import AsyncClient, Client
 from convoq.errors import (
     AttachmentError,
@@ -52,6 +52,8 @@ def _nothing_queued(r: redis.Redis, prefix: str) -> None:
             {},
         ),
         ("ok", Message(content=[]), "echo", InvalidMessageError, {}),
+        # a GenerationRequest bypasses memory: it is not a turn of a stored conversation
+        ("ok", GenerationRequest(messages=[Message.user("hi")]), "echo", InvalidMessageError, {}),
         ("ok", "", "echo", InvalidMessageError, {}),
         ("ok", "hello", "nobody", UnknownAgentError, {}),
         ("bad id!", "hello", "echo", InvalidConversationIdError, {}),

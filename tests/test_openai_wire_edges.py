@@ -182,6 +182,8 @@ async def test_length_is_reported_on_the_response_and_the_stored_turn(
     if streaming:
         events = [e async for e in agent.astream("tell a story")]
         assert events[-2].data["finish_reason"] == "length"
+        assert events[-1].data["finish_reason"] == "length"  # "done" says it too
+        assert events[-1].data["usage"]["total_tokens"] == 15
     else:
         response = await agent.agenerate("tell a story")
         assert (response.text, response.finish_reason) == ("Once upon a", "length")
