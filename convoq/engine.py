@@ -10,6 +10,7 @@ derives what is left to do from the messages alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from convoq.errors import MaxStepsExceededError, TruncatedAnswerError, TurnCancelledError
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest
+from convoq.observe import metrics, tracing
 from convoq.tools import ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.usage import Usage, turn_usage
@@ -129,7 +131,7 @@ class TurnLoop:
         async def on_delta(text: str) -> None:
             await self.emit(TurnEvent(type="text_delta", data={"text": text}))
 
-        reply = await self.model.request(request, on_text_delta=on_delta)
+        reply = await self._ask(request, on_delta, state.steps + 1)
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(
                 "the model stopped at its token limit (finish_reason 'length'), its answer"
@@ -143,6 +145,23 @@ class TurnLoop:
         await self.checkpoint(state)
         await self.emit(TurnEvent(type="assistant", data=_assistant_data(reply)))
 
+    async def _ask(
+        self, request: ModelRequest, on_delta: Callable[[str], Awaitable[None]], step: int
+    ) -> Message:
+        """One model request, timed and traced (an error is recorded, then raised)."""
+        name = self.model.name
+        started = time.monotonic()
+        with tracing.span("convoq.model", {"gen_ai.request.model": name, "convoq.step": step}):
+            try:
+                reply = await self.model.request(request, on_text_delta=on_delta)
+            except Exception as exc:
+                metrics.model_request(name, time.monotonic() - started, exc)
+                raise
+        metrics.model_request(name, time.monotonic() - started)
+        if reply.usage is not None:
+            metrics.tokens_used(name, _token_counts(reply.usage))
+        return reply
+
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run what may run; return False when some calls still wait for a decision."""
         waiting: list[ToolCall] = []
@@ -152,7 +171,9 @@ class TurnLoop:
                 waiting.append(call)
                 continue
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
-            result = await self._result_for(call, decision)
+            attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
+            with tracing.span("convoq.tool", attributes):
+                result = await self._result_for(call, decision)
             state.messages.append(Message.tool_result(call, result))
             await self.checkpoint(state)
             await self.emit(
@@ -174,13 +195,31 @@ class TurnLoop:
         return call.name in self.tools and self.tools.get(call.name).requires_approval
 
     async def _result_for(self, call: ToolCall, decision: Decision | None) -> str:
+        # A name the model made up is no label: labels must stay few.
+        label = call.name if call.name in self.tools else "(unknown)"
         if decision is not None and not decision.approved:
+            metrics.tool_called(label, "denied")
             reason = f": {decision.reason}" if decision.reason else ""
             return f"The user denied this tool call{reason}. Do not retry it."
         try:
-            return await self.tools.get(call.name).call(call.arguments)
+            result = await self.tools.get(call.name).call(call.arguments)
         except Exception as exc:  # a failing tool is news for the model, not a crash
+            metrics.tool_called(label, "error")
+            tracing.record_error(exc)
             return f"Error: {type(exc).__name__}: {exc}"
+        metrics.tool_called(label, "ok")
+        return result
+
+
+def _token_counts(usage: Usage) -> dict[str, int]:
+    """The kinds of tokens the metrics count (cached and reasoning are parts of input and
+    output, as the API reports them)."""
+    return {
+        "input": usage.prompt_tokens,
+        "output": usage.completion_tokens,
+        "cached": usage.cached_tokens,
+        "reasoning": usage.reasoning_tokens,
+    }
 
 
 def _assistant_data(reply: Message) -> dict[str, Any]:

@@ -106,6 +106,20 @@ class ConvoqSettings(BaseSettings):
         description="user:password for `convoq flower` (comma separated for several users).",
     )
 
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Workers serve Prometheus metrics on this port (0: any free port, shown"
+        " in the worker's entry, Client.workers()). Unset: no metrics endpoint.",
+    )
+    metrics_host: str = Field(default="0.0.0.0", description="Address the metrics port binds.")
+    trace_file: Path | None = Field(
+        default=None,
+        description="Workers append their OpenTelemetry spans to this file as JSON lines"
+        " (needs convoq[otel]; for tests and debugging).",
+    )
+
     @classmethod
     def resolve(cls, **explicit: Any) -> Self:
         """The settings an entry point runs with: each explicit argument that is not None,

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from convoq._sync import call_maybe_async
 from convoq.client._base import (
+    Submission,
     build_submission,
     check_call_id,
     check_turn_ref,
@@ -33,12 +34,13 @@ from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.messages import Message
 from convoq.netguard import CallbackPolicy
+from convoq.observe import metrics, tracing
 from convoq.queue import routing
 from convoq.queue.signing import verify_signature
 from convoq.queue.transport import broker_reachable, broker_url_for, send_kick, sender_app
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis.embedded import url_or_embedded
-from convoq.redis.protocol import ParkedTurn
+from convoq.redis.protocol import ParkedTurn, SubmitResult
 from convoq.settings import ConvoqSettings
 from convoq.usage import Usage
 
@@ -229,23 +231,35 @@ class AsyncClient:
             await self._check_deployment()
         if self._agents is None:
             await self._check_registered(sub.agent)
+        attributes = {"convoq.conversation_id": sub.conversation_id, "convoq.agent": sub.agent}
+        with tracing.span("convoq.submit", attributes):
+            stored = await self._store(sub)
+        handle = AsyncTurnHandle(self, sub.conversation_id, stored.turn_id)
+        if on_done is not None:
+            self._watch(handle, on_done)
+        return handle
+
+    async def _store(self, sub: Submission) -> SubmitResult:
+        """Store the turn (with this trace's context, for the worker) and kick if needed."""
+        trace = tracing.carrier()
+        options = {**sub.options, tracing.OPTION: trace} if trace else sub.options
         stored = await self.protocol.submit(
             sub.conversation_id,
             sub.turn_id,
             agent=sub.agent,
             message=sub.message,
-            options=sub.options,
+            options=options,
             idempotency_key=sub.idempotency_key,
             if_busy=sub.if_busy,
         )
+        tracing.set_attribute("convoq.turn_id", stored.turn_id)
+        if not stored.duplicate:
+            metrics.turn_submitted(sub.agent)
         if stored.position == 0 or stored.duplicate:
             # A duplicate kicks again: its first submit may have died before its kick.
             head = stored.turn_id if stored.position == 0 else None
             await self._send(routing.DRAIN_TASK, sub.conversation_id, head=head)
-        handle = AsyncTurnHandle(self, sub.conversation_id, stored.turn_id)
-        if on_done is not None:
-            self._watch(handle, on_done)
-        return handle
+        return stored
 
     def handle(self, conversation_id: str, turn_id: str) -> AsyncTurnHandle:
         """A handle on a turn submitted anywhere (no I/O: ``status()`` checks it exists)."""

@@ -25,6 +25,7 @@ from convoq.messages import Message
 from convoq.models._openai_http import Attempt, RetryableError, run_attempt
 from convoq.models._openai_wire import build_body
 from convoq.models.base import ModelRequest, TextDeltaHandler
+from convoq.observe import metrics
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_BACKOFF = 8.0
@@ -125,6 +126,7 @@ class OpenAIChatModel:
                 out_of_time = total_end is not None and time.monotonic() + delay >= total_end
                 if attempt >= self.max_retries or out_of_time:
                     raise failure.error from failure.__cause__
+                metrics.model_retry(self.model, metrics.error_status(failure.error))
                 await asyncio.sleep(delay)
                 attempt += 1
 

@@ -13,6 +13,7 @@ from celery import Celery
 
 from convoq import defaults
 from convoq.errors import ConfigurationError
+from convoq.observe import tracing
 
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
@@ -69,13 +70,20 @@ async def send_kick(
     """Send ``task`` by name to ``queue`` (``head``: the turn heading the inbox, as a hint).
     A failed send is logged, not raised: the turn is stored, and the sweeper re-kicks
     queued conversations without a lease."""
-    headers = {HEAD_HEADER: head} if head is not None else None
-    try:
-        await asyncio.to_thread(app.send_task, task, args=args, queue=queue, headers=headers)
-    except Exception as exc:
-        log.warning(
-            "could not send %s for %s (%s); the sweeper will pick it up", task, args[0], exc
-        )
+    with tracing.span("convoq.kick", {"messaging.destination.name": queue, "convoq.task": task}):
+        # The kick's trace context rides in the headers: the worker's drain continues it.
+        headers = tracing.carrier()
+        if head is not None:
+            headers[HEAD_HEADER] = head
+        try:
+            await asyncio.to_thread(
+                app.send_task, task, args=args, queue=queue, headers=headers or None
+            )
+        except Exception as exc:
+            tracing.record_error(exc)
+            log.warning(
+                "could not send %s for %s (%s); the sweeper will pick it up", task, args[0], exc
+            )
 
 
 async def broker_reachable(app: Celery, timeout_s: float) -> None:

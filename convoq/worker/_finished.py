@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from convoq.errors import ConvoqError
+from convoq.observe import metrics
 from convoq.redis.protocol import TurnProtocol
 
 log = logging.getLogger("convoq.worker")
@@ -34,7 +35,10 @@ async def after_turn(
     must not stop the conversation."""
     try:
         if options is None:
-            options = (await protocol.get_turn(cid, tid)).options
+            record = await protocol.get_turn(cid, tid)
+            options = record.options
+            expired = (record.error or {}).get("type") == "ApprovalExpiredError"
+            metrics.turn_finished(record.agent, "expired" if expired else record.status)
         await hook(cid, tid, options)
     except Exception:
         log.exception("after-turn hook for %s/%s failed", cid, tid)

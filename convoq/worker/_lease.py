@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from convoq.errors import LeaseLostError, StaleFenceError
+from convoq.observe import metrics
 from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
 from convoq.turn_state import TurnState, answered
 
@@ -100,9 +101,11 @@ async def _renew(protocol: TurnProtocol, acq: Acquired, lease_ms: int) -> None:
         try:
             await protocol.renew(cid, fence=acq.fence, lease_ms=lease_ms)
             renewed_at = loop.time()
+            metrics.LEASE_RENEWALS.inc()
         except StaleFenceError:
             return
         except Exception as exc:
+            metrics.LEASE_RENEWAL_ERRORS.inc()
             if loop.time() - renewed_at > lease_ms / 1000:
                 log.error("cannot renew the lease on %s: %s", cid, exc)
                 return

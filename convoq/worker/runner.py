@@ -38,10 +38,12 @@ from convoq.errors import (
 )
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
+from convoq.observe import tracing
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState
 from convoq.window import last_turns
+from convoq.worker import _observed
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
@@ -103,15 +105,16 @@ class Runner:
         cid = check_conversation_id(conversation_id)
         report = DrainReport(cid)
         ended: list[str] = []
-        acquired = await self._protocol.acquire(
-            cid,
-            worker_id=self._config.worker_id,
-            lease_ms=self._config.lease_ms,
-            window=self._window,
-            max_attempts=self._config.max_attempts,
-            failed=ended,
-            head=head,
-        )
+        with tracing.span("convoq.acquire", {"convoq.conversation_id": cid}):
+            acquired = await self._protocol.acquire(
+                cid,
+                worker_id=self._config.worker_id,
+                lease_ms=self._config.lease_ms,
+                window=self._window,
+                max_attempts=self._config.max_attempts,
+                failed=ended,
+                head=head,
+            )
         await self._failed_on_the_way(cid, ended, report)
         while acquired is not None:
             acquired = await self._run_turn(acquired, report)
@@ -119,8 +122,9 @@ class Runner:
 
     async def _run_turn(self, acq: Acquired, report: DrainReport) -> Acquired | None:
         delay = self._config.event_flush_ms / 1000
-        async with turn_run(self._protocol, acq, flush_after_s=delay) as run:
-            return await self._run(run, report)
+        with _observed.watched_turn(acq, report):
+            async with turn_run(self._protocol, acq, flush_after_s=delay) as run:
+                return await self._run(run, report)
 
     async def _run(self, run: TurnRun, report: DrainReport) -> Acquired | None:
         acq = run.acq
@@ -130,6 +134,7 @@ class Runner:
             outcome = await with_lease(self._protocol, acq, self._config.lease_ms, work)
         except LeaseLostError:
             log.warning("lease on %s lost during turn %s: abandoned, nothing stored", cid, tid)
+            _observed.lease_lost()
             report.abandoned.append(tid)
             return None
         except REDIS_UNAVAILABLE as exc:
@@ -144,14 +149,15 @@ class Runner:
             return await self._commit(run, outcome, report)
         try:
             async with run.events.pending() as events:
-                await self._protocol.park(
-                    cid,
-                    tid,
-                    fence=acq.fence,
-                    state=outcome.state,
-                    approval_ttl_ms=self._config.approval_ttl_s * 1000,
-                    events=events,
-                )
+                with tracing.span("convoq.park"):
+                    await self._protocol.park(
+                        cid,
+                        tid,
+                        fence=acq.fence,
+                        state=outcome.state,
+                        approval_ttl_ms=self._config.approval_ttl_s * 1000,
+                        events=events,
+                    )
         except (StaleFenceError, NotInboxHeadError) as refused:
             # Another worker owns the conversation now: its run of this turn decides.
             log.warning("park of %s/%s refused (%s): abandoned", cid, tid, refused.message)
@@ -214,6 +220,7 @@ class Runner:
     async def _fail(self, run: TurnRun, exc: Exception, report: DrainReport) -> Acquired | None:
         turn = run.acq.turn
         error = error_data(exc)
+        _observed.failed(exc)
         if not isinstance(exc, TurnCancelledError):
             log.info("turn %s/%s failed: %s", turn.conversation_id, turn.turn_id, error["message"])
         return await self._end(
@@ -240,6 +247,8 @@ class Runner:
         cid, tid = acq.turn.conversation_id, acq.turn.turn_id
         ended: list[str] = []
         config = self._config
+        # Traced as one span: the script ends this turn and hands over the next.
+        end = _observed.in_span("convoq.commit" if done is report.succeeded else "convoq.fail", end)
         try:
             async with run.events.pending() as events:
                 following = await end(

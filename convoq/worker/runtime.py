@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -25,12 +26,13 @@ from celery import Celery, current_task
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
 from convoq.netguard import CallbackPolicy
+from convoq.observe import metrics, tracing
 from convoq.queue import routing, signing
 from convoq.queue.transport import HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
-from convoq.worker import webhooks
+from convoq.worker import _observed, webhooks
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper
@@ -62,6 +64,9 @@ class WorkerRuntime:
         self._info: dict[str, Any] = {}
         self._epoch: str | None = None
         self._halted: ConversationMemoryError | None = None
+        self._metrics: metrics.MetricsServer | None = None
+        if settings.trace_file is not None:
+            _export_spans(settings.trace_file)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the process's loop (opening connections on first use)."""
@@ -108,7 +113,11 @@ class WorkerRuntime:
     def drain(self, conversation_id: str) -> DrainReport:
         if self._halted is not None:
             raise self._halted
-        return self.run(self.runner.drain(conversation_id, head=_head_hint()))
+        drain = self.runner.drain(conversation_id, head=_head_hint())
+        attributes = {"convoq.conversation_id": conversation_id}
+        parent = _kick_header(tracing.HEADER)
+        carrier = {tracing.HEADER: parent} if parent else None
+        return self.run(tracing.traced(drain, "convoq.drain", attributes, parent=carrier))
 
     def sweep_once(self) -> list[str]:
         return self.run(self._make_sweeper().sweep_once())
@@ -166,7 +175,14 @@ class WorkerRuntime:
 
     # -- worker lifecycle ------------------------------------------------------------------
     def announce(self, hostname: str, queues: list[str]) -> None:
-        """Publish this worker and its profiles in Redis, then start the sweeper."""
+        """Serve metrics (with ``metrics_port``), publish this worker and its profiles in
+        Redis, then start the sweeper."""
+        port = self.settings.metrics_port
+        if port is not None and self._metrics is None:
+            self._metrics = metrics.serve(port, self.settings.metrics_host)
+            log.info(
+                "metrics on http://%s:%d/metrics", self.settings.metrics_host, self._metrics.port
+            )
         self.run(self._announce(hostname, queues))
         self._announced_as, self._queues = hostname, queues
         sweeper = self._make_sweeper()
@@ -183,6 +199,8 @@ class WorkerRuntime:
             "started_ms": now,
             "seen_ms": now,
         }
+        if self._metrics is not None:
+            self._info["metrics_port"] = self._metrics.port
         async with redis.pipeline(transaction=True) as pipe:
             pipe.sadd(self.keys.agents(), *sorted(self.profiles))
             pipe.hset(self.keys.workers(), hostname, json.dumps(self._info))
@@ -207,6 +225,7 @@ class WorkerRuntime:
             lock_key=self.keys.sweeper_lock(),
             guard=self._each_period,
             on_finished=self._after_turn,
+            measure=lambda: _observed.measure_inboxes(redis, self.keys, self.settings.partitions),
         )
 
     async def _check_dataset(self) -> None:
@@ -231,6 +250,8 @@ class WorkerRuntime:
         """Stop the sweeper, withdraw the worker entry and close connections."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._state is not None:
             try:
                 self._loop.run(self._close(), timeout=5)
@@ -249,10 +270,24 @@ class WorkerRuntime:
 def _head_hint() -> str | None:
     """The inbox head named by the kick this thread runs (the ``HEAD_HEADER`` a client
     sets when its turn went to an idle conversation), or None."""
+    return _kick_header(HEAD_HEADER)
+
+
+def _kick_header(name: str) -> str | None:
+    """A string header of the message of the task this thread runs, or None."""
     if not current_task:  # a proxy: false outside a task
         return None
-    value = getattr(current_task.request, HEAD_HEADER, None)
+    value = getattr(current_task.request, name, None)
     return value if isinstance(value, str) else None
+
+
+def _export_spans(path: Path) -> None:
+    try:
+        tracing.export_to_file(path, service_name="convoq-worker")
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"CONVOQ_TRACE_FILE needs OpenTelemetry: pip install 'convoq[otel]' ({exc})"
+        ) from None
 
 
 _lock = threading.Lock()

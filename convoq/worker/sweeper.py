@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
+from convoq.observe import metrics
 from convoq.redis.protocol import TurnProtocol
 from convoq.worker._finished import FinishedHook, after_turn
 
@@ -42,6 +43,7 @@ class Sweeper:
         lock_key: str | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         on_finished: FinishedHook | None = None,
+        measure: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._protocol = protocol
         self._kick = kick
@@ -50,6 +52,7 @@ class Sweeper:
         self._redis = redis
         self._lock_key = lock_key
         self._guard = guard
+        self._measure = measure
         self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
 
     async def sweep_once(self) -> list[str]:
@@ -58,12 +61,17 @@ class Sweeper:
         if self._guard is not None:
             await self._guard()  # raises when this worker must not serve (dataset changed)
         if not await self._take_turn():
+            if not await self._holding():
+                metrics.inbox_depths_unknown()  # the process that sweeps reports them
             return []
+        if self._measure is not None:
+            await self._measure()
         kicked: list[str] = []
         expired: list[tuple[str, str]] = []
         for cid in await self._protocol.sweep_candidates(approval_expiry=True, expired=expired):
             await self._kick(cid)
             kicked.append(cid)
+        metrics.SWEEPER_KICKS.inc(len(kicked))
         if kicked:
             log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
         for cid, tid in expired:
@@ -82,6 +90,14 @@ class Sweeper:
             except Exception:
                 log.exception("sweep failed; trying again next period")
             await asyncio.sleep(self._interval_s * random.uniform(0.8, 1.0))
+
+    async def _holding(self) -> bool:
+        """Whether this process holds the lock (it swept in this period)."""
+        if self._redis is None or self._lock_key is None:
+            return True
+        holder = await self._redis.get(self._lock_key)
+        token = holder.decode() if isinstance(holder, bytes) else holder
+        return token == self._token
 
     async def _take_turn(self) -> bool:
         if self._redis is None or self._lock_key is None:

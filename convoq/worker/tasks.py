@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Task
 
+from convoq.observe import metrics
 from convoq.queue import routing
 from convoq.worker import webhooks
 
@@ -40,6 +41,7 @@ def register_tasks(app: ConvoqCelery) -> None:
     def deliver_callback(self: Task[Any, Any], conversation_id: str, turn_id: str) -> str:
         runtime = app.runtime()
         attempt = runtime.deliver_callback(conversation_id, turn_id)
+        metrics.WEBHOOKS.labels(attempt.outcome).inc()
         if attempt.outcome != "retry":
             log.info(
                 "callback %s/%s %s (%s)", conversation_id, turn_id, attempt.outcome, attempt.detail
@@ -55,6 +57,7 @@ def register_tasks(app: ConvoqCelery) -> None:
                 retries,
                 attempt.detail,
             )
+            metrics.WEBHOOKS.labels("given_up").inc()
             return "given_up"
         delay = webhooks.backoff_s(retries, settings.webhook_retry_base_s)
         log.warning(

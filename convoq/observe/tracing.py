@@ -1,0 +1,117 @@
+"""Optional OpenTelemetry traces: one trace per turn, from ``submit`` to the commit.
+
+The client opens ``convoq.submit`` and, inside it, ``convoq.kick`` around the Celery send;
+the kick carries the W3C ``traceparent`` in its message headers (:data:`HEADER`), and the
+turn record keeps the submit's in its options (:data:`OPTION`), so a turn resumed after an
+approval or re-kicked by the sweeper still joins its trace. On the worker, ``convoq.drain``
+continues the kick's context and holds ``convoq.acquire``; each turn run is a
+``convoq.turn`` span holding ``convoq.model`` per model call, ``convoq.tool`` per tool call
+and ``convoq.commit`` / ``convoq.fail`` / ``convoq.park``. A turn that is not the one its
+drain was kicked for (handed over by the commit before it) starts from its own submit's
+context and links to the drain. Errors are recorded on the span they happened in.
+
+Only ``opentelemetry-api`` is used, through the global tracer provider: an application
+configures the SDK and its exporters (``opentelemetry-instrument``, or its own code in the
+agents module); :func:`export_to_file` is a JSON-lines exporter for tests and debugging
+(``CONVOQ_TRACE_FILE`` on workers). Without ``opentelemetry-api`` installed, every
+function here is a no-op that imports nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Coroutine, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, Status, StatusCode
+
+    ENABLED = True
+except ImportError:  # pragma: no cover - exercised by a test in a subprocess
+    ENABLED = False
+
+T = TypeVar("T")
+TRACER_NAME = "convoq"
+HEADER = "traceparent"
+"""The Celery message header (W3C Trace Context) a kick carries."""
+OPTION = "trace"
+"""The turn record option holding the submit's trace context (``{"traceparent": ...}``)."""
+
+Attributes = Mapping[str, str | int | float | bool]
+
+
+@contextlib.contextmanager
+def span(
+    name: str, attributes: Attributes | None = None, *, parent: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """A span around the block, child of the current span, or of ``parent`` (a carrier
+    with ``traceparent``) when that belongs to another trace than the current span (the
+    current one is then linked). An exception leaving the block is recorded on it."""
+    if not ENABLED:
+        yield
+        return
+    current = trace.get_current_span().get_span_context()
+    context, links = None, []
+    if parent:
+        context = propagate.extract(parent)
+        theirs = trace.get_current_span(context).get_span_context()
+        if theirs.is_valid and theirs.trace_id == current.trace_id:
+            context = None  # the current span already is in that trace: nest under it
+        elif current.is_valid:
+            links = [Link(current)]
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        name, context=context, attributes=dict(attributes or {}), links=links
+    ):
+        yield
+
+
+async def traced(
+    coro: Coroutine[Any, Any, T],
+    name: str,
+    attributes: Attributes | None = None,
+    *,
+    parent: Mapping[str, str] | None = None,
+) -> T:
+    """Await ``coro`` inside a span (the span lives in the task that runs it)."""
+    with span(name, attributes, parent=parent):
+        return await coro
+
+
+def record_error(error: BaseException) -> None:
+    """Mark the current span failed with ``error`` (for errors that are handled, not
+    raised through the span)."""
+    if not ENABLED:
+        return
+    current = trace.get_current_span()
+    current.record_exception(error)
+    current.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def set_attribute(key: str, value: str | int | float | bool) -> None:
+    """Set an attribute on the current span."""
+    if ENABLED:
+        trace.get_current_span().set_attribute(key, value)
+
+
+def carrier() -> dict[str, str]:
+    """The current span's context as W3C headers (empty without a recording span)."""
+    if not ENABLED:
+        return {}
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return {key: value for key, value in headers.items() if key in (HEADER, "tracestate")}
+
+
+def export_to_file(path: str | os.PathLike[str], service_name: str = "convoq") -> None:
+    """Append this process's finished spans to ``path`` as JSON lines.
+
+    Raises:
+        ImportError: ``opentelemetry-sdk`` is not installed (``pip install convoq[otel]``).
+    """
+    from convoq.observe._file_export import export_to_file as install
+
+    install(Path(path), service_name)

@@ -1,0 +1,176 @@
+"""Metrics and traces in one process: model retries and errors by status, tool calls,
+merged multiprocess values, the exposition for the gateway, spans with errors recorded,
+and the no-op path without OpenTelemetry."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.trace import StatusCode
+from prometheus_client import REGISTRY
+
+from convoq import Message, tool
+from convoq.engine import Completed, TurnLoop
+from convoq.errors import ModelHTTPError
+from convoq.models import ScriptedModel, openai
+from convoq.observe import metrics, tracing
+from convoq.tools import ToolRegistry
+from convoq.turn_state import TurnState
+from tests.support.models import call_tool_then_answer
+from tests.support.openai_server import OpenAIServer
+from tests.support.telemetry import memory_exporter, parse, value
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def server() -> Iterator[OpenAIServer]:
+    with OpenAIServer() as s:
+        yield s
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@tool
+def explode() -> str:
+    """Always fails."""
+    raise RuntimeError("tool broke")
+
+
+def loop_over(model: object, *tools: object) -> TurnLoop:
+    return TurnLoop(model=model, tools=ToolRegistry(list(tools)), history=[])  # type: ignore[arg-type]
+
+
+async def test_model_retries_and_errors_are_counted_by_status(server: OpenAIServer) -> None:
+    chat = openai("obs-retry", base_url=server.url, api_key="k", max_retries=2, retry_base_delay=0)
+    retries_503 = sample("convoq_model_retries_total", model="obs-retry", status="503")
+    retries_500 = sample("convoq_model_retries_total", model="obs-retry", status="500")
+    ok = sample("convoq_model_request_seconds_count", model="obs-retry", outcome="ok")
+    server.reply_status(503)
+    server.reply_status(500)
+    server.reply_text("fine")
+    async with chat:
+        outcome = await loop_over(chat).run(TurnState.start(Message.user("hi")))
+    assert isinstance(outcome, Completed)
+    assert sample("convoq_model_retries_total", model="obs-retry", status="503") == retries_503 + 1
+    assert sample("convoq_model_retries_total", model="obs-retry", status="500") == retries_500 + 1
+    assert sample("convoq_model_request_seconds_count", model="obs-retry", outcome="ok") == ok + 1
+
+    errors = sample("convoq_model_errors_total", model="obs-retry", status="429")
+    server.reply_status(429, headers={"Retry-After": "0"})
+    server.reply_status(429, headers={"Retry-After": "0"})
+    server.reply_status(429, headers={"Retry-After": "0"})
+    async with chat:
+        with pytest.raises(ModelHTTPError):
+            await loop_over(chat).run(TurnState.start(Message.user("hi")))
+    assert sample("convoq_model_errors_total", model="obs-retry", status="429") == errors + 1
+
+
+async def test_tool_calls_are_counted_and_a_failing_tool_is_an_error_span() -> None:
+    spans = memory_exporter()
+    failed = sample("convoq_tool_calls_total", tool="explode", outcome="error")
+    model = ScriptedModel(call_tool_then_answer("explode", {}), name="obs-tool")
+    with tracing.span("test.root"):
+        outcome = await loop_over(model, explode).run(TurnState.start(Message.user("go")))
+    assert isinstance(outcome, Completed) and "tool broke" in outcome.text
+    assert sample("convoq_tool_calls_total", tool="explode", outcome="error") == failed + 1
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    root, tool_span = finished["test.root"], finished["convoq.tool"]
+    assert tool_span.parent is not None and tool_span.parent.span_id == root.context.span_id
+    assert tool_span.status.status_code is StatusCode.ERROR
+    assert [e.name for e in tool_span.events] == ["exception"]
+    assert (
+        tool_span.attributes is not None and tool_span.attributes["gen_ai.tool.name"] == "explode"
+    )
+    models = [s for s in spans.get_finished_spans() if s.name == "convoq.model"]
+    assert len(models) == 2 and all(s.status.status_code is StatusCode.UNSET for s in models)
+
+
+def test_a_tool_name_made_up_by_the_model_is_not_a_label() -> None:
+    before = sample("convoq_tool_calls_total", tool="(unknown)", outcome="error")
+    model = ScriptedModel(call_tool_then_answer("no_such_tool_xyz", {}))
+    asyncio.run(loop_over(model).run(TurnState.start(Message.user("go"))))
+    assert sample("convoq_tool_calls_total", tool="(unknown)", outcome="error") == before + 1
+    assert sample("convoq_tool_calls_total", tool="no_such_tool_xyz", outcome="error") == 0
+
+
+def test_metrics_response_is_the_prometheus_exposition() -> None:
+    metrics.turn_submitted("obs-exposition")
+    body, content_type = metrics.metrics_response()
+    assert content_type.startswith("text/plain")
+    samples = parse(body.decode())
+    assert value(samples, "convoq_turns_submitted_total", agent="obs-exposition") >= 1
+
+
+_WRITER = """
+from convoq.observe import metrics
+metrics.turn_submitted("obs-multi")
+metrics.turn_ran("obs-multi", "succeeded", 0.2)
+"""
+_READER = """
+from convoq.observe import metrics
+print(metrics.metrics_response()[0].decode())
+"""
+
+
+def test_processes_sharing_a_multiproc_dir_are_scraped_as_one(tmp_path: Path) -> None:
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    for _ in range(2):  # two processes, each gone before the scrape
+        subprocess.run([sys.executable, "-c", _WRITER], env=env, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _READER], env=env, check=True, timeout=60, capture_output=True
+    ).stdout.decode()
+    samples = parse(out)
+    assert value(samples, "convoq_turns_submitted_total", agent="obs-multi") == 2
+    assert value(samples, "convoq_turns_finished_total", agent="obs-multi", status="succeeded") == 2
+    assert (
+        value(samples, "convoq_turn_run_seconds_count", agent="obs-multi", outcome="succeeded") == 2
+    )
+
+
+_WITHOUT_OTEL = """
+import sys
+sys.modules["opentelemetry"] = None  # as if it were not installed
+import asyncio
+from convoq import Agent
+from convoq.models import ScriptedModel
+from convoq.observe import tracing
+assert tracing.ENABLED is False
+with tracing.span("x", {"a": 1}):
+    tracing.record_error(RuntimeError("no-op"))
+assert tracing.carrier() == {}
+agent = Agent(ScriptedModel.from_replies(["hello"]))
+print(agent.generate("hi").text)
+assert not any(name.startswith("opentelemetry") for name in sys.modules if sys.modules[name])
+"""
+
+
+def test_without_opentelemetry_everything_runs_and_nothing_is_traced() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OTEL],
+        env={"PYTHONPATH": str(ROOT)},
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    assert out.stdout.decode().strip() == "hello"
+
+
+def test_a_worker_trace_file_without_the_sdk_is_a_configuration_error(tmp_path: Path) -> None:
+    script = (
+        "import sys, pathlib; sys.modules['opentelemetry.sdk'] = None\n"
+        "from convoq.worker.runtime import _export_spans\n"
+        f"_export_spans(pathlib.Path({str(tmp_path / 'spans.jsonl')!r}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env={"PYTHONPATH": str(ROOT)}, capture_output=True
+    )
+    assert out.returncode != 0
+    assert b"ConfigurationError: CONVOQ_TRACE_FILE needs OpenTelemetry" in out.stderr
