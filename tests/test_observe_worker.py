@@ -91,6 +91,8 @@ def test_worker_endpoint_counts_turns_by_agent_and_outcome(
     (call,) = parked.wait(30, return_on_approval=True).pending_approvals
     client.approve(parked, call.id)
     assert "after tool" in parked.wait(30).text
+    # Two model calls reporting usage (tests.support.worker_agents.metered).
+    assert client.submit(_cid("m-usage"), "count", agent="metered").wait(30).text
     after = scrape(port)
 
     # The client counted its submit in this process; the worker everything after it.
@@ -113,6 +115,11 @@ def test_worker_endpoint_counts_turns_by_agent_and_outcome(
     )
     assert _moved(before, after, "convoq_model_errors_total", model="scripted", status="ModelError")
     assert _moved(before, after, "convoq_tool_calls_total", tool="transfer", outcome="ok") == 1
+    tokens = {
+        kind: _moved(before, after, "convoq_model_tokens_total", model="scripted", kind=kind)
+        for kind in ("input", "output", "cached", "reasoning")
+    }
+    assert tokens == {"input": 230, "output": 30, "cached": 64, "reasoning": 5}
 
 
 def test_worker_endpoint_counts_leases_cancels_inboxes_webhooks_and_sweeps(
