@@ -23,7 +23,8 @@ Layers, bottom up (a module imports only from layers below; checked by import-li
     turn_state | window | limits                the data model ...
     messages
     settings | ids | _sync
-    errors | defaults                           ... down to the error tree and defaults
+    errors | defaults | observe                 ... down to the error tree, defaults, and
+                                                metrics and traces (anyone may report)
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from convoq.client import AsyncClient, Client
 from convoq.errors import ModelError
 from convoq.ids import new_turn_id
 from convoq.messages import Message
+from convoq.observe import tracing
 from convoq.queue.routing import partition_of
 from tests.support.redis_server import RedisServer
 from tests.support.telemetry import Samples, file_spans, memory_exporter, scrape, value
@@ -180,10 +181,12 @@ def test_one_trace_crosses_from_submit_to_the_commit_on_the_worker(
 ) -> None:
     spans.clear()
     cid = _cid("t-ok")
-    handle = client.submit(cid, "trace me", agent="echo")
+    with tracing.span("app.request"):  # the application's own span, around a sync call
+        handle = client.submit(cid, "trace me", agent="echo")
     assert handle.wait(30).text == "seen: trace me"
     mine = {s.name: s for s in spans.get_finished_spans()}
-    submit, kick = mine["convoq.submit"], mine["convoq.kick"]
+    app, submit, kick = mine["app.request"], mine["convoq.submit"], mine["convoq.kick"]
+    assert submit.parent is not None and submit.parent.span_id == app.context.span_id
     trace_id = f"{submit.context.trace_id:032x}"
     assert kick.parent is not None and kick.parent.span_id == submit.context.span_id
     worker = wait_until(
