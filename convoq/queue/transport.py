@@ -18,6 +18,9 @@ from convoq.observe import tracing
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
 HEAD_HEADER = "convoq_head"
+# A drain that gave its slot up kept the conversation's lease for the drain its kick
+# starts: the kick carries the lease's fence in this header (proof of ownership).
+FENCE_HEADER = "convoq_fence"
 log = logging.getLogger("convoq.client")
 
 

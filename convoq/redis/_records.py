@@ -93,6 +93,11 @@ class TurnEnding:
         next_turn_id: the turn expected next (:attr:`Acquired.next_turn_id`).
         events: buffered events to append before the turn's own ("done" comes last).
         failed: where turns failed on the way to the next one are reported.
+        requeued: when given, the next turn is not taken: the lease is kept (same fence)
+            for it and its id is appended here, for the caller to send the conversation
+            back in line with the fence as proof (a drain then takes it with
+            ``acquire(fence=...)``); None comes back. If that kick is lost, the lease
+            expires and the sweeper kicks the conversation.
     """
 
     fence: int
@@ -102,6 +107,12 @@ class TurnEnding:
     next_turn_id: str | None = None
     events: Sequence[TurnEvent] = ()
     failed: list[str] | None = None
+    requeued: list[str] | None = None
+
+    @property
+    def expected_next(self) -> str | None:
+        """The turn the script is asked to hand out itself (none when it is requeued)."""
+        return None if self.requeued is not None else self.next_turn_id
 
     def taking(self) -> Taking:
         """The hand-off of the next turn: same fence, no new holder."""

@@ -53,6 +53,7 @@ class TakingMixin(ProtocolBase):
         max_attempts: int = defaults.MAX_ATTEMPTS,
         failed: list[str] | None = None,
         head: str | None = None,
+        fence: int = 0,
     ) -> Acquired | None:
         """Take the conversation's lease (a new fence) and its head turn with the history
         window. None: nothing queued, the lease is live elsewhere, or the head is parked
@@ -60,12 +61,14 @@ class TakingMixin(ProtocolBase):
         the way and the next head is taken; their ids are appended to ``failed`` (they
         are finished turns whose callbacks are owed). ``head``: the turn id the caller
         believes heads the inbox, which saves reading it first (the script checks it and
-        goes on with the real head if it is not)."""
+        goes on with the real head if it is not). ``fence``: a lease kept for this caller by a
+        commit or fail that requeued the conversation (:attr:`TurnEnding.requeued`), taken
+        over as is; 0 takes a new one."""
         check_conversation_id(cid)
         first: bytes | str | None = valid_turn_id(head)
         if first is None:
             first = await self.redis.lindex(self.keys.inbox(cid), 0)
-        taking = Taking(worker_id, lease_ms, window, max_attempts, 0, failed)
+        taking = Taking(worker_id, lease_ms, window, max_attempts, fence, failed)
         return await self._take(cid, first, taking)
 
     def take_args(self, t: Taking) -> list[Any]:
@@ -132,13 +135,20 @@ class TakingMixin(ProtocolBase):
             next_turn_id=valid_turn_id(reply[8]),
         )
 
-    async def handed(self, cid: str, reply: list[Any], t: Taking) -> Acquired | None:
+    async def handed(
+        self, cid: str, reply: list[Any], t: Taking, requeued: list[str] | None = None
+    ) -> Acquired | None:
         """The next turn, from the 'OK' reply of commit or fail: the turn the script handed
         out itself (it was the one expected), else the head it named, acquired with the
         kept fence. The turn before it is already stored, so a next turn that cannot be
         loaded is left to the next acquire (after the lease expires) to report, instead
-        of making this commit look failed."""
+        of making this commit look failed. ``requeued``: take nothing; the id of the next
+        turn, whose lease is kept, is appended there."""
         t.note_failed(reply, 2)
+        if requeued is not None:
+            if reply[1]:
+                requeued.append(self._head_id(cid, reply[1]))
+            return None
         taken = reply[3] if len(reply) > 3 else None
         try:
             if taken is None:

@@ -178,7 +178,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         reply = await self.scripts.run("commit", keys, args)
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, reply, ending.taking())
+        return await self.handed(cid, reply, ending.taking(), ending.requeued)
 
     def commit_call(
         self,
@@ -191,12 +191,12 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
         element, result, counters, encoded = self._stored_turn(messages)
-        following = self.next_turn_keys(cid, ending.next_turn_id)
+        following = self.next_turn_keys(cid, ending.expected_next)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
         keys += [self.keys.lead(cid), *following] if following else []
         args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
-        args += [ending.next_turn_id or "", *self.take_args(ending.taking())]
+        args += [ending.expected_next or "", *self.take_args(ending.taking())]
         args.append(counters)
         return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
 
@@ -234,15 +234,15 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         error of type TurnCancelledError ends it as cancelled. ``ending.events`` go to its
         stream before "done". Guards and hand-off as :meth:`commit`."""
         status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
-        following = self.next_turn_keys(cid, ending.next_turn_id)
+        following = self.next_turn_keys(cid, ending.expected_next)
         keys = self._ending_keys(cid, turn_id)
         keys += [*self.keys.history_keys(cid), *following] if following else []
         args = [turn_id, ending.fence, self.json_arg(error, "error"), status]
-        args += [ending.next_turn_id or "", *self.take_args(ending.taking())]
+        args += [ending.expected_next or "", *self.take_args(ending.taking())]
         reply = await self.scripts.run("fail", keys, [*args, *self.event_args(ending.events)])
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, reply, ending.taking())
+        return await self.handed(cid, reply, ending.taking(), ending.requeued)
 
     async def park(
         self,

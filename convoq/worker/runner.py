@@ -10,6 +10,10 @@ loop ends when the inbox is empty, a turn parks for approval, or the lease is lo
 (another worker took over after this one stalled: its turn is abandoned, nothing is
 written).
 
+While other conversations wait for a slot of the process, a drain gives the slot up after
+each turn instead (:mod:`convoq.worker._fair`): its commit keeps the lease for the next
+turn and the conversation goes back in line with the fence as proof.
+
 Besides acquire, a turn's Redis round trips are its fenced writes: a journal entry
 (checkpoint) per step before the final answer, then commit, fail or park. Events ride
 along with the next of them (or go on their own after ``event_flush_ms``, see
@@ -44,6 +48,7 @@ from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState
 from convoq.window import last_turns
 from convoq.worker import _observed
+from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
@@ -76,6 +81,8 @@ class DrainReport:
     failed: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
+    # Turns left queued for another drain because other conversations waited for a slot.
+    requeued: list[str] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
@@ -92,18 +99,32 @@ class Runner:
         config: RunnerConfig,
         *,
         on_finished: FinishedHook = no_hook,
+        fairness: Fairness | None = None,
     ) -> None:
         self._protocol = protocol
+        self._fair = fairness or NeverYield()
         self._profiles = profiles
         self._config = config
         self._on_finished = on_finished
         self._window = profiles.history_window()
 
-    async def drain(self, conversation_id: str, *, head: str | None = None) -> DrainReport:
-        """Run the conversation's queued turns until its inbox is empty or a turn parks.
-        ``head``: the turn the kick says heads the inbox (a hint, checked in Redis)."""
+    async def drain(
+        self, conversation_id: str, *, head: str | None = None, fence: int = 0
+    ) -> DrainReport:
+        """Run the conversation's queued turns until its inbox is empty, a turn parks, or
+        (see :mod:`convoq.worker._fair`) other conversations wait for the slot.
+        ``head``: the turn the kick says heads the inbox (a hint, checked in Redis);
+        ``fence``: the lease a requeueing drain kept for this one (0: take a new one)."""
         cid = check_conversation_id(conversation_id)
         report = DrainReport(cid)
+        acquired = await self._acquire(cid, head, fence, report)
+        while acquired is not None:
+            acquired = await self._run_turn(acquired, report)
+        return report
+
+    async def _acquire(
+        self, cid: str, head: str | None, fence: int, report: DrainReport
+    ) -> Acquired | None:
         ended: list[str] = []
         with tracing.span("convoq.acquire", {"convoq.conversation_id": cid}):
             acquired = await self._protocol.acquire(
@@ -114,11 +135,10 @@ class Runner:
                 max_attempts=self._config.max_attempts,
                 failed=ended,
                 head=head,
+                fence=fence,
             )
         await self._failed_on_the_way(cid, ended, report)
-        while acquired is not None:
-            acquired = await self._run_turn(acquired, report)
-        return report
+        return acquired
 
     async def _run_turn(self, acq: Acquired, report: DrainReport) -> Acquired | None:
         delay = self._config.event_flush_ms / 1000
@@ -249,6 +269,7 @@ class Runner:
         config = self._config
         # Traced as one span: the script ends this turn and hands over the next.
         end = _observed.in_span("convoq.commit" if done is report.succeeded else "convoq.fail", end)
+        requeued: list[str] | None = [] if await self._fair.others_waiting() else None
         try:
             async with run.events.pending() as events:
                 following = await end(
@@ -260,6 +281,7 @@ class Runner:
                         next_turn_id=acq.next_turn_id,
                         events=events,
                         failed=ended,
+                        requeued=requeued,
                     )
                 )
         except TurnAlreadyAppliedError:
@@ -277,7 +299,22 @@ class Runner:
         done.append(tid)
         await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
         await self._failed_on_the_way(cid, ended, report)
+        if requeued:
+            return await self._requeue(cid, requeued[0], acq.fence, report)
         return following
+
+    async def _requeue(
+        self, cid: str, head: str, fence: int, report: DrainReport
+    ) -> Acquired | None:
+        """Send the conversation back in line (its lease kept for the next drain); if the
+        kick cannot be sent, go on with the turn here instead."""
+        try:
+            await self._fair.requeue(cid, head, fence)
+        except Exception as exc:
+            log.warning("could not requeue %s (%s): its next turn runs here", cid, exc)
+            return await self._acquire(cid, head, fence, report)
+        report.requeued.append(head)
+        return None
 
     async def _failed_on_the_way(self, cid: str, turn_ids: list[str], report: DrainReport) -> None:
         """Turns acquire failed before they could run (over max attempts, approval

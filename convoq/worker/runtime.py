@@ -18,21 +18,23 @@ import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from celery import Celery, current_task
+from kombu.exceptions import ChannelError
 
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
 from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
 from convoq.queue import routing, signing
-from convoq.queue.transport import HEAD_HEADER
+from convoq.queue.transport import FENCE_HEADER, HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.worker import _observed, webhooks
+from convoq.worker._fair import SlotBacklog
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper
@@ -67,6 +69,7 @@ class WorkerRuntime:
         self._metrics: metrics.MetricsServer | None = None
         if settings.trace_file is not None:
             _export_spans(settings.trace_file)
+        self.backlog = SlotBacklog(settings.concurrency, self._queued_kicks, self._requeue)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the process's loop (opening connections on first use)."""
@@ -105,7 +108,9 @@ class WorkerRuntime:
             max_attempts=s.max_attempts,
             approval_ttl_s=s.approval_ttl_s,
         )
-        runner = Runner(protocol, self.profiles, config, on_finished=self._after_turn)
+        runner = Runner(
+            protocol, self.profiles, config, on_finished=self._after_turn, fairness=self.backlog
+        )
         self._epoch = await protocol.check_epoch(None)
         return redis, protocol, runner
 
@@ -113,11 +118,13 @@ class WorkerRuntime:
     def drain(self, conversation_id: str) -> DrainReport:
         if self._halted is not None:
             raise self._halted
-        drain = self.runner.drain(conversation_id, head=_head_hint())
+        head, fence = _hints()
+        drain = self.runner.drain(conversation_id, head=head, fence=fence)
         attributes = {"convoq.conversation_id": conversation_id}
         parent = _kick_header(tracing.HEADER)
         carrier = {tracing.HEADER: parent} if parent else None
-        return self.run(tracing.traced(drain, "convoq.drain", attributes, parent=carrier))
+        with self.backlog.slot():
+            return self.run(tracing.traced(drain, "convoq.drain", attributes, parent=carrier))
 
     def sweep_once(self) -> list[str]:
         return self.run(self._make_sweeper().sweep_once())
@@ -126,12 +133,30 @@ class WorkerRuntime:
         return self.run(self._deliver(conversation_id, turn_id))
 
     # -- kicks -----------------------------------------------------------------------------
-    def send(self, task: str, conversation_id: str, *args: str) -> None:
+    def send(
+        self, task: str, conversation_id: str, *args: str, headers: dict[str, str] | None = None
+    ) -> None:
         """Send ``task(conversation_id, *args)`` to the conversation's queue."""
         queue = routing.route(
             conversation_id, prefix=self.settings.prefix, partitions=self.settings.partitions
         )
-        self.app.send_task(task, args=[conversation_id, *args], queue=queue)
+        self.app.send_task(task, args=[conversation_id, *args], queue=queue, headers=headers)
+
+    def _requeue(self, conversation_id: str, head: str, fence: int) -> None:
+        headers = {HEAD_HEADER: head, FENCE_HEADER: str(fence)}
+        self.send(routing.DRAIN_TASK, conversation_id, headers=headers)
+
+    def _queued_kicks(self) -> int:
+        """Messages waiting in the queues this worker consumes (broker round trips)."""
+        total = 0
+        with self.app.pool.acquire(block=True, timeout=5) as connection:
+            channel = cast(Any, connection).default_channel
+            for queue in self._queues:
+                try:
+                    total += channel.queue_declare(queue=queue, passive=True).message_count
+                except ChannelError:  # kombu's Redis transport: no such list, no message
+                    continue
+        return total
 
     async def kick(self, conversation_id: str) -> None:
         await asyncio.to_thread(self.send, routing.DRAIN_TASK, conversation_id)
@@ -267,10 +292,14 @@ class WorkerRuntime:
         await redis.aclose()
 
 
-def _head_hint() -> str | None:
+def _hints() -> tuple[str | None, int]:
     """The inbox head named by the kick this thread runs (the ``HEAD_HEADER`` a client
-    sets when its turn went to an idle conversation), or None."""
-    return _kick_header(HEAD_HEADER)
+    sets when its turn went to an idle conversation) or None, and the fence of a lease kept
+    for it by a drain that gave its slot up (``FENCE_HEADER``) or 0."""
+    fence = _kick_header(FENCE_HEADER)
+    if not (fence and fence.isdigit() and len(fence) < 30):
+        fence = "0"
+    return _kick_header(HEAD_HEADER), int(fence)
 
 
 def _kick_header(name: str) -> str | None:

@@ -1,0 +1,131 @@
+"""Fair slots: while other conversations wait, a drain gives its slot up after each turn
+and sends its conversation back in line, keeping the lease (same fence) for the drain that
+picks the kick up; a worker whose slots are not all busy never asks. The runner in this
+process against a real redis-server; the end-to-end order is checked with a real worker
+process of one slot."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from convoq import Agent
+from convoq.models import ScriptedModel
+from convoq.redis import KeySchema, TurnProtocol
+from convoq.worker._fair import SlotBacklog
+from convoq.worker.profiles import Profiles
+from convoq.worker.runner import Runner, RunnerConfig
+from tests.support.protocol_helpers import submit_all
+from tests.support.workers import WorkerPool
+
+CID = "fair-1"
+
+
+class Waiting:
+    """Fairness whose answer the test sets; requeues are recorded (or refused)."""
+
+    def __init__(self, waiting: bool, *, refuse: bool = False) -> None:
+        self.waiting, self.refuse = waiting, refuse
+        self.requeued: list[tuple[str, str, int]] = []
+
+    async def others_waiting(self) -> bool:
+        return self.waiting
+
+    async def requeue(self, conversation_id: str, head: str, fence: int) -> None:
+        if self.refuse:
+            raise ConnectionError("broker down")
+        self.requeued.append((conversation_id, head, fence))
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
+    yield protocol
+    await protocol.close()
+
+
+def runner(proto: TurnProtocol, fairness: Waiting) -> Runner:
+    echo = Agent(ScriptedModel(lambda request: f"seen {request.messages[-1].text}"), name="bot")
+    config = RunnerConfig(worker_id="w-test", lease_ms=30_000)
+    return Runner(proto, Profiles([echo]), config, fairness=fairness)
+
+
+async def test_a_drain_moves_on_after_each_turn_while_others_wait(proto: TurnProtocol) -> None:
+    await submit_all(proto, CID, "t1", "t2", "t3")
+    fair = Waiting(True)
+    first = await runner(proto, fair).drain(CID)
+    assert (first.succeeded, first.requeued) == (["t1"], ["t2"])
+    ((cid, head, fence),) = fair.requeued
+    assert (cid, head) == (CID, "t2")
+    # The lease stays kept for the requeued kick: a kick without its fence gets nothing.
+    assert (await runner(proto, Waiting(False)).drain(CID)).idle
+    assert (await proto.get_turn(CID, "t2")).status == "queued"
+    second = await runner(proto, fair).drain(CID, head="t2", fence=fence)
+    assert (second.succeeded, second.requeued) == (["t2"], ["t3"])
+    assert fair.requeued[-1][2] == fence  # one lease throughout
+    last = await runner(proto, Waiting(False)).drain(CID, head="t3", fence=fence)
+    assert (last.succeeded, last.requeued) == (["t3"], [])
+    assert not await proto.redis.exists(proto.keys.lease(CID))
+    assert [m.text for m in await proto.history(CID)] == [
+        "t1", "seen t1", "t2", "seen t2", "t3", "seen t3"
+    ]  # fmt: skip
+
+
+async def test_a_lone_conversation_keeps_its_slot(proto: TurnProtocol) -> None:
+    await submit_all(proto, CID, "t1", "t2", "t3")
+    report = await runner(proto, Waiting(False)).drain(CID)
+    assert (report.succeeded, report.requeued) == (["t1", "t2", "t3"], [])
+
+
+async def test_a_requeue_that_cannot_be_sent_runs_the_turn_here(proto: TurnProtocol) -> None:
+    await submit_all(proto, CID, "t1", "t2")
+    report = await runner(proto, Waiting(True, refuse=True)).drain(CID)
+    assert (report.succeeded, report.requeued) == (["t1", "t2"], [])
+
+
+async def test_the_broker_is_asked_only_while_every_slot_is_busy() -> None:
+    counts: list[int] = []
+
+    def queued() -> int:
+        counts.append(1)
+        return 3
+
+    backlog = SlotBacklog(2, queued, lambda cid, head, fence: None, refresh_s=0)
+    with backlog.slot():
+        assert not await backlog.others_waiting()
+        assert counts == []
+        with backlog.slot():
+            assert await backlog.others_waiting()
+    assert counts == [1]
+
+
+@pytest.fixture
+def one_slot(redis_url: str, tmp_path: Path) -> Iterator[WorkerPool]:
+    agents = "tests.support.fair_agents"
+    pool = WorkerPool(redis_url, tmp_path, concurrency=1, agents=agents)
+    pool.start()
+    yield pool
+    pool.stop_all()
+
+
+def test_a_waiting_conversation_runs_before_a_busy_one_finishes(
+    one_slot: WorkerPool, redis_client: redis.Redis
+) -> None:
+    busy, other = f"busy-{uuid.uuid4().hex[:6]}", f"other-{uuid.uuid4().hex[:6]}"
+    with one_slot.client() as client:
+        queued = [client.submit(busy, f"turn {n}", agent="slow") for n in range(3)]
+        waiting = client.submit(other, "me too", agent="slow")
+        for handle in [*queued, waiting]:
+            assert handle.wait(60).ok
+    keys = KeySchema(one_slot.prefix)
+
+    def started(handle: object) -> int:
+        cid, tid = handle.conversation_id, handle.turn_id  # type: ignore[attr-defined]
+        return int(redis_client.hget(keys.turn(cid, tid), "started_ms"))
+
+    # One slot: without fairness the busy conversation would run all its turns first.
+    assert started(queued[0]) < started(waiting) < started(queued[1])
