@@ -9,6 +9,7 @@ import sys
 BENCHMARKS: dict[str, str] = {
     "memory": "bench.memory_append",
     "turns": "bench.turn_latency",
+    "hop": "bench.sync_hop",
     "gateway": "bench.gateway_latency",
 }
 

@@ -3,7 +3,7 @@ clear errors for credentials and URLs that cannot work."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 import redis
@@ -12,6 +12,7 @@ from convoq.errors import ConfigurationError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, TextPart
 from convoq.redis import connect
+from convoq.redis._blocking import connect_blocking
 from convoq.redis.protocol import TurnEnding
 from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_server import RedisServer
@@ -67,6 +68,9 @@ async def test_memory_round_trips_a_turn(secure_url: tuple[str, str], key_prefix
         await memory.aappend(CID, turn)
         assert await memory.aload(CID) == turn
         await memory.aclear(CID)
+        memory.append(CID, turn)  # the sync flavour: its own connections, same options
+        assert memory.load(CID) == turn
+        memory.clear(CID)
     finally:
         await memory.aclose()
 
@@ -101,10 +105,12 @@ async def test_refused_credentials_are_a_configuration_error(
     }[who]
     memory = RedisConversationMemory(url=url, prefix=key_prefix)
     try:
-        with pytest.raises(ConfigurationError, match="password in the Redis URL") as caught:
-            await memory.aload(CID)
-        assert "guess" not in caught.value.message
-        assert caught.value.details["user"] == (USER if who == "wrong user password" else "default")
+        for load in (memory.aload, _sync_flavour(memory.load)):
+            with pytest.raises(ConfigurationError, match="password in the Redis URL") as caught:
+                await load(CID)
+            assert "guess" not in caught.value.message
+            want = USER if who == "wrong user password" else "default"
+            assert caught.value.details["user"] == want
     finally:
         await memory.aclose()
     async with open_protocol(url, key_prefix) as proto:
@@ -131,9 +137,10 @@ async def test_a_certificate_from_an_unknown_ca_is_refused(
     ],
 )
 def test_a_url_that_cannot_work_is_a_configuration_error(url: str, says: str) -> None:
-    with pytest.raises(ConfigurationError, match=says) as caught:
-        connect(url)
-    assert "hunter2" not in caught.value.message
+    for connect_to in (connect, connect_blocking):
+        with pytest.raises(ConfigurationError, match=says) as caught:
+            connect_to(url)
+        assert "hunter2" not in caught.value.message
 
 
 async def test_socket_timeouts_given_to_connect_win_over_the_url(redis_url: str) -> None:
@@ -148,3 +155,12 @@ async def test_socket_timeouts_given_to_connect_win_over_the_url(redis_url: str)
     from_url = connect(f"{redis_url}?socket_timeout=0.5")
     assert from_url.connection_pool.connection_kwargs["socket_timeout"] == 0.5
     await from_url.aclose()
+
+
+def _sync_flavour(
+    load: Callable[[str], list[Message]],
+) -> Callable[[str], Awaitable[list[Message]]]:
+    async def call(cid: str) -> list[Message]:
+        return load(cid)
+
+    return call

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,11 +20,13 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
-from convoq._sync import run_in_portal, run_sync
+from convoq._sync import drive, run_in_portal, run_sync
+from convoq.limits import Limits
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
-from convoq.redis._history import append_history
+from convoq.redis._blocking import BlockingScripts, connect_blocking
+from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
@@ -50,8 +53,10 @@ class RedisConversationMemory(StoredConversationMemory):
 
     Settings resolve as everywhere in convoq: argument, else ``CONVOQ_*``, else default.
 
-    Without ``client`` the memory owns one connection pool that lives on convoq's shared
-    loop thread, so its sync and async methods may be mixed from any thread or loop.
+    Without ``client`` the memory owns its connections, so its sync and async methods may
+    be mixed from any thread or loop: async calls run on a pool that lives on convoq's
+    shared loop thread; sync ``load`` and ``append`` do their I/O on the caller's thread
+    with a sync pool (no hop to that loop), through the same steps as the async calls.
     """
 
     def __init__(
@@ -76,10 +81,14 @@ class RedisConversationMemory(StoredConversationMemory):
         self._home = s.home
         self._limits = {"max_attachment_bytes": s.max_attachment_bytes}
         self._limits["max_turn_bytes"] = s.max_turn_bytes
+        self._limits_obj = Limits(s.max_attachment_bytes, s.max_turn_bytes)
         self._given = TurnProtocol(client, self._keys, **self._limits) if client else None
         self._owned: TurnProtocol | None = None
         self._owned_pid = os.getpid()
         self._lock: asyncio.Lock | None = None
+        self._blocking: BlockingScripts | None = None
+        self._blocking_lock = threading.Lock()
+        self._resolved_url: str | None = None
 
     async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
         return await self._run(lambda p: p.history(conversation_id, last_turns=last_turns))
@@ -94,14 +103,54 @@ class RedisConversationMemory(StoredConversationMemory):
         this conversation queued or running."""
         await self._run(lambda p: p.clear(conversation_id))
 
+    # Sync calls do their I/O on the caller's thread; clear (rare) hops to the bridge loop.
+    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        scripts = self._blocking_scripts()
+        if scripts is None:
+            return super()._read_blocking(conversation_id, last_turns)
+        return drive(load_steps(self._keys, conversation_id, last_turns), scripts.perform)
+
+    def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:
+        scripts = self._blocking_scripts()
+        if scripts is None:
+            super()._write_blocking(conversation_id, messages)
+            return
+        steps = append_steps(self._keys, conversation_id, messages, self._limits_obj)
+        drive(steps, scripts.perform)
+
+    def _blocking_scripts(self) -> BlockingScripts | None:
+        """The sync pool's scripts, opened on first use; None with a given async client."""
+        if self._given is not None:
+            return None
+        if self._blocking is None:
+            with self._blocking_lock:
+                if self._blocking is None:
+                    client = connect_blocking(self._url_to_use())
+                    weakref.finalize(self, client.close)
+                    self._blocking = BlockingScripts(client)
+        return self._blocking
+
+    def _url_to_use(self) -> str:
+        if self._resolved_url is None:
+            self._resolved_url = url_or_embedded(self._url, self._home)
+        return self._resolved_url
+
     async def aclose(self) -> None:
         """Close the connection pool this memory opened (a given client is left alone)."""
         if self._given is None:
+            self._close_blocking()
             await run_in_portal(self._close_owned())
 
     def close(self) -> None:
         if self._given is None:
+            self._close_blocking()
             run_sync(self._close_owned())
+
+    def _close_blocking(self) -> None:
+        with self._blocking_lock:
+            scripts, self._blocking = self._blocking, None
+        if scripts is not None:
+            scripts.client.close()
 
     async def _close_owned(self) -> None:
         if self._owned is not None:
@@ -128,7 +177,7 @@ class RedisConversationMemory(StoredConversationMemory):
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._owned is None:
-                url = await asyncio.to_thread(url_or_embedded, self._url, self._home)
+                url = await asyncio.to_thread(self._url_to_use)
                 client = connect(url)
                 self._owned = TurnProtocol(client, self._keys, **self._limits)
                 # A memory dropped without close() must not leave sockets to the GC.

@@ -69,15 +69,39 @@ def connect(
             without ``rediss://``). Credentials Redis refuses raise ConfigurationError on
             first use, at once rather than after the reconnect retries.
     """
+    pool = new_pool(
+        aioredis.BlockingConnectionPool,
+        Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
+        _handshake,
+        url,
+        max_connections=max_connections,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_connect_timeout,
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def new_pool(
+    pool_class: Any,
+    retry: Any,
+    handshake: Any,
+    url: str,
+    *,
+    max_connections: int,
+    socket_timeout: float | None,
+    socket_connect_timeout: float | None,
+) -> Any:
+    """A redis-py pool (async or sync flavour: its class, retry and handshake) for ``url``,
+    configured and checked as :func:`connect` documents."""
     try:
-        pool = aioredis.BlockingConnectionPool.from_url(
+        pool = pool_class.from_url(
             url,
             max_connections=max_connections,
             timeout=60,
             decode_responses=False,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
+            retry=retry,
             retry_on_error=list(REDIS_UNAVAILABLE),
-            redis_connect_func=_handshake,
+            redis_connect_func=handshake,
         )
         explicit = {"socket_timeout": socket_timeout}
         explicit["socket_connect_timeout"] = socket_connect_timeout
@@ -86,7 +110,7 @@ def connect(
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(_url_problem(url, exc), url=redacted(url)) from exc
     _check_tls_files(pool.connection_kwargs, url)
-    return aioredis.Redis.from_pool(pool)
+    return pool
 
 
 async def _handshake(connection: AbstractConnection) -> None:
@@ -97,21 +121,26 @@ async def _handshake(connection: AbstractConnection) -> None:
         await connection.on_connect()
     except AuthenticationError as exc:
         await connection.disconnect()
-        where = getattr(connection, "path", "") or (
-            f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
-        )
-        user = connection.username or "default"
-        refused = (
-            f"refused the credentials of user {user!r}"
-            if connection.password
-            else "wants a password and the URL has none"
-        )
-        raise ConfigurationError(
-            f"Redis at {where} {refused} ({exc}); check the user name and password in the"
-            " Redis URL (redis://user:password@host:port/db)",
-            server=where,
-            user=user,
-        ) from exc
+        raise credentials_refused(connection, exc) from exc
+
+
+def credentials_refused(connection: Any, exc: AuthenticationError) -> ConfigurationError:
+    """The error for credentials Redis refused on ``connection`` (either flavour)."""
+    where = getattr(connection, "path", "") or (
+        f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
+    )
+    user = connection.username or "default"
+    refused = (
+        f"refused the credentials of user {user!r}"
+        if connection.password
+        else "wants a password and the URL has none"
+    )
+    return ConfigurationError(
+        f"Redis at {where} {refused} ({exc}); check the user name and password in the"
+        " Redis URL (redis://user:password@host:port/db)",
+        server=where,
+        user=user,
+    )
 
 
 def _check_tls_files(options: dict[str, Any], url: str) -> None:

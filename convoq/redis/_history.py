@@ -1,5 +1,8 @@
 """History in Redis: window loads and appends, shared by the memory backend and the protocol.
 
+Each read and write is written once as steps (:mod:`convoq.redis.scripts`), run on an
+async client here and on a sync one by sync callers that skip the bridge loop.
+
 A window of the last N turns comes from the ``load`` script in one round trip (it reads
 only element headers inside Redis). A whole history, or a window longer than one script
 call may read, is read by the client in chunks of :data:`CHUNK` elements: each call's
@@ -13,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from convoq._sync import adrive
 from convoq.errors import ConversationMemoryError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
@@ -33,7 +36,7 @@ from convoq.redis._codec import (
     usage_of,
 )
 from convoq.redis.keys import KeySchema
-from convoq.redis.scripts import Scripts
+from convoq.redis.scripts import Batch, ScriptCall, Scripts, Steps
 from convoq.window import last_turns as window_last_turns
 from convoq.window import split_turns
 
@@ -86,34 +89,37 @@ def decode_window(
     return window_last_turns(messages, window or None)
 
 
-async def load_history(
-    scripts: Scripts, keys: KeySchema, cid: str, last_turns: int | None
-) -> list[Message]:
+def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[Message]]:
     """Leading system/developer messages plus the last ``last_turns`` turns (None: all):
     a window in one round trip, a whole history in bounded chunks."""
     window = last_turns or 0
     if window > 0:
-        reply = await scripts.run("load", keys.history_keys(cid), [window])
+        reply = yield ScriptCall("load", keys.history_keys(cid), [window])
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
             raise error
         if reply[2] is not None:
             return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]), window)
-    return await read_chunked(scripts.client, keys, cid, window)
+    return (yield from chunked_steps(keys, cid, window))
 
 
-async def read_chunked(
-    client: aioredis.Redis, keys: KeySchema, cid: str, window: int
+async def load_history(
+    scripts: Scripts, keys: KeySchema, cid: str, last_turns: int | None
 ) -> list[Message]:
+    """:func:`load_steps` on an async client."""
+    return await adrive(load_steps(keys, cid, last_turns), scripts.perform)
+
+
+def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]]:
     """The whole history read in chunks (each Redis call bounded), cut to ``window``."""
     for _ in range(_RESTARTS):
-        read = await _read_elements(client, keys, cid)
+        read = yield from _elements_steps(keys, cid)
         if read is None:
             continue  # cleared while we read: start over
         lead, elements = read
         headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
         lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
-        blobs = await _read_blobs(client, keys, cid, blob_refs([*lead_headers, *headers]))
+        blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
         blobs_key = keys.blobs(cid)
         messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
         messages += decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
@@ -123,17 +129,23 @@ async def read_chunked(
     )
 
 
-async def _read_elements(
-    client: aioredis.Redis, keys: KeySchema, cid: str
-) -> tuple[list[bytes], list[bytes]] | None:
+async def read_chunked(scripts: Scripts, keys: KeySchema, cid: str, window: int) -> list[Message]:
+    """:func:`chunked_steps` on an async client."""
+    return await adrive(chunked_steps(keys, cid, window), scripts.perform)
+
+
+def _elements_steps(keys: KeySchema, cid: str) -> Steps[tuple[list[bytes], list[bytes]] | None]:
     """Lead and turn elements, or None when the list shrank meanwhile (a clear)."""
     turns = keys.turns(cid)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.hget(keys.meta(cid), "format_version")
-        pipe.lrange(keys.lead(cid), 0, -1)
-        pipe.llen(turns)
-        pipe.lrange(turns, 0, CHUNK - 1)
-        first = await pipe.execute(raise_on_error=False)
+    first = yield Batch(
+        [
+            ("HGET", keys.meta(cid), "format_version"),
+            ("LRANGE", keys.lead(cid), 0, -1),
+            ("LLEN", turns),
+            ("LRANGE", turns, 0, CHUNK - 1),
+        ],
+        transaction=True,
+    )
     names = [keys.meta(cid), keys.lead(cid), turns, turns]
     _raise_stored_errors(first, names)
     version, lead, total, elements = first
@@ -141,10 +153,12 @@ async def _read_elements(
         raise version_error(keys, cid, text(version))
     if total > len(elements):
         # The rest in one pipeline of bounded calls: other clients' commands run between them.
-        async with client.pipeline(transaction=False) as pipe:
-            for start in range(len(elements), total, CHUNK):
-                pipe.lrange(turns, start, min(start + CHUNK, total) - 1)
-            rest = await pipe.execute(raise_on_error=False)
+        rest = yield Batch(
+            [
+                ("LRANGE", turns, start, min(start + CHUNK, total) - 1)
+                for start in range(len(elements), total, CHUNK)
+            ]
+        )
         _raise_stored_errors(rest, [turns] * len(rest))
         for chunk in rest:
             elements += chunk
@@ -153,16 +167,16 @@ async def _read_elements(
     return lead, elements
 
 
-async def _read_blobs(
-    client: aioredis.Redis, keys: KeySchema, cid: str, refs: list[str]
-) -> dict[str, bytes]:
+def _blobs_steps(keys: KeySchema, cid: str, refs: list[str]) -> Steps[dict[str, bytes]]:
     if not refs:
         return {}
     key = keys.blobs(cid)
-    async with client.pipeline(transaction=False) as pipe:
-        for start in range(0, len(refs), _BLOB_CHUNK):
-            pipe.hmget(key, refs[start : start + _BLOB_CHUNK])
-        replies = await pipe.execute(raise_on_error=False)
+    replies = yield Batch(
+        [
+            ("HMGET", key, *refs[start : start + _BLOB_CHUNK])
+            for start in range(0, len(refs), _BLOB_CHUNK)
+        ]
+    )
     _raise_stored_errors(replies, [key] * len(replies))
     values = [value for reply in replies for value in reply]
     return {sha: value for sha, value in zip(refs, values, strict=True) if value is not None}
@@ -179,9 +193,7 @@ def _raise_stored_errors(replies: list[Any], keys: list[str]) -> None:
             )
 
 
-async def append_history(
-    scripts: Scripts, keys: KeySchema, cid: str, messages: list[Message], limits: Limits
-) -> None:
+def append_steps(keys: KeySchema, cid: str, messages: list[Message], limits: Limits) -> Steps[None]:
     """Append messages in one atomic script, O(size of the messages).
 
     Whole turns become one element each; leading system/developer messages join the lead
@@ -200,7 +212,14 @@ async def append_history(
     counters = counters_arg(usage_of(messages))
     args: list[Any] = [lead_element, orphan, counters, len(elements), *elements]
     args += encoded.blob_args()
-    reply = await scripts.run("append", keys.history_keys(cid), args)
+    reply = yield ScriptCall("append", keys.history_keys(cid), args)
     error = stored_data_error(reply[0], reply, keys, cid)
     if error is not None:
         raise error
+
+
+async def append_history(
+    scripts: Scripts, keys: KeySchema, cid: str, messages: list[Message], limits: Limits
+) -> None:
+    """:func:`append_steps` on an async client."""
+    await adrive(append_steps(keys, cid, messages, limits), scripts.perform)

@@ -121,7 +121,7 @@ class TakingMixin(ProtocolBase):
         key = self.keys.turn(cid, tid)
         kind = text(reply[3]) if isinstance(reply[3], bytes) else None
         if reply[6] is None:
-            history = await read_chunked(self.redis, self.keys, cid, window)
+            history = await read_chunked(self.scripts, self.keys, cid, window)
         else:
             history = decode_window(
                 self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]), window

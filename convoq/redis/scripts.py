@@ -5,13 +5,20 @@ helpers) is prepended to every script when it is loaded, so each script is still
 self-contained ``EVAL`` body that works on Redis 6.2 (no functions, no flags). redis-py's
 ``register_script`` sends ``EVALSHA`` and reloads the body on ``NOSCRIPT``, so a Redis
 restart or ``SCRIPT FLUSH`` is transparent.
+
+What a multi-step read or write sends is written once, as a generator of requests
+(:class:`ScriptCall`, :class:`Batch`) that receives their replies; :class:`Scripts`
+performs them on an async client, :class:`convoq.redis._blocking.BlockingScripts` on a sync
+one (:func:`convoq._sync.adrive` / :func:`convoq._sync.drive`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -40,6 +47,40 @@ def source(name: str) -> str:
     return (lua / "_lib.lua").read_text("utf-8") + (lua / f"{name}.lua").read_text("utf-8")
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """Run script ``name``; the reply is a list whose first item is a str status."""
+
+    name: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Commands sent in one pipeline (MULTI/EXEC with ``transaction``); the reply is the
+    list of their replies, an error reply as a ``ResponseError`` value."""
+
+    commands: list[tuple[Any, ...]]
+    transaction: bool = False
+
+
+Request: TypeAlias = ScriptCall | Batch
+# A sans-I/O read or write: yields requests, receives replies, returns its result.
+Steps: TypeAlias = Generator[Request, Any, T]
+
+
+def with_status(reply: Any) -> list[Any]:
+    """A script reply as a list whose status (first item) is a str."""
+    result = list(reply)
+    if result and isinstance(result[0], bytes):
+        result[0] = result[0].decode()
+    return result
+
+
 class Scripts:
     """Every script registered on one client; ``await scripts.run(name, keys, args)``."""
 
@@ -51,8 +92,13 @@ class Scripts:
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is always a list whose first item is a status."""
-        reply = await self._scripts[name](keys=keys, args=args)
-        result = list(reply)
-        if result and isinstance(result[0], bytes):
-            result[0] = result[0].decode()
-        return result
+        return with_status(await self._scripts[name](keys=keys, args=args))
+
+    async def perform(self, request: Request) -> Any:
+        """The reply to one request of a step function."""
+        if isinstance(request, ScriptCall):
+            return await self.run(request.name, request.keys, request.args)
+        async with self.client.pipeline(transaction=request.transaction) as pipe:
+            for command in request.commands:
+                pipe.execute_command(*command)
+            return await pipe.execute(raise_on_error=False)

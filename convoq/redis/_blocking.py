@@ -1,0 +1,68 @@
+"""The store's blocking I/O, for sync callers that should not hop to the bridge loop.
+
+Only I/O lives here: a sync client configured like :func:`convoq.redis.connect` (same
+options, retries and errors) and the same scripts registered on it. What is sent and how
+replies are read are the step functions the async path runs too
+(:mod:`convoq.redis._history`), driven by :func:`convoq._sync.drive`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.commands.core import Script
+from redis.connection import AbstractConnection
+from redis.exceptions import AuthenticationError
+from redis.retry import Retry
+
+from convoq.redis._base import credentials_refused, new_pool
+from convoq.redis.scripts import NAMES, Request, ScriptCall, source, with_status
+
+
+def connect_blocking(url: str, *, max_connections: int = 64) -> redis.Redis:
+    """A sync client for ``url``, configured as :func:`convoq.redis.connect`; safe to
+    share between threads, and a forked child opens its own connections."""
+    pool = new_pool(
+        redis.BlockingConnectionPool,
+        Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
+        _handshake,
+        url,
+        max_connections=max_connections,
+        socket_timeout=None,
+        socket_connect_timeout=None,
+    )
+    return redis.Redis.from_pool(pool)
+
+
+def _handshake(connection: AbstractConnection) -> None:
+    try:
+        connection.on_connect()  # type: ignore[no-untyped-call]
+    except AuthenticationError as exc:
+        connection.disconnect()  # type: ignore[no-untyped-call]
+        raise credentials_refused(connection, exc) from exc
+
+
+class BlockingScripts:
+    """Every script registered on one sync client: the twin of
+    :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(source(name)) for name in NAMES
+        }
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """Run script ``name``; its reply is a list whose first item is a str status."""
+        return with_status(self._scripts[name](keys=keys, args=args))
+
+    def perform(self, request: Request) -> Any:
+        """The reply to one request of a step function."""
+        if isinstance(request, ScriptCall):
+            return self.run(request.name, request.keys, request.args)
+        with self.client.pipeline(transaction=request.transaction) as pipe:
+            for command in request.commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            return pipe.execute(raise_on_error=False)
