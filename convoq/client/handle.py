@@ -184,7 +184,7 @@ class AsyncTurnHandle:
             if block_ms <= 0:
                 raise TurnTimeoutError(f"no 'done' event for turn {self.turn_id} in {timeout}s")
             batch = await protocol.read_events(
-                self.conversation_id, self.turn_id, after=after, block_ms=block_ms
+                self.conversation_id, self.turn_id, after=after, block_ms=block_ms, live=True
             )
             for event_id, event in batch:
                 after = event_id

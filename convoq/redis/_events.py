@@ -18,6 +18,9 @@ from convoq.redis._codec import text
 from convoq.redis._records import TurnRecord, TurnStatus, decode_record
 from convoq.turn_state import TurnEvent
 
+# How long a live reader counts as there after its read's block time ran out (it reads
+# again at once; this covers its handling of the events between two reads).
+_READER_GRACE_MS = 2000
 # The fields of a turn record that change once it was submitted.
 _LIVE_FIELDS = ("status", "result", "error", "attempts", "started_ms", "finished_ms")
 log = logging.getLogger("convoq.redis")
@@ -67,24 +70,42 @@ class EventsMixin(ProtocolBase):
         """Append an event to the turn's stream (capped, expires with the turn)."""
         await self.emit_many(cid, turn_id, [event])
 
-    async def emit_many(self, cid: str, turn_id: str, events: Sequence[TurnEvent]) -> None:
-        """Append events to the turn's stream in order, in one round trip."""
+    async def emit_many(self, cid: str, turn_id: str, events: Sequence[TurnEvent]) -> bool:
+        """Append events to the turn's stream in order, in one round trip. Returns whether
+        someone reads the stream live (see :meth:`read_events`)."""
         key = self.keys.events(cid, turn_id)
         datas = [self.json_arg(event.data, "event data") for event in events]
         async with self.redis.pipeline(transaction=False) as pipe:
             for event, data in zip(events, datas, strict=True):
                 pipe.xadd(key, {"type": event.type, "data": data}, maxlen=self.events_maxlen)
             pipe.pexpire(key, self.turn_ttl_ms)
-            await pipe.execute()
+            pipe.exists(self.keys.reader(cid, turn_id))
+            replies = await pipe.execute()
+        return bool(replies[-1])
 
     async def read_events(
-        self, cid: str, turn_id: str, *, after: str = "0", block_ms: int = 0, count: int = 100
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        after: str = "0",
+        block_ms: int = 0,
+        count: int = 100,
+        live: bool = False,
     ) -> list[tuple[str, TurnEvent]]:
         """Events after stream id ``after`` ("0": from the start); waits up to ``block_ms``
-        for the first one (0: no waiting)."""
+        for the first one (0: no waiting). ``live``: the caller follows the stream as it
+        comes; while such a reader is there, the worker sends each text delta as its own
+        event (otherwise it joins the deltas of each flush into one)."""
         key = self.keys.events(cid, turn_id)
         block = block_ms if block_ms > 0 else None
-        return _events(await self.redis.xread({key: after}, count=count, block=block))
+        if not live:
+            return _events(await self.redis.xread({key: after}, count=count, block=block))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.reader(cid, turn_id), b"1", px=block_ms + _READER_GRACE_MS)
+            pipe.xread({key: after}, count=count, block=block)
+            _, reply = await pipe.execute()
+        return _events(reply)
 
 
 def _unknown_turn(cid: str, turn_id: str) -> UnknownTurnError:
@@ -133,6 +154,18 @@ def _events(reply: Any) -> list[tuple[str, TurnEvent]]:
     return events
 
 
+def join_text_deltas(events: Sequence[TurnEvent]) -> list[TurnEvent]:
+    """``events`` with each run of consecutive ``text_delta`` events joined into one."""
+    out: list[TurnEvent] = []
+    for event in events:
+        if event.type == "text_delta" and out and out[-1].type == "text_delta":
+            text = str(out[-1].data.get("text", "")) + str(event.data.get("text", ""))
+            out[-1] = TurnEvent(type="text_delta", data={**out[-1].data, "text": text})
+        else:
+            out.append(event)
+    return out
+
+
 class TurnEvents:
     """The events of one running turn on their way to its stream, in the order added.
 
@@ -158,6 +191,8 @@ class TurnEvents:
         self._buffer: list[TurnEvent] = []
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
+        # Whether the last write saw a live reader: then each text delta stays an event.
+        self._live = False
 
     async def add(self, event: TurnEvent) -> None:
         """Buffer ``event`` (ConvoqError at once if its data is not JSON-safe)."""
@@ -173,7 +208,7 @@ class TurnEvents:
         async with self._lock:
             batch = self._buffer[:]
             if batch:
-                await self._protocol.emit_many(self._cid, self._tid, batch)
+                self._live = await self._protocol.emit_many(self._cid, self._tid, self._out(batch))
                 del self._buffer[: len(batch)]
 
     @contextlib.asynccontextmanager
@@ -182,8 +217,12 @@ class TurnEvents:
         when the block ends without an error (kept for the next write otherwise)."""
         async with self._lock:
             batch = self._buffer[:]
-            yield batch
+            yield self._out(batch)
             del self._buffer[: len(batch)]
+
+    def _out(self, batch: list[TurnEvent]) -> list[TurnEvent]:
+        """What goes to the stream: with no live reader, runs of text deltas joined."""
+        return batch if self._live else join_text_deltas(batch)
 
     async def close(self) -> None:
         """Stop a pending flush. Events still buffered are dropped: the turn was abandoned

@@ -16,6 +16,7 @@ before a key is built; idempotency keys are hashed (sha256 hex) so any string ma
     {prefix}:{cid}:cont:{tid}      string  continuation of a parked turn (TurnState JSON)
     {prefix}:{cid}:journal:{tid}   string  step checkpoint of a running turn (TurnState JSON)
     {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
+    {prefix}:{cid}:reader:{tid}    string  set (PX) while someone reads the events live
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
     {prefix}:epoch                 string  the dataset epoch marker
     convoq:registry:prefixes       set     prefixes workers run under (all deployments)
@@ -85,6 +86,9 @@ class KeySchema:
 
     def events(self, cid: str, tid: str) -> str:
         return f"{self.base(cid)}:events:{check_turn_id(tid)}"
+
+    def reader(self, cid: str, tid: str) -> str:
+        return f"{self.base(cid)}:reader:{check_turn_id(tid)}"
 
     def idem(self, cid: str, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
