@@ -174,7 +174,10 @@ class TurnEvents:
     the events before their own, so "done" still comes last: one round trip for both), or
     on its own ``flush_after_s`` after it was buffered when no such write comes first (a
     model streaming for seconds still shows its text as it comes). One write at a time,
-    so the stream keeps the order of :meth:`add`.
+    so the stream keeps the order of :meth:`add`. Each write joins the text deltas it
+    carries into one event, unless the previous write saw a live reader (the key
+    :meth:`EventsMixin.read_events` sets with ``live=True``): a word per event costs an
+    XADD per word, worth it only while someone watches the text appear.
     """
 
     def __init__(
