@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from convoq._sync import set_blocking_threads
 from convoq.agent import Agent
 from convoq.errors import ConvoqError
 from convoq.loaders import load_image, load_pdf
@@ -95,5 +96,6 @@ __all__ = [
     "Usage",
     "load_image",
     "load_pdf",
+    "set_blocking_threads",
     "tool",
 ]

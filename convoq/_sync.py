@@ -280,9 +280,15 @@ _blocking_threads = DEFAULT_BLOCKING_THREADS
 
 
 def set_blocking_threads(count: int) -> None:
-    """How many sync model functions and tools may run at once in this process.
+    """Set how many sync model functions and sync tools may run at once in this process.
 
-    Calls already running finish on the old pool; later ones use the new size.
+    They run on a thread pool of their own, not on asyncio's default executor (capped at
+    ``min(32, CPUs + 4)`` threads). A worker sizes it to ``CONVOQ_CONCURRENCY``; elsewhere
+    it holds 32 threads, started only when needed. Calls already running finish on the old
+    pool; later ones use the new size.
+
+    Args:
+        count: threads in the pool, at least 1.
 
     Raises:
         ConfigurationError: ``count`` is not a positive int.

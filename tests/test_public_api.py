@@ -58,7 +58,7 @@ def test_contract_names() -> None:
     expected = {
         "Agent", "Message", "MessageRole", "TextPart", "ImagePart", "FilePart", "ToolCall",
         "GenerationRequest", "Response", "tool", "load_image", "load_pdf", "Client",
-        "AsyncClient", "TurnHandle", "Usage",
+        "AsyncClient", "TurnHandle", "Usage", "set_blocking_threads",
     }  # fmt: skip
     assert expected <= set(convoq.__all__)
     assert {"ConversationMemory", "InMemoryConversationMemory", "FileConversationMemory",
