@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from convoq import defaults
 from convoq.errors import ConfigurationError
 
-GatewayScope = Literal["submit", "read", "approve", "admin"]
+GatewayScope = Literal["submit", "read", "approve", "admin", "metrics"]
 
 
 class GatewayKey(BaseModel):

@@ -45,3 +45,12 @@ def test_prometheus_scrapes_the_port_workers_serve_metrics_on() -> None:
     assert f'CONVOQ_METRICS_PORT: "{port}"' in compose
     worker = (DEPLOY / "k8s" / "worker.yaml").read_text()
     assert f"containerPort: {port}" in worker and f'value: "{port}"' in worker
+
+
+def test_the_gateway_metrics_key_of_prometheus_is_a_metrics_key_in_kubernetes() -> None:
+    config = (DEPLOY / "k8s" / "config.yaml").read_text()
+    monitoring = (DEPLOY / "k8s" / "monitoring.yaml").read_text()
+    (token,) = re.findall(r"token: (\S+)", monitoring)
+    (keys,) = re.findall(r"CONVOQ_GATEWAY_API_KEYS: '(.*)'", config)
+    assert {"key": token, "scopes": ["metrics"], "name": "prometheus"} in json.loads(keys)
+    assert (DEPLOY / "prometheus" / "gateway-metrics-key").read_text().strip() == token

@@ -20,8 +20,9 @@ from convoq.ids import new_turn_id
 from convoq.messages import Message
 from convoq.observe import tracing
 from convoq.queue.routing import partition_of
+from tests.support.gateway import running_gateway
 from tests.support.redis_server import RedisServer
-from tests.support.telemetry import Samples, file_spans, memory_exporter, scrape, value
+from tests.support.telemetry import Samples, file_spans, memory_exporter, parse, scrape, value
 from tests.support.workers import (
     WorkerPool,
     running_pool,
@@ -43,7 +44,12 @@ def pool(
 ) -> Iterator[WorkerPool]:
     logs = tmp_path_factory.mktemp("observed-workers")
     # A short lease: renewals happen while a blocked turn runs (every lease_ms / 3).
-    settings = {"metrics_port": 0, "trace_file": trace_file, "lease_ms": 900}
+    settings = {
+        "metrics_port": 0,
+        "metrics_host": "127.0.0.1",
+        "trace_file": trace_file,
+        "lease_ms": 900,
+    }
     with running_pool(redis_server.url, logs, 1, **settings) as started:
         yield started
 
@@ -240,3 +246,29 @@ def test_a_resumed_turn_joins_its_submit_trace_and_errors_are_recorded(
     fail_spans = _tree(file_spans(trace_file), submits[failing.turn_id])
     assert fail_spans["convoq.model"]["status"]["status_code"] == "ERROR"
     assert fail_spans["convoq.fail"]["parent_id"] == failed["span_id"]
+
+
+def test_the_gateway_serves_its_metrics_to_a_metrics_key_only(
+    pool: WorkerPool, tmp_path: Path
+) -> None:
+    with running_gateway(pool, tmp_path) as gateway:
+        with gateway.client("scraper") as scraper:
+            before = parse(scraper.get("/metrics").text)
+        with gateway.client("admin") as admin:
+            cid = _cid("g-metrics")
+            answer = admin.post(
+                f"/v1/conversations/{cid}/turns", json={"message": "hi", "agent": "echo"}
+            )
+            assert answer.status_code == 202, answer.text
+            with gateway.client(None) as anonymous:
+                assert anonymous.get("/metrics").status_code == 401
+            with gateway.client("reader") as reader:
+                assert reader.get("/metrics").status_code == 403
+            with gateway.client("scraper") as scraper:
+                response = scraper.get("/metrics")
+                # A metrics key reaches no conversation.
+                assert scraper.get(f"/v1/conversations/{cid}/messages").status_code == 403
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    after = parse(response.text)
+    assert _moved(before, after, "convoq_turns_submitted_total", agent="echo") == 1

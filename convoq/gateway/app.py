@@ -12,17 +12,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from convoq import __version__
 from convoq.client import AsyncClient
 from convoq.errors import ConvoqError
 from convoq.gateway import inbox, problems, routes_conversations, routes_turns
-from convoq.gateway.auth import KeyRing
+from convoq.gateway.auth import KeyRing, requires
 from convoq.gateway.bodies import add_schemas
 from convoq.gateway.limits import BodyLimit, max_body_bytes
 from convoq.gateway.models import DecisionRequest, Health, TurnRequest
+from convoq.observe import metrics
 from convoq.settings import ConvoqSettings
 
 READY_TIMEOUT_S = 3.0
@@ -70,6 +71,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
     app.include_router(routes_conversations.router)
     app.include_router(inbox.router)
     _health_routes(app)
+    _metrics_route(app)
     _document(app)
     app.add_middleware(BodyLimit, limit=max_body_bytes(s.max_turn_bytes))
     return app
@@ -97,6 +99,22 @@ def _health_routes(app: FastAPI) -> None:
                 Health(status="unavailable", detail=detail).model_dump(), status_code=503
             )
         return Health(status="ok")
+
+
+def _metrics_route(app: FastAPI) -> None:
+    """This process's Prometheus metrics (its client's turns submitted, and any other
+    convoq metric it updates), for keys with the ``metrics`` scope."""
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics (scope metrics)",
+        response_class=Response,
+        dependencies=[Depends(requires("metrics"))],
+    )
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.metrics_response()
+        return Response(body, media_type=content_type)
 
 
 def _document(app: FastAPI) -> None:

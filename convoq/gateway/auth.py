@@ -5,7 +5,8 @@ Keys come from ``CONVOQ_GATEWAY_API_KEYS`` (:class:`convoq.settings.GatewayKey`)
 - ``submit``: queue turns, cancel them;
 - ``read``: turn status, results, events and history;
 - ``approve``: the approvals inbox, approve/deny tool calls, discard parked turns;
-- ``admin``: everything, including deleting conversations.
+- ``admin``: everything, including deleting conversations;
+- ``metrics``: ``/metrics`` only (a key for Prometheus that reaches no conversation).
 
 A request without a known key gets 401, one whose key lacks the scope (or whose
 conversation is outside the key's prefix) gets 403; both before anything is read or

@@ -22,6 +22,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "admin": {"scopes": ["admin"]},
     "submitter": {"scopes": ["submit", "read"]},
     "reader": {"scopes": ["read"]},
+    "scraper": {"scopes": ["metrics"]},
     "approver": {"scopes": ["approve", "read"]},
     "tenant": {"scopes": ["submit", "read", "approve"], "conversation_prefix": "tenant-a:"},
 }
