@@ -268,6 +268,8 @@ def test_approve_over_http_resumes_the_turn(gateway: GatewayProcess) -> None:
         assert mine and mine[0]["agent"] == "approver" and mine[0]["conversation_id"] == cid
         assert mine[0]["pending_approvals"][0]["arguments"] == {"amount": 5}
         assert mine[0]["expires_ms"] > inbox["now_ms"]
+        with gateway.client("tenant") as tenant:  # approve scope, another prefix: not listed
+            assert tid not in [t["turn_id"] for t in tenant.get("/v1/approvals").json()["turns"]]
         url = f"{_turns(cid)}/{tid}/approvals/{calls[0]['id']}"
         decided = approver.post(url, json={"decision": "approve"})
         assert decided.status_code == 200 and decided.json()["outcome"] == "resume"

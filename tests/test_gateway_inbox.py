@@ -6,61 +6,21 @@ message stays text. Skipped, saying why, where chromium or Playwright is missing
 
 from __future__ import annotations
 
-import shutil
 import uuid
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
 
+from tests.support.browser import browser_fixture, page_fixture  # noqa: F401  (fixtures)
 from tests.support.gateway import GatewayProcess, key_of, module_gateway
 from tests.support.workers import module_pool
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
 pool = module_pool(1)
 gateway = module_gateway()
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.skip("no chromium on PATH: install Debian's (apt-get install -y chromium)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    executable = _chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("Playwright is not installed: pip install -e '.[dev]'")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context()
-    opened = context.new_page()
-    opened.set_default_timeout(30_000)
-    yield opened
-    context.close()
 
 
 def _submit(gateway: GatewayProcess, cid: str, text: str = "pay") -> str:

@@ -1,0 +1,51 @@
+"""A headless chromium driven by Playwright, as pytest fixtures: ``browser`` for the
+module, ``page`` per test (import ``browser_fixture, page_fixture`` to use them). Debian's
+``chromium`` is used (Playwright downloads nothing); where it or Playwright is missing the
+tests skip and say how to install it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("no chromium on PATH: install Debian's (apt-get install -y chromium)")
+    return found
+
+
+@pytest.fixture(scope="module", name="browser")
+def browser_fixture() -> Iterator[Any]:
+    executable = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("Playwright is not installed: pip install -e '.[dev]'")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(name="page")
+def page_fixture(browser: Any) -> Iterator[Any]:
+    context = browser.new_context()
+    opened = context.new_page()
+    opened.set_default_timeout(30_000)
+    yield opened
+    context.close()
