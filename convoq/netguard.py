@@ -37,8 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from httpcore import AsyncNetworkBackend, AsyncNetworkStream, ConnectError
-from httpcore._backends.auto import AutoBackend
+from httpcore import AnyIOBackend, AsyncNetworkBackend, AsyncNetworkStream, ConnectError
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
 
@@ -183,7 +182,7 @@ class GuardedBackend(AsyncNetworkBackend):
     def __init__(self, policy: CallbackPolicy, resolver: Resolver | None = None) -> None:
         self.policy = policy
         self._resolve = resolver or resolve
-        self._inner = AutoBackend()
+        self._inner = AnyIOBackend()
 
     async def connect_tcp(
         self,

@@ -75,10 +75,12 @@ def _guarded_transport(
 ) -> httpx.AsyncHTTPTransport:
     transport = httpx.AsyncHTTPTransport(trust_env=False)
     # httpx takes no network backend; its transport delegates every request to this
-    # httpcore pool, so the pool is rebuilt around the guarded backend (same TLS context).
-    ssl_context = transport._pool._ssl_context
+    # httpcore pool, so the pool is rebuilt around the guarded backend (the TLS context is
+    # httpx's default: certificates verified against the URL's host name).
+    # tests/test_netguard.py pins this: delivery goes through the guard or fails.
     transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=ssl_context, network_backend=GuardedBackend(policy, resolver)
+        ssl_context=httpx.create_ssl_context(trust_env=False),
+        network_backend=GuardedBackend(policy, resolver),
     )
     return transport
 
