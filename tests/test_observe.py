@@ -14,15 +14,20 @@ import pytest
 from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 
-from convoq import Message, tool
+from convoq import Message, ToolCall, tool
 from convoq.engine import Completed, TurnLoop
 from convoq.errors import ModelHTTPError
 from convoq.models import ScriptedModel, openai
 from convoq.observe import metrics, tracing
+from convoq.queue.routing import partition_of
 from convoq.tools import ToolRegistry
 from convoq.turn_state import TurnState
+from convoq.worker._finished import no_hook
+from convoq.worker._observed import measure_inboxes
+from convoq.worker.sweeper import Sweeper
 from tests.support.models import call_tool_then_answer
 from tests.support.openai_server import OpenAIServer
+from tests.support.protocol_helpers import open_protocol
 from tests.support.telemetry import memory_exporter, parse, value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,3 +179,46 @@ def test_a_worker_trace_file_without_the_sdk_is_a_configuration_error(tmp_path: 
     )
     assert out.returncode != 0
     assert b"ConfigurationError: CONVOQ_TRACE_FILE needs OpenTelemetry" in out.stderr
+
+
+async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
+    redis_url: str, key_prefix: str
+) -> None:
+    cid, agent = f"obs-sweep-{key_prefix}", f"obs-sweep-{key_prefix}"
+    async with open_protocol(redis_url, key_prefix) as proto:
+        for tid in ("t1", "t2", "t3"):
+            await proto.submit(cid, tid, agent=agent, message=Message.user(tid), options={})
+        acquired = await proto.acquire(cid, worker_id="w", lease_ms=60_000)
+        assert acquired is not None
+        call = ToolCall(id="c", name="pay")
+        state = TurnState(
+            messages=[acquired.turn.input, Message.assistant("", tool_calls=[call])],
+            steps=1,
+            pending=[call],
+        )
+        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=30)
+        kicked: list[str] = []
+
+        async def kick(conversation_id: str) -> None:
+            kicked.append(conversation_id)
+
+        sweeper = Sweeper(
+            proto,
+            kick,
+            interval_s=0.05,
+            on_finished=no_hook,
+            measure=lambda: measure_inboxes(proto.redis, proto.keys, 4),
+        )
+        before = sample("convoq_sweeper_kicks_total")
+        part = str(partition_of(cid, 4))
+        # The parked turn holds the conversation (all three queued) until its approval
+        # expires; then it is failed as expired and the conversation is kicked.
+        await sweeper.sweep_once()
+        assert sample("convoq_inbox_depth", partition=part) >= 3
+        for _ in range(200):  # bounded: the approval expires after 30 ms
+            if await sweeper.sweep_once():
+                break
+            await asyncio.sleep(0.02)
+    assert kicked == [cid]
+    assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
+    assert sample("convoq_sweeper_kicks_total") == before + 1
