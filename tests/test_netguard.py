@@ -4,15 +4,18 @@ refused at submit and at delivery (against the address connected), unless allowe
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
 from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks
-from convoq.worker.webhooks import post_once
+from convoq.worker.webhooks import guarded_transport, post_once
 from tests.support.redis_server import RedisServer
+from tests.support.tls import make_tls_files
 from tests.support.workers import WebhookReceiver, running_pool, wait_until, webhook_receiver
 
 PUBLIC = "93.184.216.34"
@@ -173,3 +176,29 @@ def test_a_worker_without_the_allow_list_refuses_a_loopback_callback(
         wait_until(lambda: line in worker.log_tail(200), what=line)
         assert "loopback" in worker.log_tail(200).split(line, 1)[1].splitlines()[0]
         assert hooks.posts("/w") == []
+
+
+async def test_tls_is_checked_against_the_url_host_not_the_connected_address(
+    tmp_path: Path,
+) -> None:
+    """The guard connects to the checked address, yet the certificate is still verified
+    for the URL's host name: a name mapped to the right address but not on the
+    certificate fails the handshake."""
+    files = make_tls_files(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(files.cert, files.key)
+    with webhook_receiver() as hooks:
+        hooks.server.socket = server_ctx.wrap_socket(hooks.server.socket, server_side=True)
+        port = hooks.server.server_address[1]
+        client_ctx = ssl.create_default_context(cafile=str(files.ca))
+
+        async def to_loopback(host: str, port: int) -> list[IPAddress]:
+            return [ipaddress.ip_address("127.0.0.1")]
+
+        transport = guarded_transport(CallbackPolicy("127.0.0.1"), to_loopback, client_ctx)
+        async with httpx.AsyncClient(transport=transport, trust_env=False) as http:
+            ok = await http.post(f"https://localhost:{port}/tls", content=b"{}")
+            assert ok.status_code == 200
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await http.post(f"https://hooks.example.test:{port}/tls", content=b"{}")
+        assert len(hooks.posts("/tls")) == 1

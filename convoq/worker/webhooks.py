@@ -6,6 +6,7 @@ read. The payload and signature are the queue contract's (:mod:`convoq.queue.sig
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,7 +52,7 @@ async def post_once(
         # stream(): the response body is never read, so a huge one costs nothing.
         async with (
             httpx.AsyncClient(
-                transport=_guarded_transport(policy or CallbackPolicy(), resolver),
+                transport=guarded_transport(policy or CallbackPolicy(), resolver),
                 follow_redirects=False,
                 timeout=timeout_s,
                 trust_env=False,  # a proxy would make the guard check the proxy's address
@@ -70,16 +71,21 @@ async def post_once(
     return Attempt("rejected", f"HTTP {status}")
 
 
-def _guarded_transport(
-    policy: CallbackPolicy, resolver: Resolver | None
+def guarded_transport(
+    policy: CallbackPolicy,
+    resolver: Resolver | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> httpx.AsyncHTTPTransport:
+    """An httpx transport that connects only where ``policy`` allows (see
+    :class:`convoq.netguard.GuardedBackend`); ``ssl_context``: default, httpx's (system
+    CAs, certificates checked against the URL's host name)."""
     transport = httpx.AsyncHTTPTransport(trust_env=False)
     # httpx takes no network backend; its transport delegates every request to this
     # httpcore pool, so the pool is rebuilt around the guarded backend (the TLS context is
     # httpx's default: certificates verified against the URL's host name).
     # tests/test_netguard.py pins this: delivery goes through the guard or fails.
     transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=httpx.create_ssl_context(trust_env=False),
+        ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
         network_backend=GuardedBackend(policy, resolver),
     )
     return transport
