@@ -26,6 +26,7 @@ from convoq.queue.routing import route
 from convoq.queue.transport import HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol
 from convoq.turn_state import TurnState
+from convoq.usage import Usage
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
 from tests.support.protocol_helpers import submit_all
@@ -114,6 +115,7 @@ async def test_a_one_step_turn_costs_acquire_and_commit_its_events_ride_along(
         "text": "seen hi there",
         "messages": [Message.assistant("seen hi there").model_dump(mode="json")],
     }
+    assert result["usage"] == Usage(requests=1).model_dump()  # one call, no tokens reported
 
 
 class Recording:
