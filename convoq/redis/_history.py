@@ -14,12 +14,18 @@ as a shorter list and the read starts over.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from redis.exceptions import ResponseError
 
 from convoq._sync import adrive
-from convoq.errors import ConversationMemoryError, CorruptDataError, UnsupportedFormatVersionError
+from convoq.errors import (
+    ConversationMemoryError,
+    CorruptDataError,
+    StaleFenceError,
+    UnsupportedFormatVersionError,
+)
 from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
 from convoq.redis._codec import (
@@ -44,6 +50,8 @@ from convoq.window import split_turns
 CHUNK = 1000
 _BLOB_CHUNK = 200
 _RESTARTS = 5
+# How long an append id is remembered: far longer than redis-py's resends take.
+APPEND_ID_TTL_MS = 3_600_000
 
 
 def stored_data_error(
@@ -193,12 +201,26 @@ def _raise_stored_errors(replies: list[Any], keys: list[str]) -> None:
             )
 
 
-def append_steps(keys: KeySchema, cid: str, messages: list[Message], limits: Limits) -> Steps[None]:
-    """Append messages in one atomic script, O(size of the messages).
+def append_steps(
+    keys: KeySchema,
+    cid: str,
+    messages: list[Message],
+    limits: Limits,
+    *,
+    append_id: str | None = None,
+    fence: int | None = None,
+) -> Steps[bool]:
+    """Append messages in one atomic script, O(size of the messages), exactly once per
+    ``append_id`` (a fresh one when None): a resend after a lost reply writes nothing.
 
     Whole turns become one element each; leading system/developer messages join the lead
     list while the history has no turn yet, else (like any message before the first user
-    message) they continue the last stored turn.
+    message) they continue the last stored turn. With ``fence``, only the holder of that
+    lease appends, and the lease is freed with the append. Ends with False when
+    ``append_id`` was applied before (nothing written this time).
+
+    Raises:
+        StaleFenceError: ``fence`` is not the conversation's current lease.
     """
     lead, turns = split_turns(messages)
     encoded = Encoded()
@@ -210,16 +232,34 @@ def append_steps(keys: KeySchema, cid: str, messages: list[Message], limits: Lim
     elements = [encode_element(turn, limits, encoded) for turn in turns]
     check_turn_size(encoded, limits)
     counters = counters_arg(usage_of(messages))
-    args: list[Any] = [lead_element, orphan, counters, len(elements), *elements]
-    args += encoded.blob_args()
-    reply = yield ScriptCall("append", keys.history_keys(cid), args)
+    applied = keys.applied(cid, append_id or secrets.token_hex(16))
+    args: list[Any] = [APPEND_ID_TTL_MS, "" if fence is None else fence, lead_element, orphan]
+    args += [counters, len(elements), *elements, *encoded.blob_args()]
+    script_keys = [*keys.history_keys(cid), applied, keys.lease(cid)]
+    reply = yield ScriptCall("append", script_keys, args)
+    if reply[0] == "STALE":
+        raise StaleFenceError(
+            f"the lease on conversation {cid!r} moved on (fence {fence} is no longer current);"
+            " the turn was not stored",
+            conversation_id=cid,
+            fence=fence,
+        )
     error = stored_data_error(reply[0], reply, keys, cid)
     if error is not None:
         raise error
+    return bool(reply[0] == "OK")
 
 
 async def append_history(
-    scripts: Scripts, keys: KeySchema, cid: str, messages: list[Message], limits: Limits
-) -> None:
+    scripts: Scripts,
+    keys: KeySchema,
+    cid: str,
+    messages: list[Message],
+    limits: Limits,
+    *,
+    append_id: str | None = None,
+    fence: int | None = None,
+) -> bool:
     """:func:`append_steps` on an async client."""
-    await adrive(append_steps(keys, cid, messages, limits), scripts.perform)
+    steps = append_steps(keys, cid, messages, limits, append_id=append_id, fence=fence)
+    return await adrive(steps, scripts.perform)

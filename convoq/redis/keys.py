@@ -18,6 +18,8 @@ before a key is built; idempotency keys are hashed (sha256 hex) so any string ma
     {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
     {prefix}:{cid}:reader:{tid}    string  set (PX) while someone reads the events live
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
+    {prefix}:{cid}:append:{id}     string  a memory append applied (replay guard, TTL)
+    {prefix}:{cid}:spent:{token}   string  a continuation already resumed or discarded (TTL)
     {prefix}:epoch                 string  the dataset epoch marker
     convoq:registry:prefixes       set     prefixes workers run under (all deployments)
     {prefix}:registry:agents       set     agent profile names the workers run
@@ -89,6 +91,14 @@ class KeySchema:
 
     def reader(self, cid: str, tid: str) -> str:
         return f"{self.base(cid)}:reader:{check_turn_id(tid)}"
+
+    def applied(self, cid: str, append_id: str) -> str:
+        """Marks a memory append as done, so a resent append writes nothing."""
+        return f"{self.base(cid)}:append:{check_turn_id(append_id)}"
+
+    def spent(self, cid: str, token: str) -> str:
+        """Marks an in-process turn's continuation as used: it cannot run twice."""
+        return f"{self.base(cid)}:spent:{check_turn_id(token)}"
 
     def idem(self, cid: str, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()

@@ -12,6 +12,8 @@
 -- ARGV[7 .. 6+2n] = type, data, type, data, ... (appended before the journal is written)
 -- Journals the turn so far, fenced like commit, and tells the runner whether a cancel was
 -- requested (it stops before its next step), so the runner needs no read of its own.
+-- A resend (the reply was lost) finds its state journaled already and appends no event
+-- twice: every step changes the state.
 -- Returns {'OK', '1' if a cancel was requested else '0'}
 --      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
@@ -19,6 +21,12 @@ local inbox, lease, turn, journal, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local refused = guard_run(lease, inbox, turn, ARGV[1], ARGV[2], {running = true})
 if refused then
   return {refused}
+end
+if wrong_type('string', {journal}) then
+  return {'CORRUPT', journal}
+end
+if redis.call('GET', journal) == ARGV[3] then
+  return {'OK', cancel_requested(turn) and '1' or '0'}
 end
 local n = tonumber(ARGV[6])
 if n > 0 and wrong_type('stream', {events}) then

@@ -1,0 +1,71 @@
+"""Every write script is safe to resend: a reply lost after Redis ran the script makes
+redis-py resend it, and the resend must change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from convoq.errors import TurnAlreadyAppliedError
+from convoq.memory.redis import RedisConversationMemory
+from convoq.messages import Message
+from convoq.redis import TurnEnding
+from convoq.turn_state import TurnEvent, TurnState
+from tests.support.protocol_helpers import exchange, open_protocol, submit_all
+from tests.support.redis_proxy import LossyProxy
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    lossy = LossyProxy(redis_server.port)
+    yield lossy
+    lossy.close()
+
+
+def _turn(text: str) -> list[Message]:
+    return [Message.user(text), Message.assistant("answer")]
+
+
+def test_an_append_whose_reply_is_lost_is_stored_once(proxy: LossyProxy, key_prefix: str) -> None:
+    memory = RedisConversationMemory(proxy.url, prefix=key_prefix)
+    try:
+        memory.append("c", _turn("first"))  # scripts loaded, connection open
+        proxy.drop_reply_to(b"EVALSHA")
+        memory.append("c", _turn("one turn"))
+        assert proxy.dropped == 1  # the resend really happened
+        texts = [m.text for m in memory.load("c")]
+        assert texts == ["first", "answer", "one turn", "answer"]
+    finally:
+        memory.close()
+
+
+async def test_a_checkpoint_whose_reply_is_lost_adds_its_events_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    async with open_protocol(proxy.url, key_prefix) as proto:
+        await submit_all(proto, "c", "t1")
+        taken = await proto.acquire("c", worker_id="w", lease_ms=30_000)
+        assert taken is not None
+        state = TurnState(messages=[taken.turn.input, Message.assistant("half")], steps=1)
+        proxy.drop_reply_to(b"EVALSHA")
+        delta = TurnEvent(type="text_delta", data={"text": "half"})
+        await proto.checkpoint("c", "t1", fence=taken.fence, state=state, events=[delta])
+        assert proxy.dropped == 1
+        events = await proto.read_events("c", "t1")
+        assert [e.type for _, e in events].count("text_delta") == 1
+
+
+async def test_a_commit_whose_reply_is_lost_stores_the_turn_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    async with open_protocol(proxy.url, key_prefix) as proto:
+        await submit_all(proto, "c", "t1")
+        taken = await proto.acquire("c", worker_id="w", lease_ms=30_000)
+        assert taken is not None
+        proxy.drop_reply_to(b"EVALSHA")
+        with pytest.raises(TurnAlreadyAppliedError):  # the resend's answer: done already
+            await proto.commit("c", "t1", exchange("t1"), TurnEnding(fence=taken.fence))
+        assert proxy.dropped == 1
+        assert [m.text for m in await proto.history("c")] == ["t1", "ok"]
