@@ -69,3 +69,18 @@ async def test_a_commit_whose_reply_is_lost_stores_the_turn_once(
             await proto.commit("c", "t1", exchange("t1"), TurnEnding(fence=taken.fence))
         assert proxy.dropped == 1
         assert [m.text for m in await proto.history("c")] == ["t1", "ok"]
+
+
+async def test_an_async_append_whose_reply_is_lost_is_stored_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(proxy.url, prefix=key_prefix)
+    try:
+        await memory.aappend("c", _turn("first"))
+        proxy.drop_reply_to(b"EVALSHA")
+        await memory.aappend("c", _turn("one turn"))
+        assert proxy.dropped == 1
+        texts = [m.text for m in await memory.aload("c")]
+        assert texts == ["first", "answer", "one turn", "answer"]
+    finally:
+        await memory.aclose()
