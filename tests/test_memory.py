@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from convoq._sync import run_sync
 from convoq.errors import (
     ConfigurationError,
     ConversationMemoryError,
@@ -99,6 +100,34 @@ def test_whole_turn_round_trips_bit_for_bit(memory: ConversationMemory) -> None:
     assert isinstance(got_parts[3], FilePart) and got_parts[3].filename == "report-0.pdf"
     assert loaded[1].tool_calls == turn[1].tool_calls
     assert [m.tool_call_id for m in loaded[2:4]] == ["call-0-a", "call-0-b"]
+
+
+def test_sync_calls_never_wait_for_the_bridge_loop(memory: ConversationMemory) -> None:
+    """With the bridge loop's thread held up, sync load and append still complete: they do
+    their I/O on the caller's thread."""
+    holding, release = threading.Event(), threading.Event()
+
+    async def hold_the_bridge_loop() -> None:
+        holding.set()
+        release.wait(30)  # blocks the loop's thread on purpose
+
+    holder = threading.Thread(target=run_sync, args=(hold_the_bridge_loop(),))
+    holder.start()
+    try:
+        assert holding.wait(10)
+        loaded: list[list[Message]] = []
+
+        def sync_calls() -> None:
+            memory.append("conv-1", [Message.user("q"), Message.assistant("a")])
+            loaded.append(memory.load("conv-1", last_turns=1))
+
+        caller = threading.Thread(target=sync_calls)
+        caller.start()
+        caller.join(20)
+        assert loaded == [[Message.user("q"), Message.assistant("a")]]
+    finally:
+        release.set()
+        holder.join(10)
 
 
 def test_appends_accumulate_in_order(memory: ConversationMemory) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +14,6 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convoq._sync import run_sync
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import KeySchema, _history, embedded
@@ -138,37 +136,6 @@ async def test_without_a_url_the_embedded_server_is_used(tmp_path: Path) -> None
     finally:
         await memory.aclose()
         embedded.stop(home)
-
-
-def test_sync_calls_do_their_io_on_the_callers_thread(redis_url: str, key_prefix: str) -> None:
-    """With the bridge loop's thread held up, sync load and append still complete: they
-    never hop to it."""
-    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
-    holding, release = threading.Event(), threading.Event()
-
-    async def hold_the_bridge_loop() -> None:
-        holding.set()
-        release.wait(30)  # blocks the loop's thread on purpose
-
-    holder = threading.Thread(target=run_sync, args=(hold_the_bridge_loop(),))
-    holder.start()
-    try:
-        assert holding.wait(10)
-        loaded: list[list[Message]] = []
-
-        def sync_calls() -> None:
-            memory.append(CID, [Message.user("q"), Message.assistant("a")])
-            loaded.append(memory.load(CID, last_turns=1))
-
-        caller = threading.Thread(target=sync_calls)
-        caller.start()
-        caller.join(20)
-        assert loaded == [[Message.user("q"), Message.assistant("a")]]
-    finally:
-        release.set()
-        holder.join(10)
-    memory.clear(CID)
-    memory.close()
 
 
 async def test_sync_and_async_reads_agree_also_when_read_in_chunks(

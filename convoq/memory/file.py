@@ -121,6 +121,16 @@ class FileConversationMemory(StoredConversationMemory):
     async def _delete(self, conversation_id: str) -> None:
         await asyncio.to_thread(self._delete_file, conversation_id)
 
+    # Sync calls do their file I/O on the caller's thread: no hop to the bridge loop.
+    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        return self._load_file(conversation_id)
+
+    def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:
+        self._append_file(conversation_id, messages)
+
+    def _delete_blocking(self, conversation_id: str) -> None:
+        self._delete_file(conversation_id)
+
     # Blocking file code, run in worker threads.
     def _load_file(self, conversation_id: str) -> list[Message]:
         path = self.path_for(conversation_id)

@@ -21,7 +21,18 @@ class InMemoryConversationMemory(StoredConversationMemory):
         # One JSON array per append: appending never re-encodes earlier turns.
         self._chunks: dict[str, list[bytes]] = {}
 
+    # Nothing here waits on I/O: sync calls run right on the caller's thread, async calls
+    # run the same code without leaving their loop.
     async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+        return self._read_blocking(conversation_id, last_turns)
+
+    async def _write(self, conversation_id: str, messages: list[Message]) -> None:
+        self._write_blocking(conversation_id, messages)
+
+    async def _delete(self, conversation_id: str) -> None:
+        self._delete_blocking(conversation_id)
+
+    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
         with self._lock:
             chunks = list(self._chunks.get(conversation_id, ()))
         messages: list[Message] = []
@@ -29,12 +40,12 @@ class InMemoryConversationMemory(StoredConversationMemory):
             messages.extend(messages_from_json(chunk))
         return messages
 
-    async def _write(self, conversation_id: str, messages: list[Message]) -> None:
+    def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:
         # Encode outside the lock: a big attachment must not hold up other conversations.
         chunk = messages_to_json(messages)
         with self._lock:
             self._chunks.setdefault(conversation_id, []).append(chunk)
 
-    async def _delete(self, conversation_id: str) -> None:
+    def _delete_blocking(self, conversation_id: str) -> None:
         with self._lock:
             self._chunks.pop(conversation_id, None)

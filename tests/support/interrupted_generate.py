@@ -1,11 +1,11 @@
-"""A process that is interrupted (SIGINT) inside ``agent.generate``.
+"""A process that is interrupted (SIGINT) inside ``agent.generate`` or ``agent.stream``.
 
-``python -m tests.support.interrupted_generate WORKDIR (file | redis URL PREFIX)``: the
-model writes ``WORKDIR/started`` and then takes 1.5 s. The test sends SIGINT once the file
-exists. This process then waits until the model would have finished and until nothing
-runs on the bridge loop any more (a turn left running there would have been stored by
-then), prints how many messages conversation ``interrupted`` holds, runs one more turn
-on it (its conversation must be free again) and exits 0.
+``python -m tests.support.interrupted_generate WORKDIR (generate | stream) (file | redis
+URL PREFIX)``: the model writes ``WORKDIR/started`` and then takes 1.5 s. The test sends
+SIGINT once the file exists. This process then waits until the model would have finished
+and until nothing runs on the bridge loop any more (a turn left running there would have
+been stored by then), prints how many messages conversation ``interrupted`` holds, runs
+one more turn on it (its conversation must be free again) and exits 0.
 """
 
 from __future__ import annotations
@@ -51,11 +51,15 @@ async def _bridge_idle() -> None:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    workdir = Path(argv[0])
-    memory = make_memory(workdir, argv[1:])
+    workdir, call = Path(argv[0]), argv[1]
+    memory = make_memory(workdir, argv[2:])
     agent = Agent(slow_model(workdir), memory=memory)
     try:
-        agent.generate("interrupt me", conversation_id="interrupted")
+        if call == "stream":
+            for _event in agent.stream("interrupt me", conversation_id="interrupted"):
+                pass
+        else:
+            agent.generate("interrupt me", conversation_id="interrupted")
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     else:
