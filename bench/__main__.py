@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "turns": "bench.turn_latency",
     "hop": "bench.sync_hop",
     "gateway": "bench.gateway_latency",
+    "observe": "bench.observe_cost",
 }
 
 

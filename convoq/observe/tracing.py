@@ -30,11 +30,12 @@ try:
     from opentelemetry.trace import Link, Status, StatusCode
 
     ENABLED = True
+    # A proxy until the application installs a provider, then that provider's tracer.
+    _tracer = trace.get_tracer("convoq")
 except ImportError:  # pragma: no cover - exercised by a test in a subprocess
     ENABLED = False
 
 T = TypeVar("T")
-TRACER_NAME = "convoq"
 HEADER = "traceparent"
 """The Celery message header (W3C Trace Context) a kick carries."""
 OPTION = "trace"
@@ -53,19 +54,16 @@ def span(
     if not ENABLED:
         yield
         return
-    current = trace.get_current_span().get_span_context()
     context, links = None, []
     if parent:
+        current = trace.get_current_span().get_span_context()
         context = propagate.extract(parent)
         theirs = trace.get_current_span(context).get_span_context()
         if theirs.is_valid and theirs.trace_id == current.trace_id:
             context = None  # the current span already is in that trace: nest under it
         elif current.is_valid:
             links = [Link(current)]
-    tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
-        name, context=context, attributes=dict(attributes or {}), links=links
-    ):
+    with _tracer.start_as_current_span(name, context=context, attributes=attributes, links=links):
         yield
 
 
