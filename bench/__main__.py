@@ -7,6 +7,7 @@ import sys
 
 # name -> module with a ``main() -> None``. Add a line here to register a benchmark.
 BENCHMARKS: dict[str, str] = {
+    "compare": "bench.compare",
     "memory": "bench.memory_append",
     "turns": "bench.turn_latency",
     "hop": "bench.sync_hop",
