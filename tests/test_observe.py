@@ -171,8 +171,8 @@ def test_without_opentelemetry_everything_runs_and_nothing_is_traced() -> None:
 def test_a_worker_trace_file_without_the_sdk_is_a_configuration_error(tmp_path: Path) -> None:
     script = (
         "import sys, pathlib; sys.modules['opentelemetry.sdk'] = None\n"
-        "from convoq.worker.runtime import _export_spans\n"
-        f"_export_spans(pathlib.Path({str(tmp_path / 'spans.jsonl')!r}))\n"
+        "from convoq.worker._observed import export_spans\n"
+        f"export_spans(pathlib.Path({str(tmp_path / 'spans.jsonl')!r}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], env={"PYTHONPATH": str(ROOT)}, capture_output=True

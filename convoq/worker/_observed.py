@@ -6,23 +6,27 @@ a lost lease); everything else is read from the :class:`DrainReport` it fills.""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from convoq.errors import TurnCancelledError
+from convoq.errors import ConfigurationError, TurnCancelledError
 from convoq.observe import metrics, tracing
 from convoq.queue.routing import partition_of
 from convoq.redis import KeySchema
 from convoq.redis.protocol import Acquired
+from convoq.settings import ConvoqSettings
 
 if TYPE_CHECKING:
     from convoq.worker.runner import DrainReport
 
+log = logging.getLogger("convoq.worker")
 A = TypeVar("A")
 T = TypeVar("T")
 
@@ -129,3 +133,30 @@ async def measure_inboxes(redis: aioredis.Redis, keys: KeySchema, partitions: in
             await count()
     await count()
     metrics.inbox_depths(depths, partitions)
+
+
+def serve_metrics(settings: ConvoqSettings) -> metrics.MetricsServer | None:
+    """The worker's /metrics server, if ``metrics_port`` is set."""
+    if settings.metrics_port is None:
+        return None
+    server = metrics.serve(settings.metrics_port, settings.metrics_host)
+    log.info("metrics on http://%s:%d/metrics", settings.metrics_host, server.port)
+    return server
+
+
+def export_spans(path: Path) -> None:
+    """Append this worker's spans to ``path`` (``CONVOQ_TRACE_FILE``)."""
+    try:
+        tracing.export_to_file(path, service_name="convoq-worker")
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"CONVOQ_TRACE_FILE needs OpenTelemetry: pip install 'convoq[otel]' ({exc})"
+        ) from None
+
+
+def traced_drain(
+    drain: Coroutine[Any, Any, T], cid: str, traceparent: str | None
+) -> Coroutine[Any, Any, T]:
+    """``drain`` in a ``convoq.drain`` span continuing the kick's trace (its header)."""
+    parent = {tracing.HEADER: traceparent} if traceparent else None
+    return tracing.traced(drain, "convoq.drain", {"convoq.conversation_id": cid}, parent=parent)

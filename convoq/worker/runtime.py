@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
@@ -68,7 +67,7 @@ class WorkerRuntime:
         self._halted: ConversationMemoryError | None = None
         self._metrics: metrics.MetricsServer | None = None
         if settings.trace_file is not None:
-            _export_spans(settings.trace_file)
+            _observed.export_spans(settings.trace_file)
         self.backlog = SlotBacklog(settings.concurrency, self._queued_kicks, self._requeue)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -120,11 +119,9 @@ class WorkerRuntime:
             raise self._halted
         head, fence = _hints()
         drain = self.runner.drain(conversation_id, head=head, fence=fence)
-        attributes = {"convoq.conversation_id": conversation_id}
-        parent = _kick_header(tracing.HEADER)
-        carrier = {tracing.HEADER: parent} if parent else None
+        traced = _observed.traced_drain(drain, conversation_id, _kick_header(tracing.HEADER))
         with self.backlog.slot():
-            return self.run(tracing.traced(drain, "convoq.drain", attributes, parent=carrier))
+            return self.run(traced)
 
     def sweep_once(self) -> list[str]:
         return self.run(self._make_sweeper().sweep_once())
@@ -202,12 +199,8 @@ class WorkerRuntime:
     def announce(self, hostname: str, queues: list[str]) -> None:
         """Serve metrics (with ``metrics_port``), publish this worker and its profiles in
         Redis, then start the sweeper."""
-        port = self.settings.metrics_port
-        if port is not None and self._metrics is None:
-            self._metrics = metrics.serve(port, self.settings.metrics_host)
-            log.info(
-                "metrics on http://%s:%d/metrics", self.settings.metrics_host, self._metrics.port
-            )
+        if self._metrics is None:
+            self._metrics = _observed.serve_metrics(self.settings)
         self.run(self._announce(hostname, queues))
         self._announced_as, self._queues = hostname, queues
         sweeper = self._make_sweeper()
@@ -308,15 +301,6 @@ def _kick_header(name: str) -> str | None:
         return None
     value = getattr(current_task.request, name, None)
     return value if isinstance(value, str) else None
-
-
-def _export_spans(path: Path) -> None:
-    try:
-        tracing.export_to_file(path, service_name="convoq-worker")
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"CONVOQ_TRACE_FILE needs OpenTelemetry: pip install 'convoq[otel]' ({exc})"
-        ) from None
 
 
 _lock = threading.Lock()
