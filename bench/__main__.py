@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "memory": "bench.memory_append",
     "turns": "bench.turn_latency",
     "hop": "bench.sync_hop",
+    "blocking": "bench.blocking_models",
     "gateway": "bench.gateway_latency",
     "observe": "bench.observe_cost",
 }
