@@ -45,6 +45,7 @@ from convoq.messages import (
     ToolCall,
 )
 from convoq.responses import Continuation, Response
+from convoq.tokens import RecordedTokenCounter, TokenCounter, TokenizerCounter
 from convoq.tools import Tool, tool
 from convoq.turn_state import Decision, TurnEvent
 from convoq.usage import Usage
@@ -86,8 +87,11 @@ __all__ = [
     "ImagePart",
     "Message",
     "MessageRole",
+    "RecordedTokenCounter",
     "Response",
     "TextPart",
+    "TokenCounter",
+    "TokenizerCounter",
     "Tool",
     "ToolCall",
     "TurnEvent",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from convoq._sync import iterate_sync, run_sync
 from convoq.engine import (
@@ -24,13 +24,16 @@ from convoq.engine import (
 )
 from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
+from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.models.base import Model
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
+from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
 from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import turn_usage
+from convoq.window import Window, check_budget
 
 AgentInput = str | Message | GenerationRequest
 
@@ -45,6 +48,11 @@ class Agent:
         conversation_id: the default conversation for calls that name none.
         tools: ``@tool`` functions (plain functions are wrapped).
         keep_last_turns: previous turns sent with each prompt; 0 sends all of them.
+        max_history_tokens: send only the leading system/developer messages plus the
+            newest whole turns that fit this many tokens (None: no budget); see
+            :class:`convoq.window.Window`. Works with ``keep_last_turns``.
+        token_counter: counts tokens for ``max_history_tokens`` (None: the recorded
+            usage of each turn where there is one, else an offline estimate).
         name: the profile name workers know this agent by.
         max_steps: model calls allowed per turn.
         fail_on_length: a model answer cut off at its token limit (``finish_reason ==
@@ -57,10 +65,12 @@ class Agent:
         model: Model,
         instructions: str | None = None,
         *,
-        memory: ConversationMemory | None = None,
+        memory: ConversationMemory | MemoryLike | None = None,
         conversation_id: str | None = None,
         tools: Iterable[Tool | Callable[..., Any]] = (),
         keep_last_turns: int = 0,
+        max_history_tokens: int | None = None,
+        token_counter: TokenCounter | None = None,
         name: str | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
         fail_on_length: bool = False,
@@ -71,12 +81,14 @@ class Agent:
             raise ConvoqError("max_steps must be >= 1")
         self.model = model
         self.instructions = instructions
-        self.memory = memory
+        self.memory = as_memory(memory) if memory is not None else None
         self.conversation_id = (
             check_conversation_id(conversation_id) if conversation_id is not None else None
         )
         self.tools = ToolRegistry(tools)
         self.keep_last_turns = keep_last_turns
+        self.max_history_tokens = check_budget(max_history_tokens)
+        self.token_counter = token_counter
         self.name = name
         self.max_steps = max_steps
         self.fail_on_length = fail_on_length
@@ -88,9 +100,12 @@ class Agent:
         *,
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
+        max_history_tokens: int | None = None,
     ) -> Response:
-        """Run one turn and return its response (see :class:`Response`)."""
-        return await self._start(input, conversation_id, keep_last_turns, ignore_event)
+        """Run one turn and return its response (see :class:`Response`); ``keep_last_turns``
+        and ``max_history_tokens`` override the agent's for this call."""
+        window = _Limits(keep_last_turns, max_history_tokens)
+        return await self._start(input, conversation_id, window, ignore_event)
 
     async def astream(
         self,
@@ -98,6 +113,7 @@ class Agent:
         *,
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
+        max_history_tokens: int | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """Run one turn, yielding its events; the last one is ``done`` with the status."""
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
@@ -107,7 +123,8 @@ class Agent:
 
         async def run() -> Response:
             try:
-                return await self._start(input, conversation_id, keep_last_turns, emit)
+                window = _Limits(keep_last_turns, max_history_tokens)
+                return await self._start(input, conversation_id, window, emit)
             finally:
                 await queue.put(None)
 
@@ -152,10 +169,16 @@ class Agent:
         *,
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
+        max_history_tokens: int | None = None,
     ) -> Response:
         """Blocking :meth:`agenerate`."""
         return run_sync(
-            self.agenerate(input, conversation_id=conversation_id, keep_last_turns=keep_last_turns)
+            self.agenerate(
+                input,
+                conversation_id=conversation_id,
+                keep_last_turns=keep_last_turns,
+                max_history_tokens=max_history_tokens,
+            )
         )
 
     def stream(
@@ -164,10 +187,16 @@ class Agent:
         *,
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
+        max_history_tokens: int | None = None,
     ) -> Iterator[TurnEvent]:
         """Blocking :meth:`astream`."""
         return iterate_sync(
-            self.astream(input, conversation_id=conversation_id, keep_last_turns=keep_last_turns)
+            self.astream(
+                input,
+                conversation_id=conversation_id,
+                keep_last_turns=keep_last_turns,
+                max_history_tokens=max_history_tokens,
+            )
         )
 
     def resume(
@@ -185,12 +214,14 @@ class Agent:
         self,
         input: AgentInput,
         conversation_id: str | None,
-        keep_last_turns: int | None,
+        limits: _Limits,
         emit: EventSink,
     ) -> Response:
-        keep = self.keep_last_turns if keep_last_turns is None else keep_last_turns
+        keep = self.keep_last_turns if limits.keep_last_turns is None else limits.keep_last_turns
         if keep < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
+        budget = check_budget(limits.max_history_tokens)
+        budget = self.max_history_tokens if budget is None else budget
         if isinstance(input, GenerationRequest):
             if not input.messages:
                 raise InvalidMessageError("a GenerationRequest needs messages", rule="non_empty")
@@ -212,7 +243,7 @@ class Agent:
             check_conversation_id(cid)
         cont = Continuation(
             token=_token(), conversation_id=cid, agent=self.name, keep_last_turns=keep,
-            uses_memory=self.memory is not None and cid is not None,
+            max_history_tokens=budget, uses_memory=self.memory is not None and cid is not None,
             state=TurnState.start(message),
         )  # fmt: skip
         self._claim(cont)
@@ -229,7 +260,18 @@ class Agent:
         if stored is None:
             return []
         memory, cid = stored
-        return await memory.aload(cid, last_turns=cont.keep_last_turns or None)
+        window = Window(cont.keep_last_turns or None, cont.max_history_tokens, self.token_counter)
+        try:
+            loaded = await memory.aload_window(cid, window)
+        except ConvoqError:
+            raise
+        except Exception as exc:
+            raise ConversationMemoryError(
+                f"loading conversation {cid!r} failed ({exc}); the model was not called",
+                conversation_id=cid,
+            ) from exc
+        # Again here: a custom memory's load may ignore the window (trimming twice is harmless).
+        return window.apply(loaded)
 
     async def _finish(
         self,
@@ -300,6 +342,13 @@ class Agent:
     def _release(self, cont: Continuation, *, spent: bool) -> None:
         if (stored := self._memory_of(cont)) is not None:
             stored[0].release(stored[1], cont.token, spent=spent)
+
+
+class _Limits(NamedTuple):
+    """A call's overrides of the agent's window (None: the agent's)."""
+
+    keep_last_turns: int | None
+    max_history_tokens: int | None
 
 
 def _token() -> str:

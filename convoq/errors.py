@@ -7,8 +7,8 @@
     ├── InvalidConversationIdError     an id that may not reach a key or a path
     ├── AttachmentError                a missing, empty, mistyped or oversize attachment
     ├── InvalidCallbackUrlError        a callback_url that is not an http(s) URL to a host
-    ├── ConversationBusyError          another turn of this conversation is running
     ├── ConversationMemoryError        a memory backend could not load or store
+    │   ├── ConversationBusyError      another turn of this conversation is running
     │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
     │   └── CorruptDataError           stored data that does not parse (the key is named)
     ├── ModelError                     the model call failed or answered nonsense
@@ -75,10 +75,6 @@ class InvalidCallbackUrlError(ConvoqError):
     """A ``callback_url`` that is not an absolute http(s) URL with a host, or too long."""
 
 
-class ConversationBusyError(ConvoqError):
-    """Another turn of this conversation is running or awaiting approval."""
-
-
 class ConversationMemoryError(ConvoqError):
     """A memory backend could not load or store a conversation."""
 
@@ -86,6 +82,11 @@ class ConversationMemoryError(ConvoqError):
         super().__init__(message, **details)
         # When storing fails after the model answered, the answer is kept here.
         self.response = response
+
+
+class ConversationBusyError(ConversationMemoryError):
+    """Another turn of this conversation is running or awaiting approval (a memory error,
+    as the memory guide has it)."""
 
 
 class UnsupportedFormatVersionError(ConversationMemoryError):

@@ -1,31 +1,72 @@
-"""The one gate for conversation and turn ids before they reach a Redis key or a path."""
+"""The one gate for conversation and turn ids before they reach a Redis key or a path.
+
+A conversation id is any string of 1-256 characters without control characters: spaces,
+quotes, braces, slashes, ``..`` and non-ASCII letters are all fine. It never reaches a key
+or a file name as is: :func:`key_part` encodes it (Redis keys), and the file backend
+derives a sanitised name plus a hash of the id, so two ids never share storage.
+"""
 
 from __future__ import annotations
 
 import re
 import secrets
 import time
+import unicodedata
+from urllib.parse import quote, unquote
 
 from convoq.errors import InvalidConversationIdError
 
-_CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,256}")
+MAX_CONVERSATION_ID_CHARS = 256
 # Turn ids are ours (see new_turn_id) but also arrive from clients, so they are checked too.
 _TURN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Kept as is inside a key: the characters ids were limited to before any id was allowed,
+# so keys of conversations stored back then are unchanged. Everything else (``%`` first of
+# all) becomes ``%XX`` of its UTF-8 bytes: no brace can break the ``{cid}`` hash tag, no
+# glob character can widen a SCAN pattern, and the encoding is one-to-one.
+_KEY_SAFE = "._:@/+=-"
 
 
 def check_conversation_id(value: object) -> str:
     """Return ``value`` if it is a valid conversation id, else raise.
 
     Raises:
-        InvalidConversationIdError: not a string of 1-256 chars of ``[A-Za-z0-9._:@/+=-]``.
+        InvalidConversationIdError: not a string of 1-256 characters, or it holds a
+            control character (or a lone surrogate, which no storage can encode).
     """
-    if not isinstance(value, str) or not _CONVERSATION_ID.fullmatch(value):
-        shown = repr(value)[:80]
-        raise InvalidConversationIdError(
-            f"invalid conversation id {shown}: use 1-256 characters of A-Z a-z 0-9 . _ : @ / + = -",
-            conversation_id=shown,
-        )
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_CONVERSATION_ID_CHARS:
+        why = "it is not a string" if not isinstance(value, str) else "of its length"
+        raise _invalid(value, why)
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise _invalid(value, f"it holds the control character {char!r}")
     return value
+
+
+def _invalid(value: object, why: str) -> InvalidConversationIdError:
+    shown = repr(value)[:80]
+    return InvalidConversationIdError(
+        f"invalid conversation id {shown} ({why}): use a string of 1-256 characters without"
+        " control characters",
+        conversation_id=shown,
+    )
+
+
+def key_part(conversation_id: str) -> str:
+    """The conversation id as it appears inside a Redis key (checked, then encoded)."""
+    return quote(check_conversation_id(conversation_id), safe=_KEY_SAFE)
+
+
+def from_key_part(part: str) -> str | None:
+    """The conversation id :func:`key_part` encoded, or None if ``part`` is none."""
+    try:
+        cid = unquote(part, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    try:
+        check_conversation_id(cid)
+    except InvalidConversationIdError:
+        return None
+    return cid if key_part(cid) == part else None
 
 
 def check_turn_id(value: object) -> str:

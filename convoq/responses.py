@@ -22,6 +22,7 @@ class Continuation(BaseModel):
     conversation_id: str | None = None
     agent: str | None = None
     keep_last_turns: int = 0
+    max_history_tokens: int | None = None
     uses_memory: bool = True
     history: list[Message] = Field(default_factory=list)
     state: TurnState

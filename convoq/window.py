@@ -1,9 +1,17 @@
-"""Split history into turns and keep the last N of them (what is *sent*, not stored)."""
+"""What is *sent* of a stored history (never what is stored): split it into turns, keep
+the last N of them and the newest whole turns that fit a token budget.
+
+A turn is never split, so tool calls always travel with their results; the leading
+system/developer messages (and a stored summary among them) are always sent.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from convoq.errors import ConvoqError
 from convoq.messages import Message, MessageRole
+from convoq.tokens import DEFAULT_COUNTER, TokenCounter
 
 _LEADING_ROLES = (MessageRole.SYSTEM, MessageRole.DEVELOPER)
 
@@ -40,3 +48,74 @@ def last_turns(messages: list[Message], keep: int | None) -> list[Message]:
     lead, turns = split_turns(messages)
     kept = [m for turn in turns[-keep:] for m in turn]
     return lead + kept
+
+
+def newest_fitting(turn_costs: list[int], budget: int) -> int:
+    """How many of the newest turns fit ``budget`` (costs oldest first): a contiguous run
+    from the newest back, stopping at the first turn that does not fit."""
+    used, kept = 0, 0
+    for cost in reversed(turn_costs):
+        if used + cost > budget:
+            break
+        used += cost
+        kept += 1
+    return kept
+
+
+def check_budget(max_tokens: int | None, name: str = "max_history_tokens") -> int | None:
+    """``max_tokens`` if it is None or an int >= 0, else ConvoqError (before any I/O)."""
+    if max_tokens is None:
+        return None
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ConvoqError(f"{name} must be an int >= 0 or None (None: no budget)")
+    return max_tokens
+
+
+@dataclass(frozen=True)
+class Window:
+    """The part of a history sent to the model.
+
+    Attributes:
+        keep_last_turns: at most this many of the newest turns (None or 0: no limit).
+        max_tokens: the newest whole turns whose tokens, with the leading messages', fit
+            this budget (None: no budget). Leading messages are sent even when they alone
+            exceed it; a newest turn that does not fit leaves no earlier turn sent.
+        counter: counts tokens (None: :class:`convoq.tokens.RecordedTokenCounter`).
+    """
+
+    keep_last_turns: int | None = None
+    max_tokens: int | None = None
+    counter: TokenCounter | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep_last_turns is not None and self.keep_last_turns < 0:
+            raise ConvoqError("keep_last_turns must be >= 0 (0 keeps every turn)")
+        check_budget(self.max_tokens)
+
+    @property
+    def everything(self) -> bool:
+        """Whether the window keeps the whole history."""
+        return not self.keep_last_turns and self.max_tokens is None
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self.counter if self.counter is not None else DEFAULT_COUNTER
+
+    @property
+    def default_counter(self) -> bool:
+        """Whether tokens are counted by the default counter (stored counts can be used)."""
+        return self.counter is None or self.counter is DEFAULT_COUNTER
+
+    def apply(self, messages: list[Message]) -> list[Message]:
+        """The messages of ``messages`` this window sends (applying it twice is harmless)."""
+        if self.everything:
+            return list(messages)
+        lead, turns = split_turns(messages)
+        if self.keep_last_turns:
+            turns = turns[-self.keep_last_turns :]
+        if self.max_tokens is not None:
+            counter = self.token_counter
+            budget = self.max_tokens - counter.count(lead) if lead else self.max_tokens
+            kept = newest_fitting([counter.count(turn) for turn in turns], max(budget, 0))
+            turns = turns[len(turns) - kept :]
+        return lead + [m for turn in turns for m in turn]

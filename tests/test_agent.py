@@ -181,7 +181,7 @@ def test_invalid_single_message_is_refused_before_any_io(message: object, rule: 
 def test_invalid_conversation_id_is_refused() -> None:
     agent = Agent(ScriptedModel(lambda req: "x"), memory=InMemoryConversationMemory())
     with pytest.raises(InvalidConversationIdError):
-        agent.generate("hi", conversation_id="../etc passwd")
+        agent.generate("hi", conversation_id="new\nline")
     with pytest.raises(InvalidConversationIdError):
         Agent(ScriptedModel(lambda req: "x"), conversation_id="")
 

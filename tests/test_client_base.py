@@ -26,7 +26,7 @@ from convoq.worker.webhooks import backoff_s
 
 
 def test_route_is_crc32_of_the_conversation_id() -> None:
-    for cid in ["user-42", "a", "x" * 256, "tenant/7:bob"]:
+    for cid in ["user-42", "a", "x" * 256, "tenant/7:bob", "user 42", "o'brien ü"]:
         expected = f"convoq.p{zlib.crc32(cid.encode()) % 16}"
         assert routing.route(cid) == expected
     assert routing.route("user-42", prefix="acme", partitions=4) == (
@@ -36,7 +36,7 @@ def test_route_is_crc32_of_the_conversation_id() -> None:
 
 def test_route_refuses_invalid_conversation_ids() -> None:
     with pytest.raises(InvalidConversationIdError):
-        routing.route("no spaces allowed")
+        routing.route("no\x00controls")
 
 
 @pytest.mark.parametrize(
@@ -185,4 +185,4 @@ def test_build_submission_refuses_bad_arguments(
 
 def test_build_submission_refuses_bad_conversation_ids() -> None:
     with pytest.raises(InvalidConversationIdError):
-        build_submission("bad id", "hi", agent="a", known_agents=None, limits=Limits())
+        build_submission("bad\rid", "hi", agent="a", known_agents=None, limits=Limits())

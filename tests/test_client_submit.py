@@ -56,8 +56,8 @@ def _nothing_queued(r: redis.Redis, prefix: str) -> None:
         ("ok", GenerationRequest(messages=[Message.user("hi")]), "echo", InvalidMessageError, {}),
         ("ok", "", "echo", InvalidMessageError, {}),
         ("ok", "hello", "nobody", UnknownAgentError, {}),
-        ("bad id!", "hello", "echo", InvalidConversationIdError, {}),
-        ("{x}", "hello", "echo", InvalidConversationIdError, {}),
+        ("bad\nid!", "hello", "echo", InvalidConversationIdError, {}),
+        ("x" * 257, "hello", "echo", InvalidConversationIdError, {}),
         (
             "ok",
             Message(

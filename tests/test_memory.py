@@ -196,7 +196,7 @@ def test_negative_last_turns_is_a_convoq_error(memory: ConversationMemory) -> No
 
 
 @pytest.mark.parametrize(
-    "bad_id", ["", "x" * 257, "a b", "a\x00", "ä", None, 42, b"bytes-id"], ids=repr
+    "bad_id", ["", "x" * 257, "a\tb", "a\x00", "\x7f", "\ud800", None, 42, b"bytes-id"], ids=repr
 )
 async def test_invalid_conversation_id_is_refused_and_changes_nothing(
     memory: ConversationMemory, bad_id: object

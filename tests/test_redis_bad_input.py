@@ -64,7 +64,7 @@ def with_file(size: int) -> Message:
     return Message(content=[TextPart(text="see"), FilePart(data=b"%" * size, mime_type="x/y")])
 
 
-@pytest.mark.parametrize("cid", ["", "two words", "x{y}", "a" * 257, "new\nline", 42])
+@pytest.mark.parametrize("cid", ["", "tab\tid", "\x7f", "a" * 257, "new\nline", 42])
 async def test_invalid_conversation_ids_touch_nothing(
     proto: TurnProtocol, memory: RedisConversationMemory, redis_client: redis.Redis, cid: object
 ) -> None:

@@ -37,11 +37,30 @@ def test_idempotency_keys_are_hashed() -> None:
 
 def test_ids_are_checked_before_a_key_is_built() -> None:
     keys = KeySchema()
-    for bad in ["", "has space", "a{b}", "x" * 257, "star*"]:
+    for bad in ["", "tab\there", "nul\x00", "x" * 257, "\ud800"]:
         with pytest.raises(InvalidConversationIdError):
             keys.inbox(bad)
     with pytest.raises(InvalidConversationIdError):
         keys.turn("c", "bad turn id")
+
+
+@pytest.mark.parametrize(
+    "cid", ["user 42", "o'brien", "a{b}c", "}", "star*?[x]", "ü/..", "%41", "A", "a", "\\"]
+)
+def test_any_id_is_encoded_into_one_hash_tag_and_decodes_back(cid: str) -> None:
+    keys = KeySchema("p")
+    inbox = keys.inbox(cid)
+    tag = inbox[len("p:{") : -len("}:inbox")]
+    assert re.fullmatch(r"[A-Za-z0-9._:@/+=%-]+", tag), tag
+    assert keys.conversation_of_inbox(inbox) == cid
+    assert keys.conversation_of_inbox(inbox.encode()) == cid
+
+
+def test_encoded_ids_never_collide_and_old_ids_keep_their_keys() -> None:
+    keys = KeySchema("p")
+    ids = ["a b", "a%20b", "a+b", "a_b", "A", "a", "x{", "x%7B", "user:42/chat"]
+    assert len({keys.base(cid) for cid in ids}) == len(ids)
+    assert keys.base("user:42/chat") == "p:{user:42/chat}"
 
 
 def test_prefix_is_checked() -> None:

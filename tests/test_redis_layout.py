@@ -3,6 +3,7 @@ version gate, and long histories read in bounded chunks."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -52,9 +53,9 @@ async def test_elements_carry_a_header_line_and_meta_says_format_2(
     await memory.aappend(CID, [Message.assistant("more")])
     first, second, third = redis_client.lrange(proto.keys.turns(CID), 0, -1)
     sha = redis_client.hkeys(proto.keys.blobs(CID))[0]
-    assert first.startswith(b"T b=" + sha + b"\n[")
-    assert second.startswith(b'T\n[{"role":"user"')
-    assert third.startswith(b'C\n[{"role":"assistant"')
+    assert re.match(rb"T b=" + sha + rb" w=\d+\n\[", first)
+    assert re.match(rb'T w=\d+\n\[\{"role":"user"', second)
+    assert re.match(rb'C w=\d+\n\[\{"role":"assistant"', third)
     assert redis_client.hget(proto.keys.meta(CID), "format_version") == b"2"
 
 

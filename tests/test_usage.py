@@ -102,8 +102,8 @@ async def test_redis_elements_carry_the_turns_token_count(
         )
         first, second = redis_client.lrange(KeySchema(key_prefix).turns("c"), 0, -1)
         sha = hashlib.sha256(image.data).hexdigest().encode()
-        assert first.startswith(b"T t=45 b=" + sha + b"\n")  # 45 = turn_tokens(the turn)
-        assert second.startswith(b"T\n")  # no usage reported: no count
+        assert first.startswith(b"T t=45 b=" + sha + b" w=")  # 45 = turn_tokens(the turn)
+        assert second.startswith(b"T w=")  # no usage reported: no count
         async with AsyncClient(redis_url, prefix=key_prefix) as aclient:
             # Turns stored in process count in the conversation's sums too.
             assert await aclient.usage("c") == TURN_USAGE + Usage(requests=1)
@@ -140,7 +140,7 @@ def test_worker_turn_result_events_and_history_carry_usage(client: Client) -> No
     r = redis.Redis.from_url(client.redis_url)
     try:  # the committed element carries the turn's token count for windows
         assert r.lindex(KeySchema(client.async_client.settings.prefix).turns(cid), 0).startswith(
-            b"T t=45\n"
+            b"T t=45 w="
         )
     finally:
         r.close()

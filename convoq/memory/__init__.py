@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory, StoredConversationMemory
 from convoq.memory.file import FileConversationMemory
 from convoq.memory.in_memory import InMemoryConversationMemory
@@ -19,8 +20,10 @@ __all__ = [
     "ConversationMemory",
     "FileConversationMemory",
     "InMemoryConversationMemory",
+    "MemoryLike",
     "RedisConversationMemory",
     "StoredConversationMemory",
+    "as_memory",
 ]
 
 

@@ -16,7 +16,8 @@ from convoq._sync import run_blocking, run_sync
 from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
-from convoq.window import last_turns as window_last_turns
+from convoq.tokens import TokenCounter
+from convoq.window import Window, check_budget
 
 _RESERVATION_LOCK = threading.Lock()
 
@@ -30,17 +31,21 @@ class _Reservations:
 class ConversationMemory:
     """Stores each conversation's messages. Override ``load``/``append``/``clear`` or
     their async twins ``aload``/``aappend``/``aclear``; the other flavour follows.
+
+    The three methods take exactly what the memory guide's interface takes (a conversation
+    id, and the messages of one turn for ``append``); what is *sent* of the history is
+    chosen by :meth:`aload_window`, which trims what ``aload`` returns unless a backend
+    windows at its source.
     """
 
-    def load(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
-        """Messages of a conversation; with ``last_turns``, the leading system/developer
-        messages plus only the last N turns."""
+    def load(self, conversation_id: str) -> list[Message]:
+        """Every stored message of a conversation (an empty list for an unknown one)."""
         self._require_override("load", "aload")
-        return run_sync(self.aload(conversation_id, last_turns=last_turns))
+        return run_sync(self.aload(conversation_id))
 
-    async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
+    async def aload(self, conversation_id: str) -> list[Message]:
         self._require_override("aload", "load")
-        return await run_blocking(self.load, conversation_id, last_turns=last_turns)
+        return await run_blocking(self.load, conversation_id)
 
     def append(self, conversation_id: str, messages: list[Message]) -> None:
         """Append messages (a whole turn) to a conversation."""
@@ -59,6 +64,11 @@ class ConversationMemory:
     async def aclear(self, conversation_id: str) -> None:
         self._require_override("aclear", "clear")
         await run_blocking(self.clear, conversation_id)
+
+    async def aload_window(self, conversation_id: str, window: Window) -> list[Message]:
+        """The messages of ``window`` (what a turn sends): by default everything ``aload``
+        returns, trimmed here; convoq's backends read only the window where they can."""
+        return window.apply(await self.aload(conversation_id))
 
     # Reservations: at most one turn per conversation runs through one memory at a time.
     # A token is spent once its turn finished or was discarded, so a continuation cannot
@@ -118,16 +128,36 @@ class StoredConversationMemory(ConversationMemory, ABC):
     ``_delete``. Their sync twins (``_read_blocking``...) run the async ones on the bridge
     loop unless a backend can do its I/O on the caller's thread, which skips the hop."""
 
-    async def aload(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
-        _check_load(conversation_id, last_turns)
-        messages = await self._read(conversation_id, last_turns or None)
-        # Backends may window at the source; this guarantees the contract for all of them.
-        return window_last_turns(messages, last_turns)
+    async def aload(
+        self,
+        conversation_id: str,
+        *,
+        last_turns: int | None = None,
+        max_tokens: int | None = None,
+        counter: TokenCounter | None = None,
+    ) -> list[Message]:
+        """Messages of a conversation; with ``last_turns`` and/or ``max_tokens``, the
+        leading system/developer messages plus only the newest whole turns of that
+        window (see :class:`convoq.window.Window`)."""
+        return await self.aload_window(conversation_id, _window(last_turns, max_tokens, counter))
 
-    def load(self, conversation_id: str, *, last_turns: int | None = None) -> list[Message]:
-        _check_load(conversation_id, last_turns)
-        messages = self._read_blocking(conversation_id, last_turns or None)
-        return window_last_turns(messages, last_turns)
+    def load(
+        self,
+        conversation_id: str,
+        *,
+        last_turns: int | None = None,
+        max_tokens: int | None = None,
+        counter: TokenCounter | None = None,
+    ) -> list[Message]:
+        """Blocking :meth:`aload`."""
+        window = _window(last_turns, max_tokens, counter)
+        check_conversation_id(conversation_id)
+        return window.apply(self._read_blocking(conversation_id, window))
+
+    async def aload_window(self, conversation_id: str, window: Window) -> list[Message]:
+        check_conversation_id(conversation_id)
+        # Backends may window at the source; this guarantees the contract for all of them.
+        return window.apply(await self._read(conversation_id, window))
 
     async def aappend(self, conversation_id: str, messages: list[Message]) -> None:
         if _check_append(conversation_id, messages):
@@ -146,8 +176,8 @@ class StoredConversationMemory(ConversationMemory, ABC):
         self._delete_blocking(conversation_id)
 
     @abstractmethod
-    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
-        """All messages, or (optionally) only leading ones plus the last ``last_turns``."""
+    async def _read(self, conversation_id: str, window: Window) -> list[Message]:
+        """All messages, or (optionally) only those of ``window`` (or a superset)."""
 
     @abstractmethod
     async def _write(self, conversation_id: str, messages: list[Message]) -> None:
@@ -157,8 +187,8 @@ class StoredConversationMemory(ConversationMemory, ABC):
     async def _delete(self, conversation_id: str) -> None:
         """Remove the conversation; a missing one is not an error."""
 
-    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
-        return run_sync(self._read(conversation_id, last_turns))
+    def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
+        return run_sync(self._read(conversation_id, window))
 
     def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:
         run_sync(self._write(conversation_id, messages))
@@ -167,10 +197,10 @@ class StoredConversationMemory(ConversationMemory, ABC):
         run_sync(self._delete(conversation_id))
 
 
-def _check_load(conversation_id: str, last_turns: int | None) -> None:
-    check_conversation_id(conversation_id)
+def _window(last_turns: int | None, max_tokens: int | None, counter: TokenCounter | None) -> Window:
     if last_turns is not None and last_turns < 0:
         raise ConvoqError("last_turns must be >= 0 (None or 0 loads every turn)")
+    return Window(last_turns or None, check_budget(max_tokens, "max_tokens"), counter)
 
 
 def _check_append(conversation_id: str, messages: list[Message]) -> bool:

@@ -42,6 +42,7 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
+from convoq.window import Window
 
 FORMAT_VERSION = 2
 
@@ -112,7 +113,7 @@ class FileConversationMemory(StoredConversationMemory):
         """The JSON file of a conversation (it may not exist yet)."""
         return self._directory / f"{file_stem(check_conversation_id(conversation_id))}.json"
 
-    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+    async def _read(self, conversation_id: str, window: Window) -> list[Message]:
         return await asyncio.to_thread(self._load_file, conversation_id)
 
     async def _write(self, conversation_id: str, messages: list[Message]) -> None:
@@ -122,7 +123,7 @@ class FileConversationMemory(StoredConversationMemory):
         await asyncio.to_thread(self._delete_file, conversation_id)
 
     # Sync calls do their file I/O on the caller's thread: no hop to the bridge loop.
-    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+    def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
         return self._load_file(conversation_id)
 
     def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:

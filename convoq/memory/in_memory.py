@@ -6,6 +6,7 @@ import threading
 
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message, messages_from_json, messages_to_json
+from convoq.window import Window
 
 
 class InMemoryConversationMemory(StoredConversationMemory):
@@ -23,8 +24,8 @@ class InMemoryConversationMemory(StoredConversationMemory):
 
     # Nothing here waits on I/O: sync calls run right on the caller's thread, async calls
     # run the same code without leaving their loop.
-    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
-        return self._read_blocking(conversation_id, last_turns)
+    async def _read(self, conversation_id: str, window: Window) -> list[Message]:
+        return self._read_blocking(conversation_id, window)
 
     async def _write(self, conversation_id: str, messages: list[Message]) -> None:
         self._write_blocking(conversation_id, messages)
@@ -32,7 +33,7 @@ class InMemoryConversationMemory(StoredConversationMemory):
     async def _delete(self, conversation_id: str) -> None:
         self._delete_blocking(conversation_id)
 
-    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+    def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
         with self._lock:
             chunks = list(self._chunks.get(conversation_id, ()))
         messages: list[Message] = []

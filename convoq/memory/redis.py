@@ -31,6 +31,7 @@ from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
 from convoq.settings import ConvoqSettings
+from convoq.window import Window
 
 T = TypeVar("T")
 
@@ -90,8 +91,8 @@ class RedisConversationMemory(StoredConversationMemory):
         self._blocking_lock = threading.Lock()
         self._resolved_url: str | None = None
 
-    async def _read(self, conversation_id: str, last_turns: int | None) -> list[Message]:
-        return await self._run(lambda p: p.history(conversation_id, last_turns=last_turns))
+    async def _read(self, conversation_id: str, window: Window) -> list[Message]:
+        return await self._run(lambda p: p.window(conversation_id, window))
 
     async def _write(self, conversation_id: str, messages: list[Message]) -> None:
         await self._run(
@@ -104,11 +105,13 @@ class RedisConversationMemory(StoredConversationMemory):
         await self._run(lambda p: p.clear(conversation_id))
 
     # Sync calls do their I/O on the caller's thread; clear (rare) hops to the bridge loop.
-    def _read_blocking(self, conversation_id: str, last_turns: int | None) -> list[Message]:
+    def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
         scripts = self._blocking_scripts()
-        if scripts is None:
-            return super()._read_blocking(conversation_id, last_turns)
-        return drive(load_steps(self._keys, conversation_id, last_turns), scripts.perform)
+        if scripts is None or window.max_tokens is not None:
+            # A token budget is chosen by the window script: through the async path.
+            return super()._read_blocking(conversation_id, window)
+        steps = load_steps(self._keys, conversation_id, window.keep_last_turns)
+        return window.apply(drive(steps, scripts.perform))
 
     def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:
         scripts = self._blocking_scripts()

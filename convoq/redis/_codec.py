@@ -12,8 +12,13 @@ skip fields they do not know, so a field can be added without a new format versi
     ``b=sha,sha,...``   the attachments the body refers to (absent: none)
     ``t=N``             on a turn's element: the tokens the model counted for what the
                         turn added after its user message (:func:`convoq.usage.turn_tokens`;
-                        absent when its calls reported no usage). For token-budget
-                        windows: Lua reads it with ``string.match(header, ' t=(%d+)')``.
+                        absent when its calls reported no usage).
+    ``w=N``             what the default token counter
+                        (:class:`convoq.tokens.RecordedTokenCounter`: ``t`` plus an
+                        estimate of the user message, else an estimate of it all) makes of
+                        the element: the ``window`` script sums these to choose a
+                        token-budget window from headers alone (absent on elements stored
+                        before it existed: a token per 4 bytes is assumed).
 
 The body is the JSON array of the element's messages, exactly :class:`Message`'s JSON,
 except that an attachment part's ``data`` is replaced by ``"blob": sha256hex``; the bytes
@@ -42,12 +47,14 @@ from pydantic import ValidationError
 from convoq.errors import CorruptDataError
 from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import Message, MessageList, MessageRole, TextPart
+from convoq.tokens import DEFAULT_COUNTER
 from convoq.usage import COUNTER_FIELDS, Usage, turn_tokens, turn_usage
 
 FORMAT_VERSION = 2
 _STARTS, _CONTINUES = b"T", b"C"
 _BLOBS_FIELD = b"b="
 _TOKENS_FIELD = b"t="
+_WINDOW_FIELD = b"w="
 
 
 @dataclass
@@ -70,8 +77,10 @@ def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> by
     kind = _STARTS if messages and messages[0].role == MessageRole.USER else _CONTINUES
     tokens = turn_tokens(messages) if kind == _STARTS else None
     head = kind if tokens is None else kind + b" " + _TOKENS_FIELD + b"%d" % tokens
+    # Last in the header: the window script's field, added after the others existed.
+    window = b" " + _WINDOW_FIELD + b"%d" % DEFAULT_COUNTER.count(messages)
     if not any(m.attachments for m in messages):
-        element = head + b"\n" + MessageList.dump_json(messages)
+        element = head + window + b"\n" + MessageList.dump_json(messages)
         into.elements.append(element)
         return element
     refs: list[str] = []
@@ -93,7 +102,7 @@ def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> by
             parts.append(dumped)
         data["content"] = parts
         out.append(data)
-    header = head + b" " + _BLOBS_FIELD + ",".join(refs).encode("ascii")
+    header = head + b" " + _BLOBS_FIELD + ",".join(refs).encode("ascii") + window
     body = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     element = header + b"\n" + body
     into.elements.append(element)

@@ -13,11 +13,13 @@ from convoq.errors import ConversationMemoryError, ConvoqError, TurnCancelledErr
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message
 from convoq.redis._base import ProtocolBase, approval_expired_error
+from convoq.redis._budget import load_budget_window
 from convoq.redis._codec import text
 from convoq.redis._history import load_history
 from convoq.redis._records import ParkedTurn, decode_record
 from convoq.redis._taking import valid_turn_id
 from convoq.turn_state import Decision
+from convoq.window import Window
 
 log = logging.getLogger("convoq.redis")
 
@@ -115,6 +117,19 @@ class ControlMixin(ProtocolBase):
         if last_turns is not None and last_turns < 0:
             raise ConvoqError("last_turns must be >= 0 (0 or None loads the whole history)")
         return await load_history(self.scripts, self.keys, cid, last_turns)
+
+    async def window(self, cid: str, window: Window) -> list[Message]:
+        """The stored messages ``window`` sends. A token budget with the default counter
+        is chosen from the counts stored with each turn, reading only the window; another
+        counter counts what the turn-count window (or the whole history) holds."""
+        check_conversation_id(cid)
+        if window.max_tokens is not None and window.default_counter:
+            keep = window.keep_last_turns or 0
+            found = await load_budget_window(self.scripts, self.keys, cid, window.max_tokens, keep)
+            return window.apply(found)
+        return window.apply(
+            await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
+        )
 
     async def sweep_candidates(
         self, *, approval_expiry: bool = True, expired: list[tuple[str, str]] | None = None

@@ -2,7 +2,10 @@
 
 All keys of one conversation share the hash tag ``{cid}``, so each Lua script touches a
 single Redis Cluster slot. Conversation and turn ids pass the checks of :mod:`convoq.ids`
-before a key is built; idempotency keys are hashed (sha256 hex) so any string may be one.
+before a key is built; a conversation id appears encoded (:func:`convoq.ids.key_part`:
+``%XX`` for anything but ``A-Za-z0-9._:@/+=-``, so ``{``, ``}``, ``*`` or a space can
+never break the hash tag or a SCAN pattern); idempotency keys are hashed (sha256 hex) so
+any string may be one.
 
 ::
 
@@ -36,8 +39,8 @@ import hashlib
 import re
 
 from convoq import defaults
-from convoq.errors import ConfigurationError, InvalidConversationIdError
-from convoq.ids import check_conversation_id, check_turn_id
+from convoq.errors import ConfigurationError
+from convoq.ids import check_turn_id, from_key_part, key_part
 
 # Glob and hash-tag characters would make patterns and slots ambiguous.
 _PREFIX = re.compile(r"[A-Za-z0-9._:@/+=-]{1,64}")
@@ -57,7 +60,7 @@ class KeySchema:
 
     def base(self, cid: str) -> str:
         """``{prefix}:{cid}``: the part every key of the conversation starts with."""
-        return f"{self.prefix}:{{{check_conversation_id(cid)}}}"
+        return f"{self.prefix}:{{{key_part(cid)}}}"
 
     def meta(self, cid: str) -> str:
         return f"{self.base(cid)}:meta"
@@ -155,8 +158,4 @@ class KeySchema:
         head, tail = f"{self.prefix}:{{", "}:inbox"
         if not (text.startswith(head) and text.endswith(tail)):
             return None
-        cid = text[len(head) : -len(tail)]
-        try:
-            return check_conversation_id(cid)
-        except InvalidConversationIdError:
-            return None
+        return from_key_part(text[len(head) : -len(tail)])

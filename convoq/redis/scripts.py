@@ -37,6 +37,7 @@ NAMES = (
     "park",
     "renew",
     "submit",
+    "window",
 )
 
 

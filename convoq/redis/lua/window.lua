@@ -1,0 +1,79 @@
+-- KEYS[1] = meta      {prefix}:{cid}:meta
+-- KEYS[2] = turns     {prefix}:{cid}:turns
+-- KEYS[3] = lead      {prefix}:{cid}:lead
+-- ARGV[1] = budget: tokens the lead plus the kept turns may take
+-- ARGV[2] = keep: at most this many turns (0 = no limit)
+-- ARGV[3] = stop: index of the newest element still to look at; -1 on the first call (the
+--           list's end; the lead is counted then)
+-- ARGV[4] = tokens used so far (by the lead and the turns kept by earlier calls)
+-- ARGV[5] = turns kept so far
+-- ARGV[6] = last index (from the first call's reply; absent on the first call)
+-- Chooses a token-budget window from element headers alone (their ' w=N' field: what the
+-- default token counter made of the element when it was stored; an element without one
+-- counts a token per 4 bytes). Reads at most about SCAN_MAX elements per call, stopping at
+-- a turn boundary, so a huge budget never blocks Redis for long.
+-- Returns {'DONE', first index of the window, last index} (first > last: no turn fits)
+--      or {'MORE', next stop, tokens used, turns kept, last index}: call again
+--      or {'VERSION', v} / {'CORRUPT', key}. Read only.
+local meta, turns, lead = KEYS[1], KEYS[2], KEYS[3]
+local SCAN_MAX = 2048
+local bad = bad_version(meta)
+if bad then
+  return {'VERSION', bad}
+end
+local budget, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
+local stop, used, kept = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local function cost(header, raw)
+  local w = string.match(header, ' w=(%d+)')
+  if w then
+    return tonumber(w)
+  end
+  return math.ceil(string.len(raw) / 4)
+end
+
+local corrupt = wrong_type('list', {turns, lead})
+if corrupt then
+  return {'CORRUPT', corrupt}
+end
+if stop < 0 then
+  stop = redis.call('LLEN', turns) - 1
+  for _, raw in ipairs(redis.call('LRANGE', lead, 0, -1)) do
+    local kind, header = element_header(raw)
+    if not kind then
+      return {'CORRUPT', lead}
+    end
+    used = used + cost(header, raw)
+  end
+  used = math.min(used, budget)
+end
+local last = tonumber(ARGV[6] or stop)
+local first, pending, scanned, batch_size = stop + 1, 0, 0, 16
+while stop >= 0 and (keep <= 0 or kept < keep) do
+  local start = math.max(0, stop - batch_size + 1)
+  local batch = redis.call('LRANGE', turns, start, stop)
+  for i = #batch, 1, -1 do
+    local index = start + i - 1
+    local kind, header = element_header(batch[i])
+    if not kind then
+      return {'CORRUPT', turns}
+    end
+    pending = pending + cost(header, batch[i])
+    scanned = scanned + 1
+    if kind == 'T' or index == 0 then
+      if used + pending > budget then
+        return {'DONE', first, last}
+      end
+      used, pending, kept, first = used + pending, 0, kept + 1, index
+      if keep > 0 and kept >= keep then
+        return {'DONE', first, last}
+      end
+      if scanned >= SCAN_MAX and index > 0 then
+        return {'MORE', index - 1, used, kept, last}
+      end
+    end
+  end
+  stop = start - 1
+  batch_size = math.min(batch_size * 2, 256)
+end
+return {'DONE', first, last}
