@@ -26,6 +26,7 @@ from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
 from convoq.redis._blocking import BlockingScripts, connect_blocking
+from convoq.redis._budget import budget_steps
 from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
@@ -107,10 +108,13 @@ class RedisConversationMemory(StoredConversationMemory):
     # Sync calls do their I/O on the caller's thread; clear (rare) hops to the bridge loop.
     def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
         scripts = self._blocking_scripts()
-        if scripts is None or window.max_tokens is not None:
-            # A token budget is chosen by the window script: through the async path.
+        if scripts is None or (window.max_tokens is not None and not window.default_counter):
             return super()._read_blocking(conversation_id, window)
-        steps = load_steps(self._keys, conversation_id, window.keep_last_turns)
+        if window.max_tokens is not None:
+            keep = window.keep_last_turns or 0
+            steps = budget_steps(self._keys, conversation_id, window.max_tokens, keep)
+        else:
+            steps = load_steps(self._keys, conversation_id, window.keep_last_turns)
         return window.apply(drive(steps, scripts.perform))
 
     def _write_blocking(self, conversation_id: str, messages: list[Message]) -> None:

@@ -4,7 +4,8 @@ The ``window`` script walks a conversation's turn elements from the newest back,
 the token count each element's header carries (``w=N``, the default counter's count, see
 :mod:`convoq.redis._codec`), and answers the index range of the newest whole turns that
 fit. Only that range is then read (in bounded chunks) with its blobs: the cost depends on
-the window, not on the length of the history.
+the window, not on the length of the history. Written once as steps
+(:mod:`convoq.redis.scripts`), run by async and sync callers alike.
 """
 
 from __future__ import annotations
@@ -16,26 +17,24 @@ from convoq.messages import Message
 from convoq.redis._codec import FORMAT_VERSION, blob_refs, decode_elements, parse_header, text
 from convoq.redis._history import (
     CHUNK,
+    _blobs_steps,
     _raise_stored_errors,
-    _read_blobs,
     stored_data_error,
     version_error,
 )
 from convoq.redis.keys import KeySchema
-from convoq.redis.scripts import Scripts
+from convoq.redis.scripts import Batch, ScriptCall, Steps
 
 _MAX_CALLS = 1000
 _RESTARTS = 5
 
 
-async def window_range(
-    scripts: Scripts, keys: KeySchema, cid: str, budget: int, keep: int
-) -> tuple[int, int]:
+def range_steps(keys: KeySchema, cid: str, budget: int, keep: int) -> Steps[tuple[int, int]]:
     """``(first, last)`` element indexes of the window (``first > last``: no turn fits)."""
     script_keys = [keys.meta(cid), keys.turns(cid), keys.lead(cid)]
     args: list[Any] = [budget, keep, -1, 0, 0]
     for _ in range(_MAX_CALLS):
-        reply = await scripts.run("window", script_keys, args)
+        reply = yield ScriptCall("window", script_keys, args)
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
             raise error
@@ -45,14 +44,12 @@ async def window_range(
     raise ConversationMemoryError(f"the window of conversation {cid!r} did not settle")
 
 
-async def load_budget_window(
-    scripts: Scripts, keys: KeySchema, cid: str, budget: int, keep: int
-) -> list[Message]:
+def budget_steps(keys: KeySchema, cid: str, budget: int, keep: int) -> Steps[list[Message]]:
     """The lead plus the newest whole turns (at most ``keep``, 0: any number) that fit
     ``budget`` tokens by the counts stored with each element."""
     for _ in range(_RESTARTS):
-        first, last = await window_range(scripts, keys, cid, budget, keep)
-        read = await _read_range(scripts, keys, cid, first, last)
+        first, last = yield from range_steps(keys, cid, budget, keep)
+        read = yield from _range_steps(keys, cid, first, last)
         if read is not None:
             return read
     raise ConversationMemoryError(
@@ -60,18 +57,17 @@ async def load_budget_window(
     )
 
 
-async def _read_range(
-    scripts: Scripts, keys: KeySchema, cid: str, first: int, last: int
-) -> list[Message] | None:
+def _range_steps(keys: KeySchema, cid: str, first: int, last: int) -> Steps[list[Message] | None]:
     """Lead and elements ``first..last`` decoded, or None when the list shrank meanwhile."""
-    client, turns = scripts.client, keys.turns(cid)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.hget(keys.meta(cid), "format_version")
-        pipe.lrange(keys.lead(cid), 0, -1)
-        pipe.llen(turns)
-        for start in range(first, last + 1, CHUNK):
-            pipe.lrange(turns, start, min(start + CHUNK, last + 1) - 1)
-        replies = await pipe.execute(raise_on_error=False)
+    turns = keys.turns(cid)
+    commands: list[tuple[Any, ...]] = [
+        ("HGET", keys.meta(cid), "format_version"),
+        ("LRANGE", keys.lead(cid), 0, -1),
+        ("LLEN", turns),
+    ]
+    for start in range(first, last + 1, CHUNK):
+        commands.append(("LRANGE", turns, start, min(start + CHUNK, last + 1) - 1))
+    replies = yield Batch(commands, transaction=True)
     names = [keys.meta(cid), keys.lead(cid), turns] + [turns] * (len(replies) - 3)
     _raise_stored_errors(replies, names)
     version, lead, total = replies[0], replies[1], replies[2]
@@ -82,7 +78,7 @@ async def _read_range(
         return None
     lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
     headers = [parse_header(e, key=turns) for e in elements]
-    blobs = await _read_blobs(client, keys, cid, blob_refs([*lead_headers, *headers]))
+    blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
     blobs_key = keys.blobs(cid)
     messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
     return messages + decode_elements(headers, blobs, key=turns, blobs_key=blobs_key)

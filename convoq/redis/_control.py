@@ -9,11 +9,12 @@ import logging
 import uuid
 from typing import Any, Literal
 
+from convoq._sync import adrive
 from convoq.errors import ConversationMemoryError, ConvoqError, TurnCancelledError
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message
 from convoq.redis._base import ProtocolBase, approval_expired_error
-from convoq.redis._budget import load_budget_window
+from convoq.redis._budget import budget_steps
 from convoq.redis._codec import text
 from convoq.redis._history import load_history
 from convoq.redis._records import ParkedTurn, decode_record
@@ -125,8 +126,8 @@ class ControlMixin(ProtocolBase):
         check_conversation_id(cid)
         if window.max_tokens is not None and window.default_counter:
             keep = window.keep_last_turns or 0
-            found = await load_budget_window(self.scripts, self.keys, cid, window.max_tokens, keep)
-            return window.apply(found)
+            steps = budget_steps(self.keys, cid, window.max_tokens, keep)
+            return window.apply(await adrive(steps, self.scripts.perform))
         return window.apply(
             await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
         )
