@@ -41,8 +41,14 @@ async def _half_second(_request: ModelRequest) -> str:
     return "ok"
 
 
+def _blocking_half_second(_request: ModelRequest) -> str:
+    time.sleep(0.5)  # a sync model function, as users write them
+    return "ok"
+
+
 zero = Agent(ScriptedModel(lambda _request: "ok", name="zero"), name="zero")
 slow = Agent(ScriptedModel(_half_second, name="slow"), name="slow")
+blocking = Agent(ScriptedModel(_blocking_half_second, name="blocking"), name="blocking")
 
 
 # -- the table ---------------------------------------------------------------------------------

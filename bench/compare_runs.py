@@ -15,7 +15,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from bench import peers
+from bench import peers, sync_hop
 from bench.compare import RUNS, Table, start_convoq_worker, start_peer_worker, worker_env
 from bench.memory_append import a_turn
 from convoq.client import AsyncClient, Client
@@ -226,6 +226,18 @@ def _fair_slots(url: str, stack: ExitStack, home: Path, table: Table, prefix: st
               asyncio.run(_convoq_burst(url, prefix, 1, 8, "slow")))  # fmt: skip
 
 
+# -- 3 and 4: sync memory calls, blocking model functions -------------------------------------
+def _sync_and_blocking(url: str, prefix: str, table: Table) -> None:
+    hop = sync_hop.measure(url, rounds=2)
+    for op in ("append", "load-10"):
+        for flavour, what in (("async", "async, client in the caller's loop"), ("sync", "sync")):
+            table.add(f"{op}-{flavour}", "3", f"memory {op}: {what}", "µs", hop[op, flavour])
+    table.add("bsync", "4", "turns/s, 100 slots, 100 conv x 4 turns, sync 500 ms model", "/s",
+              asyncio.run(_convoq_burst(url, prefix, 100, 4, "blocking")))  # fmt: skip
+    table.add("basync", "4", "same, async 500 ms model", "/s",
+              asyncio.run(_convoq_burst(url, prefix, 100, 4, "slow")))  # fmt: skip
+
+
 def run_all(url: str, home: Path) -> Table:
     table = Table()
     populated: set[str] = set()
@@ -250,6 +262,7 @@ def run_all(url: str, home: Path) -> Table:
             table.add("burstb", "7", "burst 50 x 4 tasks: bare Celery", "/s", _bare_burst(50, 4))
             _commands_and_cpu(url, client, table)
             _fair_slots(url, stack, home, table, fair_prefix)
+            _sync_and_blocking(url, prefix, table)
     _bars(table)
     return table
 
@@ -277,6 +290,20 @@ def _bars(t: Table) -> None:
         return f"full load at {BIG:,}: convoq/RedisSession = {r:.2f}x (<= 0.33)", r <= 1 / 3
 
     t.bar("2", full)
+
+    def hop(op: str) -> tuple[str, bool]:
+        d = t.rows[f"{op}-sync"].median - t.rows[f"{op}-async"].median
+        return f"sync memory {op}: {d:+.0f} µs over the async call (<= +50)", d <= 50
+
+    t.bar("3", lambda: hop("append"))
+    t.bar("3", lambda: hop("load-10"))
+
+    def blocking() -> tuple[str, bool]:
+        r = _ratio(t, "bsync", "basync")
+        # As concurrent as async code, within run-to-run noise (the default executor: ~0.1x).
+        return f"sync 500 ms model: {r:.2f}x the async model's turns/s (>= 0.8)", r >= 0.8
+
+    t.bar("4", blocking)
 
     def fair() -> tuple[str, bool]:
         v = t.rows["fair"].median

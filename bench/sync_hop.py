@@ -20,6 +20,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -96,13 +97,13 @@ def _us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
-def _table(times: dict[tuple[str, str], list[float]]) -> str:
+def _table(medians: dict[tuple[str, str], float]) -> str:
     lines = [
         f"{'call':<9}{'async µs':>10}{'sync µs':>10}{'sync-async':>12}{'bridge hop µs':>15}"
         f"{'hop-async':>11}{'  sync ≤ async+50µs':>20}"
     ]
     for op in ("append", "load-10"):
-        a, s, h = (_us(times[(op, f)]) for f in ("async", "sync", "bridge hop"))
+        a, s, h = (medians[(op, f)] for f in ("async", "sync", "bridge hop"))
         verdict = "yes" if s - a <= BAR_US else "NO"
         lines.append(
             f"{op:<9}{a:>10.0f}{s:>10.0f}{s - a:>+12.0f}{h:>15.0f}{h - a:>+11.0f}{verdict:>20}"
@@ -110,27 +111,36 @@ def _table(times: dict[tuple[str, str], list[float]]) -> str:
     return "\n".join(lines)
 
 
+def measure(url: str, rounds: int = ROUNDS, history: int = HISTORY) -> dict[tuple[str, str], float]:
+    """Median µs per call of each (operation, flavour) against the Redis at ``url``."""
+    loop = asyncio.new_event_loop()
+    sampler = Sampler(url, loop)
+    try:
+        cid = f"hop-{uuid.uuid4().hex[:8]}"
+        for n in range(history):
+            sampler.owned.append(cid, a_turn(-n))
+        for _ in range(rounds):
+            sampler.round(cid)
+        sampler.owned.clear(cid)
+        return {key: _us(samples) for key, samples in sampler.times.items()}
+    finally:
+        sampler.close()
+        loop.close()
+
+
 def run() -> str:
     work = Path(tempfile.mkdtemp(prefix="convoq-bench-hop-"))
     home = work / "redis"
     url = embedded.embedded_url(home)
-    loop = asyncio.new_event_loop()
-    sampler = Sampler(url, loop)
     try:
-        cid = "hop"
-        for n in range(HISTORY):
-            sampler.owned.append(cid, a_turn(-n))
-        for _ in range(ROUNDS):
-            sampler.round(cid)
+        medians = measure(url)
         head = (
             f"embedded redis-server (unix socket); one turn = user ~200 chars + assistant ~600"
             f" chars; {HISTORY}+ turns stored; medians of {ROUNDS * PER_ROUND} calls per cell,"
             " interleaved rounds"
         )
-        return head + "\n" + _table(sampler.times)
+        return head + "\n" + _table(medians)
     finally:
-        sampler.close()
-        loop.close()
         embedded.stop(home)
         shutil.rmtree(work, ignore_errors=True)
 
