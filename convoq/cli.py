@@ -187,6 +187,9 @@ def submit(
     idempotency_key: Annotated[str | None, typer.Option(help="Submit at most once.")] = None,
     keep_last_turns: Annotated[int | None, typer.Option(help="Previous turns sent.")] = None,
     callback_url: Annotated[str | None, typer.Option(help="Signed POST when done.")] = None,
+    max_history_tokens: Annotated[
+        int | None, typer.Option(help="Send the newest whole turns that fit this many tokens.")
+    ] = None,
 ) -> None:
     """Queue a turn; print its id (and with --wait, its result)."""
     s = _settings()
@@ -202,6 +205,7 @@ def submit(
             idempotency_key=idempotency_key,
             keep_last_turns=keep_last_turns,
             callback_url=callback_url,
+            max_history_tokens=max_history_tokens,
         )
         console.print(f"turn [bold]{handle.turn_id}[/bold] queued for {conversation_id}")
         if wait:

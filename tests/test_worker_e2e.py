@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from convoq import FilePart, ImagePart, Message, TextPart
+from convoq import FilePart, ImagePart, Message, RecordedTokenCounter, TextPart
 from convoq.client import SIGNATURE_HEADER, Client, TurnResult, verify_signature
 from convoq.demo import tiny_pdf, tiny_png
 from convoq.errors import InvalidMessageError, ModelError
@@ -156,6 +156,22 @@ def test_keep_last_turns_limits_what_the_model_sees(client: Client) -> None:
     profile = client.submit(cid, "five", agent="short_memory").wait(30)
     assert profile.text == "seen: four | five"
     assert len(client.history(cid)) == 10
+
+
+def test_token_budget_and_awkward_ids_through_the_workers(client: Client) -> None:
+    cid = _cid("o'brien {user 42}/ü/..")
+    for text in ["one", "two", "three"]:
+        client.submit(cid, text, agent="echo")
+    newest = [Message.user("three"), Message.assistant("seen: one | two | three")]
+    budget = RecordedTokenCounter().count(newest)  # only the newest turn fits
+    assert client.submit(cid, "four", agent="echo", max_history_tokens=budget).wait(30).text == (
+        "seen: three | four"
+    )
+    assert client.submit(cid, "five", agent="echo", max_history_tokens=0).wait(30).text == (
+        "seen: five"
+    )
+    assert len(client.history(cid)) == 10
+    assert client.history(cid + "x") == []
 
 
 # 2 ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
 from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import GenerationRequest, Message, coerce_user_message
+from convoq.window import check_budget
 
 IfBusy = Literal["queue", "reject"]
 
@@ -54,6 +55,7 @@ def build_submission(
     keep_last_turns: int | None = None,
     callback_url: str | None = None,
     if_busy: str = "queue",
+    max_history_tokens: int | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
 
@@ -82,6 +84,8 @@ def build_submission(
         if keep_last_turns < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
         options["keep_last_turns"] = keep_last_turns
+    if check_budget(max_history_tokens) is not None:
+        options["max_history_tokens"] = max_history_tokens
     if callback_url is not None:
         options["callback_url"] = check_callback_url(callback_url)
     return Submission(

@@ -196,6 +196,7 @@ class AsyncClient:
         callback_url: str | None = None,
         on_done: OnDone | None = None,
         if_busy: Literal["queue", "reject"] = "queue",
+        max_history_tokens: int | None = None,
     ) -> AsyncTurnHandle:
         """Queue a turn and return its handle at once.
 
@@ -208,6 +209,8 @@ class AsyncClient:
             callback_url: receives one signed POST when the turn is final.
             on_done: called with the :class:`TurnResult` in this process, once.
             if_busy: ``"reject"`` raises ConversationBusyError while a turn is in progress.
+            max_history_tokens: send only the newest whole turns that fit this many tokens
+                (overrides the profile; see :class:`convoq.window.Window`).
 
         Raises:
             InvalidConversationIdError, InvalidMessageError, AttachmentError,
@@ -224,6 +227,7 @@ class AsyncClient:
             keep_last_turns=keep_last_turns,
             callback_url=callback_url,
             if_busy=if_busy,
+            max_history_tokens=max_history_tokens,
         )
         if "callback_url" in sub.options:
             await self._callback_policy.check_url(sub.options["callback_url"])

@@ -52,8 +52,12 @@ class Profiles(Mapping[str, Agent]):
         return agent
 
     def history_window(self) -> int:
-        """How many turns to fetch with a lease (0 = all): enough for every profile."""
-        windows = [a.keep_last_turns for a in self._agents.values()]
+        """How many turns to fetch with a lease (0 = all): enough for every profile. A
+        profile with a token budget loads its window itself (from the counts stored with
+        each turn), so it asks for just one turn here."""
+        windows = [
+            a.keep_last_turns if a.max_history_tokens is None else 1 for a in self._agents.values()
+        ]
         if not windows or 0 in windows:
             return 0
         return max(windows)

@@ -46,7 +46,7 @@ from convoq.observe import tracing
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState
-from convoq.window import last_turns
+from convoq.window import Window, last_turns
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
@@ -204,9 +204,15 @@ class Runner:
         return await loop.run(state)
 
     async def _history(self, acq: Acquired, profile: Agent) -> list[Message]:
-        """The window this turn asks for, from what came with the lease when it suffices."""
-        wanted = acq.turn.options.get("keep_last_turns")
+        """The window this turn asks for, from what came with the lease when it suffices.
+        A token budget is chosen by the store from the counts kept with each turn."""
+        options = acq.turn.options
+        wanted = options.get("keep_last_turns")
         keep = int(wanted) if wanted is not None else profile.keep_last_turns
+        budget = options.get("max_history_tokens", profile.max_history_tokens)
+        if budget is not None:
+            window = Window(keep or None, int(budget), profile.token_counter)
+            return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
         if keep == self._window:
             return list(acq.history)
         if self._window and 0 < keep < self._window:
