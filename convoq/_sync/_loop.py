@@ -1,20 +1,5 @@
-"""The one bridge between sync and async: a long-lived event loop on a daemon thread.
-
-Sync APIs (``Agent.generate``, ``Client``, ``ConversationMemory.load``...) submit their
-coroutine here instead of calling ``asyncio.run`` each time, so connection pools (httpx,
-redis) created by the coroutine outlive the call, and sync APIs work from inside a running
-event loop too. Celery worker processes use the same loop for their tasks.
-
-A sync call that is interrupted (Ctrl-C) or times out cancels its coroutine and waits, for
-at most :data:`CANCEL_GRACE_S`, until the coroutine has cleaned up: a turn interrupted
-this way stores nothing. The wait is bounded and the cancel is repeated, because a library
-may swallow a ``CancelledError``. A forked child gets fresh loops and a fresh thread pool
-(the parent's threads do not exist in it); loops are stopped at interpreter exit.
-
-Blocking user code (sync model functions and tools) runs on one process-wide thread pool
-sized by :func:`set_blocking_threads` (a worker sizes it to its concurrency), not on
-asyncio's default executor, which caps at ``min(32, CPUs + 4)`` threads.
-"""
+"""A long-lived event loop on a daemon thread, and the shared one sync APIs use (see
+:mod:`convoq._sync`)."""
 
 from __future__ import annotations
 
@@ -22,29 +7,19 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import contextvars
-import functools
-import inspect
 import logging
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
-from convoq.errors import ConfigurationError
-
 T = TypeVar("T")
-C = TypeVar("C")
-R = TypeVar("R")
 
 log = logging.getLogger("convoq")
 
 # How long an interrupted or timed-out sync call waits for its coroutine's cleanup.
 CANCEL_GRACE_S = 5.0
-# Sync model functions and tools that may run at once in a process without a worker (as
-# many as a worker runs turns by default). Threads start only when needed.
-DEFAULT_BLOCKING_THREADS = 32
 _RECANCEL_S = 0.1  # a swallowed cancel is repeated this often while we wait
 
 
@@ -199,7 +174,7 @@ class LoopThread:
             if aclose is not None:
                 try:
                     self.run(aclose(), timeout=self.cancel_grace_s)
-                except RuntimeError:  # still running after an interrupt it swallowed
+                except (RuntimeError, TimeoutError):  # it swallowed the interrupt
                     log.warning("an interrupted convoq stream could not be closed")
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -273,105 +248,9 @@ def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
     return _portal.iterate(agen)
 
 
-# -- blocking user code ----------------------------------------------------------------------
-_blocking_lock = threading.Lock()
-_blocking: concurrent.futures.ThreadPoolExecutor | None = None
-_blocking_threads = DEFAULT_BLOCKING_THREADS
-
-
-def set_blocking_threads(count: int) -> None:
-    """Set how many sync model functions and sync tools may run at once in this process.
-
-    They run on a thread pool of their own, not on asyncio's default executor (capped at
-    ``min(32, CPUs + 4)`` threads). A worker sizes it to ``CONVOQ_CONCURRENCY``; elsewhere
-    it holds 32 threads, started only when needed. Calls already running finish on the old
-    pool; later ones use the new size.
-
-    Args:
-        count: threads in the pool, at least 1.
-
-    Raises:
-        ConfigurationError: ``count`` is not a positive int.
-    """
-    global _blocking, _blocking_threads
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ConfigurationError(f"blocking threads must be a positive int, not {count!r}")
-    with _blocking_lock:
-        old, _blocking, _blocking_threads = _blocking, None, count
-    if old is not None:
-        old.shutdown(wait=False)
-
-
-def blocking_threads() -> int:
-    """The current size of the pool for blocking user code."""
-    return _blocking_threads
-
-
-def _submit_blocking(call: Callable[[], T]) -> concurrent.futures.Future[T]:
-    global _blocking
-    while True:
-        with _blocking_lock:
-            if _blocking is None:
-                _blocking = concurrent.futures.ThreadPoolExecutor(
-                    _blocking_threads, thread_name_prefix="convoq-blocking"
-                )
-            pool = _blocking
-        try:
-            return pool.submit(call)
-        except RuntimeError:
-            if pool is _blocking:  # the interpreter is shutting down, not a resize
-                raise
-
-
-async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run blocking ``fn`` on the pool for user code, in the caller's context."""
-    context = contextvars.copy_context()
-    call = functools.partial(context.run, fn, *args, **kwargs)
-    return await asyncio.wrap_future(_submit_blocking(call))
-
-
-async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Await ``fn`` if it is async; otherwise run it on the pool for blocking user code.
-
-    A blocking sync function (a tool, a scripted model) then holds up only its own turn.
-    """
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args, **kwargs)
-    result = await run_blocking(fn, *args, **kwargs)
-    if isinstance(result, Awaitable):  # a sync callable that returned a coroutine
-        return await result
-    return result
-
-
-# -- one logic, two drivers ------------------------------------------------------------------
-def drive(steps: Generator[C, R, T], perform: Callable[[C], R]) -> T:
-    """Run sans-I/O ``steps`` (a generator that yields requests and receives their
-    replies) with a blocking ``perform``: the sync twin of :func:`adrive`."""
-    try:
-        request = next(steps)
-        while True:
-            request = steps.send(perform(request))
-    except StopIteration as finished:
-        return finished.value  # type: ignore[no-any-return]
-
-
-async def adrive(steps: Generator[C, R, T], perform: Callable[[C], Awaitable[R]]) -> T:
-    """Run sans-I/O ``steps`` with an async ``perform``."""
-    try:
-        request = next(steps)
-        while True:
-            request = steps.send(await perform(request))
-    except StopIteration as finished:
-        return finished.value  # type: ignore[no-any-return]
-
-
-# -- process lifecycle -----------------------------------------------------------------------
 def _after_fork_in_child() -> None:
-    global _blocking, _blocking_lock
     for loop_thread in list(_loop_threads):
         loop_thread._after_fork_in_child()
-    _blocking_lock = threading.Lock()
-    _blocking = None  # its threads stayed in the parent
 
 
 def _stop_at_exit() -> None:
