@@ -86,15 +86,18 @@ def decode_window(
     lead: list[bytes],
     elements: list[bytes],
     blobs: dict[str, bytes],
-    window: int | None,
 ) -> list[Message]:
-    """Messages of a load: the lead, then the window's elements, cut to ``window`` turns."""
+    """Messages of a load: the lead, then the window's elements (whole turns: the script
+    stops at the element that starts the window's first turn, and element headers mark
+    turn starts exactly where :func:`~convoq.window.split_turns` does, so no cut is
+    needed here)."""
+    lead_key, turns_key = keys.lead(cid), keys.turns(cid)
+    lead_headers = [parse_header(e, key=lead_key) for e in lead]
+    headers = [parse_header(e, key=turns_key) for e in elements]
     blobs_key = keys.blobs(cid)
-    lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
-    headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
-    messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
-    messages += decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
-    return window_last_turns(messages, window or None)
+    messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
+    messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
+    return messages
 
 
 def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[Message]]:
@@ -107,7 +110,7 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
         if error is not None:
             raise error
         if reply[2] is not None:
-            return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]), window)
+            return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]))
     return (yield from chunked_steps(keys, cid, window))
 
 
@@ -125,12 +128,13 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
         if read is None:
             continue  # cleared while we read: start over
         lead, elements = read
-        headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
-        lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
+        lead_key, turns_key = keys.lead(cid), keys.turns(cid)
+        headers = [parse_header(e, key=turns_key) for e in elements]
+        lead_headers = [parse_header(e, key=lead_key) for e in lead]
         blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
         blobs_key = keys.blobs(cid)
-        messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
-        messages += decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
+        messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
+        messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
         return window_last_turns(messages, window or None)
     raise ConversationMemoryError(
         f"the history of conversation {cid!r} kept being cleared while it was read; try again"

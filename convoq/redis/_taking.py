@@ -123,9 +123,7 @@ class TakingMixin(ProtocolBase):
         if reply[6] is None:
             history = await read_chunked(self.scripts, self.keys, cid, window)
         else:
-            history = decode_window(
-                self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]), window
-            )
+            history = decode_window(self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]))
         return Acquired(
             conversation_id=cid,
             fence=int(reply[1]),

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from celery.worker import state
+
 log = logging.getLogger("convoq.worker")
 
 
@@ -92,7 +94,7 @@ class SlotBacklog:
         async with self._probe_lock:  # one count in flight; the others use its answer
             if time.monotonic() >= self._fresh_until:
                 try:
-                    self._waiting = await asyncio.to_thread(self._count) > 0
+                    self._waiting = _reserved_here() or await asyncio.to_thread(self._count) > 0
                 except Exception as exc:  # no count: keep the fast path
                     log.warning("could not count the kicks waiting: %s", exc)
                     self._waiting = False
@@ -101,3 +103,9 @@ class SlotBacklog:
 
     async def requeue(self, conversation_id: str, head: str, fence: int) -> None:
         await asyncio.to_thread(self._send, conversation_id, head, fence)
+
+
+def _reserved_here() -> bool:
+    """Whether this process holds kicks it received but has not started (a prefetch
+    multiplier above 1): they wait for a slot as much as those in the broker."""
+    return len(state.reserved_requests) > len(state.active_requests)
