@@ -239,6 +239,16 @@ def test_a_resumed_turn_joins_its_submit_trace_and_errors_are_recorded(
     kinds = {s["name"] for s in file_spans(trace_file) if s["trace_id"] == submits[parked.turn_id]}
     assert {"convoq.park", "convoq.tool", "convoq.commit"} <= kinds
     assert all(run["attributes"]["convoq.turn_id"] == parked.turn_id for run in park_runs)
+    # The resumed run continues its submit's trace and links to the drain the approval's
+    # resume kick started (another trace).
+    (resume,) = [s for s in spans.get_finished_spans() if s.name == "convoq.resume"]
+    resume_trace = f"{resume.context.trace_id:032x}"
+    drains = [s for s in file_spans(trace_file) if s["trace_id"] == resume_trace]
+    (drain,) = [s for s in drains if s["name"] == "convoq.drain"]
+    resumed = park_runs[-1]
+    assert [link["context"]["span_id"].removeprefix("0x") for link in resumed["links"]] == [
+        drain["span_id"]
+    ]
 
     (failed,) = wait_until(lambda: turns(submits[failing.turn_id]))
     assert failed["status"]["status_code"] == "ERROR"

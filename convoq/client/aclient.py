@@ -291,7 +291,9 @@ class AsyncClient:
             cid, tid, call_id=call_id, approved=approved, reason=reason
         )
         if outcome == "resume":
-            await self._send(routing.RESUME_TASK, cid, tid)
+            attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}
+            with tracing.span("convoq.resume", attributes):  # the resume kick's trace
+                await self._send(routing.RESUME_TASK, cid, tid)
         return outcome
 
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:

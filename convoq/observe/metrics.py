@@ -9,8 +9,10 @@ worker everything else. A worker serves them over HTTP when ``CONVOQ_METRICS_POR
 Processes that fork (Celery's prefork pool, gunicorn) must share their values through
 files: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty, writable directory in the environment
 of the parent before it starts (``prometheus_client`` then keeps every value in
-memory-mapped files there), and every exposition here merges all processes' files. convoq
-workers run the ``threads`` pool in one process, so they need none of this by default.
+memory-mapped files there), and every exposition here merges all processes' files; call
+``prometheus_client.multiprocess.mark_process_dead(pid)`` when a child exits (gunicorn's
+``child_exit`` hook) so its inbox depth stops counting. convoq workers run the ``threads``
+pool in one process, so they need none of this by default.
 
 Labels stay bounded: agent profile names, model names, outcomes and HTTP statuses;
 never conversation or turn ids.
