@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
@@ -20,10 +21,11 @@ from convoq.errors import ModelHTTPError
 from convoq.models import ScriptedModel, openai
 from convoq.observe import metrics, tracing
 from convoq.queue.routing import partition_of
+from convoq.settings import ConvoqSettings
 from convoq.tools import ToolRegistry
 from convoq.turn_state import TurnState
 from convoq.worker._finished import no_hook
-from convoq.worker._observed import measure_inboxes
+from convoq.worker._observed import measure_inboxes, serve_metrics
 from convoq.worker.sweeper import Sweeper
 from tests.support.models import call_tool_then_answer
 from tests.support.openai_server import OpenAIServer
@@ -222,3 +224,23 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
     assert kicked == [cid]
     assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
     assert sample("convoq_sweeper_kicks_total") == before + 1
+
+
+async def test_the_asgi_app_answers_a_scrape() -> None:
+    metrics.turn_submitted("obs-asgi")
+    transport = httpx.ASGITransport(app=metrics.asgi_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://metrics") as http:
+        response = await http.get("/metrics")
+    assert response.status_code == 200
+    assert value(parse(response.text), "convoq_turns_submitted_total", agent="obs-asgi") >= 1
+
+
+def test_workers_serve_no_metrics_unless_a_port_is_set() -> None:
+    assert serve_metrics(ConvoqSettings()) is None
+    server = serve_metrics(ConvoqSettings(metrics_port=0, metrics_host="127.0.0.1"))
+    assert server is not None
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
+        assert "convoq_turns_started_total" in answer.text
+    finally:
+        server.close()
