@@ -3,7 +3,12 @@
 An Agent loads the stored history window before each prompt, runs
 :class:`convoq.engine.TurnLoop`, and only after the turn succeeds appends the whole turn
 (user message, assistant replies, tool calls and results). A turn that pauses for approval
-keeps its conversation reserved until it is resumed or discarded.
+keeps its conversation reserved until it is resumed, discarded or its approval ttl passes.
+
+The Agent takes no lock of its own: it asks its memory to reserve the conversation, park
+it, commit the turn and release it (:meth:`ConversationMemory.areserve` and friends). So
+each backend decides what "one writer" spans: one memory object in process, every
+process and worker on a Redis store (the conversation's lease and a fenced commit).
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+from convoq import defaults
 from convoq._sync import iterate_sync, run_sync
 from convoq.engine import (
     DEFAULT_MAX_STEPS,
@@ -24,6 +30,7 @@ from convoq.engine import (
 )
 from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
+from convoq.memory._reservations import now_ms
 from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
@@ -58,6 +65,12 @@ class Agent:
         fail_on_length: a model answer cut off at its token limit (``finish_reason ==
             "length"``) fails the turn with TruncatedAnswerError and stores nothing;
             by default it is kept and ``Response.finish_reason`` says ``"length"``.
+        if_busy: a conversation with a turn running or awaiting approval (here, in
+            another process or in a worker, as far as the memory reaches) makes a call
+            raise ConversationBusyError (``"reject"``) or wait for it (``"wait"``).
+        busy_timeout_s: the longest ``"wait"`` before ConversationBusyError.
+        approval_ttl_s: how long a turn awaiting approval keeps its conversation; after
+            that its continuation is refused (default ``defaults.APPROVAL_TTL_S``).
     """
 
     def __init__(
@@ -74,7 +87,14 @@ class Agent:
         name: str | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
         fail_on_length: bool = False,
+        if_busy: Literal["reject", "wait"] = "reject",
+        busy_timeout_s: float = 30.0,
+        approval_ttl_s: float = defaults.APPROVAL_TTL_S,
     ) -> None:
+        if if_busy not in ("reject", "wait"):
+            raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
+        if not busy_timeout_s >= 0 or not approval_ttl_s > 0:
+            raise ConvoqError("busy_timeout_s must be >= 0 and approval_ttl_s > 0")
         if keep_last_turns < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
         if max_steps < 1:
@@ -92,6 +112,9 @@ class Agent:
         self.name = name
         self.max_steps = max_steps
         self.fail_on_length = fail_on_length
+        self.if_busy = if_busy
+        self.busy_timeout_s = busy_timeout_s
+        self.approval_ttl_s = approval_ttl_s
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(
@@ -150,17 +173,26 @@ class Agent:
         cont = parse_continuation(continuation)
         for call_id, value in decisions.items():
             cont.state.decide(call_id, *parse_decision(value))
-        self._claim(cont)
+        if cont.expires_ms is not None and now_ms() >= cont.expires_ms:
+            raise ConvoqError(
+                "this continuation's approval expired (approval_ttl_s); nothing of its turn"
+                " was stored: start the turn again",
+                conversation_id=cont.conversation_id,
+            )
+        await self._claim(cont, resume=True)
         try:
             history = await self._load_history(cont) if cont.uses_memory else cont.history
         except BaseException:
-            self._release(cont, spent=True)
+            await self._release(cont)
             raise
-        return await self._finish(cont, history, cont.state, ignore_event, issued=True)
+        return await self._finish(cont, history, cont.state, ignore_event)
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
-        self._release(parse_continuation(continuation), spent=True)
+        cont = parse_continuation(continuation)
+        if (stored := self._memory_of(cont)) is not None:
+            memory, cid = stored
+            await memory.arelease(cid, cont.token, spent_until_ms=self._valid_until(cont))
 
     # -- sync wrappers ---------------------------------------------------------------------
     def generate(
@@ -230,7 +262,7 @@ class Agent:
                 token=_token(), uses_memory=False, history=input.messages[:-1],
                 state=TurnState.start(input.messages[-1]), agent=self.name,
             )  # fmt: skip
-            return await self._finish(cont, cont.history, cont.state, emit, issued=False)
+            return await self._finish(cont, cont.history, cont.state, emit)
         if not isinstance(input, str | Message):
             raise InvalidMessageError(
                 f"expected a str, a user Message or a GenerationRequest, got"
@@ -246,14 +278,14 @@ class Agent:
             max_history_tokens=budget, uses_memory=self.memory is not None and cid is not None,
             state=TurnState.start(message),
         )  # fmt: skip
-        self._claim(cont)
+        await self._claim(cont, resume=False)
         try:
             # Not kept in the continuation: the history cannot change while reserved.
             history = await self._load_history(cont)
         except BaseException:
-            self._release(cont, spent=False)
+            await self._release(cont)
             raise
-        return await self._finish(cont, history, cont.state, emit, issued=False)
+        return await self._finish(cont, history, cont.state, emit)
 
     async def _load_history(self, cont: Continuation) -> list[Message]:
         stored = self._memory_of(cont)
@@ -279,12 +311,8 @@ class Agent:
         history: list[Message],
         state: TurnState,
         emit: EventSink,
-        *,
-        issued: bool,
     ) -> Response:
-        """Run the loop; ``issued``: the token went out in a continuation (it is then spent
-        when the turn ends, so that continuation cannot run twice; tokens never handed out
-        are not remembered, so the spent set grows only with approvals)."""
+        """Run the loop under the turn's reservation, then park, store or release."""
         loop = TurnLoop(
             model=self.model, tools=self.tools, history=history,
             instructions=self.instructions, max_steps=self.max_steps, emit=emit,
@@ -293,14 +321,17 @@ class Agent:
         try:
             outcome: Outcome = await loop.run(state)
         except BaseException:
-            self._release(cont, spent=issued)
+            await self._release(cont)
             raise
         if not isinstance(outcome, Completed):
-            # Paused: the conversation stays reserved until resume or discard.
+            # Paused: the conversation stays reserved until resume, discard or the ttl.
+            expires = now_ms() + int(self.approval_ttl_s * 1000)
+            paused = cont.model_copy(update={"state": outcome.state, "expires_ms": expires})
+            await self._park(paused)
             return Response(
                 text="", turn=list(outcome.state.messages), status="awaiting_approval",
                 conversation_id=cont.conversation_id, pending_approvals=outcome.pending,
-                continuation=cont.model_copy(update={"state": outcome.state}),
+                continuation=paused,
                 usage=turn_usage(outcome.state.messages[1:], requests=outcome.state.steps),
             )  # fmt: skip
         response = Response(
@@ -308,10 +339,7 @@ class Agent:
             conversation_id=cont.conversation_id, usage=outcome.usage,
             finish_reason=outcome.finish_reason, refusal=outcome.refusal,
         )  # fmt: skip
-        try:
-            await self._store(cont, outcome.messages, response)
-        finally:
-            self._release(cont, spent=issued)
+        await self._store(cont, outcome.messages, response)
         return response
 
     async def _store(self, cont: Continuation, turn: list[Message], response: Response) -> None:
@@ -320,8 +348,9 @@ class Agent:
             return
         memory, cid = stored
         try:
-            await memory.aappend(cid, turn)
+            await memory.acommit_turn(cid, cont.token, turn)
         except Exception as exc:
+            await self._release(cont)
             raise ConversationMemoryError(
                 f"the model answered but storing the turn failed ({exc}); the answer is in"
                 " this error's .response; retry the turn once the memory works again",
@@ -335,13 +364,29 @@ class Agent:
             return self.memory, cont.conversation_id
         return None
 
-    def _claim(self, cont: Continuation) -> None:
+    async def _claim(self, cont: Continuation, *, resume: bool) -> None:
         if (stored := self._memory_of(cont)) is not None:
-            stored[0].reserve(stored[1], cont.token)
+            wait = self.busy_timeout_s if self.if_busy == "wait" else 0.0
+            until = self._valid_until(cont) if resume else None
+            await stored[0].areserve(stored[1], cont.token, resume_until_ms=until, wait_s=wait)
 
-    def _release(self, cont: Continuation, *, spent: bool) -> None:
+    async def _park(self, cont: Continuation) -> None:
         if (stored := self._memory_of(cont)) is not None:
-            stored[0].release(stored[1], cont.token, spent=spent)
+            try:
+                await stored[0].apark(stored[1], cont.token, ttl_s=self.approval_ttl_s)
+            except BaseException:
+                await self._release(cont)
+                raise
+
+    async def _release(self, cont: Continuation) -> None:
+        if (stored := self._memory_of(cont)) is not None:
+            await stored[0].arelease(stored[1], cont.token)
+
+    def _valid_until(self, cont: Continuation) -> int:
+        """Until when a continuation's token must be remembered as spent (unix ms)."""
+        if cont.expires_ms is not None:
+            return cont.expires_ms
+        return now_ms() + int(self.approval_ttl_s * 1000)
 
 
 class _Limits(NamedTuple):

@@ -15,7 +15,8 @@ CONTINUATION_VERSION = 1
 
 
 class Continuation(BaseModel):
-    """A paused turn, JSON-serialisable: pass it to :meth:`Agent.resume` or ``discard``."""
+    """A paused turn, JSON-serialisable: pass it to :meth:`Agent.resume` or ``discard``.
+    ``expires_ms``: when its approval expires (unix ms); it is refused after that."""
 
     version: int = CONTINUATION_VERSION
     token: str
@@ -26,6 +27,7 @@ class Continuation(BaseModel):
     uses_memory: bool = True
     history: list[Message] = Field(default_factory=list)
     state: TurnState
+    expires_ms: int | None = None
 
     @property
     def pending(self) -> list[ToolCall]:

@@ -306,5 +306,4 @@ def test_turns_that_never_paused_leave_no_reservation_state_behind() -> None:
     agent = Agent(ScriptedModel(lambda req: "ok"), memory=memory, conversation_id="many")
     for _ in range(5):
         agent.generate("hi")
-    state = memory._reservation_state
-    assert state.holders == {} and state.spent == set()
+    assert memory._reservations.holders() == {} and len(memory._spent_tokens) == 0

@@ -3,29 +3,28 @@
 ``ConversationMemory`` is what the Agent talks to. A subclass that writes only the sync
 or only the async flavour of a method gets the other for free. convoq's own backends
 derive from :class:`StoredConversationMemory`, which validates ids and messages, applies
-the window and tracks reservations once; backends only store.
+the window and tracks reservations once; backends only store (and keep spent
+continuation tokens, so a continuation runs once whichever object resumes it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 
 from convoq._sync import run_blocking, run_sync
 from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
+from convoq.memory._reservations import Reservations, SpentTokens
 from convoq.messages import Message
 from convoq.tokens import TokenCounter
 from convoq.window import Window, check_budget
 
-_RESERVATION_LOCK = threading.Lock()
-
-
-@dataclass
-class _Reservations:
-    holders: dict[str, str] = field(default_factory=dict)
-    spent: set[str] = field(default_factory=set)
+_LAZY_LOCK = threading.Lock()
+# How often a turn told to wait looks again at a busy conversation.
+_BUSY_POLL_S = 0.05
 
 
 class ConversationMemory:
@@ -70,51 +69,94 @@ class ConversationMemory:
         returns, trimmed here; convoq's backends read only the window where they can."""
         return window.apply(await self.aload(conversation_id))
 
-    # Reservations: at most one turn per conversation runs through one memory at a time.
-    # A token is spent once its turn finished or was discarded, so a continuation cannot
-    # be resumed twice.
-    def reserve(self, conversation_id: str, token: str) -> None:
-        """Mark a conversation busy for ``token``; raise if another token holds it.
+    # Turns: one turn at a time writes a conversation. The Agent goes through these hooks;
+    # by default reservations live in this memory object (one process), and a backend
+    # shared by processes (Redis) overrides them with its lease and fenced commit.
+    async def areserve(
+        self,
+        conversation_id: str,
+        token: str,
+        *,
+        resume_until_ms: int | None = None,
+        wait_s: float = 0.0,
+    ) -> None:
+        """Reserve a conversation for the turn ``token`` before it loads history.
+
+        Args:
+            resume_until_ms: the token is a continuation's, resumed now and valid until
+                then (unix ms): it is spent here, in the store, so it runs once.
+            wait_s: how long to wait for a busy conversation (0: refuse at once).
 
         Raises:
             ConversationBusyError: another turn runs or awaits approval.
-            ConvoqError: ``token`` belongs to a turn that already finished or was discarded.
+            ConvoqError: the continuation was already resumed or discarded.
         """
-        with self._reservation_lock:
-            state = self._reservation_state
-            if token in state.spent:
-                raise ConvoqError(
-                    "this continuation was already resumed or discarded; start a new turn",
-                    conversation_id=conversation_id,
-                )
-            holder = state.holders.get(conversation_id)
-            if holder is not None and holder != token:
+        deadline = time.monotonic() + wait_s
+        while not self._reservations.take(conversation_id, token):
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise ConversationBusyError(
                     f"conversation {conversation_id!r} has a turn running or awaiting approval;"
                     " wait for it, resume it or discard its continuation",
                     conversation_id=conversation_id,
                 )
-            state.holders[conversation_id] = token
+            await asyncio.sleep(min(_BUSY_POLL_S, left))
+        if resume_until_ms is None:
+            return
+        try:
+            fresh = await self._spend(conversation_id, token, resume_until_ms)
+        except BaseException:
+            self._reservations.free(conversation_id, token)
+            raise
+        if not fresh:
+            self._reservations.free(conversation_id, token)
+            raise ConvoqError(
+                "this continuation was already resumed or discarded; start a new turn",
+                conversation_id=conversation_id,
+            )
 
-    def release(self, conversation_id: str, token: str, *, spent: bool = False) -> None:
-        """Free a conversation reserved with ``token`` (a no-op for another token)."""
-        with self._reservation_lock:
-            state = self._reservation_state
-            if state.holders.get(conversation_id) == token:
-                del state.holders[conversation_id]
-            if spent:
-                state.spent.add(token)
+    async def apark(self, conversation_id: str, token: str, *, ttl_s: float) -> None:
+        """The turn ``token`` awaits approval: keep its reservation ``ttl_s`` at most."""
+        self._reservations.park(conversation_id, token, ttl_s)
+
+    async def acommit_turn(self, conversation_id: str, token: str, messages: list[Message]) -> None:
+        """Store the finished turn ``token`` (as its reservation's holder) and free the
+        conversation."""
+        try:
+            await self.aappend(conversation_id, messages)
+        finally:
+            self._reservations.free(conversation_id, token)
+
+    async def arelease(
+        self, conversation_id: str, token: str, *, spent_until_ms: int | None = None
+    ) -> None:
+        """Free a conversation reserved by ``token`` (a no-op for another token).
+        ``spent_until_ms``: the continuation was discarded; spend its token."""
+        self._reservations.free(conversation_id, token)
+        if spent_until_ms is not None:
+            await self._spend(conversation_id, token, spent_until_ms)
+
+    async def _spend(self, conversation_id: str, token: str, until_ms: int) -> bool:
+        """Record a continuation token as used; False if it already was. Here it is kept
+        by this object until the continuation expires; convoq's backends keep it in the
+        store, where every object and process on that store sees it."""
+        return self._spent_tokens.spend(token, until_ms)
 
     @property
-    def _reservation_lock(self) -> threading.Lock:
-        return _RESERVATION_LOCK
-
-    @property
-    def _reservation_state(self) -> _Reservations:
+    def _reservations(self) -> Reservations:
         # Set lazily so user subclasses need not call super().__init__().
-        found: _Reservations | None = self.__dict__.get("_convoq_reservations")
+        found: Reservations | None = self.__dict__.get("_convoq_reservations")
         if found is None:
-            found = self.__dict__.setdefault("_convoq_reservations", _Reservations())
+            with _LAZY_LOCK:
+                found = self.__dict__.setdefault("_convoq_reservations", Reservations())
+        return found
+
+    @property
+    def _spent_tokens(self) -> SpentTokens:
+        found: SpentTokens | None = self.__dict__.get("_convoq_spent")
+        if found is None:
+            with _LAZY_LOCK:
+                found = self.__dict__.setdefault("_convoq_spent", SpentTokens())
         return found
 
     def _require_override(self, name: str, twin: str) -> None:
@@ -170,10 +212,13 @@ class StoredConversationMemory(ConversationMemory, ABC):
     async def aclear(self, conversation_id: str) -> None:
         check_conversation_id(conversation_id)
         await self._delete(conversation_id)
+        self._reservations.free_parked(conversation_id)
 
     def clear(self, conversation_id: str) -> None:
         check_conversation_id(conversation_id)
         self._delete_blocking(conversation_id)
+        # A turn awaiting approval is dropped with the history it would have continued.
+        self._reservations.free_parked(conversation_id)
 
     @abstractmethod
     async def _read(self, conversation_id: str, window: Window) -> list[Message]:

@@ -5,6 +5,10 @@ Format versions (the ``format_version`` field of every file):
 * 1 - the first layout; not read by this version: clear the conversation or migrate it.
 * 2 - ``{"format_version": 2, "conversation_id": ..., "messages": [...]}``, messages in the
   :mod:`convoq.messages` JSON form with attachment bytes base64 inline.
+* 3 - version 2 plus ``"spent": {token: expires unix ms}``: continuations of this
+  conversation already resumed or discarded, kept until they expire (so one continuation
+  runs once whichever process resumes it). A file with no such token is still written as
+  version 2, which earlier convoq versions read.
 
 A file name is a readable, sanitised form of the conversation id plus a hash of the whole
 id (``<safe>-<sha256[:16]>.json``): ids such as ``a/b``, ``..``, ``x:y`` or ``A`` and ``a``
@@ -31,7 +35,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convoq.errors import (
     ConfigurationError,
@@ -40,11 +44,14 @@ from convoq.errors import (
     UnsupportedFormatVersionError,
 )
 from convoq.ids import check_conversation_id
+from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.window import Window
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# Versions this code reads; it writes 2 unless the file records spent tokens.
+_READABLE = (2, 3)
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _READABLE_CHARS = 64
@@ -58,6 +65,7 @@ class _Document(BaseModel):
     format_version: int
     conversation_id: str
     messages: list[Message]
+    spent: dict[str, int] = Field(default_factory=dict)
 
 
 def file_stem(conversation_id: str) -> str:
@@ -132,13 +140,20 @@ class FileConversationMemory(StoredConversationMemory):
     def _delete_blocking(self, conversation_id: str) -> None:
         self._delete_file(conversation_id)
 
+    async def _spend(self, conversation_id: str, token: str, until_ms: int) -> bool:
+        return await asyncio.to_thread(self._spend_file, conversation_id, token, until_ms)
+
     # Blocking file code, run in worker threads.
     def _load_file(self, conversation_id: str) -> list[Message]:
+        document = self._load_document(conversation_id)
+        return [] if document is None else document.messages
+
+    def _load_document(self, conversation_id: str) -> _Document | None:
         path = self.path_for(conversation_id)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return []
+            return None
         except OSError as exc:
             raise _io_error("read", path, exc) from None
         return _decode(raw, path, conversation_id)
@@ -146,25 +161,39 @@ class FileConversationMemory(StoredConversationMemory):
     def _append_file(self, conversation_id: str, messages: list[Message]) -> None:
         path = self.path_for(conversation_id)
         with self._locked(path):
-            history = self._load_file(conversation_id)
-            document = _Document(
-                format_version=FORMAT_VERSION,
-                conversation_id=conversation_id,
-                messages=history + messages,
+            document = self._load_document(conversation_id) or _empty(conversation_id)
+            document.messages += messages
+            self._store(path, conversation_id, document)
+
+    def _spend_file(self, conversation_id: str, token: str, until_ms: int) -> bool:
+        """Record ``token`` as spent in the conversation's file, under its lock."""
+        path = self.path_for(conversation_id)
+        with self._locked(path):
+            document = self._load_document(conversation_id) or _empty(conversation_id)
+            if token in document.spent:
+                return False
+            document.spent[token] = until_ms
+            self._store(path, conversation_id, document)
+            return True
+
+    def _store(self, path: Path, conversation_id: str, document: _Document) -> None:
+        """Write ``document`` (expired spent tokens dropped) in place of the file."""
+        now = now_ms()
+        document.spent = {t: until for t, until in document.spent.items() if until > now}
+        document.format_version = FORMAT_VERSION if document.spent else 2
+        raw = document.model_dump_json(exclude=None if document.spent else {"spent"}).encode()
+        if self._max_file_bytes is not None and len(raw) > self._max_file_bytes:
+            raise ConversationMemoryError(
+                f"appending would grow {str(path)!r} to {len(raw)} bytes, over"
+                f" max_file_bytes={self._max_file_bytes}; clear the conversation"
+                f" (memory.clear({conversation_id!r})) or raise max_file_bytes",
+                path=str(path),
+                size=len(raw),
             )
-            raw = document.model_dump_json().encode("utf-8")
-            if self._max_file_bytes is not None and len(raw) > self._max_file_bytes:
-                raise ConversationMemoryError(
-                    f"appending would grow {str(path)!r} to {len(raw)} bytes, over"
-                    f" max_file_bytes={self._max_file_bytes}; clear the conversation"
-                    f" (memory.clear({conversation_id!r})) or raise max_file_bytes",
-                    path=str(path),
-                    size=len(raw),
-                )
-            try:
-                self._replace(path, raw)
-            except OSError as exc:
-                raise _io_error("write", path, exc) from None
+        try:
+            self._replace(path, raw)
+        except OSError as exc:
+            raise _io_error("write", path, exc) from None
 
     def _delete_file(self, conversation_id: str) -> None:
         path = self.path_for(conversation_id)
@@ -241,7 +270,11 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _decode(raw: bytes, path: Path, conversation_id: str) -> list[Message]:
+def _empty(conversation_id: str) -> _Document:
+    return _Document(format_version=FORMAT_VERSION, conversation_id=conversation_id, messages=[])
+
+
+def _decode(raw: bytes, path: Path, conversation_id: str) -> _Document:
     try:
         document = json.loads(raw)
     except ValueError as exc:
@@ -250,10 +283,10 @@ def _decode(raw: bytes, path: Path, conversation_id: str) -> list[Message]:
         raise _corrupt(path, conversation_id, "it has no format_version object at its top")
     version = document["format_version"]
     # type() check: JSON true or 2.0 is not version 2.
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in _READABLE:
         raise UnsupportedFormatVersionError(
             f"conversation file {str(path)!r} has format_version {version!r}; this convoq"
-            f" reads format_version {FORMAT_VERSION} only. Clear the conversation"
+            f" reads format_version {' and '.join(map(str, _READABLE))}. Clear the conversation"
             f" (memory.clear({conversation_id!r})) to start it afresh, or migrate the file"
             f" to format_version {FORMAT_VERSION}",
             path=str(path),
@@ -264,11 +297,14 @@ def _decode(raw: bytes, path: Path, conversation_id: str) -> list[Message]:
     if stored_id != conversation_id:
         raise _corrupt(path, conversation_id, f"it holds conversation {stored_id!r}")
     try:
-        return _Document.model_validate_json(raw).messages
+        document = _Document.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise _corrupt(path, conversation_id, f"{where}: {first['msg']}") from None
+    if version == 2 and document.spent:
+        raise _corrupt(path, conversation_id, "a format_version 2 file records spent tokens")
+    return document
 
 
 def _corrupt(path: Path, conversation_id: str, why: str) -> CorruptDataError:

@@ -21,7 +21,10 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 
 from convoq._sync import drive, run_in_portal, run_sync
+from convoq.ids import check_conversation_id
 from convoq.limits import Limits
+from convoq.memory._redis_holds import LeaseHolds
+from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
@@ -35,6 +38,8 @@ from convoq.settings import ConvoqSettings
 from convoq.window import Window
 
 T = TypeVar("T")
+# A spent mark outlives its continuation's expiry by this much (clocks of two hosts).
+_SPENT_MARGIN_MS = 60_000
 
 
 class RedisConversationMemory(StoredConversationMemory):
@@ -52,6 +57,14 @@ class RedisConversationMemory(StoredConversationMemory):
         client: a ready ``redis.asyncio.Redis`` (``decode_responses=False``) used as is,
             in the caller's event loop, instead of ``url``.
         home: directory of the embedded server (None: ``CONVOQ_HOME``, else ``.convoq``).
+        lease_ms: the lease an in-process Agent's turn holds on its conversation, renewed
+            every third of it (None: ``CONVOQ_LEASE_MS``, else 10 s).
+
+    An :class:`~convoq.Agent` on this memory runs each turn under the conversation's
+    lease, the one workers take: while a worker runs or queues a turn of the
+    conversation the Agent is refused (or waits, with ``if_busy="wait"``), while the
+    Agent's turn runs or awaits approval workers wait, and the turn is stored by a commit
+    fenced with that lease. One writer per conversation, whichever API writes it.
 
     Settings resolve as everywhere in convoq: argument, else ``CONVOQ_*``, else default.
 
@@ -70,8 +83,10 @@ class RedisConversationMemory(StoredConversationMemory):
         max_turn_bytes: int | None = None,
         client: aioredis.Redis | None = None,
         home: str | Path | None = None,
+        lease_ms: int | None = None,
     ) -> None:
         s = ConvoqSettings.resolve(
+            lease_ms=lease_ms,
             redis_url=url,
             prefix=prefix,
             max_attachment_bytes=max_attachment_bytes,
@@ -91,6 +106,7 @@ class RedisConversationMemory(StoredConversationMemory):
         self._blocking: BlockingScripts | None = None
         self._blocking_lock = threading.Lock()
         self._resolved_url: str | None = None
+        self._holds = LeaseHolds(s.lease_ms)
 
     async def _read(self, conversation_id: str, window: Window) -> list[Message]:
         return await self._run(lambda p: p.window(conversation_id, window))
@@ -104,6 +120,36 @@ class RedisConversationMemory(StoredConversationMemory):
         """Remove every key; ConversationBusyError while the turn protocol has turns of
         this conversation queued or running."""
         await self._run(lambda p: p.clear(conversation_id))
+
+    # In-process turns: the conversation's lease, as workers hold it (see the class doc).
+    async def areserve(
+        self,
+        conversation_id: str,
+        token: str,
+        *,
+        resume_until_ms: int | None = None,
+        wait_s: float = 0.0,
+    ) -> None:
+        check_conversation_id(conversation_id)
+        spent_ttl = None if resume_until_ms is None else _ttl_until(resume_until_ms)
+        await self._run(
+            lambda p: self._holds.take(
+                p, conversation_id, token, spent_ttl_ms=spent_ttl, wait_s=wait_s
+            )
+        )
+
+    async def apark(self, conversation_id: str, token: str, *, ttl_s: float) -> None:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        await self._run(lambda p: self._holds.park(p, conversation_id, token, ttl_ms))
+
+    async def acommit_turn(self, conversation_id: str, token: str, messages: list[Message]) -> None:
+        await self._run(lambda p: self._holds.commit(p, conversation_id, token, messages))
+
+    async def arelease(
+        self, conversation_id: str, token: str, *, spent_until_ms: int | None = None
+    ) -> None:
+        spent_ttl = None if spent_until_ms is None else _ttl_until(spent_until_ms)
+        await self._run(lambda p: self._holds.release(p, conversation_id, token, spent_ttl))
 
     # Sync calls do their I/O on the caller's thread; clear (rare) hops to the bridge loop.
     def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
@@ -190,6 +236,11 @@ class RedisConversationMemory(StoredConversationMemory):
                 # A memory dropped without close() must not leave sockets to the GC.
                 weakref.finalize(self, _close_soon, asyncio.get_running_loop(), client)
         return self._owned
+
+
+def _ttl_until(until_ms: int) -> int:
+    """How long a spent mark must live so its continuation cannot run again (ms)."""
+    return max(until_ms - now_ms(), 0) + _SPENT_MARGIN_MS
 
 
 def _close_soon(loop: asyncio.AbstractEventLoop, client: aioredis.Redis) -> None:

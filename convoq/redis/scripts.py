@@ -36,7 +36,9 @@ NAMES = (
     "load",
     "park",
     "renew",
+    "reserve",
     "submit",
+    "unreserve",
     "window",
 )
 

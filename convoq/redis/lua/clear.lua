@@ -8,11 +8,15 @@
 --              keys of the turns in ARGV)
 -- ARGV[1] = '1' to clear even while turns are queued, running or parked
 -- ARGV[2 ..] = the inbox as the caller read it (its turns' keys are among KEYS)
--- Deletes the conversation. Returns {'OK'} / {'BUSY'} / {'RETRY'} (the inbox changed since
+-- Deletes the conversation (refused while a turn is queued, running or parked in the inbox).
+-- Returns {'OK'} / {'BUSY'} / {'RETRY'} (the inbox changed since
 -- the caller read it: read again).
 local inbox, lease = KEYS[5], KEYS[6]
 local queued = redis.call('LRANGE', inbox, 0, -1)
-if ARGV[1] ~= '1' and (#queued > 0 or redis.call('EXISTS', lease) == 1) then
+-- A lease parked with no turn queued is an in-process turn awaiting approval: clear drops
+-- it (its continuation is then refused). A live one is a turn running.
+local live = redis.call('TYPE', lease)['ok'] ~= 'hash' or redis.call('HGET', lease, 'state') == 'active'
+if ARGV[1] ~= '1' and (#queued > 0 or live and redis.call('EXISTS', lease) == 1) then
   return {'BUSY'}
 end
 if #queued ~= #ARGV - 1 then

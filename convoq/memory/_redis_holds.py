@@ -1,0 +1,118 @@
+"""The leases a Redis memory holds for in-process turns, each renewed while its turn runs.
+
+The lease is the one workers take (:mod:`convoq.redis._holding`), so a conversation has
+one writer across processes whichever API writes it. The renewer of a lease stops on an
+explicit signal checked after every await, and whoever stops it waits a bounded time:
+it never relies on a cancellation being delivered through the Redis client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from convoq.errors import ConversationBusyError, StaleFenceError
+from convoq.messages import Message
+from convoq.redis._base import REDIS_UNAVAILABLE
+from convoq.redis._holding import commit_held, reserve, unreserve
+from convoq.redis.protocol import TurnProtocol
+
+log = logging.getLogger("convoq.memory")
+
+# A busy conversation is asked again after this long, doubling up to the cap.
+_FIRST_POLL_S, _MAX_POLL_S = 0.05, 0.5
+# How long stopping a renewer waits for it before leaving it cancelled.
+_STOP_WAIT_S = 2.0
+
+
+@dataclass
+class _Held:
+    fence: int
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    renewer: asyncio.Task[None] | None = None
+
+
+class LeaseHolds:
+    """Leases held by the turns running through one memory object (on one event loop)."""
+
+    def __init__(self, lease_ms: int) -> None:
+        self.lease_ms = lease_ms
+        self._held: dict[tuple[str, str], _Held] = {}
+
+    async def take(
+        self,
+        proto: TurnProtocol,
+        cid: str,
+        token: str,
+        *,
+        spent_ttl_ms: int | None,
+        wait_s: float,
+    ) -> None:
+        """Take the lease for ``token`` (waiting up to ``wait_s`` while it is busy) and
+        renew it until the turn parks, commits or is released."""
+        deadline = time.monotonic() + wait_s
+        delay = _FIRST_POLL_S
+        while True:
+            try:
+                fence = await reserve(
+                    proto, cid, token, lease_ms=self.lease_ms, spent_ttl_ms=spent_ttl_ms
+                )
+                break
+            except ConversationBusyError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_POLL_S)
+        held = _Held(fence)
+        held.renewer = asyncio.create_task(self._renew(proto, cid, held))
+        self._held[(cid, token)] = held
+
+    async def park(self, proto: TurnProtocol, cid: str, token: str, ttl_ms: int) -> None:
+        await self._stop(cid, token)
+        await unreserve(proto, cid, token, park_ms=ttl_ms)
+
+    async def commit(
+        self, proto: TurnProtocol, cid: str, token: str, messages: list[Message]
+    ) -> None:
+        held = await self._stop(cid, token)
+        if held is None:
+            raise StaleFenceError(
+                f"no lease on conversation {cid!r} is held for this turn; it was not stored",
+                conversation_id=cid,
+            )
+        await commit_held(proto, cid, token, held.fence, messages)
+
+    async def release(
+        self, proto: TurnProtocol, cid: str, token: str, spent_ttl_ms: int | None
+    ) -> None:
+        await self._stop(cid, token)
+        await unreserve(proto, cid, token, spent_ttl_ms=spent_ttl_ms)
+
+    async def _stop(self, cid: str, token: str) -> _Held | None:
+        held = self._held.pop((cid, token), None)
+        if held is None or held.renewer is None:
+            return held
+        held.stop.set()
+        done, _ = await asyncio.wait({held.renewer}, timeout=_STOP_WAIT_S)
+        if not done:
+            held.renewer.cancel()  # stuck in a Redis call: its lease expires on its own
+        return held
+
+    async def _renew(self, proto: TurnProtocol, cid: str, held: _Held) -> None:
+        period = self.lease_ms / 3000
+        while not held.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.stop.wait(), period)
+            if held.stop.is_set():
+                return
+            try:
+                await proto.renew(cid, fence=held.fence, lease_ms=self.lease_ms)
+            except StaleFenceError:
+                log.warning("lost the lease on conversation %s; its turn will not be stored", cid)
+                return
+            except REDIS_UNAVAILABLE as exc:
+                log.warning("cannot renew the lease on conversation %s now: %s", cid, exc)

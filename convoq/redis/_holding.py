@@ -1,0 +1,94 @@
+"""In-process turns under the conversation's lease: the single-writer protocol for writers
+that are not workers (an :class:`~convoq.agent.Agent` with Redis memory).
+
+Such a turn takes the same lease a worker takes (``reserve``), so a worker's ``acquire``
+answers BUSY while it runs, and it waits behind queued or running worker turns. It renews
+the lease like a worker, parks it while its tool calls await approval (``unreserve``
+park), and stores its messages with the fenced ``append`` that frees the lease in the
+same step. Its turn token is the append id: a resent commit stores nothing twice.
+A continuation's token is spent in Redis when it is resumed or discarded (a key per
+token, expiring with the continuation), so it runs once whichever process resumes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convoq.errors import ConversationBusyError, ConvoqError
+from convoq.messages import Message
+from convoq.redis._base import ProtocolBase
+from convoq.redis._history import append_history
+
+
+def holder(token: str) -> str:
+    """The lease holder name of an in-process turn (workers hold leases by worker id)."""
+    return f"agent:{token}"
+
+
+async def reserve(
+    proto: ProtocolBase, cid: str, token: str, *, lease_ms: int, spent_ttl_ms: int | None
+) -> int:
+    """Take the conversation's lease for the turn ``token`` and return its fence.
+    ``spent_ttl_ms``: the token belongs to a continuation being resumed (spent here).
+
+    Raises:
+        ConversationBusyError: a turn is queued, running or awaiting approval.
+        ConvoqError: a resumed continuation already ran or was discarded, or its parked
+            lease expired or was cleared.
+    """
+    keys = [proto.keys.meta(cid), proto.keys.inbox(cid), proto.keys.lease(cid)]
+    keys.append(proto.keys.spent(cid, token))
+    args: list[Any] = [holder(token), lease_ms, "" if spent_ttl_ms is None else spent_ttl_ms]
+    reply = await proto.scripts.run("reserve", keys, args)
+    if reply[0] == "OK":
+        return int(reply[1])
+    if reply[0] == "BUSY":
+        raise ConversationBusyError(
+            f"conversation {cid!r} has a turn queued, running or awaiting approval (in a"
+            " worker or another process); wait for it, or use if_busy='wait'",
+            conversation_id=cid,
+        )
+    if reply[0] == "SPENT":
+        raise ConvoqError(
+            "this continuation was already resumed or discarded; start a new turn",
+            conversation_id=cid,
+        )
+    if reply[0] == "GONE":
+        raise ConvoqError(
+            "this continuation's approval expired (or its conversation was cleared):"
+            " nothing of its turn was stored; start the turn again",
+            conversation_id=cid,
+        )
+    raise proto.refusal(reply, cid, "-")
+
+
+async def unreserve(
+    proto: ProtocolBase,
+    cid: str,
+    token: str,
+    *,
+    park_ms: int | None = None,
+    spent_ttl_ms: int | None = None,
+) -> None:
+    """Free the lease of the turn ``token`` (a no-op if it is not its holder), or with
+    ``park_ms`` keep it parked that long while its tool calls await approval.
+    ``spent_ttl_ms``: mark the token spent (a discarded continuation)."""
+    mode, ttl = ("park", park_ms) if park_ms is not None else ("free", spent_ttl_ms)
+    keys = [proto.keys.lease(cid), proto.keys.spent(cid, token)]
+    reply = await proto.scripts.run("unreserve", keys, [holder(token), mode, ttl or ""])
+    if reply[0] not in ("OK", "GONE"):
+        raise proto.refusal(reply, cid, "-")
+
+
+async def commit_held(
+    proto: ProtocolBase, cid: str, token: str, fence: int, messages: list[Message]
+) -> None:
+    """Append the turn under the lease ``fence`` and free the lease, exactly once.
+
+    Raises:
+        StaleFenceError: the lease moved on (it expired while this process stalled); the
+            turn was not stored.
+    """
+    await append_history(
+        proto.scripts, proto.keys, cid, messages, proto.limits, append_id=token, fence=fence
+    )

@@ -1,0 +1,109 @@
+"""One writer per conversation across processes, whichever API writes it: a real worker
+process and an in-process Agent on RedisConversationMemory share the conversation's lease,
+so neither's turn runs while the other's does, and nothing interleaves."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from convoq import Agent
+from convoq.client import Client
+from convoq.errors import ConversationBusyError
+from convoq.memory.redis import RedisConversationMemory
+from convoq.models import ModelRequest, ScriptedModel
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerPool, module_pool, wait_until
+
+pytestmark = pytest.mark.slow
+
+pool = module_pool(1)
+
+
+@pytest.fixture(scope="module")
+def client(pool: WorkerPool) -> Iterator[Client]:
+    with pool.client() as c:
+        yield c
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def memory(pool: WorkerPool) -> Iterator[RedisConversationMemory]:
+    mem = RedisConversationMemory(pool.redis_url, prefix=pool.prefix)
+    yield mem
+    mem.close()
+
+
+def _tkey(pool: WorkerPool, *parts: str) -> str:
+    return ":".join([pool.prefix, "test", *parts])
+
+
+def _echo(request: ModelRequest) -> str:
+    return f"agent saw {len(request.messages)} messages"
+
+
+def test_an_agent_is_refused_while_a_worker_runs_the_conversation_then_waits_its_turn(
+    client: Client, pool: WorkerPool, r: redis.Redis, memory: RedisConversationMemory
+) -> None:
+    cid, word = f"c-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    running = client.submit(cid, f"{word} slow", agent="blocker")
+    wait_until(lambda: r.llen(_tkey(pool, "ran", word)) == 1, 30, what="the worker runs it")
+
+    refused = Agent(ScriptedModel(_echo), memory=memory, conversation_id=cid)
+    with pytest.raises(ConversationBusyError):
+        refused.generate("refused")
+    assert memory.load(cid) == []  # nothing of the refused turn, nothing before the worker's
+
+    waiting = Agent(
+        ScriptedModel(_echo), memory=memory, conversation_id=cid, if_busy="wait", busy_timeout_s=60
+    )
+    answers: list[str] = []
+    thread = threading.Thread(target=lambda: answers.append(waiting.generate("after").text))
+    thread.start()
+    r.set(_tkey(pool, "release", word), 1)
+    assert running.wait(30).ok
+    thread.join(60)
+    # The agent ran after the worker's turn was stored, and saw it.
+    assert answers == ["agent saw 3 messages"]
+    texts = [m.text for m in memory.load(cid)]
+    assert texts == [f"{word} slow", f"released {word} slow", "after", "agent saw 3 messages"]
+
+
+def test_a_worker_turn_waits_while_an_agent_holds_the_conversation(
+    client: Client, r: redis.Redis, memory: RedisConversationMemory
+) -> None:
+    cid = f"c-{uuid.uuid4().hex[:8]}"
+    go = threading.Event()
+
+    def slow(request: ModelRequest) -> str:
+        go.wait(60)  # runs in a thread: the agent's lease keeps being renewed meanwhile
+        return "agent answer"
+
+    agent = Agent(ScriptedModel(slow), memory=memory, conversation_id=cid)
+    answers: list[str] = []
+    thread = threading.Thread(target=lambda: answers.append(agent.generate("agent first").text))
+    thread.start()
+    lease = memory._keys.lease(cid)
+    wait_until(lambda: r.hget(lease, "holder"), 30, what="the agent takes the lease")
+    queued = client.submit(cid, "worker second", agent="echo")
+    # The kick finds the agent's lease: the worker runs nothing until the agent is done.
+    wait_until(lambda: queued.status() == "queued", 30)
+    assert memory.load(cid) == []
+    assert queued.status() == "queued"
+    go.set()
+    thread.join(60)
+    assert answers == ["agent answer"]
+    # The sweeper kicks the conversation once the agent's commit freed the lease.
+    assert queued.wait(30).text == "seen: agent first | worker second"
+    texts = [m.text for m in memory.load(cid)]
+    assert texts == ["agent first", "agent answer", "worker second", texts[3]]
