@@ -115,6 +115,14 @@ class ConversationMemory:
                 conversation_id=conversation_id,
             )
 
+    def reserve(self, conversation_id: str, token: str) -> None:
+        """Blocking :meth:`areserve` (no waiting)."""
+        run_sync(self.areserve(conversation_id, token))
+
+    def release(self, conversation_id: str, token: str) -> None:
+        """Blocking :meth:`arelease`."""
+        run_sync(self.arelease(conversation_id, token))
+
     async def apark(self, conversation_id: str, token: str, *, ttl_s: float) -> None:
         """The turn ``token`` awaits approval: keep its reservation ``ttl_s`` at most."""
         self._reservations.park(conversation_id, token, ttl_s)
