@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, Generic, TypeVar
@@ -44,7 +45,11 @@ class _Call(Generic[T]):
     def _settle(self, task: asyncio.Task[T]) -> None:
         if task.cancelled():
             self.done.cancel()
-        elif (exc := task.exception()) is not None:
+            return
+        exc = task.exception()  # retrieved even when nobody waits any more
+        if self.done.done():  # a waiter's loop gave up on it
+            return
+        if exc is not None:
             self.done.set_exception(exc)
         else:
             self.done.set_result(task.result())
@@ -60,22 +65,18 @@ class _Call(Generic[T]):
 
     def stop(self, grace_s: float) -> None:
         """Cancel and wait up to ``grace_s`` for the task to end (from a sync caller)."""
-        waited = 0.0
-        while not self.done.done() and waited < grace_s:
+        deadline = time.monotonic() + grace_s
+        while not self.done.done() and (left := deadline - time.monotonic()) > 0:
             self.cancel()
-            step = min(_RECANCEL_S, grace_s - waited)
-            concurrent.futures.wait([self.done], timeout=step)
-            waited += step
+            concurrent.futures.wait([self.done], timeout=min(_RECANCEL_S, left))
         self._report(grace_s)
 
     async def astop(self, waiter: asyncio.Future[T], grace_s: float) -> None:
         """:meth:`stop` for a caller on another event loop."""
-        waited = 0.0
-        while not waiter.done() and waited < grace_s:
+        deadline = time.monotonic() + grace_s
+        while not waiter.done() and (left := deadline - time.monotonic()) > 0:
             self.cancel()
-            step = min(_RECANCEL_S, grace_s - waited)
-            await asyncio.wait([waiter], timeout=step)
-            waited += step
+            await asyncio.wait([waiter], timeout=min(_RECANCEL_S, left))
         if waiter.done() and not waiter.cancelled():
             waiter.exception()  # retrieved: it is not news any more
         self._report(grace_s)
