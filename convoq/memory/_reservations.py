@@ -35,14 +35,15 @@ class Reservations:
         self._lock = threading.Lock()
         self._holds: dict[str, _Hold] = {}
 
-    def take(self, cid: str, token: str) -> bool:
-        """Reserve ``cid`` for ``token``; False while another live turn holds it."""
+    def take(self, cid: str, token: str) -> str | None:
+        """Reserve ``cid`` for ``token``: None when done, else the token of the live turn
+        holding it, prefixed ``"parked:"`` when that turn awaits approval."""
         with self._lock:
             hold = self._holds.get(cid)
             if hold is not None and hold.token != token and hold.live():
-                return False
+                return ("parked:" if hold.parked_until is not None else "") + hold.token
             self._holds[cid] = _Hold(token)
-            return True
+            return None
 
     def park(self, cid: str, token: str, ttl_s: float) -> None:
         """Keep ``cid`` reserved for ``token`` for at most ``ttl_s`` more seconds."""
@@ -58,11 +59,12 @@ class Reservations:
             if hold is not None and hold.token == token:
                 del self._holds[cid]
 
-    def free_parked(self, cid: str) -> None:
-        """Free ``cid`` if its holder awaits approval (clear drops such a turn)."""
+    def free_parked(self, cid: str, token: str | None = None) -> None:
+        """Free ``cid`` if its holder (``token``, or any) awaits approval: clear drops
+        such a turn, and one resumed or discarded elsewhere holds nothing any more."""
         with self._lock:
             hold = self._holds.get(cid)
-            if hold is not None and hold.parked_until is not None:
+            if hold is not None and hold.parked_until is not None and token in (None, hold.token):
                 del self._holds[cid]
 
     def holders(self) -> dict[str, str]:
@@ -90,6 +92,11 @@ class SpentTokens:
                 return False
             self._until[token] = until_ms
             return True
+
+    def __contains__(self, token: object) -> bool:
+        with self._lock:
+            until = self._until.get(token) if isinstance(token, str) else None
+            return until is not None and until > now_ms()
 
     def __len__(self) -> int:
         with self._lock:

@@ -92,7 +92,12 @@ class ConversationMemory:
             ConvoqError: the continuation was already resumed or discarded.
         """
         deadline = time.monotonic() + wait_s
-        while not self._reservations.take(conversation_id, token):
+        while (holder := self._reservations.take(conversation_id, token)) is not None:
+            parked = holder.removeprefix("parked:")
+            if parked != holder and await self._is_spent(conversation_id, parked):
+                # Its continuation was resumed or discarded through another object.
+                self._reservations.free_parked(conversation_id, parked)
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConversationBusyError(
@@ -149,6 +154,10 @@ class ConversationMemory:
         by this object until the continuation expires; convoq's backends keep it in the
         store, where every object and process on that store sees it."""
         return self._spent_tokens.spend(token, until_ms)
+
+    async def _is_spent(self, conversation_id: str, token: str) -> bool:
+        """Whether a continuation token was spent (read only)."""
+        return token in self._spent_tokens
 
     @property
     def _reservations(self) -> Reservations:

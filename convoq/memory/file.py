@@ -140,6 +140,10 @@ class FileConversationMemory(StoredConversationMemory):
     def _delete_blocking(self, conversation_id: str) -> None:
         self._delete_file(conversation_id)
 
+    async def _is_spent(self, conversation_id: str, token: str) -> bool:
+        document = await asyncio.to_thread(self._load_document, conversation_id)
+        return document is not None and document.spent.get(token, 0) > now_ms()
+
     async def _spend(self, conversation_id: str, token: str, until_ms: int) -> bool:
         return await asyncio.to_thread(self._spend_file, conversation_id, token, until_ms)
 
