@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from convoq import _cli_transfer
 from convoq._cli_render import (
     console,
     err_console,
@@ -287,6 +288,9 @@ def clear(
     with _connected() as client:
         client.clear(conversation_id, force=force)
     console.print(f"cleared {conversation_id}")
+
+
+_cli_transfer.register(app, _settings)
 
 
 def main() -> None:

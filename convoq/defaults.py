@@ -28,6 +28,9 @@ APPROVAL_TTL_S = 86_400
 """How long a parked turn waits for its decisions (``CONVOQ_APPROVAL_TTL_S``)."""
 TURN_TTL_S = 7 * 86_400
 """How long finished turn records and their events are kept (``CONVOQ_TURN_TTL_S``)."""
+CONVERSATION_TTL_S: int | None = None
+"""Idle TTL of a conversation on Redis, refreshed by each turn; None keeps conversations
+until deleted (``CONVOQ_CONVERSATION_TTL_S``)."""
 SWEEP_INTERVAL_S = 5.0
 """How often one worker re-kicks stranded conversations (``CONVOQ_SWEEP_INTERVAL_S``)."""
 VISIBILITY_TIMEOUT_S = 3600

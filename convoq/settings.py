@@ -69,6 +69,11 @@ class ConvoqSettings(BaseSettings):
     turn_ttl_s: int = Field(
         default=defaults.TURN_TTL_S, ge=60, description="Finished turn records expire."
     )
+    conversation_ttl_s: int | None = Field(
+        default=defaults.CONVERSATION_TTL_S,
+        ge=1,
+        description="Idle TTL of a conversation, refreshed by each turn (unset: no expiry).",
+    )
     max_attachment_bytes: int = Field(default=defaults.MAX_ATTACHMENT_BYTES, ge=1)
     max_turn_bytes: int = Field(default=defaults.MAX_TURN_BYTES, ge=1)
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")

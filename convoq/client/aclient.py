@@ -174,6 +174,8 @@ class AsyncClient:
                 KeySchema(self.prefix),
                 max_attachment_bytes=self._limits.max_attachment_bytes,
                 max_turn_bytes=self._limits.max_turn_bytes,
+                turn_ttl_s=self.settings.turn_ttl_s,
+                conversation_ttl_s=self.settings.conversation_ttl_s,
             )
         return self._protocol
 

@@ -237,6 +237,51 @@ class StoredConversationMemory(ConversationMemory, ABC):
         # A turn awaiting approval is dropped with the history it would have continued.
         self._reservations.free_parked(conversation_id)
 
+    async def aprune(self, conversation_id: str, *, keep_last_turns: int) -> int:
+        """Drop all but the newest ``keep_last_turns`` whole turns (and attachments only
+        they used); leading messages and a stored summary stay. Returns the turns dropped.
+
+        Raises:
+            ConversationBusyError: a turn of the conversation is in progress.
+        """
+        check_conversation_id(conversation_id)
+        if isinstance(keep_last_turns, bool) or not isinstance(keep_last_turns, int):
+            raise ConvoqError("keep_last_turns must be an int >= 0")
+        if keep_last_turns < 0:
+            raise ConvoqError("keep_last_turns must be >= 0 (0 drops every turn)")
+        self._check_idle(conversation_id)
+        return await self._prune(conversation_id, keep_last_turns)
+
+    def prune(self, conversation_id: str, *, keep_last_turns: int) -> int:
+        """Blocking :meth:`aprune`."""
+        return run_sync(self.aprune(conversation_id, keep_last_turns=keep_last_turns))
+
+    async def adelete(self, conversation_id: str) -> None:
+        """Erase everything of a conversation (history, attachments, summary, and on Redis
+        its turn records, events and idempotency keys), even while a turn is queued: for
+        data-protection requests."""
+        check_conversation_id(conversation_id)
+        await self._erase(conversation_id)
+
+    def delete(self, conversation_id: str) -> None:
+        """Blocking :meth:`adelete`."""
+        run_sync(self.adelete(conversation_id))
+
+    def _check_idle(self, conversation_id: str) -> None:
+        if conversation_id in self._reservation_state.holders:
+            raise ConversationBusyError(
+                f"conversation {conversation_id!r} has a turn running or awaiting approval;"
+                " prune it once that turn is finished",
+                conversation_id=conversation_id,
+            )
+
+    async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
+        """Keep the newest turns: a read-modify-write under the backend's lock."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prune")
+
+    async def _erase(self, conversation_id: str) -> None:
+        await self._delete(conversation_id)
+
     @abstractmethod
     async def _read(self, conversation_id: str, window: Window) -> list[Message]:
         """All messages, or (optionally) only those of ``window`` (or a superset)."""

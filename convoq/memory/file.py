@@ -32,6 +32,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from convoq.ids import check_conversation_id
 from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
-from convoq.window import Window
+from convoq.window import Window, split_turns
 
 FORMAT_VERSION = 3
 # Versions this code reads; it writes 2 unless the file records spent tokens.
@@ -168,6 +169,43 @@ class FileConversationMemory(StoredConversationMemory):
             document = self._load_document(conversation_id) or _empty(conversation_id)
             document.messages += messages
             self._store(path, conversation_id, document)
+
+    async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
+        return await asyncio.to_thread(self._prune_file, conversation_id, keep_last_turns)
+
+    def _prune_file(self, conversation_id: str, keep_last_turns: int) -> int:
+        path = self.path_for(conversation_id)
+        with self._locked(path):
+            document = self._load_document(conversation_id)
+            if document is None:
+                return 0
+            lead, turns = split_turns(document.messages)
+            kept = turns[len(turns) - keep_last_turns :] if keep_last_turns else []
+            document.messages = lead + [m for turn in kept for m in turn]
+            self._store(path, conversation_id, document)
+            return len(turns) - len(kept)
+
+    def expire(self, idle_s: float, *, now: float | None = None) -> int:
+        """Delete every conversation whose file was last written ``idle_s`` seconds or
+        more ago (run it from a periodic job: files have no TTL of their own). Returns how
+        many were deleted; a conversation written meanwhile is kept."""
+        if idle_s <= 0:
+            raise ConfigurationError(f"idle_s must be > 0, not {idle_s!r}")
+        cutoff = (time.time() if now is None else now) - idle_s
+        deleted = 0
+        for path in self._directory.glob("*.json"):
+            with self._locked(path):
+                try:
+                    if path.stat().st_mtime > cutoff:
+                        continue
+                    path.unlink()
+                    _lock_path(path).unlink(missing_ok=True)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise _io_error("delete", path, exc) from None
+            deleted += 1
+        return deleted
 
     def _spend_file(self, conversation_id: str, token: str, until_ms: int) -> bool:
         """Record ``token`` as spent in the conversation's file, under its lock."""

@@ -6,7 +6,7 @@ import threading
 
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message, messages_from_json, messages_to_json
-from convoq.window import Window
+from convoq.window import Window, split_turns
 
 
 class InMemoryConversationMemory(StoredConversationMemory):
@@ -32,6 +32,18 @@ class InMemoryConversationMemory(StoredConversationMemory):
 
     async def _delete(self, conversation_id: str) -> None:
         self._delete_blocking(conversation_id)
+
+    async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
+        with self._lock:
+            chunks = self._chunks.get(conversation_id, [])
+            messages = [m for chunk in chunks for m in messages_from_json(chunk)]
+            lead, turns = split_turns(messages)
+            kept = turns[len(turns) - keep_last_turns :] if keep_last_turns else []
+            if conversation_id in self._chunks:
+                self._chunks[conversation_id] = [
+                    messages_to_json(lead + [m for t in kept for m in t])
+                ]
+        return len(turns) - len(kept)
 
     def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
         with self._lock:

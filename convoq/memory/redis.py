@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
@@ -31,6 +32,7 @@ from convoq.redis._base import connect
 from convoq.redis._blocking import BlockingScripts, connect_blocking
 from convoq.redis._budget import budget_steps
 from convoq.redis._history import append_history, append_steps, load_steps
+from convoq.redis._retention import touch_call
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
@@ -84,6 +86,7 @@ class RedisConversationMemory(StoredConversationMemory):
         client: aioredis.Redis | None = None,
         home: str | Path | None = None,
         lease_ms: int | None = None,
+        conversation_ttl_s: int | None = None,
     ) -> None:
         s = ConvoqSettings.resolve(
             lease_ms=lease_ms,
@@ -92,12 +95,14 @@ class RedisConversationMemory(StoredConversationMemory):
             max_attachment_bytes=max_attachment_bytes,
             max_turn_bytes=max_turn_bytes,
             home=home,
+            conversation_ttl_s=conversation_ttl_s,
         )
         self._keys = KeySchema(s.prefix)
         self._url = s.redis_url
         self._home = s.home
-        self._limits = {"max_attachment_bytes": s.max_attachment_bytes}
+        self._limits: dict[str, Any] = {"max_attachment_bytes": s.max_attachment_bytes}
         self._limits["max_turn_bytes"] = s.max_turn_bytes
+        self._limits["conversation_ttl_s"] = s.conversation_ttl_s
         self._limits_obj = Limits(s.max_attachment_bytes, s.max_turn_bytes)
         self._given = TurnProtocol(client, self._keys, **self._limits) if client else None
         self._owned: TurnProtocol | None = None
@@ -112,9 +117,21 @@ class RedisConversationMemory(StoredConversationMemory):
         return await self._run(lambda p: p.window(conversation_id, window))
 
     async def _write(self, conversation_id: str, messages: list[Message]) -> None:
-        await self._run(
-            lambda p: append_history(p.scripts, p.keys, conversation_id, messages, p.limits)
-        )
+        append_id = secrets.token_hex(16)
+
+        async def append(p: TurnProtocol) -> None:
+            await append_history(
+                p.scripts, p.keys, conversation_id, messages, p.limits, append_id=append_id
+            )
+            await p.touch(conversation_id, also=[p.keys.applied(conversation_id, append_id)])
+
+        await self._run(append)
+
+    async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
+        return await self._run(lambda p: p.prune(conversation_id, keep_last_turns=keep_last_turns))
+
+    async def _erase(self, conversation_id: str) -> None:
+        await self._run(lambda p: p.clear(conversation_id, force=True))
 
     async def _delete(self, conversation_id: str) -> None:
         """Remove every key; ConversationBusyError while the turn protocol has turns of
@@ -168,8 +185,15 @@ class RedisConversationMemory(StoredConversationMemory):
         if scripts is None:
             super()._write_blocking(conversation_id, messages)
             return
-        steps = append_steps(self._keys, conversation_id, messages, self._limits_obj)
+        append_id = secrets.token_hex(16)
+        steps = append_steps(
+            self._keys, conversation_id, messages, self._limits_obj, append_id=append_id
+        )
         drive(steps, scripts.perform)
+        ttl_s = self._limits["conversation_ttl_s"]
+        if ttl_s is not None:
+            applied = self._keys.applied(conversation_id, append_id)
+            scripts.perform(touch_call(self._keys, conversation_id, int(ttl_s * 1000), [applied]))
 
     def _blocking_scripts(self) -> BlockingScripts | None:
         """The sync pool's scripts, opened on first use; None with a given async client."""

@@ -185,6 +185,7 @@ class ProtocolBase:
         max_turn_bytes: int = defaults.MAX_TURN_BYTES,
         turn_ttl_s: int = defaults.TURN_TTL_S,
         events_maxlen: int = 1000,
+        conversation_ttl_s: int | None = defaults.CONVERSATION_TTL_S,
     ) -> None:
         if redis.connection_pool.connection_kwargs.get("decode_responses"):
             raise ConfigurationError(
@@ -194,7 +195,11 @@ class ProtocolBase:
         self.redis = redis
         self.keys = keys
         self.limits = Limits(max_attachment_bytes, max_turn_bytes)
-        self.turn_ttl_ms = int(turn_ttl_s * 1000)
+        # With an idle TTL, no per-turn key may outlive the conversation's history.
+        self.conversation_ttl_ms = (
+            int(conversation_ttl_s * 1000) if conversation_ttl_s is not None else None
+        )
+        self.turn_ttl_ms = min(int(turn_ttl_s * 1000), self.conversation_ttl_ms or 1 << 62)
         self.events_maxlen = events_maxlen
         self.scripts = Scripts(redis)
         self._owns_client = False

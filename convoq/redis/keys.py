@@ -13,6 +13,7 @@ any string may be one.
     {prefix}:{cid}:turns           list    one JSON element per stored turn (blob refs)
     {prefix}:{cid}:lead            list    leading system/developer messages (JSON elements)
     {prefix}:{cid}:blobs           hash    sha256 hex -> raw attachment bytes
+    {prefix}:{cid}:summary         hash    rolling summary: text, watermark (turns covered)
     {prefix}:{cid}:inbox           list    queued turn ids, FIFO; the head is being run
     {prefix}:{cid}:lease           hash    holder, fence, state, expires_ms (PX expiry)
     {prefix}:{cid}:turn:{tid}      hash    the turn record
@@ -74,6 +75,9 @@ class KeySchema:
     def blobs(self, cid: str) -> str:
         return f"{self.base(cid)}:blobs"
 
+    def summary(self, cid: str) -> str:
+        return f"{self.base(cid)}:summary"
+
     def inbox(self, cid: str) -> str:
         return f"{self.base(cid)}:inbox"
 
@@ -134,6 +138,10 @@ class KeySchema:
     def history_keys(self, cid: str) -> list[str]:
         """meta, turns, blobs, lead: what the history scripts take as KEYS[1..4]."""
         return [self.meta(cid), self.turns(cid), self.blobs(cid), self.lead(cid)]
+
+    def retained_keys(self, cid: str) -> list[str]:
+        """meta, turns, blobs, lead, summary: what outlives a turn (the idle TTL's keys)."""
+        return [*self.history_keys(cid), self.summary(cid)]
 
     def turn_keys(self, cid: str, tid: str) -> list[str]:
         """turn, journal, cont, events: the per-turn keys of ``tid``."""

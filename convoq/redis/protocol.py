@@ -55,6 +55,7 @@ from convoq.redis._records import (
     TurnRecord,
     TurnStatus,
 )
+from convoq.redis._retention import RetentionMixin
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
@@ -71,7 +72,7 @@ __all__ = [
 ]
 
 
-class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
+class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
     """Queued turns of conversations in Redis (async; see the module docstring).
 
     Args:
@@ -81,6 +82,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin):
         max_turn_bytes: largest turn (messages plus attachments) accepted.
         turn_ttl_s: how long finished turn records and their events are kept.
         events_maxlen: approximate cap of each turn's event stream.
+        conversation_ttl_s: idle TTL of each conversation (None: kept until deleted).
     """
 
     async def submit(

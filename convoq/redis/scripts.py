@@ -35,9 +35,11 @@ NAMES = (
     "fail",
     "load",
     "park",
+    "prune",
     "renew",
     "reserve",
     "submit",
+    "touch",
     "unreserve",
     "window",
 )

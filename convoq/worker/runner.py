@@ -303,6 +303,8 @@ class Runner:
             report.abandoned.append(tid)
             return None
         done.append(tid)
+        # The idle TTL of the conversation runs from its last turn.
+        await self._protocol.touch(cid)
         await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
         await self._failed_on_the_way(cid, ended, report)
         if requeued:

@@ -100,6 +100,7 @@ class WorkerRuntime:
             max_attachment_bytes=s.max_attachment_bytes,
             max_turn_bytes=s.max_turn_bytes,
             turn_ttl_s=s.turn_ttl_s,
+            conversation_ttl_s=s.conversation_ttl_s,
         )
         config = RunnerConfig(
             worker_id=self.worker_id,

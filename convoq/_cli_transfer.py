@@ -1,0 +1,78 @@
+"""``convoq export`` / ``convoq import``: a conversation as one versioned JSON document,
+from and to Redis (the configured one) or a file-memory directory (``--dir``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from convoq._cli_render import console, reported
+from convoq.memory.base import StoredConversationMemory
+from convoq.memory.file import FileConversationMemory
+from convoq.memory.transfer import export_conversation, import_conversation
+from convoq.settings import ConvoqSettings
+
+DirOption = Annotated[
+    Path | None, typer.Option("--dir", help="A file-memory directory instead of Redis.")
+]
+
+
+def _memory(directory: Path | None, settings: ConvoqSettings) -> StoredConversationMemory:
+    if directory is not None:
+        return FileConversationMemory(directory)
+    from convoq.memory.redis import RedisConversationMemory
+
+    return RedisConversationMemory(settings.redis_url, prefix=settings.prefix, home=settings.home)
+
+
+def register(app: typer.Typer, settings: typer.models.CommandFunctionType) -> None:
+    """Add the two commands to ``app``; ``settings()`` resolves the CONVOQ_* settings."""
+
+    @app.command("export")
+    def export_command(
+        conversation_id: str,
+        out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+        directory: DirOption = None,
+    ) -> None:
+        """Print (or write) a conversation as one versioned JSON document."""
+        with reported():
+            memory = _memory(directory, settings())
+            try:
+                raw = export_conversation(memory, conversation_id).to_json()
+            finally:
+                _close(memory)
+        if out is None:
+            sys.stdout.write(raw + "\n")
+        else:
+            out.write_text(raw, encoding="utf-8")
+            console.print(f"exported {conversation_id} to {out}")
+
+    @app.command("import")
+    def import_command(
+        file: Path,
+        conversation_id: Annotated[
+            str | None, typer.Option(help="Store under this id instead of the exported one.")
+        ] = None,
+        replace: Annotated[bool, typer.Option(help="Overwrite an existing history.")] = False,
+        directory: DirOption = None,
+    ) -> None:
+        """Store a conversation exported with ``convoq export``."""
+        with reported():
+            raw = file.read_bytes()
+            memory = _memory(directory, settings())
+            try:
+                cid = import_conversation(
+                    memory, raw, conversation_id=conversation_id, replace=replace
+                )
+            finally:
+                _close(memory)
+        console.print(f"imported {cid}")
+
+
+def _close(memory: StoredConversationMemory) -> None:
+    close = getattr(memory, "close", None)
+    if callable(close):
+        close()
