@@ -268,7 +268,7 @@ class StoredConversationMemory(ConversationMemory, ABC):
         run_sync(self.adelete(conversation_id))
 
     def _check_idle(self, conversation_id: str) -> None:
-        if conversation_id in self._reservation_state.holders:
+        if conversation_id in self._reservations.holders():
             raise ConversationBusyError(
                 f"conversation {conversation_id!r} has a turn running or awaiting approval;"
                 " prune it once that turn is finished",
