@@ -39,11 +39,14 @@ class ConvoqSettings(BaseSettings):
 
     redis_url: str | None = Field(
         default=None,
-        description="Redis for memory and the turn protocol (redis://, rediss://, unix://)."
+        description="Redis for memory and the turn protocol (redis://, rediss://, unix://,"
+        " or redis+cluster://host:port,... for a Redis Cluster)."
         " Unset: an embedded redis-server under `home`.",
     )
     broker_url: str | None = Field(
-        default=None, description="Celery broker; defaults to redis_url (amqp:// works too)."
+        default=None,
+        description="Celery broker; defaults to redis_url (amqp:// works too). Required"
+        " when redis_url is a cluster.",
     )
     prefix: str = Field(default=defaults.PREFIX, description="Prefix of every Redis key.")
     home: Path = Field(default=defaults.HOME, description="Where the embedded Redis lives.")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.redis_cluster import RedisClusterNodes, plain_client, redis_cli_binary
 from tests.support.redis_server import RedisServer
 
 
@@ -17,6 +18,35 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """One private Redis Cluster for the session: 3 primaries, 3 replicas, loopback ports."""
+    cli = redis_cli_binary()
+    if cli is None:
+        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    nodes = RedisClusterNodes(Path(tmp_path_factory.mktemp("cluster")), cli)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """A test asking for it runs on one redis-server and again on the Redis Cluster."""
+    name = "redis_server" if request.param == "redis" else "redis_cluster"
+    return str(request.getfixturevalue(name).url)
+
+
+@pytest.fixture
+def store_client(store_url: str) -> Iterator[redis.Redis]:
+    """A plain client of ``store_url`` (a cluster client on the cluster)."""
+    client = plain_client(store_url)
+    yield client
+    client.close()
 
 
 @pytest.fixture

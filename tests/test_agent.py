@@ -19,7 +19,7 @@ from convoq.errors import (
 from convoq.memory import ConversationMemory, InMemoryConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
-from tests.support.memory_backends import BACKENDS, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, make_memory
 from tests.support.models import echo_history
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
@@ -27,10 +27,8 @@ PDF = b"%PDF-1.7\n" + bytes(reversed(range(256))) * 4
 
 
 @pytest.fixture(params=BACKENDS)
-def memory(
-    request: pytest.FixtureRequest, tmp_path: Path, redis_server: object, key_prefix: str
-) -> ConversationMemory:
-    url = getattr(redis_server, "url", "")
+def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> ConversationMemory:
+    url = backend_url(request, request.param)
     return make_memory(request.param, tmp_path, url, key_prefix)
 
 

@@ -30,7 +30,7 @@ from convoq.loaders import load_image, load_pdf
 from convoq.memory import ConversationMemory, FileConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.window import last_turns
-from tests.support.memory_backends import BACKENDS, close_memory, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 REPO = Path(__file__).resolve().parent.parent
 APPEND_WORKER = Path(__file__).resolve().parent / "support" / "append_worker.py"
@@ -75,8 +75,7 @@ def whole_turn(seed: int = 0) -> list[Message]:
 def memory(
     request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str
 ) -> Iterator[ConversationMemory]:
-    # Only the redis case starts (or reuses) the session's redis-server.
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = backend_url(request, request.param)
     memory = make_memory(request.param, tmp_path, url, key_prefix)
     yield memory
     close_memory(memory)

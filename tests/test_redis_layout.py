@@ -21,14 +21,14 @@ LEASE = 30_000
 
 
 @pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(redis_url, key_prefix) as protocol:
+async def proto(store_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    async with open_protocol(store_url, key_prefix) as protocol:
         yield protocol
 
 
 @pytest.fixture
-async def memory(redis_url: str, key_prefix: str) -> AsyncIterator[RedisConversationMemory]:
-    mem = RedisConversationMemory(redis_url, prefix=key_prefix)
+async def memory(store_url: str, key_prefix: str) -> AsyncIterator[RedisConversationMemory]:
+    mem = RedisConversationMemory(store_url, prefix=key_prefix)
     yield mem
     await mem.aclose()
 
@@ -47,16 +47,16 @@ def history(turns: int) -> list[Message]:
 
 
 async def test_elements_carry_a_header_line_and_meta_says_format_2(
-    memory: RedisConversationMemory, proto: TurnProtocol, redis_client: redis.Redis
+    memory: RedisConversationMemory, proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await memory.aappend(CID, history(2)[1:])
     await memory.aappend(CID, [Message.assistant("more")])
-    first, second, third = redis_client.lrange(proto.keys.turns(CID), 0, -1)
-    sha = redis_client.hkeys(proto.keys.blobs(CID))[0]
+    first, second, third = store_client.lrange(proto.keys.turns(CID), 0, -1)
+    sha = store_client.hkeys(proto.keys.blobs(CID))[0]
     assert re.match(rb"T b=" + sha + rb" w=\d+\n\[", first)
     assert re.match(rb'T w=\d+\n\[\{"role":"user"', second)
     assert re.match(rb'C w=\d+\n\[\{"role":"assistant"', third)
-    assert redis_client.hget(proto.keys.meta(CID), "format_version") == b"2"
+    assert store_client.hget(proto.keys.meta(CID), "format_version") == b"2"
 
 
 def test_the_window_scripts_decode_no_json_inside_redis() -> None:
@@ -65,16 +65,16 @@ def test_the_window_scripts_decode_no_json_inside_redis() -> None:
 
 
 async def test_a_format_1_conversation_is_refused_with_what_to_do(
-    memory: RedisConversationMemory, proto: TurnProtocol, redis_client: redis.Redis
+    memory: RedisConversationMemory, proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
-    redis_client.hset(proto.keys.meta(CID), "format_version", "1")
-    redis_client.rpush(proto.keys.turns(CID), b'{"blobs":[],"messages":[]}')
+    store_client.hset(proto.keys.meta(CID), "format_version", "1")
+    store_client.rpush(proto.keys.turns(CID), b'{"blobs":[],"messages":[]}')
     for call in (memory.aload(CID), memory.aload(CID, last_turns=2)):
         with pytest.raises(UnsupportedFormatVersionError, match=r"version '1'.*reads version 2"):
             await call
     with pytest.raises(UnsupportedFormatVersionError):
         await memory.aappend(CID, [Message.user("x")])
-    assert redis_client.llen(proto.keys.turns(CID)) == 1
+    assert store_client.llen(proto.keys.turns(CID)) == 1
 
 
 async def test_long_histories_are_read_in_chunks_with_their_attachments(

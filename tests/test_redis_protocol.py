@@ -29,8 +29,8 @@ LEASE = 30_000
 
 
 @pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(redis_url, key_prefix) as protocol:
+async def proto(store_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    async with open_protocol(store_url, key_prefix) as protocol:
         yield protocol
 
 
@@ -72,10 +72,10 @@ async def stored_texts(proto: TurnProtocol) -> list[str]:
     return [m.text for m in await proto.history(CID) if m.role == "user"]
 
 
-async def test_stale_fence_cannot_commit(proto: TurnProtocol, redis_client: redis.Redis) -> None:
+async def test_stale_fence_cannot_commit(proto: TurnProtocol, store_client: redis.Redis) -> None:
     await submit(proto, "t1")
     first = await acquire(proto, "w1")
-    redis_client.delete(proto.keys.lease(CID))  # the lease lapsed
+    store_client.delete(proto.keys.lease(CID))  # the lease lapsed
     second = await acquire(proto, "w2")
     assert second.fence > first.fence
     with pytest.raises(StaleFenceError):
@@ -85,14 +85,14 @@ async def test_stale_fence_cannot_commit(proto: TurnProtocol, redis_client: redi
     assert await stored_texts(proto) == ["t1"]
 
 
-async def test_commit_twice_appends_once(proto: TurnProtocol, redis_client: redis.Redis) -> None:
+async def test_commit_twice_appends_once(proto: TurnProtocol, store_client: redis.Redis) -> None:
     await submit(proto, "t1")
     acquired = await acquire(proto)
     await commit(proto, acquired)
     with pytest.raises(TurnAlreadyAppliedError):
         await commit(proto, acquired)
     assert await stored_texts(proto) == ["t1"]
-    assert redis_client.hget(proto.keys.meta(CID), "turns") == b"1"
+    assert store_client.hget(proto.keys.meta(CID), "turns") == b"1"
 
 
 async def test_commit_of_a_turn_that_is_not_the_inbox_head_is_refused(
@@ -124,7 +124,7 @@ async def test_fail_stores_nothing_and_hands_over_the_next_turn(proto: TurnProto
 
 
 async def test_commit_replayed_after_a_dropped_reply_appends_once(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1")
     acquired = await acquire(proto)
@@ -136,12 +136,12 @@ async def test_commit_replayed_after_a_dropped_reply_appends_once(
         await proto.commit(
             CID, "t1", whole_turn(acquired), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
         )
-    assert redis_client.llen(proto.keys.turns(CID)) == 1
+    assert store_client.llen(proto.keys.turns(CID)) == 1
     assert await stored_texts(proto) == ["t1"]
 
 
 async def test_repeated_idempotency_key_returns_the_first_turn(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     message = Message.user("pay the invoice")
     first = await proto.submit(
@@ -152,18 +152,18 @@ async def test_repeated_idempotency_key_returns_the_first_turn(
     )
     assert (first.turn_id, first.position, first.duplicate) == ("t1", 0, False)
     assert (again.turn_id, again.duplicate) == ("t1", True)
-    assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
+    assert store_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
     with pytest.raises(UnknownTurnError):
         await proto.get_turn(CID, "t2")
 
 
 async def test_resent_submit_with_the_same_turn_id_queues_nothing(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1")
     again = await proto.submit(CID, "t1", agent="bot", message=Message.user("t1"), options={})
     assert again.duplicate
-    assert redis_client.llen(proto.keys.inbox(CID)) == 1
+    assert store_client.llen(proto.keys.inbox(CID)) == 1
 
 
 async def test_submit_reports_position_and_rejects_when_busy(proto: TurnProtocol) -> None:
@@ -263,13 +263,13 @@ async def test_expired_lease_is_taken_over_and_the_old_holder_is_refused(
 
 
 async def test_attempts_counter_fails_a_turn_after_max_attempts(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1", "t2")
     for _ in range(2):
         acquired = await acquire(proto, max_attempts=2)
         assert acquired.turn.turn_id == "t1"
-        redis_client.delete(proto.keys.lease(CID))  # its worker died
+        store_client.delete(proto.keys.lease(CID))  # its worker died
     nxt = await acquire(proto, max_attempts=2)
     assert nxt.turn.turn_id == "t2"
     record = await proto.get_turn(CID, "t1")
@@ -280,24 +280,24 @@ async def test_attempts_counter_fails_a_turn_after_max_attempts(
 
 
 async def test_checkpoint_is_what_a_rerun_starts_from(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1")
     first = await acquire(proto)
     assert first.state is None
     state = TurnState(messages=[first.turn.input, Message.assistant("half")], steps=1)
     await proto.checkpoint(CID, "t1", fence=first.fence, state=state)
-    redis_client.delete(proto.keys.lease(CID))
+    store_client.delete(proto.keys.lease(CID))
     second = await acquire(proto, "w2")
     assert second.state == state
     with pytest.raises(StaleFenceError):
         await proto.checkpoint(CID, "t1", fence=first.fence, state=state)
 
 
-async def test_cancel_a_queued_turn(proto: TurnProtocol, redis_client: redis.Redis) -> None:
+async def test_cancel_a_queued_turn(proto: TurnProtocol, store_client: redis.Redis) -> None:
     await submit(proto, "t1", "t2")
     assert await proto.cancel(CID, "t2") == "cancelled"
-    assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
+    assert store_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t1"]
     assert (await proto.get_turn(CID, "t2")).status == "cancelled"
     events = [e for _, e in await proto.read_events(CID, "t2")]
     assert events[-1] == TurnEvent(type="done", data={"status": "cancelled"})
@@ -317,7 +317,7 @@ async def test_cancel_a_running_turn_asks_its_runner_to_stop(proto: TurnProtocol
 
 
 async def test_clear_is_refused_while_a_turn_runs_unless_forced(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t0")
     await commit(proto, await acquire(proto))
@@ -327,23 +327,23 @@ async def test_clear_is_refused_while_a_turn_runs_unless_forced(
         await proto.clear(CID)
     assert await stored_texts(proto) == ["t0"]
     await proto.clear(CID, force=True)
-    assert redis_client.keys(f"{proto.keys.prefix}*") == []
+    assert list(store_client.scan_iter(match=f"{proto.keys.prefix}*")) == []
 
 
 async def test_clear_removes_every_key_of_an_idle_conversation(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     other = "someone-else"
     await proto.submit(other, "x1", agent="bot", message=Message.user("keep"), options={})
     await submit(proto, "t1")
     await commit(proto, await acquire(proto))
     await proto.clear(CID)
-    left = {k.decode() for k in redis_client.keys(f"{proto.keys.prefix}*")}
+    left = {k.decode() for k in store_client.scan_iter(match=f"{proto.keys.prefix}*")}
     assert left and all(k.startswith(f"{proto.keys.prefix}:{{{other}}}") for k in left)
 
 
 async def test_attachments_are_stored_once_and_restored_bit_for_bit(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     picture = bytes(range(256)) * 40
     for tid in ("t1", "t2"):
@@ -353,7 +353,7 @@ async def test_attachments_are_stored_once_and_restored_bit_for_bit(
     assert nxt is not None
     assert nxt.history[0].content[1] == ImagePart(data=picture, mime_type="x/y")
     await commit(proto, nxt)
-    assert redis_client.hlen(proto.keys.blobs(CID)) == 1
+    assert store_client.hlen(proto.keys.blobs(CID)) == 1
     history = await proto.history(CID, last_turns=1)
     assert [m.text for m in history] == ["t2", "ok"]
     assert history[0].attachments[0].data == picture
@@ -390,7 +390,7 @@ async def test_events_are_emitted_and_read_in_order(proto: TurnProtocol) -> None
 
 
 async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1", "t2")
     assert await proto.sweep_candidates() == [CID]
@@ -411,27 +411,27 @@ async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
 
 
 async def test_epoch_marker_detects_a_replaced_dataset(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     epoch = await proto.check_epoch(None)
     assert await proto.check_epoch(epoch) == epoch
-    redis_client.delete(proto.keys.epoch())  # Redis came back empty
+    store_client.delete(proto.keys.epoch())  # Redis came back empty
     with pytest.raises(Exception, match="dataset changed"):
         await proto.check_epoch(epoch)
 
 
 @pytest.mark.parametrize("peeked", [False, True], ids=["acquired", "in-script"])
 async def test_hand_off_skips_a_vanished_turn_and_frees_the_lease(
-    proto: TurnProtocol, redis_client: redis.Redis, peeked: bool
+    proto: TurnProtocol, store_client: redis.Redis, peeked: bool
 ) -> None:
     await submit(proto, "t1", "t2")
     acquired = await acquire(proto)
     assert acquired.next_turn_id == "t2"
-    redis_client.delete(proto.keys.turn(CID, "t2"))  # its record is gone
+    store_client.delete(proto.keys.turn(CID, "t2"))  # its record is gone
     expected = acquired.next_turn_id if peeked else None
     assert await commit(proto, acquired, next_turn_id=expected) is None
-    assert redis_client.exists(proto.keys.lease(CID)) == 0
-    assert redis_client.llen(proto.keys.inbox(CID)) == 0
+    assert store_client.exists(proto.keys.lease(CID)) == 0
+    assert store_client.llen(proto.keys.inbox(CID)) == 0
     await submit(proto, "t3")
     assert (await acquire(proto, "w2")).turn.turn_id == "t3"
 
@@ -492,11 +492,11 @@ async def test_a_wrong_expectation_falls_back_to_acquiring_the_head(proto: TurnP
 
 
 async def test_hand_off_fails_an_expected_turn_over_max_attempts_and_goes_on(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1", "t2", "t3")
     first = await acquire(proto, max_attempts=2)
-    redis_client.hset(proto.keys.turn(CID, "t2"), "runs", "2")  # it killed two workers
+    store_client.hset(proto.keys.turn(CID, "t2"), "runs", "2")  # it killed two workers
     failed: list[str] = []
     following = await commit(
         proto, first, max_attempts=2, failed=failed, next_turn_id=first.next_turn_id

@@ -17,7 +17,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
-import redis.asyncio as aioredis
 from celery import Celery
 from redis.exceptions import RedisError
 
@@ -39,6 +38,7 @@ from convoq.queue import routing
 from convoq.queue.signing import verify_signature
 from convoq.queue.transport import broker_reachable, broker_url_for, send_kick, sender_app
 from convoq.redis import KeySchema, TurnProtocol, connect
+from convoq.redis._cluster import AsyncRedis
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.protocol import ParkedTurn, SubmitResult
 from convoq.settings import ConvoqSettings
@@ -145,7 +145,7 @@ class AsyncClient:
         self._redis_url: str | None = self.settings.redis_url
         self._celery: Celery | None = None
         self._callback_policy = CallbackPolicy(self.settings.callback_allowed_networks)
-        self._redis: aioredis.Redis | None = None
+        self._redis: AsyncRedis | None = None
         self._protocol: TurnProtocol | None = None
         self._registered: frozenset[str] = frozenset()
         self._deployment_checked = False

@@ -16,6 +16,7 @@ from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
+from convoq.redis._cluster import connection_option
 from convoq.redis._records import FINAL_STATUSES, TurnStatus
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
@@ -196,8 +197,7 @@ class AsyncTurnHandle:
 
     def _block_for(self, deadline: float | None) -> int:
         """How long the next XREAD may block (ms; <= 0: the deadline passed)."""
-        pool = self._client.protocol.redis.connection_pool
-        socket_timeout = pool.connection_kwargs.get("socket_timeout")
+        socket_timeout = connection_option(self._client.protocol.redis, "socket_timeout")
         longest = _BLOCK_MS if not socket_timeout else max(1, int(socket_timeout * 500))
         if deadline is None:
             return min(longest, _BLOCK_MS)

@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-
 from convoq._sync import drive, run_in_portal, run_sync
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
@@ -31,6 +29,7 @@ from convoq.messages import Message
 from convoq.redis._base import connect
 from convoq.redis._blocking import BlockingScripts, connect_blocking
 from convoq.redis._budget import budget_steps
+from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis._retention import touch_call
 from convoq.redis.embedded import url_or_embedded
@@ -83,7 +82,7 @@ class RedisConversationMemory(StoredConversationMemory):
         prefix: str | None = None,
         max_attachment_bytes: int | None = None,
         max_turn_bytes: int | None = None,
-        client: aioredis.Redis | None = None,
+        client: AsyncRedis | None = None,
         home: str | Path | None = None,
         lease_ms: int | None = None,
         conversation_ttl_s: int | None = None,
@@ -267,6 +266,6 @@ def _ttl_until(until_ms: int) -> int:
     return max(until_ms - now_ms(), 0) + _SPENT_MARGIN_MS
 
 
-def _close_soon(loop: asyncio.AbstractEventLoop, client: aioredis.Redis) -> None:
+def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncRedis) -> None:
     with contextlib.suppress(RuntimeError):  # the loop is gone at interpreter exit
         asyncio.run_coroutine_threadsafe(client.aclose(), loop)

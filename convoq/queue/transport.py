@@ -28,7 +28,17 @@ def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
     """The Celery broker URL: ``broker_url`` if given, else the memory Redis.
 
     kombu spells a Redis unix socket ``redis+socket://``; redis-py spells it ``unix://``.
+
+    Raises:
+        ConfigurationError: the memory Redis is a cluster and no broker is given (Celery
+            cannot use a Redis Cluster as its broker).
     """
+    if not broker_url and urlsplit(redis_url).scheme.lower() == defaults.CLUSTER_SCHEME:
+        raise ConfigurationError(
+            "the Redis URL is a Redis Cluster, which Celery cannot use as its broker: set"
+            " CONVOQ_BROKER_URL (broker_url=) to a standalone Redis (redis://host:port/0)"
+            " or an AMQP broker (amqp://user:password@host:5672//)"
+        )
     url = broker_url or redis_url
     if not url.startswith("unix://"):
         return url

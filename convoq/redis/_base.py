@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Any, Self
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
@@ -30,8 +30,10 @@ from convoq.errors import (
     UnknownTurnError,
 )
 from convoq.limits import Limits
+from convoq.redis._cluster import AsyncRedis, connect_cluster, connection_option
 from convoq.redis._codec import text
 from convoq.redis._history import stored_data_error
+from convoq.redis._urls import is_cluster_url, redacted
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
 from convoq.turn_state import TurnEvent
@@ -47,7 +49,7 @@ def connect(
     max_connections: int = 64,
     socket_timeout: float | None = None,
     socket_connect_timeout: float | None = None,
-) -> aioredis.Redis:
+) -> AsyncRedis:
     """A client for ``url`` that reconnects and resends after a dropped connection (a
     Redis restart; every script is safe to replay) and, at ``max_connections`` calls in
     flight, waits for a free connection instead of failing.
@@ -56,9 +58,13 @@ def connect(
         url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` for TLS (with
             ``?ssl_ca_certs=/path/ca.pem`` to trust a private CA, ``ssl_cert_reqs=none``
             to skip verification, ``ssl_certfile``/``ssl_keyfile`` for a client
-            certificate) or ``unix:///path/redis.sock?db=0``. Percent-encode special
-            characters of the user name and password.
-        max_connections: connections in the pool; more callers wait for one.
+            certificate), ``unix:///path/redis.sock?db=0``, or
+            ``redis+cluster://[[user]:password@]host:port[,host:port...]`` for a Redis
+            Cluster (any reachable startup node will do; the client is then redis-py's
+            ``RedisCluster``). Percent-encode special characters of the user name and
+            password.
+        max_connections: connections in the pool; more callers wait for one. On a
+            cluster: connections per node, and a call beyond them fails.
         socket_timeout: seconds a reply may take (None: no limit). Callers of blocking
             reads (``XREAD BLOCK``) set it above their block time. Given here, it wins
             over ``socket_timeout`` in the URL.
@@ -69,6 +75,13 @@ def connect(
             without ``rediss://``). Credentials Redis refuses raise ConfigurationError on
             first use, at once rather than after the reconnect retries.
     """
+    if is_cluster_url(url):
+        return connect_cluster(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+        )
     pool = new_pool(
         aioredis.BlockingConnectionPool,
         Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
@@ -164,21 +177,12 @@ def _url_problem(url: str, exc: Exception) -> str:
     return f"the Redis URL {shown} does not work: {exc}"
 
 
-def redacted(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (safe to log or show)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 class ProtocolBase:
     """Client, key schema, scripts and limits of a turn protocol."""
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: AsyncRedis,
         keys: KeySchema,
         *,
         max_attachment_bytes: int = defaults.MAX_ATTACHMENT_BYTES,
@@ -187,7 +191,7 @@ class ProtocolBase:
         events_maxlen: int = 1000,
         conversation_ttl_s: int | None = defaults.CONVERSATION_TTL_S,
     ) -> None:
-        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+        if connection_option(redis, "decode_responses"):
             raise ConfigurationError(
                 "the turn protocol needs a redis client with decode_responses=False"
                 " (attachments are raw bytes)"

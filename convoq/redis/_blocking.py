@@ -18,12 +18,17 @@ from redis.exceptions import AuthenticationError
 from redis.retry import Retry
 
 from convoq.redis._base import credentials_refused, new_pool
+from convoq.redis._cluster import SyncRedis, connect_cluster_blocking
+from convoq.redis._urls import is_cluster_url
 from convoq.redis.scripts import NAMES, Request, ScriptCall, source, with_status
 
 
-def connect_blocking(url: str, *, max_connections: int = 64) -> redis.Redis:
-    """A sync client for ``url``, configured as :func:`convoq.redis.connect`; safe to
-    share between threads, and a forked child opens its own connections."""
+def connect_blocking(url: str, *, max_connections: int = 64) -> SyncRedis:
+    """A sync client for ``url``, configured as :func:`convoq.redis.connect` (a
+    ``redis+cluster://`` URL gives redis-py's sync ``RedisCluster``); safe to share between
+    threads, and a forked child opens its own connections."""
+    if is_cluster_url(url):
+        return connect_cluster_blocking(url, max_connections=max_connections)
     pool = new_pool(
         redis.BlockingConnectionPool,
         Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
@@ -48,7 +53,7 @@ class BlockingScripts:
     """Every script registered on one sync client: the twin of
     :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: SyncRedis) -> None:
         self.client = client
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in NAMES
@@ -64,5 +69,5 @@ class BlockingScripts:
             return self.run(request.name, request.keys, request.args)
         with self.client.pipeline(transaction=request.transaction) as pipe:
             for command in request.commands:
-                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+                pipe.execute_command(*command)
             return pipe.execute(raise_on_error=False)

@@ -20,8 +20,9 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeAlias, TypeVar
 
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+
+from convoq.redis._cluster import AsyncRedis
 
 NAMES = (
     "acquire",
@@ -89,7 +90,7 @@ def with_status(reply: Any) -> list[Any]:
 class Scripts:
     """Every script registered on one client; ``await scripts.run(name, keys, args)``."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: AsyncRedis) -> None:
         self.client = client
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(source(name)) for name in NAMES

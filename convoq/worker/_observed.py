@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis.asyncio as aioredis
-
 from convoq.errors import ConfigurationError, TurnCancelledError
 from convoq.observe import metrics, tracing
 from convoq.queue.routing import partition_of
 from convoq.redis import KeySchema
+from convoq.redis._cluster import AsyncRedis
 from convoq.redis.protocol import Acquired
 from convoq.settings import ConvoqSettings
 
@@ -109,7 +108,7 @@ def _submit_context(options: Mapping[str, Any]) -> dict[str, str] | None:
     return {str(k): v for k, v in stored.items() if isinstance(v, str)} or None
 
 
-async def measure_inboxes(redis: aioredis.Redis, keys: KeySchema, partitions: int) -> None:
+async def measure_inboxes(redis: AsyncRedis, keys: KeySchema, partitions: int) -> None:
     """Set the inbox depth gauge of every partition: one SCAN over the inboxes (an empty
     inbox has no key) and their lengths, pipelined."""
     depths: dict[int, int] = {}

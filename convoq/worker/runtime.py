@@ -19,7 +19,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar, cast
 
-import redis.asyncio as aioredis
 from celery import Celery, current_task
 from kombu.exceptions import ChannelError
 
@@ -30,6 +29,7 @@ from convoq.observe import metrics, tracing
 from convoq.queue import routing, signing
 from convoq.queue.transport import FENCE_HEADER, HEAD_HEADER
 from convoq.redis import KeySchema, TurnProtocol, connect
+from convoq.redis._cluster import AsyncRedis
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.worker import _observed, webhooks
@@ -58,7 +58,7 @@ class WorkerRuntime:
         # Every turn in flight may be inside a sync model function or tool at once.
         set_blocking_threads(settings.concurrency)
         self._open_lock = threading.Lock()
-        self._state: tuple[aioredis.Redis, TurnProtocol, Runner] | None = None
+        self._state: tuple[AsyncRedis, TurnProtocol, Runner] | None = None
         self._sweeper: concurrent.futures.Future[None] | None = None
         self._announced_as: str | None = None
         self._queues: list[str] = []
@@ -83,13 +83,13 @@ class WorkerRuntime:
     def runner(self) -> Runner:
         return self._ensure_open()[2]
 
-    def _ensure_open(self) -> tuple[aioredis.Redis, TurnProtocol, Runner]:
+    def _ensure_open(self) -> tuple[AsyncRedis, TurnProtocol, Runner]:
         with self._open_lock:
             if self._state is None:
                 self._state = self._loop.run(self._open())
             return self._state
 
-    async def _open(self) -> tuple[aioredis.Redis, TurnProtocol, Runner]:
+    async def _open(self) -> tuple[AsyncRedis, TurnProtocol, Runner]:
         s = self.settings
         # Each turn in flight holds a connection only per command; renewers and the
         # sweeper add a few. Beyond the limit commands wait for a free connection.
@@ -220,7 +220,9 @@ class WorkerRuntime:
         }
         if self._metrics is not None:
             self._info["metrics_port"] = self._metrics.port
-        async with redis.pipeline(transaction=True) as pipe:
+        # No MULTI: the three keys sit on different cluster slots, and each write may
+        # land alone (a repeated announce writes the same).
+        async with redis.pipeline(transaction=False) as pipe:
             pipe.sadd(self.keys.agents(), *sorted(self.profiles))
             pipe.hset(self.keys.workers(), hostname, json.dumps(self._info))
             pipe.sadd(self.keys.prefixes(), self.keys.prefix)

@@ -19,9 +19,8 @@ import os
 import random
 from collections.abc import Awaitable, Callable
 
-import redis.asyncio as aioredis
-
 from convoq.observe import metrics
+from convoq.redis._cluster import AsyncRedis
 from convoq.redis.protocol import TurnProtocol
 from convoq.worker._finished import FinishedHook, after_turn
 
@@ -39,7 +38,7 @@ class Sweeper:
         kick: Kick,
         *,
         interval_s: float,
-        redis: aioredis.Redis | None = None,
+        redis: AsyncRedis | None = None,
         lock_key: str | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         on_finished: FinishedHook | None = None,

@@ -11,7 +11,7 @@ import pytest
 from convoq._sync import run_sync
 from convoq.memory import ConversationMemory, FileConversationMemory, InMemoryConversationMemory
 
-BACKENDS = ["in_memory", "file", "redis"]
+BACKENDS = ["in_memory", "file", "redis", "redis-cluster"]
 
 
 def _in_memory(tmp_path: Path, redis_url: str | None, key_prefix: str) -> ConversationMemory:
@@ -32,7 +32,17 @@ _FACTORIES: dict[str, Callable[[Path, str | None, str], ConversationMemory]] = {
     "in_memory": _in_memory,
     "file": _file,
     "redis": _redis,
+    "redis-cluster": _redis,
 }
+
+
+def backend_url(request: pytest.FixtureRequest, name: str) -> str | None:
+    """The URL backend ``name`` needs, starting (or reusing) only its session server."""
+    if name == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    if name == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return None
 
 
 def make_memory(

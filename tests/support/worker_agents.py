@@ -19,6 +19,7 @@ from convoq.errors import ModelError
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.usage import Usage
+from tests.support.redis_cluster import plain_client
 
 _redis: redis.Redis | None = None
 
@@ -26,7 +27,7 @@ _redis: redis.Redis | None = None
 def test_redis() -> redis.Redis:
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(os.environ["CONVOQ_REDIS_URL"])
+        _redis = plain_client(os.environ["CONVOQ_REDIS_URL"])
     return _redis
 
 

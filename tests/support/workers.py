@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from convoq.client import Client
 from convoq.redis.keys import KeySchema
+from tests.support.redis_cluster import plain_client
 from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ class WorkerProcess:
 
     def wait_ready(self, timeout: float = 45.0) -> WorkerProcess:
         """Block until the worker registered itself in Redis (its consumer is running)."""
-        client = redis.Redis.from_url(self.env["CONVOQ_REDIS_URL"])
+        client = plain_client(self.env["CONVOQ_REDIS_URL"])
         key = KeySchema(self.env["CONVOQ_PREFIX"]).workers()
         deadline = time.monotonic() + timeout
         try:

@@ -1,0 +1,156 @@
+"""A private Redis Cluster per test session: 3 primaries and 3 replicas from the
+redis-server binary on free loopback ports, joined by ``redis-cli --cluster create``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import cast
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from tests.support.redis_server import free_port, redis_server_binary
+
+
+def redis_cli_binary() -> str | None:
+    """``redis-cli`` next to the server binary, else on PATH (None: none exists)."""
+    beside = Path(redis_server_binary()).with_name("redis-cli")
+    return str(beside) if beside.is_file() else shutil.which("redis-cli")
+
+
+class RedisClusterNodes:
+    """Six cluster-enabled redis-servers (AOF on) and the cluster made of them."""
+
+    def __init__(self, directory: Path, cli: str, *, size: int = 6) -> None:
+        self.directory = directory
+        self.cli = cli
+        self.binary = redis_server_binary()
+        self.ports = [free_port() for _ in range(size)]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        """The convoq cluster URL naming every node as a startup node."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def start(self) -> None:
+        for port in self.ports:
+            self._start_node(port)
+        for port in self.ports:
+            self._wait_ping(port)
+        nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        self._wait_ready()
+
+    def _start_node(self, port: int) -> None:
+        home = self.directory / str(port)
+        home.mkdir(parents=True, exist_ok=True)
+        args = [
+            self.binary,
+            "--port", str(port),
+            # The bus port defaults to port + 10000, which may not exist.
+            "--cluster-port", str(free_port()),
+            "--bind", "127.0.0.1",
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(home / "nodes.conf"),
+            "--cluster-node-timeout", "5000",
+            "--dir", str(home),
+            "--appendonly", "yes",
+            "--save", "",
+            "--maxmemory-policy", "noeviction",
+            "--daemonize", "no",
+            "--logfile", str(home / "redis.log"),
+        ]  # fmt: skip
+        self.processes[port] = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def _wait_ping(self, port: int, timeout: float = 10.0) -> None:
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if client.ping():
+                        return
+                except redis.exceptions.RedisError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        raise RuntimeError(f"cluster node on port {port} did not start")
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every node says the cluster is ok (all slots served, gossip settled)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for port in self.ports:
+                client = redis.Redis(host="127.0.0.1", port=port)
+                try:
+                    info = client.cluster("info")
+                finally:
+                    client.close()
+                states.append(b"cluster_state:ok" in _raw(info))
+            if all(states):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the cluster did not reach cluster_state:ok")
+
+    def client(self) -> RedisCluster:
+        """A plain sync cluster client (for test setup and checks)."""
+        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports])
+
+    def conversations_on_every_primary(self, prefix: str, per_primary: int) -> list[str]:
+        """Conversation ids (under ``prefix``) whose keys sit ``per_primary`` on each of
+        the three primaries."""
+        client = self.client()
+        found: dict[str, list[str]] = {}
+        try:
+            while len(found) < 3 or min(len(c) for c in found.values()) < per_primary:
+                cid = f"c-{uuid.uuid4().hex[:8]}"
+                node = client.get_node_from_key(f"{prefix}:{{{cid}}}:inbox")
+                found.setdefault(node.name, []).append(cid)
+        finally:
+            client.close()
+        return [cid for cids in found.values() for cid in cids[:per_primary]]
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+
+def _raw(info: object) -> bytes:
+    """CLUSTER INFO as bytes, whatever shape the client parsed it into."""
+    if isinstance(info, bytes):
+        return info
+    if isinstance(info, str):
+        return info.encode()
+    if isinstance(info, dict):
+        return "\n".join(f"{k}:{v}" for k, v in info.items()).encode()
+    return repr(info).encode()
+
+
+def plain_client(url: str) -> redis.Redis:
+    """A plain redis-py client of ``url``: a sync ``RedisCluster`` for a convoq cluster URL
+    (typed as ``redis.Redis``: tests use the commands both have)."""
+    if not url.startswith("redis+cluster://"):
+        return redis.Redis.from_url(url)
+    nodes = [item.rsplit(":", 1) for item in url.removeprefix("redis+cluster://").split(",")]
+    cluster = RedisCluster(startup_nodes=[ClusterNode(host, int(port)) for host, port in nodes])
+    return cast(redis.Redis, cluster)

@@ -1,0 +1,125 @@
+"""Redis Cluster: the ``redis+cluster://`` URL, the broker it cannot be, and what spans the
+whole cluster (the sweeper's and clear's SCAN, the registry, the epoch marker) on a real
+3-primary cluster."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.cluster import RedisCluster
+
+from convoq.errors import ConfigurationError
+from convoq.memory.redis import RedisConversationMemory
+from convoq.messages import Message
+from convoq.queue.transport import broker_url_for
+from convoq.redis import TurnProtocol, connect
+from convoq.redis._blocking import connect_blocking
+from convoq.redis._urls import parse_cluster_url
+from tests.support.protocol_helpers import open_protocol
+from tests.support.redis_cluster import RedisClusterNodes
+
+
+def test_a_cluster_url_names_its_startup_nodes_and_credentials() -> None:
+    address = parse_cluster_url("redis+cluster://al%40x:p%3Ass@10.0.0.1:7000,[::1]:7001/0")
+    assert address.nodes == (("10.0.0.1", 7000), ("::1", 7001))
+    assert (address.username, address.password) == ("al@x", "p:ss")
+    assert parse_cluster_url("redis+cluster://h:1").username is None
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+cluster://h:7000/1", "only database 0"),
+        ("redis+cluster://h:7000?socket_timeout=1", "takes no options"),
+        ("redis+cluster://h:7000,h", "'h', not host:port"),
+        ("redis+cluster://:pw@h:99999", "not host:port"),
+    ],
+)
+def test_a_bad_cluster_url_is_refused_with_what_to_write(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says) as caught:
+        connect(url)
+    assert "pw" not in str(caught.value)  # the password is never shown
+    with pytest.raises(ConfigurationError, match=says):
+        connect_blocking(url)
+
+
+def test_a_cluster_cannot_be_the_broker() -> None:
+    cluster = "redis+cluster://127.0.0.1:7000"
+    with pytest.raises(ConfigurationError, match=r"set\s+CONVOQ_BROKER_URL"):
+        broker_url_for(cluster)
+    assert broker_url_for(cluster, "amqp://guest@h//") == "amqp://guest@h//"
+    assert broker_url_for("redis://h:1/0") == "redis://h:1/0"  # unchanged without a cluster
+
+
+async def test_connect_gives_a_cluster_client_for_a_cluster_url(
+    redis_cluster: RedisClusterNodes,
+) -> None:
+    client = connect(redis_cluster.url)
+    try:
+        assert isinstance(client, aioredis.RedisCluster)
+        assert await client.ping()
+        assert len(client.get_primaries()) == 3  # it learnt the cluster from the nodes
+    finally:
+        await client.aclose()
+    sync = connect_blocking(redis_cluster.url)
+    try:
+        assert isinstance(sync, RedisCluster) and len(sync.get_primaries()) == 3
+    finally:
+        sync.close()
+
+
+@pytest.fixture
+async def proto(redis_cluster: RedisClusterNodes, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    async with open_protocol(redis_cluster.url, key_prefix) as protocol:
+        yield protocol
+
+
+async def test_the_sweep_finds_stranded_turns_on_every_primary(
+    proto: TurnProtocol, redis_cluster: RedisClusterNodes
+) -> None:
+    cids = redis_cluster.conversations_on_every_primary(proto.keys.prefix, 3)
+    for cid in cids:
+        await proto.submit(cid, "t1", agent="a", message=Message.user("hi"), options={})
+    # No worker holds a lease: every one of them is a candidate, whichever node it is on.
+    assert sorted(await proto.sweep_candidates()) == sorted(cids)
+    assert await proto.parked_turns() == []  # scans them too; none awaits approval
+
+
+async def test_registry_and_epoch_work_across_slots(
+    proto: TurnProtocol, redis_cluster: RedisClusterNodes
+) -> None:
+    client = redis_cluster.client()
+    try:
+        slots = {client.keyslot(k) for k in (proto.keys.agents(), proto.keys.epoch())}
+        assert len(slots) == 2  # deployment-wide keys are on different slots
+        client.sadd(proto.keys.agents(), "bot")
+        client.sadd(proto.keys.prefixes(), proto.keys.prefix)
+    finally:
+        client.close()
+    assert await proto.registered_agents() == frozenset({"bot"})
+    assert proto.keys.prefix in await proto.registered_prefixes()
+    epoch = await proto.check_epoch(None)
+    assert await proto.check_epoch(epoch) == epoch
+
+
+async def test_clear_removes_every_key_of_a_conversation_on_its_node(
+    redis_cluster: RedisClusterNodes, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(redis_cluster.url, prefix=key_prefix)
+    cids = redis_cluster.conversations_on_every_primary(key_prefix, 1)
+    try:
+        for cid in cids:
+            memory.append(cid, [Message.user(f"hello {cid}"), Message.assistant("hi")])
+        await memory.aclear(cids[1])
+        assert memory.load(cids[1]) == []
+        assert [len(memory.load(cid)) for cid in (cids[0], cids[2])] == [2, 2]
+    finally:
+        await memory.aclose()
+    client = redis_cluster.client()
+    try:
+        left = {k.decode() for k in client.scan_iter(match=f"{key_prefix}:*")}
+    finally:
+        client.close()
+    assert left and not any(f"{{{cids[1]}}}" in k for k in left)
