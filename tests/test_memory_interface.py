@@ -22,7 +22,7 @@ from convoq.messages import MessageRole
 from convoq.models import ScriptedModel
 from convoq.testing import FailingMemory, MemoryFailure, RecordingModel, SlowMemory
 from convoq.testing.conformance import AWKWARD_IDS, CHECKS, check_memory
-from tests.support.memory_backends import BACKENDS, close_memory, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 
 class GuideMemory:
@@ -83,7 +83,7 @@ def any_memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) 
     if request.param in CUSTOM:
         yield CUSTOM[request.param]()
         return
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = backend_url(request, request.param)
     memory = make_memory(request.param, tmp_path, url, key_prefix)
     yield memory
     close_memory(memory)
@@ -122,10 +122,11 @@ def test_guide_shaped_memory_works_with_the_window_and_a_budget(kind: str) -> No
 
 @pytest.mark.parametrize("cid", AWKWARD_IDS)
 def test_awkward_ids_work_through_the_agent_on_every_backend(
-    tmp_path: Path, redis_url: str, key_prefix: str, cid: str
+    request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str, cid: str
 ) -> None:
     for backend in BACKENDS:
-        memory = make_memory(backend, tmp_path / backend, redis_url, key_prefix)
+        url = backend_url(request, backend)
+        memory = make_memory(backend, tmp_path / backend, url, key_prefix)
         try:
             agent = Agent(ScriptedModel(lambda req: f"n={len(req.messages)}"), memory=memory)
             assert agent.generate("one", conversation_id=cid).text == "n=1"

@@ -27,7 +27,7 @@ from convoq.usage import Usage
 from convoq.window import Window, split_turns
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
-from tests.support.memory_backends import BACKENDS, close_memory, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 
 def tool_turn(i: int, words: int = 10) -> list[Message]:
@@ -53,7 +53,7 @@ def user_texts(messages: list[Message]) -> list[str]:
 
 @pytest.fixture(params=BACKENDS)
 def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Any]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = backend_url(request, request.param)
     made = make_memory(request.param, tmp_path, url, key_prefix)
     yield made
     close_memory(made)

@@ -28,11 +28,18 @@ def _redis(tmp_path: Path, redis_url: str | None, key_prefix: str) -> Conversati
     return memory
 
 
+def _redis_cluster(tmp_path: Path, redis_url: str | None, key_prefix: str) -> ConversationMemory:
+    if not (redis_url or "").startswith("redis+cluster://"):
+        # Anything else would quietly test one server (or the embedded one) twice.
+        raise ValueError(f"the redis-cluster backend needs a cluster URL, not {redis_url!r}")
+    return _redis(tmp_path, redis_url, key_prefix)
+
+
 _FACTORIES: dict[str, Callable[[Path, str | None, str], ConversationMemory]] = {
     "in_memory": _in_memory,
     "file": _file,
     "redis": _redis,
-    "redis-cluster": _redis,
+    "redis-cluster": _redis_cluster,
 }
 
 
