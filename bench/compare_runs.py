@@ -20,6 +20,7 @@ from bench.compare import RUNS, Table, start_convoq_worker, start_peer_worker, w
 from bench.memory_append import a_turn
 from convoq.client import AsyncClient, Client
 from convoq.memory.redis import RedisConversationMemory
+from convoq.queue.transport import broker_url_for
 from convoq.redis import connect
 
 WINDOW = 10
@@ -46,9 +47,7 @@ def _items(n: int) -> list[dict[str, str]]:
 
 # -- 1 and 2: loading history -----------------------------------------------------------------
 async def _populate(url: str, memory: RedisConversationMemory, cid: str, turns: int) -> None:
-    from agents.extensions.memory.redis_session import RedisSession
-    from langchain_core.messages import AIMessage, HumanMessage, message_to_dict
-
+    RedisSession, _ = peers.session_class()
     for first in range(0, turns, 250):
         batch = range(first, min(first + 250, turns))
         await asyncio.gather(*(memory.aappend(cid, a_turn(n)) for n in batch))
@@ -63,17 +62,41 @@ async def _populate(url: str, memory: RedisConversationMemory, cid: str, turns: 
     with sync.pipeline(transaction=False) as pipe:
         for n in range(turns):
             user, assistant = a_turn(n)
-            for message in (HumanMessage(user.text), AIMessage(assistant.text)):
-                pipe.lpush(f"message_store:{cid}", json.dumps(message_to_dict(message)))
+            for role, said in (("human", user.text), ("ai", assistant.text)):
+                pipe.lpush(f"message_store:{cid}", json.dumps(_langchain_dict(role, said)))
         pipe.execute()
     sync.close()
     await client.aclose()
 
 
-async def _loads(url: str, table: Table, populated: set[str]) -> None:
-    from agents.extensions.memory.redis_session import RedisSession
-    from langchain_community.chat_message_histories import RedisChatMessageHistory
+def _langchain_dict(role: str, text: str) -> dict[str, Any]:
+    """What langchain's ``message_to_dict`` stores for a plain human or ai message."""
+    data = {"content": text, "additional_kwargs": {}, "response_metadata": {}, "type": role,
+            "name": None, "id": None}  # fmt: skip
+    if role == "ai":
+        data.update(tool_calls=[], invalid_tool_calls=[], usage_metadata=None)
+    return {"type": role, "data": data}
 
+
+def _langchain_load(url: str, cid: str) -> tuple[Callable[[], object], str]:
+    """langchain's RedisChatMessageHistory.messages, or its commands re-created (LRANGE
+    0 -1, json.loads per item, newest first reversed) when it is not installed."""
+    try:
+        from langchain_community.chat_message_histories import RedisChatMessageHistory
+    except ImportError:
+        sync = redis.Redis.from_url(url)
+
+        def recreated() -> object:
+            raw = sync.lrange(f"message_store:{cid}", 0, -1)
+            return [json.loads(m.decode("utf-8")) for m in raw[::-1]]
+
+        return recreated, "langchain (re-created: not installed)"
+    history = RedisChatMessageHistory(cid, url=url)
+    return (lambda: history.messages), "langchain"
+
+
+async def _loads(url: str, table: Table, populated: set[str]) -> None:
+    RedisSession, name = peers.session_class()
     client = connect(url)
     memory = RedisConversationMemory(client=client, prefix="bench")
     for size in (10, BIG):
@@ -86,20 +109,20 @@ async def _loads(url: str, table: Table, populated: set[str]) -> None:
         ours = await _median_ms(200, lambda c=cid: memory.aload(c, last_turns=WINDOW))  # type: ignore[misc]
         theirs = await _median_ms(200, lambda s=session: s.get_items(limit=2 * WINDOW))  # type: ignore[misc]
         table.add(f"w{size}", "1", f"{what}: convoq", "ms", ours)
-        table.add(f"w{size}s", "1", f"{what}: RedisSession", "ms", theirs)
+        table.add(f"w{size}s", "1", f"{what}: {name}", "ms", theirs)
     cid = f"load-{BIG}"
     session = RedisSession(cid, redis_client=client, key_prefix="bench:session")
-    history = RedisChatMessageHistory(cid, url=url)
+    langchain_load, langchain_name = _langchain_load(url, cid)
     assert len(await memory.aload(cid)) == 2 * BIG
     table.add("full", "2", f"full load of {BIG:,} turns: convoq", "ms",
               await _median_ms(5, lambda: memory.aload(cid)))  # fmt: skip
-    table.add("fulls", "2", f"full load of {BIG:,} turns: RedisSession", "ms",
+    table.add("fulls", "2", f"full load of {BIG:,} turns: {name}", "ms",
               await _median_ms(5, session.get_items))  # fmt: skip
 
     async def langchain() -> object:
-        return history.messages
+        return langchain_load()
 
-    table.add("fulll", "2", f"full load of {BIG:,} turns: langchain", "ms",
+    table.add("fulll", "2", f"full load of {BIG:,} turns: {langchain_name}", "ms",
               await _median_ms(5, langchain))  # fmt: skip
     await client.aclose()
 
@@ -244,7 +267,7 @@ def run_all(url: str, home: Path) -> Table:
     prefix, fair_prefix = f"b{uuid.uuid4().hex[:6]}", f"f{uuid.uuid4().hex[:6]}"
     env = worker_env(url, prefix, home, 100)
     fair_env = worker_env(url, fair_prefix, home, 32)
-    peers.celery_app.conf.update(broker_url=url, result_backend=url)
+    peers.celery_app.conf.update(broker_url=broker_url_for(url), result_backend=broker_url_for(url))
     with (
         ExitStack() as stack,
         Client(url, prefix=prefix) as client,

@@ -14,8 +14,10 @@ This module is also the Celery app of the peer worker
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
+import time
 from typing import Any
 
 from celery import Celery
@@ -23,6 +25,48 @@ from celery import Celery
 from convoq.queue.transport import broker_url_for
 
 QUEUE = "bench.peers"
+
+
+class RecreatedSession:
+    """OpenAI Agents' ``RedisSession`` Redis commands, re-created for when the library is
+    not installed: ``get_items`` is LRANGE (the last N items, or all) + json.loads per
+    item; ``add_items`` is WATCH, TYPE x2, then MULTI: HSET, HSETNX, RPUSH, HSET, EXEC."""
+
+    def __init__(self, session_id: str, *, redis_client: Any, key_prefix: str) -> None:
+        self._redis = redis_client
+        self._session = f"{key_prefix}:{session_id}"
+        self._messages = f"{self._session}:messages"
+        self._id = session_id
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        start = 0 if limit is None else -limit
+        raw = await self._redis.lrange(self._messages, start, -1)
+        return [json.loads(item.decode("utf-8")) for item in raw]
+
+    async def add_items(self, items: list[Any]) -> None:
+        serialized = [json.dumps(item, separators=(",", ":")) for item in items]
+        now = str(int(time.time()))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(self._session, self._messages)
+            await pipe.type(self._session)
+            await pipe.type(self._messages)
+            pipe.multi()
+            pipe.hset(self._session, "session_id", self._id)
+            pipe.hsetnx(self._session, "created_at", now)
+            pipe.rpush(self._messages, *serialized)
+            pipe.hset(self._session, "updated_at", now)
+            await pipe.execute()
+
+
+def session_class() -> tuple[Any, str]:
+    """OpenAI Agents' RedisSession and its label, or the re-creation when not installed."""
+    try:
+        from agents.extensions.memory.redis_session import RedisSession
+    except ImportError:
+        return RecreatedSession, "RedisSession (re-created: openai-agents not installed)"
+    return RedisSession, "RedisSession"
+
+
 _URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
@@ -31,7 +75,7 @@ def make_app(url: str) -> Celery:
     app = Celery("bench-peers", set_as_current=False)
     app.conf.update(
         broker_url=broker_url_for(url),
-        result_backend=url,
+        result_backend=broker_url_for(url),
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -74,12 +118,11 @@ def _session_loop() -> tuple[asyncio.AbstractEventLoop, Any]:
 @celery_app.task(name="bench.handbuilt")
 def handbuilt(conversation_id: str, text: str) -> str:
     """RedisSession's last 10 turns, the model, then ``add_items`` of the turn."""
-    from agents.extensions.memory.redis_session import RedisSession
-
+    session_type, _ = session_class()
     loop, client = _session_loop()
 
     async def turn() -> str:
-        session = RedisSession(conversation_id, redis_client=client, key_prefix="bench:hand")
+        session = session_type(conversation_id, redis_client=client, key_prefix="bench:hand")
         history = await session.get_items(limit=20)
         answer = zero_model(history, text)
         await session.add_items(

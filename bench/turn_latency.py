@@ -1,8 +1,9 @@
 """Turn latency and throughput of convoq workers, next to a bare Celery round trip.
 
 1. Per-turn overhead: median submit-to-result latency of a turn whose scripted model
-   answers at once, against a trivial Celery task that pushes to a reply key, on the same
-   broker (one embedded Redis), measured side by side in one run.
+   answers at once, against a trivial Celery task with a Redis result backend awaited
+   with ``.get()`` (what a Celery user measures), on the same broker (one embedded
+   Redis), measured side by side in one run.
 2. Concurrency: turns per second with a model that sleeps 500 ms per call, as concurrent
    conversations grow (1, 10, 100), by one worker process, then by two.
 
@@ -23,7 +24,6 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-import redis
 from celery import Celery
 
 from convoq import Agent
@@ -49,13 +49,13 @@ slow = Agent(ScriptedModel(_half_second, name="slow"), name="slow")
 _url = os.environ.get("CONVOQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 bare_app = Celery("bench-bare", set_as_current=False)
 bare_app.conf.update(celery_base_config(broker_url_for(_url)), task_default_queue=BARE_QUEUE)
-_reply = redis.Redis.from_url(_url)
+bare_app.conf.update(result_backend=broker_url_for(_url), task_ignore_result=False)
 
 
-@bare_app.task(name="bench.ping", ignore_result=True)
-def ping(reply_key: str) -> None:
-    """The trivial task: push to a key the sender blocks on."""
-    _reply.lpush(reply_key, b"1")
+@bare_app.task(name="bench.ping")
+def ping(value: str) -> str:
+    """The trivial task: its result is its argument."""
+    return value
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -74,13 +74,8 @@ def _start_bare_worker(stack: ExitStack, env: dict[str, str], home: Path) -> Non
                "--loglevel=warning", "--without-mingle", "--without-gossip",
                "--hostname=bare@localhost"]  # fmt: skip
     stack.enter_context(process(command, env, home / "bare.log", cwd=ROOT))
-    reply = redis.Redis.from_url(env["CONVOQ_REDIS_URL"])
-    try:  # ready when a ping comes back
-        bare_app.send_task("bench.ping", args=["bench:ready"], queue=BARE_QUEUE)
-        if reply.blpop(["bench:ready"], timeout=60) is None:
-            raise RuntimeError("the bare Celery worker did not start")
-    finally:
-        reply.close()
+    # Ready when a ping comes back.
+    bare_app.send_task("bench.ping", args=["ready"], queue=BARE_QUEUE).get(timeout=60)
 
 
 # -- measurements ----------------------------------------------------------------------------
@@ -95,18 +90,12 @@ def convoq_latency(client: Client, turns: int) -> list[float]:
 
 
 def bare_latency(url: str, rounds: int) -> list[float]:
-    """Send-to-reply seconds of ``rounds`` sequential bare Celery tasks."""
-    reply, samples = redis.Redis.from_url(url), []
-    try:
-        for index in range(rounds):
-            key = f"bench:reply:{index}:{uuid.uuid4().hex[:6]}"
-            started = time.perf_counter()
-            bare_app.send_task("bench.ping", args=[key], queue=BARE_QUEUE)
-            if reply.blpop([key], timeout=30) is None:
-                raise RuntimeError("a bare round trip got no reply")
-            samples.append(time.perf_counter() - started)
-    finally:
-        reply.close()
+    """Send-to-result seconds of ``rounds`` sequential bare Celery tasks (``.get()``)."""
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        bare_app.send_task("bench.ping", args=["hi"], queue=BARE_QUEUE).get(timeout=30)
+        samples.append(time.perf_counter() - started)
     return samples
 
 
@@ -161,7 +150,7 @@ def run(rounds: int = 200) -> None:
         url = embedded.embedded_url(home)
         stack.callback(embedded.stop, home)
         env = _env(url, f"bench{uuid.uuid4().hex[:6]}", home)
-        bare_app.conf.update(broker_url=broker_url_for(url))
+        bare_app.conf.update(broker_url=broker_url_for(url), result_backend=broker_url_for(url))
         client = stack.enter_context(Client(url, prefix=env["CONVOQ_PREFIX"]))
         _start_bare_worker(stack, env, home)
         _start_worker(stack, env, home, client)
@@ -170,7 +159,7 @@ def run(rounds: int = 200) -> None:
         bare_latency(url, 20)
         ours, bare = convoq_latency(client, rounds), bare_latency(url, rounds)
         print(f"1. per-turn overhead ({rounds} sequential round trips each, same broker)")
-        print(f"   bare Celery task + reply key  {_ms(bare)}")
+        print(f"   bare Celery task, .get()      {_ms(bare)}")
         print(f"   convoq turn, zero-latency model {_ms(ours)}")
         ratio = statistics.median(ours) / statistics.median(bare)
         print(f"   ratio convoq / bare (median)  {ratio:.1f}x\n")

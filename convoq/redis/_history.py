@@ -33,6 +33,7 @@ from convoq.redis._codec import (
     Encoded,
     blob_refs,
     check_turn_size,
+    collector_paused,
     counters_arg,
     decode_elements,
     encode_element,
@@ -129,13 +130,15 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
             continue  # cleared while we read: start over
         lead, elements = read
         lead_key, turns_key = keys.lead(cid), keys.turns(cid)
-        headers = [parse_header(e, key=turns_key) for e in elements]
-        lead_headers = [parse_header(e, key=lead_key) for e in lead]
+        with collector_paused(len(elements)):
+            headers = [parse_header(e, key=turns_key) for e in elements]
+            lead_headers = [parse_header(e, key=lead_key) for e in lead]
         blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
         blobs_key = keys.blobs(cid)
-        messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
-        messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
-        return window_last_turns(messages, window or None)
+        with collector_paused(len(elements)):
+            messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
+            messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
+            return window_last_turns(messages, window or None)
     raise ConversationMemoryError(
         f"the history of conversation {cid!r} kept being cleared while it was read; try again"
     )
