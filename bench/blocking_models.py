@@ -61,7 +61,8 @@ async def _rate(client: AsyncClient, agent: str) -> float:
         return [await client.submit(cid, f"turn {i}", agent=agent) for i in range(TURNS_EACH)]
 
     started = time.perf_counter()
-    groups = await asyncio.gather(*(one(f"{agent}-{n}") for n in range(CONVERSATIONS)))
+    run = uuid.uuid4().hex[:6]
+    groups = await asyncio.gather(*(one(f"{agent}-{run}-{n}") for n in range(CONVERSATIONS)))
     handles = [h for group in groups for h in group]
     await asyncio.gather(*(h.wait(300) for h in handles))  # type: ignore[attr-defined]
     return len(handles) / (time.perf_counter() - started)
@@ -69,6 +70,8 @@ async def _rate(client: AsyncClient, agent: str) -> float:
 
 async def _rates(url: str, prefix: str) -> dict[str, float]:
     async with AsyncClient(url, prefix=prefix) as client:
+        # Untimed warm-up: the worker's connections and the pool's threads get started.
+        await _rate(client, "sync")
         return {agent: await _rate(client, agent) for agent in ("sync", "to_thread", "async")}
 
 
