@@ -7,9 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from convoq import Agent
 from convoq.errors import TurnAlreadyAppliedError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import Message
+from convoq.models import ModelRequest, ScriptedModel
 from convoq.redis import TurnEnding
 from convoq.turn_state import TurnEvent, TurnState
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
@@ -82,5 +84,38 @@ async def test_an_async_append_whose_reply_is_lost_is_stored_once(
         assert proxy.dropped == 1
         texts = [m.text for m in await memory.aload("c")]
         assert texts == ["first", "answer", "one turn", "answer"]
+    finally:
+        await memory.aclose()
+
+
+async def test_an_agent_turn_whose_lease_reply_is_lost_still_runs_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(proxy.url, prefix=key_prefix)
+    agent = Agent(ScriptedModel(lambda _: "answer"), memory=memory, conversation_id="c")
+    try:
+        assert await memory.aload("c") == []
+        proxy.drop_reply_to(b"EVALSHA")  # the turn's first script: taking the lease
+        assert (await agent.agenerate("one turn")).text == "answer"
+        assert proxy.dropped == 1
+        assert [m.text for m in await memory.aload("c")] == ["one turn", "answer"]
+    finally:
+        await memory.aclose()
+
+
+async def test_an_agent_turn_whose_commit_reply_is_lost_is_stored_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    def answer(_: ModelRequest) -> str:
+        proxy.drop_reply_to(b"EVALSHA")  # the next script is the fenced commit
+        return "answer"
+
+    memory = RedisConversationMemory(proxy.url, prefix=key_prefix)
+    agent = Agent(ScriptedModel(answer), memory=memory, conversation_id="c")
+    try:
+        assert (await agent.agenerate("one turn")).text == "answer"
+        assert proxy.dropped == 1
+        assert [m.text for m in await memory.aload("c")] == ["one turn", "answer"]
+        assert (await agent.agenerate("next")).text == "answer"  # the lease was freed
     finally:
         await memory.aclose()

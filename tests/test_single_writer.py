@@ -95,6 +95,8 @@ def test_a_worker_turn_waits_while_an_agent_holds_the_conversation(
     thread.start()
     lease = memory._keys.lease(cid)
     wait_until(lambda: r.hget(lease, "holder"), 30, what="the agent takes the lease")
+    with pytest.raises(ConversationBusyError):  # nothing queued, but the agent's turn runs
+        client.submit(cid, "rejected", agent="echo", if_busy="reject")
     queued = client.submit(cid, "worker second", agent="echo")
     # The kick finds the agent's lease: the worker runs nothing until the agent is done.
     wait_until(lambda: queued.status() == "queued", 30)

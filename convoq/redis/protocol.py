@@ -99,7 +99,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
         """Queue a turn. Raises ConversationBusyError for ``if_busy="reject"`` on a busy
         conversation (nothing stored)."""
         keys = [self.keys.meta(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
-        keys.append(self.keys.events(cid, turn_id))
+        keys += [self.keys.events(cid, turn_id), self.keys.lease(cid)]
         if idempotency_key is not None:
             keys.append(self.keys.idem(cid, idempotency_key))
         check_user_message(message)

@@ -2,12 +2,14 @@
 -- KEYS[2] = inbox     {prefix}:{cid}:inbox
 -- KEYS[3] = turn      {prefix}:{cid}:turn:{tid}
 -- KEYS[4] = events    {prefix}:{cid}:events:{tid}
--- KEYS[5] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
+-- KEYS[5] = lease     {prefix}:{cid}:lease
+-- KEYS[6] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
 -- ARGV[1] = turn id
 -- ARGV[2] = agent name
 -- ARGV[3] = input message JSON
 -- ARGV[4] = options JSON
--- ARGV[5] = 'queue' or 'reject' (when the conversation is busy)
+-- ARGV[5] = 'queue' or 'reject' (when the conversation is busy: turns queued, or its
+--           lease held)
 -- ARGV[6] = turn ttl ms (idempotency key and event stream expiry)
 -- ARGV[7] = events stream MAXLEN (approximate)
 -- Queues a turn. A known idempotency key, or a turn id already stored (a resent submit),
@@ -16,7 +18,8 @@
 --      or {'DUP', turn id, position or -1 when no longer queued}
 --      or {'BUSY'} / {'VERSION', v} / {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
-local meta, inbox, turn, events, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local meta, inbox, turn, events, lease, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
 local tid = ARGV[1]
 local function queued_position(id)
   local pos = redis.call('LPOS', inbox, id)
@@ -43,7 +46,8 @@ if corrupt then
   return {'CORRUPT', corrupt}
 end
 local waiting = redis.call('LLEN', inbox)
-if waiting > 0 and ARGV[5] == 'reject' then
+-- An in-process turn (an Agent on Redis memory) holds the lease with nothing queued.
+if ARGV[5] == 'reject' and (waiting > 0 or redis.call('EXISTS', lease) == 1) then
   return {'BUSY'}
 end
 local now = now_ms()
