@@ -16,7 +16,7 @@ from convoq.errors import ConversationBusyError, ConvoqError
 from convoq.memory import ConversationMemory, FileConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
-from tests.support.memory_backends import BACKENDS, close_memory, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 ran: list[str] = []
 
@@ -58,7 +58,7 @@ class Store:
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Store]:
     ran.clear()
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = backend_url(request, request.param)
     shared = Store(request.param, tmp_path, url, key_prefix)
     yield shared
     for memory in shared.opened:
