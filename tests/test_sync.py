@@ -33,7 +33,7 @@ from convoq.memory import FileConversationMemory
 from convoq.memory.redis import RedisConversationMemory
 from convoq.models import ModelRequest, ScriptedModel
 from tests.support.redis_server import RedisServer
-from tests.support.workers import ROOT, wait_until
+from tests.support.workers import ROOT, running_pool, wait_until
 
 
 @pytest.fixture
@@ -267,3 +267,19 @@ def test_run_sync_still_returns_results_and_raises_errors() -> None:
     assert run_sync(ok()) == 7
     with pytest.raises(ValueError, match="boom"):
         run_sync(bad())
+
+
+@pytest.mark.slow
+def test_a_client_used_before_fork_works_in_the_forked_child(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    with running_pool(redis_server.url, tmp_path, 1) as pool, pool.client() as client:
+        # The parent's client has its Redis pool and Celery sender on the parent's loop.
+        assert client.submit("fork-a", "parent", agent="echo").wait(30).text == "seen: parent"
+
+        def in_child() -> str:
+            return client.submit("fork-b", "child", agent="echo").wait(30).text
+
+        assert _in_forked_child_call(in_child, tmp_path) == "seen: child"
+        again = client.submit("fork-a", "parent again", agent="echo").wait(30)
+        assert again.text == "seen: parent | parent again"

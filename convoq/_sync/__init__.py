@@ -30,6 +30,7 @@ from convoq._sync._loop import (
     CANCEL_GRACE_S,
     LoopThread,
     iterate_sync,
+    left_in_parent,
     run_in_portal,
     run_sync,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "call_maybe_async",
     "drive",
     "iterate_sync",
+    "left_in_parent",
     "run_blocking",
     "run_in_portal",
     "run_sync",

@@ -226,7 +226,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 _loop_threads: weakref.WeakSet[LoopThread] = weakref.WeakSet()
-_orphans: list[asyncio.AbstractEventLoop] = []
+_orphans: list[object] = []
 _portal = LoopThread()
 
 
@@ -247,6 +247,13 @@ async def run_in_portal(coro: Coroutine[Any, Any, T]) -> T:
 def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
     """Iterate an async iterator from sync code on the shared loop thread."""
     return _portal.iterate(agen)
+
+
+def left_in_parent(*objects: object) -> None:
+    """Keep what a forked child inherited but must neither use nor close (the parent's
+    connections, on the parent's loop) referenced for good: collected, their finalizers
+    would act on sockets the parent still uses."""
+    _orphans.extend(o for o in objects if o is not None)
 
 
 def _after_fork_in_child() -> None:

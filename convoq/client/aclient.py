@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Literal, Protocol
 from celery import Celery
 from redis.exceptions import RedisError
 
-from convoq._sync import call_maybe_async
+from convoq._sync import call_maybe_async, left_in_parent
 from convoq.client._base import (
     Submission,
     build_submission,
@@ -150,6 +151,7 @@ class AsyncClient:
         self._registered: frozenset[str] = frozenset()
         self._deployment_checked = False
         self._watchers: set[asyncio.Task[None]] = set()
+        self._pid = os.getpid()
 
     @property
     def redis_url(self) -> str:
@@ -167,6 +169,7 @@ class AsyncClient:
     @property
     def protocol(self) -> TurnProtocol:
         """The turn protocol on this client's Redis (connections open on first use)."""
+        self._leave_parent_connections()
         if self._protocol is None:
             self._redis = connect(self.redis_url, max_connections=self._max_connections)
             self._protocol = TurnProtocol(
@@ -413,6 +416,7 @@ class AsyncClient:
         await send_kick(self._sender(), task, queue, [conversation_id, *args], head=head)
 
     def _sender(self) -> Celery:
+        self._leave_parent_connections()
         if self._celery is None:
             self._celery = sender_app(
                 self.broker_url, visibility_timeout_s=self.settings.visibility_timeout_s
@@ -431,8 +435,17 @@ class AsyncClient:
         except Exception:
             log.exception("on_done callback for turn %s raised", handle.turn_id)
 
+    def _leave_parent_connections(self) -> None:
+        """In a forked child: the connections and watchers so far are the parent's (its
+        sockets, its loop); left alone, never closed here, new ones open on first use."""
+        if self._pid != os.getpid():
+            left_in_parent(self._redis, self._protocol, self._celery, self._watchers)
+            self._redis = self._protocol = self._celery = None
+            self._watchers, self._pid = set(), os.getpid()
+
     async def aclose(self) -> None:
         """Stop pending ``on_done`` watchers and close connections."""
+        self._leave_parent_connections()
         for task in list(self._watchers):
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)

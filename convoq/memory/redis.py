@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from convoq._sync import drive, run_in_portal, run_sync
+from convoq._sync import drive, left_in_parent, run_in_portal, run_sync
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.memory._redis_holds import LeaseHolds
@@ -228,7 +228,15 @@ class RedisConversationMemory(StoredConversationMemory):
         if scripts is not None:
             scripts.client.close()
 
+    def _leave_parent_connections(self) -> None:
+        """In a forked child: the pool so far lives on the parent's loop, its sockets are
+        the parent's. Left alone (never closed here), a new one opens on first use."""
+        if self._owned_pid != os.getpid():
+            left_in_parent(self._owned)
+            self._owned, self._lock, self._owned_pid = None, None, os.getpid()
+
     async def _close_owned(self) -> None:
+        self._leave_parent_connections()
         if self._owned is not None:
             protocol, self._owned = self._owned, None
             await protocol.redis.aclose()
@@ -243,10 +251,7 @@ class RedisConversationMemory(StoredConversationMemory):
 
     async def _protocol(self) -> TurnProtocol:
         """The owned protocol, created on first use (on the shared loop thread)."""
-        if self._owned_pid != os.getpid():
-            # A forked child: the parent's pool lives on the parent's loop and its sockets
-            # are the parent's. Left alone (never closed here), a new one is opened.
-            self._owned, self._lock, self._owned_pid = None, None, os.getpid()
+        self._leave_parent_connections()
         if self._owned is not None:
             return self._owned
         if self._lock is None:
@@ -257,7 +262,7 @@ class RedisConversationMemory(StoredConversationMemory):
                 client = connect(url)
                 self._owned = TurnProtocol(client, self._keys, **self._limits)
                 # A memory dropped without close() must not leave sockets to the GC.
-                weakref.finalize(self, _close_soon, asyncio.get_running_loop(), client)
+                weakref.finalize(self, _close_soon, asyncio.get_running_loop(), client, os.getpid())
         return self._owned
 
 
@@ -266,6 +271,8 @@ def _ttl_until(until_ms: int) -> int:
     return max(until_ms - now_ms(), 0) + _SPENT_MARGIN_MS
 
 
-def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncRedis) -> None:
+def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncRedis, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child: the parent closes its own sockets
+        return
     with contextlib.suppress(RuntimeError):  # the loop is gone at interpreter exit
         asyncio.run_coroutine_threadsafe(client.aclose(), loop)
