@@ -24,6 +24,11 @@ CONCURRENCY = 32
 """Turns in flight per worker process (``CONVOQ_CONCURRENCY``)."""
 LEASE_MS = 10_000
 """A conversation's lease; renewed every third of it while a turn runs (``CONVOQ_LEASE_MS``)."""
+MAX_TURN_S = 900.0
+"""A run of a turn longer than this is stopped and failed (``CONVOQ_MAX_TURN_S``)."""
+SHUTDOWN_GRACE_S = 10.0
+"""Warm shutdown: how long running turns may go on before they are handed back to other
+workers (``CONVOQ_SHUTDOWN_GRACE_S``)."""
 MAX_ATTEMPTS = 5
 """Runs of one turn (its worker died each time) before it fails (``CONVOQ_MAX_ATTEMPTS``)."""
 APPROVAL_TTL_S = 86_400

@@ -27,6 +27,7 @@
     ├── TurnFailedError                a queued turn failed; carries the remote error
     ├── TurnCancelledError             a queued turn was cancelled or discarded
     ├── TurnTimeoutError               a wait ran out before the turn finished
+    ├── TurnDeadlineError              a turn ran longer than max_turn_s and was stopped
     └── ConfigurationError             settings that cannot work together
 
 Errors that cross processes travel as data (``{type, message, details}``) in the turn
@@ -169,6 +170,10 @@ class TurnCancelledError(ConvoqError):
 
 class TurnTimeoutError(ConvoqError):
     """Waiting for a turn ran out of time; the turn itself goes on."""
+
+
+class TurnDeadlineError(ConvoqError):
+    """A turn ran longer than ``max_turn_s`` (``CONVOQ_MAX_TURN_S``): stopped and failed."""
 
 
 class ConfigurationError(ConvoqError):

@@ -60,6 +60,16 @@ class ConvoqSettings(BaseSettings):
     lease_ms: int = Field(
         default=defaults.LEASE_MS, ge=500, description="Lease TTL; renewed while a turn runs."
     )
+    max_turn_s: float = Field(
+        default=defaults.MAX_TURN_S,
+        gt=0,
+        description="A turn running longer is stopped and failed (TurnDeadlineError).",
+    )
+    shutdown_grace_s: float = Field(
+        default=defaults.SHUTDOWN_GRACE_S,
+        ge=0,
+        description="Warm shutdown: running turns may finish this long, then are handed back.",
+    )
     sweep_interval_s: float = Field(
         default=defaults.SWEEP_INTERVAL_S, gt=0, description="Sweeper period."
     )

@@ -34,7 +34,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from convoq.errors import ConvoqError, InvalidMessageError, ProtocolError, StaleFenceError
+from convoq.errors import (
+    ConvoqError,
+    InvalidMessageError,
+    NotInboxHeadError,
+    ProtocolError,
+    StaleFenceError,
+)
 from convoq.messages import Message, MessageRole, check_user_message
 from convoq.redis._codec import (
     Encoded,
@@ -118,9 +124,26 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
             return SubmitResult(text(reply[1]), int(reply[2]), duplicate=True)
         raise self.refusal(reply, cid, turn_id)
 
-    async def renew(self, cid: str, *, fence: int, lease_ms: int) -> None:
-        """Extend the lease; StaleFenceError if it moved on."""
-        reply = await self.scripts.run("renew", [self.keys.lease(cid)], [fence, lease_ms])
+    async def renew(
+        self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None
+    ) -> bool:
+        """Extend the lease; StaleFenceError if it moved on. With ``turn_id`` (the turn run
+        under the lease) only while that turn is still the running inbox head, else
+        NotInboxHeadError: a renewal that arrives after the run ended extends nothing.
+        Returns True when a cancel was requested for ``turn_id``."""
+        keys = [self.keys.lease(cid)]
+        args: list[Any] = [fence, lease_ms]
+        if turn_id is not None:
+            keys += [self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+            args.append(turn_id)
+        reply = await self.scripts.run("renew", keys, args)
+        if reply[0] == "ENDED":
+            raise NotInboxHeadError(
+                f"turn {turn_id!r} of conversation {cid!r} is no longer running under this"
+                " lease; its run has ended",
+                conversation_id=cid,
+                turn_id=turn_id,
+            )
         if reply[0] != "OK":
             raise StaleFenceError(
                 f"the lease on conversation {cid!r} moved on (fence {fence} is no longer"
@@ -128,6 +151,15 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
                 conversation_id=cid,
                 fence=fence,
             )
+        return bool(reply[1] == b"1")
+
+    async def release(self, cid: str, turn_id: str, *, fence: int) -> bool:
+        """Hand the conversation back unfinished (a worker shutting down): free the lease
+        held with ``fence`` so any worker takes ``turn_id`` at once (not counted as an
+        attempt; its journal stays). False when the lease had moved on already."""
+        keys = [self.keys.lease(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+        reply = await self.scripts.run("release", keys, [fence, turn_id])
+        return bool(reply[0] == "OK")
 
     async def checkpoint(
         self,

@@ -37,6 +37,7 @@ NAMES = (
     "load",
     "park",
     "prune",
+    "release",
     "renew",
     "reserve",
     "submit",

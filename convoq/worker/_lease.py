@@ -1,6 +1,17 @@
 """Holding a conversation while one of its turns runs: the lease renewed in the background,
 and the turn's events buffered until its next fenced write carries them (a journal entry
-per step, then commit, fail or park)."""
+per step, then commit, fail or park).
+
+A run's lifetime is not left to cancellation: redis-py (and other libraries) swallow a
+``CancelledError`` in some paths, so a renewer that only stops when cancelled can renew a
+lease for ever after its turn ended. Here the renewer stops on an explicit signal
+(:attr:`TurnRun.ended`), checked after every await; each renewal names the turn, so Redis
+refuses one that arrives after the turn left the inbox; and :func:`with_lease` waits for
+whatever it cancelled with a bound, leaving (and logging) a task that does not stop. The
+same watch stops a run that was cancelled (the renewal reports the cancel flag, so a turn
+stuck in one long model call stops within a lease period), one past ``max_turn_s``, and,
+at warm shutdown, one that did not finish within the grace (it is handed back).
+"""
 
 from __future__ import annotations
 
@@ -8,35 +19,107 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
-from convoq.errors import LeaseLostError, StaleFenceError
+from convoq import defaults
+from convoq.errors import (
+    LeaseLostError,
+    NotInboxHeadError,
+    StaleFenceError,
+    TurnCancelledError,
+    TurnDeadlineError,
+)
 from convoq.observe import metrics
+from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
 from convoq.turn_state import TurnState, answered
 
 log = logging.getLogger("convoq.worker")
 T = TypeVar("T")
 
+# Why a watched run stopped: its work finished, or the renewer, the deadline or shutdown.
+Stop = Literal["done", "lost", "cancel", "deadline", "closing"]
+# Retrying a journal write while Redis is away: first and longest pause between tries.
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 0.5
+
+
+class HandedBack(Exception):
+    """The worker is shutting down and the run did not finish within the grace: it was
+    stopped, and its turn is to be handed back to other workers."""
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    """How a run is held: its lease, its longest run, and the worker's shutdown (when
+    ``closing`` is set, a run may go on for ``grace_s``, then it is handed back)."""
+
+    lease_ms: int
+    max_turn_s: float = defaults.MAX_TURN_S
+    closing: asyncio.Event | None = None
+    grace_s: float = defaults.SHUTDOWN_GRACE_S
+
+    @property
+    def period_s(self) -> float:
+        """Renewal period, and how long anything cancelled is waited for."""
+        return self.lease_ms / 3000
+
 
 @dataclass
 class TurnRun:
     """One run of a turn: its lease, the events on their way to its stream, and the
-    cancel flag as last seen. ``checkpoint`` and ``should_stop`` are the turn loop's hooks."""
+    cancel flag as last seen. ``checkpoint`` and ``should_stop`` are the turn loop's hooks.
+    ``ended`` is the explicit end of the run: nothing renews its lease once it is set.
+    ``confirmed_at`` (loop time) is when the lease was last known to be extended."""
 
     protocol: TurnProtocol
     acq: Acquired
     events: TurnEvents
+    lease_ms: int = defaults.LEASE_MS
     cancel_seen: bool = False
     flag_read: bool = False
+    ended: bool = False
+    confirmed_at: float = 0.0
+    _end: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def end(self) -> None:
+        """The run is over: from now on nothing renews its lease."""
+        self.ended = True
+        self._end.set()
+
+    async def wait_end(self, timeout_s: float) -> None:
+        """Until the run ends, ``timeout_s`` at most."""
+        waiter = asyncio.ensure_future(self._end.wait())
+        try:
+            await asyncio.wait([waiter], timeout=timeout_s)
+        finally:
+            waiter.cancel()  # an Event.wait: no library in between, it does stop
+
+    def lease_holds(self, margin_s: float = 0.0) -> bool:
+        """Whether the lease is still ours ``margin_s`` from now, as far as we know."""
+        now = asyncio.get_running_loop().time()
+        return not self.ended and now + margin_s < self.confirmed_at + self.lease_ms / 1000
 
     async def checkpoint(self, state: TurnState) -> None:
-        """Journal a finished step, with the events buffered so far."""
+        """Journal a finished step, with the events buffered so far. While Redis is away
+        the write is retried as long as the lease holds: a step whose journal entry is
+        lost runs again on the next run (a tool twice), so giving up early costs more."""
         if answered(state):
             # The commit journals a final answer: it follows at once (emits only buffer,
             # the stop check reads nothing), in the round trip this write would take.
             return
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                return await self._journal(state)
+            except REDIS_UNAVAILABLE as exc:
+                if not self.lease_holds(margin_s=pause):
+                    raise
+                log.warning("journal write of %s failed, retrying: %s", self.acq.turn.turn_id, exc)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, _RETRY_MAX_S)
+
+    async def _journal(self, state: TurnState) -> None:
         turn = self.acq.turn
         async with self.events.pending() as events:
             self.cancel_seen = await self.protocol.checkpoint(
@@ -44,9 +127,10 @@ class TurnRun:
             )
 
     async def should_stop(self) -> bool:
-        """Whether a cancel was requested. Each checkpoint reports the cancel flag and the
-        commit refuses a flagged turn, so no read per step. Only a rerun or a resumed turn
-        may start flagged: cancel flags running turns only, and ends a queued one at once."""
+        """Whether a cancel was requested. Each checkpoint and renewal reports the cancel
+        flag and the commit refuses a flagged turn, so no read per step. Only a rerun or a
+        resumed turn may start flagged: cancel flags running turns only, and ends a queued
+        one at once."""
         turn = self.acq.turn
         if not self.flag_read and (turn.attempts > 1 or self.acq.state is not None):
             self.cancel_seen = await self.protocol.is_cancel_requested(
@@ -58,55 +142,166 @@ class TurnRun:
 
 @contextlib.asynccontextmanager
 async def turn_run(
-    protocol: TurnProtocol, acq: Acquired, *, flush_after_s: float
+    protocol: TurnProtocol, acq: Acquired, *, flush_after_s: float, lease_ms: int
 ) -> AsyncIterator[TurnRun]:
     """A run of ``acq``'s turn; events still buffered when it ends are dropped (the turn
     ended, and its last write carried them, or it was abandoned)."""
     turn = acq.turn
     events = TurnEvents(protocol, turn.conversation_id, turn.turn_id, flush_after_s=flush_after_s)
+    now = asyncio.get_running_loop().time()
+    run = TurnRun(protocol, acq, events, lease_ms=lease_ms, confirmed_at=now)
     try:
-        yield TurnRun(protocol, acq, events)
+        yield run
     finally:
+        run.end()
         await events.close()
 
 
-async def with_lease(
-    protocol: TurnProtocol, acq: Acquired, lease_ms: int, work: Coroutine[Any, Any, T]
-) -> T:
-    """Run ``work`` while renewing the lease; cancel it and raise LeaseLostError if the
-    lease is lost."""
+async def with_lease(run: TurnRun, terms: LeaseTerms, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` while the lease is renewed, and return its result. It is stopped and
+    the run ends with LeaseLostError when the lease is lost, TurnCancelledError when a
+    cancel was requested, TurnDeadlineError past ``max_turn_s``, HandedBack when the worker
+    shuts down and the grace ran out. Whatever it cancels is waited for one renewal period
+    at most; a task still running then is logged and left behind."""
     task = asyncio.ensure_future(work)
-    renewer = asyncio.create_task(_renew(protocol, acq, lease_ms))
+    renewer = asyncio.create_task(_renew(run, terms))
+    stop: Stop = "lost"
     try:
-        await asyncio.wait({task, renewer}, return_when=asyncio.FIRST_COMPLETED)
+        stop = await _watch(task, renewer, terms)
     finally:
-        lost = not task.done()
-        for pending in (task, renewer):
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending
-    if lost:
-        raise LeaseLostError("the lease was lost while the turn ran")
-    return task.result()
+        run.end()  # from here on nothing renews this lease, whatever is left running
+        await _stop_bounded([task, renewer], terms.period_s, run)
+    if stop == "done":
+        return task.result()
+    raise _stopped_error(stop, run, terms)
 
 
-async def _renew(protocol: TurnProtocol, acq: Acquired, lease_ms: int) -> None:
-    """Renew every lease_ms/3; a transient error is retried until the lease would lapse."""
-    cid = acq.turn.conversation_id
-    period = lease_ms / 3000
+async def _watch(task: asyncio.Future[Any], renewer: asyncio.Task[Stop], terms: LeaseTerms) -> Stop:
+    """Until the work ends, the renewer stops it (lease lost, cancel), the deadline passes,
+    or shutdown's grace runs out."""
     loop = asyncio.get_running_loop()
-    renewed_at = loop.time()
-    while True:
-        await asyncio.sleep(period)
+    deadline = loop.time() + terms.max_turn_s
+    watched: set[asyncio.Future[Any]] = {task, renewer}
+    closing = terms.closing
+    closer = asyncio.ensure_future(closing.wait()) if closing is not None else None
+    try:
+        await asyncio.wait(
+            watched | ({closer} if closer else set()),
+            timeout=terms.max_turn_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    finally:
+        if closer is not None:
+            closer.cancel()  # an Event.wait: no library in between, it does stop
+    shutting_down = closing is not None and closing.is_set()
+    if shutting_down and not watched & _done(watched):
+        # The turn may still finish within the grace, under its lease.
+        grace = max(0.0, min(terms.grace_s, deadline - loop.time()))
+        await asyncio.wait(watched, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return "done"
+    if renewer.done():
+        return renewer.result()
+    return "closing" if shutting_down and loop.time() < deadline else "deadline"
+
+
+def _done(futures: set[asyncio.Future[Any]]) -> set[asyncio.Future[Any]]:
+    return {f for f in futures if f.done()}
+
+
+async def _stop_bounded(tasks: list[asyncio.Future[Any]], wait_s: float, run: TurnRun) -> None:
+    """Cancel ``tasks`` and wait for them at most ``wait_s``; what is still running is
+    logged and left (never awaited without a bound: a library may swallow the cancel)."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=wait_s)
+    for t in tasks:
+        if not t.done():
+            log.error(
+                "turn %s/%s: a task did not stop within %.1fs of its cancellation; left behind"
+                " (its writes are fenced, its lease is no longer renewed)",
+                run.acq.turn.conversation_id,
+                run.acq.turn.turn_id,
+                wait_s,
+            )
+        t.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Collect the outcome of a task nobody awaits (no 'exception never retrieved')."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _stopped_error(stop: Stop, run: TurnRun, terms: LeaseTerms) -> Exception:
+    if stop == "cancel":
+        return TurnCancelledError("the turn was cancelled")
+    if stop == "deadline":
+        return TurnDeadlineError(
+            f"the turn ran longer than max_turn_s ({terms.max_turn_s:g}s) and was stopped;"
+            " raise CONVOQ_MAX_TURN_S if turns may take longer",
+            max_turn_s=terms.max_turn_s,
+            turn_id=run.acq.turn.turn_id,
+        )
+    if stop == "closing":
+        return HandedBack()
+    return LeaseLostError("the lease was lost while the turn ran")
+
+
+async def _renew(run: TurnRun, terms: LeaseTerms) -> Stop:
+    """Renew every third of the lease until ``run.ended``: checked after every await, so a
+    cancellation swallowed inside a library cannot keep it going. Returns "lost" (the
+    lease moved on, or could not be renewed before it lapsed) or "cancel" (a cancel was
+    requested: the run stops now, not at its next step)."""
+    loop, cid = asyncio.get_running_loop(), run.acq.conversation_id
+    while not run.ended:
+        await run.wait_end(terms.period_s)
+        if run.ended:
+            break
+        sent = loop.time()
         try:
-            await protocol.renew(cid, fence=acq.fence, lease_ms=lease_ms)
-            renewed_at = loop.time()
-            metrics.LEASE_RENEWALS.inc()
-        except StaleFenceError:
-            return
+            cancel = await _bounded(_renewal(run, terms.lease_ms), terms.period_s)
+        except (StaleFenceError, NotInboxHeadError):
+            return "lost"
         except Exception as exc:
             metrics.LEASE_RENEWAL_ERRORS.inc()
-            if loop.time() - renewed_at > lease_ms / 1000:
+            if run.ended:
+                break
+            if not run.lease_holds():
                 log.error("cannot renew the lease on %s: %s", cid, exc)
-                return
+                return "lost"
             log.warning("renewing the lease on %s failed, retrying: %s", cid, exc)
+            continue
+        if run.ended:
+            break
+        run.confirmed_at = max(run.confirmed_at, sent)
+        metrics.LEASE_RENEWALS.inc()
+        if cancel:
+            run.cancel_seen = True
+            return "cancel"
+    return "done"
+
+
+async def _renewal(run: TurnRun, lease_ms: int) -> bool:
+    acq = run.acq
+    return await run.protocol.renew(
+        acq.conversation_id, fence=acq.fence, lease_ms=lease_ms, turn_id=acq.turn.turn_id
+    )
+
+
+async def _bounded(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """``coro``'s result, or TimeoutError after ``timeout_s`` (the call is cancelled and
+    left: unlike ``asyncio.wait_for``, this never waits for a cancellation to land)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.wait([task], timeout=timeout_s)
+    finally:
+        answered_in_time = task.done()
+        if not answered_in_time:  # timed out, or the caller itself was cancelled
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    if not answered_in_time:
+        raise TimeoutError(f"no answer within {timeout_s:.1f}s")
+    return task.result()

@@ -88,6 +88,15 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         runtime.announce(str(sender.hostname), queues)
 
 
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    # Celery's warm shutdown waits for every running task without a bound; the runtime
+    # bounds how long a turn keeps its task (finish within the grace, or hand it back).
+    runtime = current_runtime()
+    if runtime is not None:
+        runtime.begin_shutdown()
+
+
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     runtime = current_runtime()

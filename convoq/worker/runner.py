@@ -24,6 +24,7 @@ queued turn, its commit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ from convoq.window import Window, last_turns
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
-from convoq.worker._lease import TurnRun, turn_run, with_lease
+from convoq.worker._lease import HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
 
 log = logging.getLogger("convoq.worker")
@@ -70,6 +71,8 @@ class RunnerConfig:
     approval_ttl_s: int = defaults.APPROVAL_TTL_S
     # How long an event may wait for the turn's next write before it is sent on its own.
     event_flush_ms: int = defaults.EVENT_FLUSH_MS
+    max_turn_s: float = defaults.MAX_TURN_S
+    shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
 
 
 @dataclass
@@ -107,6 +110,20 @@ class Runner:
         self._config = config
         self._on_finished = on_finished
         self._window = profiles.history_window()
+        # Set at warm shutdown: no new turn starts, running ones finish within the grace
+        # or are handed back.
+        self._closing = asyncio.Event()
+        self._terms = LeaseTerms(
+            config.lease_ms,
+            max_turn_s=config.max_turn_s,
+            closing=self._closing,
+            grace_s=config.shutdown_grace_s,
+        )
+
+    def begin_shutdown(self) -> None:
+        """Warm shutdown (call on the runner's loop): take no new turn; a running one may
+        finish within ``shutdown_grace_s``, then it is handed back to other workers."""
+        self._closing.set()
 
     async def drain(
         self, conversation_id: str, *, head: str | None = None, fence: int = 0
@@ -117,8 +134,13 @@ class Runner:
         ``fence``: the lease a requeueing drain kept for this one (0: take a new one)."""
         cid = check_conversation_id(conversation_id)
         report = DrainReport(cid)
+        if self._closing.is_set():
+            return report  # shutting down: the sweeper of a live worker kicks it again
         acquired = await self._acquire(cid, head, fence, report)
         while acquired is not None:
+            if self._closing.is_set():
+                await self._hand_back(acquired, report)
+                break
             acquired = await self._run_turn(acquired, report)
         return report
 
@@ -140,10 +162,22 @@ class Runner:
         await self._failed_on_the_way(cid, ended, report)
         return acquired
 
+    async def _hand_back(self, acq: Acquired, report: DrainReport) -> None:
+        """Free the lease of a turn this worker will not run (it shuts down), so another
+        takes it at once; its journal stays, and it does not count as an attempt."""
+        cid, tid = acq.turn.conversation_id, acq.turn.turn_id
+        try:
+            await self._protocol.release(cid, tid, fence=acq.fence)
+        except REDIS_UNAVAILABLE as exc:  # the lease lapses by itself
+            log.warning("could not hand back %s/%s (%s): its lease lapses", cid, tid, exc)
+        log.info("turn %s/%s handed back: the worker is shutting down", cid, tid)
+        report.abandoned.append(tid)
+
     async def _run_turn(self, acq: Acquired, report: DrainReport) -> Acquired | None:
         delay = self._config.event_flush_ms / 1000
+        lease_ms = self._config.lease_ms
         with _observed.watched_turn(acq, report):
-            async with turn_run(self._protocol, acq, flush_after_s=delay) as run:
+            async with turn_run(self._protocol, acq, flush_after_s=delay, lease_ms=lease_ms) as run:
                 return await self._run(run, report)
 
     async def _run(self, run: TurnRun, report: DrainReport) -> Acquired | None:
@@ -151,7 +185,10 @@ class Runner:
         cid, tid = acq.turn.conversation_id, acq.turn.turn_id
         try:
             work = self._execute(run)
-            outcome = await with_lease(self._protocol, acq, self._config.lease_ms, work)
+            outcome = await with_lease(run, self._terms, work)
+        except HandedBack:
+            await self._hand_back(acq, report)
+            return None
         except LeaseLostError:
             log.warning("lease on %s lost during turn %s: abandoned, nothing stored", cid, tid)
             _observed.lease_lost()

@@ -107,6 +107,8 @@ class WorkerRuntime:
             lease_ms=s.lease_ms,
             max_attempts=s.max_attempts,
             approval_ttl_s=s.approval_ttl_s,
+            max_turn_s=s.max_turn_s,
+            shutdown_grace_s=s.shutdown_grace_s,
         )
         runner = Runner(
             protocol, self.profiles, config, on_finished=self._after_turn, fairness=self.backlog
@@ -266,6 +268,13 @@ class WorkerRuntime:
             return
         for queue in self._queues:
             self.app.control.cancel_consumer(queue, destination=[self._announced_as])
+
+    def begin_shutdown(self) -> None:
+        """Warm shutdown began (SIGTERM): running turns finish within the grace or are
+        handed back, so the pool's wait for its tasks is bounded; no new turn starts.
+        Called from a signal handler: it only schedules the change on the loop."""
+        if self._state is not None:
+            self._loop.loop.call_soon_threadsafe(self._state[2].begin_shutdown)
 
     def close(self) -> None:
         """Stop the sweeper, withdraw the worker entry and close connections."""

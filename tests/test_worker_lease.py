@@ -1,0 +1,225 @@
+"""A turn's run and its lease, in this process against a real redis-server: the renewer
+stops on the run's end even when a library swallows its cancellation, a cancel stops a
+turn stuck in one model call, a turn past max_turn_s is failed, warm shutdown hands a
+running turn back, and a journal write retries through a Redis restart.
+
+Each run is awaited with a bound (``finishes``): on code that waits for a cancellation to
+land, the bound runs out and the test fails instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convoq import Agent, tool
+from convoq.messages import Message, MessageRole, ToolCall
+from convoq.models import ModelRequest, ScriptedModel
+from convoq.redis import TurnProtocol
+from convoq.worker.profiles import Profiles
+from convoq.worker.runner import DrainReport, Runner, RunnerConfig
+from tests.support.redis_server import RedisServer
+
+CID = "lease-1"
+LEASE_MS = 600  # renewed every 0.2 s
+BOUND_S = 10.0  # far above what any of these runs needs; only a hang reaches it
+
+
+class SwallowingProtocol(TurnProtocol):
+    """A protocol whose renewal, once it got its answer, keeps sleeping through any
+    cancellation (as redis-py's asyncio client does in some paths) while ``swallow``."""
+
+    swallow = False
+    renewals: list[float]
+    answered = 0
+    swallowed = 0
+
+    async def renew(self, cid: str, **kwargs: Any) -> bool:
+        loop = asyncio.get_running_loop()
+        self.renewals.append(loop.time())
+        cancel = await super().renew(cid, **kwargs)
+        self.answered += 1
+        while self.swallow:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                self.swallowed += 1
+        return cancel
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[SwallowingProtocol]:
+    protocol = SwallowingProtocol.from_url(redis_url, prefix=key_prefix)
+    protocol.renewals = []
+    yield protocol
+    protocol.swallow = False
+    await protocol.close()
+
+
+class Gate:
+    """A model call that signals it started and returns only once released (an
+    ``asyncio.Event`` on the test's loop; nothing of it blocks a thread)."""
+
+    def __init__(self, *, ignore_cancel: bool = False) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ignore_cancel = ignore_cancel
+        self.calls = 0
+
+    async def __call__(self, request: ModelRequest) -> str:
+        self.calls += 1
+        self.started.set()
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                if not self.ignore_cancel:
+                    raise
+        return f"released {request.messages[-1].text}"
+
+
+def make_runner(proto: TurnProtocol, *agents: Agent, **config: Any) -> Runner:
+    echo = Agent(ScriptedModel(lambda r: f"seen {r.messages[-1].text}"), name="echo")
+    settings: dict[str, Any] = {"worker_id": "w-lease", "lease_ms": LEASE_MS, **config}
+    return Runner(proto, Profiles([echo, *agents]), RunnerConfig(**settings))
+
+
+async def submit(proto: TurnProtocol, tid: str, agent: str) -> None:
+    await proto.submit(CID, tid, agent=agent, message=Message.user(tid), options={})
+
+
+async def finishes(coro: Any) -> DrainReport:
+    """The drain's report; fails (never hangs) when it does not end within BOUND_S."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait([task], timeout=BOUND_S)
+    if not done:
+        task.cancel()
+        pytest.fail(f"the drain did not end within {BOUND_S}s")
+    return task.result()
+
+
+async def test_a_renewal_that_swallows_its_cancellation_does_not_hold_the_run(
+    proto: SwallowingProtocol,
+) -> None:
+    async def answer_while_renewing(request: ModelRequest) -> str:
+        proto.swallow = True
+        count = proto.answered
+        while proto.answered == count:  # until a renewal is past Redis, swallowing
+            await asyncio.sleep(0.01)
+        return "answered"
+
+    agent = Agent(ScriptedModel(answer_while_renewing), name="renewing")
+    await submit(proto, "t1", "renewing")
+    report = await finishes(make_runner(proto, agent).drain(CID))
+    assert report.succeeded == ["t1"]
+    ended = len(proto.renewals)
+    await asyncio.sleep(5 * LEASE_MS / 3000)  # several renewal periods
+    assert len(proto.renewals) == ended  # nothing renews the lease of a run that ended
+    assert proto.swallowed >= 1  # the renewal in flight did swallow its cancellation
+    assert not await proto.redis.exists(proto.keys.lease(CID))
+    assert [m.text for m in await proto.history(CID)] == ["t1", "answered"]
+
+
+@pytest.mark.parametrize("ignore_cancel", [False, True])
+async def test_cancel_stops_a_turn_stuck_in_one_model_call(
+    proto: SwallowingProtocol, ignore_cancel: bool
+) -> None:
+    gate = Gate(ignore_cancel=ignore_cancel)
+    stuck = Agent(ScriptedModel(gate), name="stuck")
+    await submit(proto, "t1", "stuck")
+    await submit(proto, "t2", "echo")
+    drain = asyncio.ensure_future(make_runner(proto, stuck).drain(CID))
+    await gate.started.wait()
+    assert await proto.cancel(CID, "t1") == "stopping"
+    report = await finishes(drain)
+    gate.release.set()  # lets a model call that ignored its cancellation end
+    assert report.failed == ["t1"] and report.succeeded == ["t2"]
+    assert (await proto.get_turn(CID, "t1")).status == "cancelled"
+    assert [m.text for m in await proto.history(CID)] == ["t2", "seen t2"]
+
+
+async def test_a_turn_past_max_turn_s_fails_and_the_conversation_moves_on(
+    proto: SwallowingProtocol,
+) -> None:
+    gate = Gate(ignore_cancel=True)
+    stuck = Agent(ScriptedModel(gate), name="stuck")
+    await submit(proto, "t1", "stuck")
+    await submit(proto, "t2", "echo")
+    report = await finishes(make_runner(proto, stuck, max_turn_s=0.5).drain(CID))
+    gate.release.set()
+    assert report.failed == ["t1"] and report.succeeded == ["t2"]
+    record = await proto.get_turn(CID, "t1")
+    assert record.status == "failed"
+    assert record.error is not None and record.error["type"] == "TurnDeadlineError"
+    assert "max_turn_s" in record.error["message"]
+    assert [m.text for m in await proto.history(CID)] == ["t2", "seen t2"]
+
+
+async def test_warm_shutdown_hands_a_running_turn_back(proto: SwallowingProtocol) -> None:
+    gate = Gate()
+    stuck = Agent(ScriptedModel(gate), name="stuck")
+    await submit(proto, "t1", "stuck")
+    await submit(proto, "t2", "echo")
+    leaving = make_runner(proto, stuck, shutdown_grace_s=0.3)
+    drain = asyncio.ensure_future(leaving.drain(CID))
+    await gate.started.wait()
+    leaving.begin_shutdown()
+    report = await finishes(drain)
+    assert report.abandoned == ["t1"] and not report.succeeded and not report.failed
+    assert not await proto.redis.exists(proto.keys.lease(CID))  # free for any worker now
+    assert (await leaving.drain(CID)).idle  # a worker shutting down takes nothing new
+    gate.release.set()
+    other = make_runner(proto, stuck, worker_id="w-other")
+    report = await finishes(other.drain(CID))
+    assert report.succeeded == ["t1", "t2"]
+    assert (await proto.get_turn(CID, "t1")).attempts == 2
+    assert [m.text for m in await proto.history(CID)] == ["t1", "released t1", "t2", "seen t2"]
+
+
+# -- a journal write while Redis restarts ---------------------------------------------------
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_a_journal_write_is_retried_through_a_redis_restart(
+    own_server: RedisServer, key_prefix: str
+) -> None:
+    """The tool's result cannot be journaled while Redis is down; the write is retried
+    while the lease holds, so the turn completes in this run and the tool ran once."""
+    runs: list[str] = []
+
+    @tool
+    def side_effect(note: str) -> str:
+        """Do something that must not happen twice."""
+        runs.append(note)
+        own_server.kill()  # Redis goes away right after the side effect
+        threading.Timer(1.0, own_server.start).start()
+        return "done"
+
+    def model(request: ModelRequest) -> str | Message:
+        if request.messages[-1].role == MessageRole.TOOL:
+            return f"after {request.messages[-1].text}"
+        call = ToolCall(id="c1", name="side_effect", arguments={"note": "once"})
+        return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
+
+    agent = Agent(ScriptedModel(model), name="effect", tools=[side_effect])
+    protocol = TurnProtocol.from_url(own_server.url, prefix=key_prefix)
+    try:
+        await submit(protocol, "t1", "effect")
+        runner = make_runner(protocol, agent, lease_ms=20_000)
+        report = await asyncio.wait_for(runner.drain(CID), 60)
+        assert report.succeeded == ["t1"], report
+        assert runs == ["once"]
+        assert [m.text for m in await protocol.history(CID)][-1] == "after done"
+    finally:
+        await protocol.close()
