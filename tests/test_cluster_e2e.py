@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from redis.cluster import RedisCluster
 
 from convoq.client import Client
 from convoq.errors import ConfigurationError
 from convoq.messages import MessageRole
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, running_pool
+from tests.support.workers import WorkerPool, running_pool, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +74,44 @@ def test_a_client_on_a_cluster_without_a_broker_says_to_set_one(
         Client(redis_cluster.url, prefix="nobroker") as client,
     ):
         client.submit("c1", "hi", agent="echo")
+
+
+def test_a_hot_slot_moves_between_primaries_while_its_turns_run(
+    pool: WorkerPool, redis_cluster: RedisClusterNodes
+) -> None:
+    """MOVED and ASK mid-run: the hot conversation's slot goes to another primary twice
+    while its turns run; every turn runs once, in order, and is stored once."""
+    hot = redis_cluster.conversations_on_every_primary(pool.prefix, 1)[0]
+    test_data = redis_cluster.client()
+    slot = test_data.keyslot(f"{pool.prefix}:{{{hot}}}:inbox")
+    order = f"{pool.prefix}:test:order:{hot}"
+    turns, expected = 60, [f"{hot} t{turn}" for turn in range(60)]
+    try:
+        with pool.client() as client:
+            handles = [client.submit(hot, text, agent="tracker") for text in expected]
+            moved_at = []
+            for after, target in zip([5, 25], _other_primaries(redis_cluster, slot), strict=True):
+                moved_at.append(wait_until(lambda a=after: _ran(test_data, order, a), 60))
+                redis_cluster.migrate_slot(slot, target)
+            assert redis_cluster.slot_owner(slot) == target
+            assert [h.wait(60).status for h in handles] == ["succeeded"] * turns
+            assert any(n < turns for n in moved_at)  # a move met turns still to run
+            users = [m.text for m in client.history(hot) if m.role == MessageRole.USER]
+            assert users == expected  # each turn stored once, in order
+        ran = [x.decode() for x in test_data.lrange(order, 0, -1)]
+        assert ran == expected  # each turn's model ran once, in order
+        assert test_data.smembers(f"{pool.prefix}:test:overlap") == set()
+    finally:
+        test_data.close()
+
+
+def _ran(test_data: RedisCluster, order: str, at_least: int) -> int:
+    """How many turns the tracker saw start, once at least ``at_least`` (else 0)."""
+    count = int(test_data.llen(order))
+    return count if count >= at_least else 0
+
+
+def _other_primaries(nodes: RedisClusterNodes, slot: int) -> list[int]:
+    """The two primaries that do not serve ``slot``: the targets of its moves."""
+    owner = nodes.slot_owner(slot)
+    return [port for port in nodes.primaries() if port != owner]

@@ -123,6 +123,50 @@ class RedisClusterNodes:
             client.close()
         return [cid for cids in found.values() for cid in cids[:per_primary]]
 
+    def slot_owner(self, slot: int) -> int:
+        """The port of the primary serving ``slot`` now (asked, not cached)."""
+        node = redis.Redis(host="127.0.0.1", port=self.ports[0])
+        try:
+            ranges = node.execute_command("CLUSTER SLOTS")
+        finally:
+            node.close()
+        for start, end, primary, *_ in ranges:
+            if int(start) <= slot <= int(end):
+                return int(primary[1])
+        raise RuntimeError(f"no node serves slot {slot}")
+
+    def primaries(self) -> list[int]:
+        """Ports of the primaries, in port order."""
+        ports = []
+        for port in self.ports:
+            node = redis.Redis(host="127.0.0.1", port=port)
+            try:
+                if node.execute_command("ROLE")[0] in (b"master", "master"):
+                    ports.append(port)
+            finally:
+                node.close()
+        return ports
+
+    def migrate_slot(self, slot: int, target: int) -> None:
+        """Move ``slot`` to the primary on port ``target`` while clients use it, as
+        ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING (clients get ``ASK``),
+        MIGRATE the keys in batches, then assign the slot (clients get ``MOVED``)."""
+        source = self.slot_owner(slot)
+        nodes = {p: redis.Redis(host="127.0.0.1", port=p) for p in self.primaries()}
+        try:
+            ids = {p: n.execute_command("CLUSTER MYID") for p, n in nodes.items()}
+            nodes[target].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
+            nodes[source].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target])
+            while keys := nodes[source].execute_command("CLUSTER GETKEYSINSLOT", slot, 10):
+                nodes[source].execute_command(
+                    "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys
+                )
+            for port in [target, source, *nodes]:  # the new owner first
+                nodes[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target])
+        finally:
+            for node in nodes.values():
+                node.close()
+
     def stop(self) -> None:
         for process in self.processes.values():
             process.terminate()
