@@ -22,6 +22,7 @@ log = logging.getLogger("convoq")
 # How long an interrupted or timed-out sync call waits for its coroutine's cleanup.
 CANCEL_GRACE_S = 5.0
 _RECANCEL_S = 0.1  # a swallowed cancel is repeated this often while we wait
+_START_TIMEOUT_S = 30.0
 
 
 class _Call(Generic[T]):
@@ -122,7 +123,8 @@ class LoopThread:
 
         thread = threading.Thread(target=run, name=self._name, daemon=True)
         thread.start()
-        ready.wait()
+        if not ready.wait(_START_TIMEOUT_S):
+            raise RuntimeError(f"convoq's loop thread {self._name} did not start")
         return loop, thread
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
