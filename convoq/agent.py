@@ -14,6 +14,7 @@ process and worker on a Redis store (the conversation's lease and a fenced commi
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Literal, NamedTuple
@@ -43,6 +44,8 @@ from convoq.usage import turn_usage
 from convoq.window import Window, check_budget
 
 AgentInput = str | Message | GenerationRequest
+
+log = logging.getLogger("convoq.agent")
 
 
 class Agent:
@@ -379,8 +382,13 @@ class Agent:
                 raise
 
     async def _release(self, cont: Continuation) -> None:
+        """Free the conversation of a turn that stores nothing. A failure here must not
+        hide the turn's own error: a lease the store could not free expires by itself."""
         if (stored := self._memory_of(cont)) is not None:
-            await stored[0].arelease(stored[1], cont.token)
+            try:
+                await stored[0].arelease(stored[1], cont.token)
+            except Exception as exc:
+                log.warning("could not free conversation %s: %s", stored[1], exc)
 
     def _valid_until(self, cont: Continuation) -> int:
         """Until when a continuation's token must be remembered as spent (unix ms)."""

@@ -10,6 +10,16 @@ What a multi-step read or write sends is written once, as a generator of request
 (:class:`ScriptCall`, :class:`Batch`) that receives their replies; :class:`Scripts`
 performs them on an async client, :class:`convoq.redis._blocking.BlockingScripts` on a sync
 one (:func:`convoq._sync.adrive` / :func:`convoq._sync.drive`).
+
+redis-py resends a script whose reply was lost (the connection dropped after Redis ran
+it), so each write script is a no-op when replayed: ``submit`` (the turn record exists:
+DUP), ``commit``/``fail`` (the turn is final: APPLIED), ``park`` (parked with this fence:
+PARKED), ``checkpoint`` (this state is journaled already), ``append`` (its append id is
+recorded), ``reserve`` (the lease is this holder's: its fence), ``unreserve``, ``decide``,
+``discard``, ``renew``, ``touch``, ``prune`` and ``clear`` (they set what is already
+set, or keep what is already kept). ``cancel`` replayed
+answers "finished" and changes nothing. ``acquire`` replayed answers BUSY: nothing is
+written twice, but the turn then waits for its lease to expire before it runs.
 """
 
 from __future__ import annotations
