@@ -160,7 +160,7 @@ def _rendezvous(phase: str, text: str) -> None:
     r, key = test_redis(), test_key("meet", group, phase)
     started = time.time()
     r.incr(key)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while int(r.get(key) or 0) < int(n) and time.monotonic() < deadline:
         time.sleep(0.05)
     r.rpush(test_key("spans", group, phase), f"{started} {time.time()}")
