@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from convoq import Agent
+from convoq import Agent, Message, ToolCall, tool
 from convoq.client import Client
 from convoq.errors import ConversationBusyError
 from convoq.memory.redis import RedisConversationMemory
+from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, module_pool, wait_until
@@ -109,3 +110,40 @@ def test_a_worker_turn_waits_while_an_agent_holds_the_conversation(
     assert queued.wait(30).text == "seen: agent first | worker second"
     texts = [m.text for m in memory.load(cid)]
     assert texts == ["agent first", "agent answer", "worker second", texts[3]]
+
+
+def test_a_worker_turn_waits_behind_an_agent_turn_awaiting_approval_and_its_resume(
+    client: Client, r: redis.Redis, memory: RedisConversationMemory, pool: WorkerPool
+) -> None:
+    cid = f"c-{uuid.uuid4().hex[:8]}"
+    ran: list[int] = []
+
+    @tool(requires_approval=True)
+    def pay(amount: int) -> str:
+        """Pay (once)."""
+        ran.append(amount)
+        return f"paid {amount}"
+
+    def payer(request: ModelRequest) -> str | Message:
+        last = request.messages[-1]
+        if last.role == MessageRole.TOOL:
+            return f"done: {last.text}"
+        return Message(role="assistant", tool_calls=[ToolCall(id="p1", name="pay",
+                                                              arguments={"amount": 3})])  # fmt: skip
+
+    agent = Agent(ScriptedModel(payer), memory=memory, conversation_id=cid, tools=[pay])
+    wire = agent.generate("pay 3").continuation.model_dump_json()  # type: ignore[union-attr]
+    assert r.hget(memory._keys.lease(cid), "state") == b"parked"
+    queued = client.submit(cid, "worker after", agent="echo")
+    wait_until(lambda: queued.status() == "queued", 30)
+    # Resumed through another memory object (as another process would): the same lease.
+    other = RedisConversationMemory(pool.redis_url, prefix=pool.prefix)
+    try:
+        resumer = Agent(ScriptedModel(payer), memory=other, conversation_id=cid, tools=[pay])
+        assert resumer.resume(wire, {"p1": True}).text == "done: paid 3"
+    finally:
+        other.close()
+    assert queued.wait(30).text == "seen: pay 3 | worker after"
+    assert ran == [3]
+    texts = [m.text for m in memory.load(cid) if m.role == MessageRole.USER]
+    assert texts == ["pay 3", "worker after"]
