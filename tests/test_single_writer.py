@@ -128,8 +128,8 @@ def test_a_worker_turn_waits_behind_an_agent_turn_awaiting_approval_and_its_resu
         last = request.messages[-1]
         if last.role == MessageRole.TOOL:
             return f"done: {last.text}"
-        return Message(role="assistant", tool_calls=[ToolCall(id="p1", name="pay",
-                                                              arguments={"amount": 3})])  # fmt: skip
+        call = ToolCall(id="p1", name="pay", arguments={"amount": 3})
+        return Message(role="assistant", tool_calls=[call])
 
     agent = Agent(ScriptedModel(payer), memory=memory, conversation_id=cid, tools=[pay])
     wire = agent.generate("pay 3").continuation.model_dump_json()  # type: ignore[union-attr]
