@@ -143,6 +143,7 @@ async def test_every_key_of_a_conversation_expires_within_its_idle_ttl(
             )
             await runner.drain("ttl")
         memory.append("ttl", picture_turn(3, b"\x89PNG y"))  # the sync path refreshes it too
+        await Agent(RecordingModel(), memory=memory).agenerate("in process", conversation_id="ttl")
         found = all_keys(redis_client, key_prefix)
         kinds = {k.decode().split(":")[2] for k in found}
         assert {"meta", "turns", "blobs", "turn", "events", "idem"} <= kinds

@@ -159,7 +159,12 @@ class RedisConversationMemory(StoredConversationMemory):
         await self._run(lambda p: self._holds.park(p, conversation_id, token, ttl_ms))
 
     async def acommit_turn(self, conversation_id: str, token: str, messages: list[Message]) -> None:
-        await self._run(lambda p: self._holds.commit(p, conversation_id, token, messages))
+        async def commit(p: TurnProtocol) -> None:
+            await self._holds.commit(p, conversation_id, token, messages)
+            # The turn's append id is its token: that key expires with the idle TTL too.
+            await p.touch(conversation_id, also=[p.keys.applied(conversation_id, token)])
+
+        await self._run(commit)
 
     async def arelease(
         self, conversation_id: str, token: str, *, spent_until_ms: int | None = None
