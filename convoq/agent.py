@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 from convoq import defaults
 from convoq._sync import iterate_sync, run_sync
+from convoq.compaction import CompactionPolicy, compact_idle
 from convoq.engine import (
     DEFAULT_MAX_STEPS,
     Completed,
@@ -42,6 +43,8 @@ from convoq.tools import Tool, ToolRegistry
 from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import turn_usage
 from convoq.window import Window, check_budget
+
+log = logging.getLogger("convoq.agent")
 
 AgentInput = str | Message | GenerationRequest
 
@@ -72,6 +75,10 @@ class Agent:
             another process or in a worker, as far as the memory reaches) makes a call
             raise ConversationBusyError (``"reject"``) or wait for it (``"wait"``).
         busy_timeout_s: the longest ``"wait"`` before ConversationBusyError.
+        compaction: summarise the oldest turns once the unsummarised part of a conversation
+            passes the policy's threshold (after a turn is stored; in process here, as a
+            ``convoq.compact`` task on workers); turns then send the leading messages,
+            the summary and the turns after it.
         approval_ttl_s: how long a turn awaiting approval keeps its conversation; after
             that its continuation is refused (default ``defaults.APPROVAL_TTL_S``).
     """
@@ -93,6 +100,7 @@ class Agent:
         if_busy: Literal["reject", "wait"] = "reject",
         busy_timeout_s: float = 30.0,
         approval_ttl_s: float = defaults.APPROVAL_TTL_S,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         if if_busy not in ("reject", "wait"):
             raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
@@ -115,6 +123,7 @@ class Agent:
         self.name = name
         self.max_steps = max_steps
         self.fail_on_length = fail_on_length
+        self.compaction = compaction
         self.if_busy = if_busy
         self.busy_timeout_s = busy_timeout_s
         self.approval_ttl_s = approval_ttl_s
@@ -295,7 +304,9 @@ class Agent:
         if stored is None:
             return []
         memory, cid = stored
-        window = Window(cont.keep_last_turns or None, cont.max_history_tokens, self.token_counter)
+        window = Window(
+            cont.keep_last_turns or None, cont.max_history_tokens, self.token_counter, True
+        )
         try:
             loaded = await memory.aload_window(cid, window)
         except ConvoqError:
@@ -343,7 +354,18 @@ class Agent:
             finish_reason=outcome.finish_reason, refusal=outcome.refusal,
         )  # fmt: skip
         await self._store(cont, outcome.messages, response)
+        await self._compact(cont)
         return response
+
+    async def _compact(self, cont: Continuation) -> None:
+        """Inline compaction after a stored turn: its failure never fails the turn."""
+        stored = self._memory_of(cont)
+        if self.compaction is None or stored is None:
+            return
+        try:
+            await compact_idle(stored[0], stored[1], self.compaction)
+        except Exception as exc:
+            log.warning("compaction of %s failed (%s); the turn is stored", stored[1], exc)
 
     async def _store(self, cont: Continuation, turn: list[Message], response: Response) -> None:
         stored = self._memory_of(cont)

@@ -10,7 +10,8 @@
     ├── ConversationMemoryError        a memory backend could not load or store
     │   ├── ConversationBusyError      another turn of this conversation is running
     │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
-    │   └── CorruptDataError           stored data that does not parse (the key is named)
+    │   ├── CorruptDataError           stored data that does not parse (the key is named)
+    │   └── SummaryConflictError       the history or summary changed while it was summarised
     ├── ModelError                     the model call failed or answered nonsense
     │   ├── ModelHTTPError             the model endpoint answered an HTTP error
     │   ├── ModelTimeoutError          the model call ran past its deadline
@@ -96,6 +97,11 @@ class UnsupportedFormatVersionError(ConversationMemoryError):
 
 class CorruptDataError(ConversationMemoryError):
     """Stored data does not parse; the key or path is named."""
+
+
+class SummaryConflictError(ConversationMemoryError):
+    """A summary was refused: the history or the previous summary changed after it was
+    read (nothing was written; compaction runs again later)."""
 
 
 class ModelError(ConvoqError):

@@ -81,11 +81,14 @@ class Window:
             this budget (None: no budget). Leading messages are sent even when they alone
             exceed it; a newest turn that does not fit leaves no earlier turn sent.
         counter: counts tokens (None: :class:`convoq.tokens.RecordedTokenCounter`).
+        with_summary: what a turn sends: a stored summary (:mod:`convoq.summary`) replaces
+            the turns it covers, as a system message after the leading ones.
     """
 
     keep_last_turns: int | None = None
     max_tokens: int | None = None
     counter: TokenCounter | None = None
+    with_summary: bool = False
 
     def __post_init__(self) -> None:
         if self.keep_last_turns is not None and self.keep_last_turns < 0:

@@ -15,12 +15,18 @@ import time
 from abc import ABC, abstractmethod
 
 from convoq._sync import run_blocking, run_sync
-from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
+from convoq.errors import (
+    ConversationBusyError,
+    ConvoqError,
+    InvalidMessageError,
+    SummaryConflictError,
+)
 from convoq.ids import check_conversation_id
 from convoq.memory._reservations import Reservations, SpentTokens
 from convoq.messages import Message
+from convoq.summary import Summary, SummaryBasis, fingerprint, with_summary
 from convoq.tokens import TokenCounter
-from convoq.window import Window, check_budget
+from convoq.window import Window, check_budget, split_turns
 
 _LAZY_LOCK = threading.Lock()
 # How often a turn told to wait looks again at a busy conversation.
@@ -216,7 +222,48 @@ class StoredConversationMemory(ConversationMemory, ABC):
     async def aload_window(self, conversation_id: str, window: Window) -> list[Message]:
         check_conversation_id(conversation_id)
         # Backends may window at the source; this guarantees the contract for all of them.
+        if window.with_summary:
+            return window.apply(await self._read_sent(conversation_id, window))
         return window.apply(await self._read(conversation_id, window))
+
+    # -- the rolling summary (see convoq.summary and convoq.compaction) ------------------
+    async def asummary(self, conversation_id: str) -> Summary | None:
+        """The conversation's stored summary, if any."""
+        check_conversation_id(conversation_id)
+        return (await self._summary_state(conversation_id))[1]
+
+    async def asummary_state(
+        self, conversation_id: str
+    ) -> tuple[list[Message], Summary | None, SummaryBasis]:
+        """The whole history, its summary and the basis a new summary is committed on."""
+        check_conversation_id(conversation_id)
+        return await self._summary_state(conversation_id)
+
+    async def acommit_summary(
+        self, conversation_id: str, summary: Summary, basis: SummaryBasis
+    ) -> None:
+        """Store ``summary`` if the history and the previous summary are still ``basis``.
+
+        Raises:
+            SummaryConflictError: they changed; nothing was written.
+        """
+        check_conversation_id(conversation_id)
+        await self._commit_summary(conversation_id, summary, basis)
+
+    async def _read_sent(self, conversation_id: str, window: Window) -> list[Message]:
+        messages, summary, _ = await self._summary_state(conversation_id)
+        lead, turns = split_turns(messages)
+        return with_summary(lead, turns, summary)
+
+    async def _summary_state(
+        self, conversation_id: str
+    ) -> tuple[list[Message], Summary | None, SummaryBasis]:
+        raise NotImplementedError(f"{type(self).__name__} stores no summaries")
+
+    async def _commit_summary(
+        self, conversation_id: str, summary: Summary, basis: SummaryBasis
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} stores no summaries")
 
     async def aappend(self, conversation_id: str, messages: list[Message]) -> None:
         if _check_append(conversation_id, messages):
@@ -308,6 +355,21 @@ def _window(last_turns: int | None, max_tokens: int | None, counter: TokenCounte
     if last_turns is not None and last_turns < 0:
         raise ConvoqError("last_turns must be >= 0 (None or 0 loads every turn)")
     return Window(last_turns or None, check_budget(max_tokens, "max_tokens"), counter)
+
+
+def basis_of(messages: list[Message], summary: Summary | None) -> SummaryBasis:
+    """The basis of a history held in process (in-memory and file backends)."""
+    turns = split_turns(messages)[1]
+    last = fingerprint(turns[-1]) if turns else ""
+    return SummaryBasis(turns=len(turns), last=last, version=summary.version if summary else 0)
+
+
+def summary_conflict(conversation_id: str) -> SummaryConflictError:
+    return SummaryConflictError(
+        f"the history or the summary of conversation {conversation_id!r} changed while it"
+        " was being summarised; nothing was stored (compaction runs again later)",
+        conversation_id=conversation_id,
+    )
 
 
 def _check_append(conversation_id: str, messages: list[Message]) -> bool:

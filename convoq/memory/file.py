@@ -32,7 +32,6 @@ import os
 import re
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,10 +44,12 @@ from convoq.errors import (
     UnsupportedFormatVersionError,
 )
 from convoq.ids import check_conversation_id
+from convoq.memory import _file_extras
 from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
-from convoq.window import Window, split_turns
+from convoq.summary import Summary, SummaryBasis
+from convoq.window import Window
 
 FORMAT_VERSION = 3
 # Versions this code reads; it writes 2 unless the file records spent tokens.
@@ -174,38 +175,23 @@ class FileConversationMemory(StoredConversationMemory):
         return await asyncio.to_thread(self._prune_file, conversation_id, keep_last_turns)
 
     def _prune_file(self, conversation_id: str, keep_last_turns: int) -> int:
-        path = self.path_for(conversation_id)
-        with self._locked(path):
-            document = self._load_document(conversation_id)
-            if document is None:
-                return 0
-            lead, turns = split_turns(document.messages)
-            kept = turns[len(turns) - keep_last_turns :] if keep_last_turns else []
-            document.messages = lead + [m for turn in kept for m in turn]
-            self._store(path, conversation_id, document)
-            return len(turns) - len(kept)
+        return _file_extras.prune(self, conversation_id, keep_last_turns)
 
     def expire(self, idle_s: float, *, now: float | None = None) -> int:
         """Delete every conversation whose file was last written ``idle_s`` seconds or
         more ago (run it from a periodic job: files have no TTL of their own). Returns how
         many were deleted; a conversation written meanwhile is kept."""
-        if idle_s <= 0:
-            raise ConfigurationError(f"idle_s must be > 0, not {idle_s!r}")
-        cutoff = (time.time() if now is None else now) - idle_s
-        deleted = 0
-        for path in self._directory.glob("*.json"):
-            with self._locked(path):
-                try:
-                    if path.stat().st_mtime > cutoff:
-                        continue
-                    path.unlink()
-                    _lock_path(path).unlink(missing_ok=True)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise _io_error("delete", path, exc) from None
-            deleted += 1
-        return deleted
+        return _file_extras.expire(self, idle_s, now)
+
+    async def _summary_state(
+        self, conversation_id: str
+    ) -> tuple[list[Message], Summary | None, SummaryBasis]:
+        return await asyncio.to_thread(_file_extras.summary_state, self, conversation_id)
+
+    async def _commit_summary(
+        self, conversation_id: str, summary: Summary, basis: SummaryBasis
+    ) -> None:
+        await asyncio.to_thread(_file_extras.commit_summary, self, conversation_id, summary, basis)
 
     def _spend_file(self, conversation_id: str, token: str, until_ms: int) -> bool:
         """Record ``token`` as spent in the conversation's file, under its lock."""
@@ -242,6 +228,7 @@ class FileConversationMemory(StoredConversationMemory):
         with self._locked(path):
             try:
                 path.unlink(missing_ok=True)
+                _file_extras.summary_path(path).unlink(missing_ok=True)
                 _fsync_directory(self._directory)
                 # Removed while still held: a process waiting on it sees the file gone
                 # once it gets the lock, and locks a fresh one (see _lock_file).

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from convoq.memory.base import StoredConversationMemory
+from convoq.memory.base import StoredConversationMemory, basis_of, summary_conflict
 from convoq.messages import Message, messages_from_json, messages_to_json
+from convoq.summary import Summary, SummaryBasis
 from convoq.window import Window, split_turns
 
 
@@ -21,6 +22,7 @@ class InMemoryConversationMemory(StoredConversationMemory):
         self._lock = threading.Lock()
         # One JSON array per append: appending never re-encodes earlier turns.
         self._chunks: dict[str, list[bytes]] = {}
+        self._summaries: dict[str, Summary] = {}
 
     # Nothing here waits on I/O: sync calls run right on the caller's thread, async calls
     # run the same code without leaving their loop.
@@ -33,6 +35,27 @@ class InMemoryConversationMemory(StoredConversationMemory):
     async def _delete(self, conversation_id: str) -> None:
         self._delete_blocking(conversation_id)
 
+    async def _summary_state(
+        self, conversation_id: str
+    ) -> tuple[list[Message], Summary | None, SummaryBasis]:
+        with self._lock:
+            messages = self._messages(conversation_id)
+            summary = self._summaries.get(conversation_id)
+        return messages, summary, basis_of(messages, summary)
+
+    async def _commit_summary(
+        self, conversation_id: str, summary: Summary, basis: SummaryBasis
+    ) -> None:
+        with self._lock:  # the check and the write under one lock: a fenced write
+            current = self._summaries.get(conversation_id)
+            if basis_of(self._messages(conversation_id), current) != basis:
+                raise summary_conflict(conversation_id)
+            self._summaries[conversation_id] = summary
+
+    def _messages(self, conversation_id: str) -> list[Message]:
+        chunks = self._chunks.get(conversation_id, ())
+        return [m for chunk in chunks for m in messages_from_json(chunk)]
+
     async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
         with self._lock:
             chunks = self._chunks.get(conversation_id, [])
@@ -40,10 +63,16 @@ class InMemoryConversationMemory(StoredConversationMemory):
             lead, turns = split_turns(messages)
             kept = turns[len(turns) - keep_last_turns :] if keep_last_turns else []
             if conversation_id in self._chunks:
-                self._chunks[conversation_id] = [
-                    messages_to_json(lead + [m for t in kept for m in t])
-                ]
-        return len(turns) - len(kept)
+                kept_messages = lead + [m for turn in kept for m in turn]
+                self._chunks[conversation_id] = [messages_to_json(kept_messages)]
+            dropped = len(turns) - len(kept)
+            summary = self._summaries.get(conversation_id)
+            if summary is not None:  # the summary stays; it now covers fewer stored turns
+                watermark = max(0, summary.watermark - dropped)
+                self._summaries[conversation_id] = summary.model_copy(
+                    update={"watermark": watermark}
+                )
+        return dropped
 
     def _read_blocking(self, conversation_id: str, window: Window) -> list[Message]:
         with self._lock:
@@ -62,3 +91,4 @@ class InMemoryConversationMemory(StoredConversationMemory):
     def _delete_blocking(self, conversation_id: str) -> None:
         with self._lock:
             self._chunks.pop(conversation_id, None)
+            self._summaries.pop(conversation_id, None)

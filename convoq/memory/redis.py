@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from convoq._sync import drive, left_in_parent, run_in_portal, run_sync
+from convoq._sync import adrive, drive, left_in_parent, run_in_portal, run_sync
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.memory._redis_holds import LeaseHolds
@@ -32,10 +32,12 @@ from convoq.redis._budget import budget_steps
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis._retention import touch_call
+from convoq.redis._summary import commit_steps, state_steps
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
 from convoq.settings import ConvoqSettings
+from convoq.summary import Summary, SummaryBasis
 from convoq.window import Window
 
 T = TypeVar("T")
@@ -126,6 +128,21 @@ class RedisConversationMemory(StoredConversationMemory):
 
         await self._run(append)
 
+    async def _read_sent(self, conversation_id: str, window: Window) -> list[Message]:
+        return await self._read(conversation_id, window)  # the window script honours it
+
+    async def _summary_state(
+        self, conversation_id: str
+    ) -> tuple[list[Message], Summary | None, SummaryBasis]:
+        steps = state_steps(self._keys, conversation_id)
+        return await self._run(lambda p: adrive(steps, p.scripts.perform))
+
+    async def _commit_summary(
+        self, conversation_id: str, summary: Summary, basis: SummaryBasis
+    ) -> None:
+        steps = commit_steps(self._keys, conversation_id, summary, basis)
+        await self._run(lambda p: adrive(steps, p.scripts.perform))
+
     async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
         return await self._run(lambda p: p.prune(conversation_id, keep_last_turns=keep_last_turns))
 
@@ -177,9 +194,11 @@ class RedisConversationMemory(StoredConversationMemory):
         scripts = self._blocking_scripts()
         if scripts is None or (window.max_tokens is not None and not window.default_counter):
             return super()._read_blocking(conversation_id, window)
-        if window.max_tokens is not None:
+        if window.max_tokens is not None or window.with_summary:
             keep = window.keep_last_turns or 0
-            steps = budget_steps(self._keys, conversation_id, window.max_tokens, keep)
+            steps = budget_steps(
+                self._keys, conversation_id, window.max_tokens, keep, window.with_summary
+            )
         else:
             steps = load_steps(self._keys, conversation_id, window.keep_last_turns)
         return window.apply(drive(steps, scripts.perform))

@@ -29,35 +29,55 @@ _MAX_CALLS = 1000
 _RESTARTS = 5
 
 
-def range_steps(keys: KeySchema, cid: str, budget: int, keep: int) -> Steps[tuple[int, int]]:
-    """``(first, last)`` element indexes of the window (``first > last``: no turn fits)."""
-    script_keys = [keys.meta(cid), keys.turns(cid), keys.lead(cid)]
-    args: list[Any] = [budget, keep, -1, 0, 0]
+# A budget no history reaches: windows that only honour a summary.
+UNLIMITED = 1 << 52
+
+
+def range_steps(
+    keys: KeySchema, cid: str, budget: int, keep: int, with_summary: bool = False
+) -> Steps[tuple[int, int, str | None]]:
+    """``(first, last)`` element indexes of the window (``first > last``: no turn fits)
+    and, ``with_summary``, the stored summary's text."""
+    script_keys = [keys.meta(cid), keys.turns(cid), keys.lead(cid), keys.summary(cid)]
+    args: list[Any] = [budget, keep, -1, 0, 0, "", "1" if with_summary else "0"]
+    summary: str | None = None  # read by the first call only
     for _ in range(_MAX_CALLS):
         reply = yield ScriptCall("window", script_keys, args)
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
             raise error
+        found = reply[3] if reply[0] == "DONE" else reply[6]
+        if found is not None:
+            summary = text(found)
         if reply[0] == "DONE":
-            return int(reply[1]), int(reply[2])
-        args = [budget, keep, int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4])]
+            return int(reply[1]), int(reply[2]), summary
+        moved = [int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4])]
+        args = [budget, int(reply[5]), *moved, "0"]
     raise ConversationMemoryError(f"the window of conversation {cid!r} did not settle")
 
 
-def budget_steps(keys: KeySchema, cid: str, budget: int, keep: int) -> Steps[list[Message]]:
-    """The lead plus the newest whole turns (at most ``keep``, 0: any number) that fit
-    ``budget`` tokens by the counts stored with each element."""
+def budget_steps(
+    keys: KeySchema, cid: str, budget: int | None, keep: int, with_summary: bool = False
+) -> Steps[list[Message]]:
+    """The lead (then, ``with_summary``, the summary) plus the newest whole turns (at most
+    ``keep``, 0: any number; never one the summary covers) that fit ``budget`` tokens by
+    the counts stored with each element (None: any number)."""
+    limit = UNLIMITED if budget is None else budget
     for _ in range(_RESTARTS):
-        first, last = yield from range_steps(keys, cid, budget, keep)
+        first, last, summary = yield from range_steps(keys, cid, limit, keep, with_summary)
         read = yield from _range_steps(keys, cid, first, last)
         if read is not None:
-            return read
+            lead, turns = read
+            middle = [Message.system(summary)] if summary is not None else []
+            return lead + middle + turns
     raise ConversationMemoryError(
         f"the history of conversation {cid!r} kept being cleared while it was read; try again"
     )
 
 
-def _range_steps(keys: KeySchema, cid: str, first: int, last: int) -> Steps[list[Message] | None]:
+def _range_steps(
+    keys: KeySchema, cid: str, first: int, last: int
+) -> Steps[tuple[list[Message], list[Message]] | None]:
     """Lead and elements ``first..last`` decoded, or None when the list shrank meanwhile."""
     turns = keys.turns(cid)
     commands: list[tuple[Any, ...]] = [
@@ -80,5 +100,5 @@ def _range_steps(keys: KeySchema, cid: str, first: int, last: int) -> Steps[list
     headers = [parse_header(e, key=turns) for e in elements]
     blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
     blobs_key = keys.blobs(cid)
-    messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
-    return messages + decode_elements(headers, blobs, key=turns, blobs_key=blobs_key)
+    lead_messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
+    return lead_messages, decode_elements(headers, blobs, key=turns, blobs_key=blobs_key)

@@ -124,9 +124,11 @@ class ControlMixin(ProtocolBase):
         is chosen from the counts stored with each turn, reading only the window; another
         counter counts what the turn-count window (or the whole history) holds."""
         check_conversation_id(cid)
-        if window.max_tokens is not None and window.default_counter:
+        budgeted = window.max_tokens is not None and window.default_counter
+        if budgeted or window.with_summary:
             keep = window.keep_last_turns or 0
-            steps = budget_steps(self.keys, cid, window.max_tokens, keep)
+            budget = window.max_tokens if budgeted else None
+            steps = budget_steps(self.keys, cid, budget, keep, window.with_summary)
             return window.apply(await adrive(steps, self.scripts.perform))
         return window.apply(
             await load_history(self.scripts, self.keys, cid, window.keep_last_turns)

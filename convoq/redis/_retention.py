@@ -47,6 +47,7 @@ class RetentionMixin(ProtocolBase):
         if keep_last_turns < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 drops every turn)")
         keys = [*self.keys.history_keys(cid), self.keys.inbox(cid), self.keys.lease(cid)]
+        keys.append(self.keys.summary(cid))
         reply = await self.scripts.run("prune", keys, [keep_last_turns])
         if reply[0] == "BUSY":
             raise ConversationBusyError(

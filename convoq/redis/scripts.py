@@ -51,6 +51,7 @@ NAMES = (
     "renew",
     "reserve",
     "submit",
+    "summarise",
     "touch",
     "unreserve",
     "window",

@@ -4,13 +4,15 @@
 -- KEYS[4] = lead      {prefix}:{cid}:lead
 -- KEYS[5] = inbox     {prefix}:{cid}:inbox
 -- KEYS[6] = lease     {prefix}:{cid}:lease
+-- KEYS[7] = summary   {prefix}:{cid}:summary
 -- ARGV[1] = keep: the newest whole turns to keep (0 drops every turn)
 -- Drops the older turns of a conversation and the blobs no kept element refers to; the
--- lead list (and the summary, a key of its own) stay. Refused while a turn is queued,
+-- lead list and the summary stay (its watermark moves down by the turns dropped). Refused while a turn is queued,
 -- running or parked. Reads every kept element's header (to find turn starts and blob
 -- refs), never a body.
 -- Returns {'OK', turns dropped} or {'BUSY'} / {'VERSION', v} / {'CORRUPT', key}.
 local meta, turns, blobs, lead, inbox, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local summary = KEYS[7]
 local bad = bad_version(meta)
 if bad then
   return {'VERSION', bad}
@@ -18,7 +20,8 @@ end
 if redis.call('LLEN', inbox) > 0 or redis.call('EXISTS', lease) == 1 then
   return {'BUSY'}
 end
-local corrupt = wrong_type('list', {turns, lead}) or wrong_type('hash', {blobs})
+local corrupt = wrong_type('list', {turns, lead}) or wrong_type('hash', {blobs, summary})
+  or bad_counters(summary, 'watermark')
   or bad_counters(meta, 'turns', 'bytes')
 if corrupt then
   return {'CORRUPT', corrupt}
@@ -81,5 +84,9 @@ end
 if redis.call('EXISTS', meta) == 1 then
   redis.call('HINCRBY', meta, 'turns', istr(-dropped_turns))
   redis.call('HINCRBY', meta, 'bytes', istr(-dropped_bytes))
+end
+local watermark = redis.call('HGET', summary, 'watermark')
+if watermark then
+  redis.call('HSET', summary, 'watermark', istr(math.max(0, tonumber(watermark) - dropped_turns)))
 end
 return {'OK', dropped_turns}

@@ -1,21 +1,26 @@
 -- KEYS[1] = meta      {prefix}:{cid}:meta
 -- KEYS[2] = turns     {prefix}:{cid}:turns
 -- KEYS[3] = lead      {prefix}:{cid}:lead
+-- KEYS[4] = summary   {prefix}:{cid}:summary
 -- ARGV[1] = budget: tokens the lead plus the kept turns may take
 -- ARGV[2] = keep: at most this many turns (0 = no limit)
 -- ARGV[3] = stop: index of the newest element still to look at; -1 on the first call (the
 --           list's end; the lead is counted then)
 -- ARGV[4] = tokens used so far (by the lead and the turns kept by earlier calls)
 -- ARGV[5] = turns kept so far
--- ARGV[6] = last index (from the first call's reply; absent on the first call)
+-- ARGV[6] = last index (from the first call's reply; '' on the first call)
+-- ARGV[7] = '1': what a turn sends, so a summary replaces the turns it covers (its
+--           watermark caps keep, its text counts against the budget); first call only
 -- Chooses a token-budget window from element headers alone (their ' w=N' field: what the
 -- default token counter made of the element when it was stored; an element without one
 -- counts a token per 4 bytes). Reads at most about SCAN_MAX elements per call, stopping at
 -- a turn boundary, so a huge budget never blocks Redis for long.
--- Returns {'DONE', first index of the window, last index} (first > last: no turn fits)
---      or {'MORE', next stop, tokens used, turns kept, last index}: call again
+-- Returns {'DONE', first index of the window, last index, summary text or false}
+--          (first > last: no turn fits)
+--      or {'MORE', next stop, tokens used, turns kept, last index, keep, summary text or
+--          false}: call again with these
 --      or {'VERSION', v} / {'CORRUPT', key}. Read only.
-local meta, turns, lead = KEYS[1], KEYS[2], KEYS[3]
+local meta, turns, lead, summary = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local SCAN_MAX = 2048
 local bad = bad_version(meta)
 if bad then
@@ -32,9 +37,24 @@ local function cost(header, raw)
   return math.ceil(string.len(raw) / 4)
 end
 
-local corrupt = wrong_type('list', {turns, lead})
+local corrupt = wrong_type('list', {turns, lead}) or wrong_type('hash', {summary})
 if corrupt then
   return {'CORRUPT', corrupt}
+end
+local text = false
+if ARGV[7] == '1' then
+  local s = redis.call('HMGET', summary, 'text', 'watermark')
+  if s[1] then
+    text = s[1]
+    local limit = math.max(0, tonumber(redis.call('HGET', meta, 'turns') or '0') - tonumber(s[2]))
+    if limit == 0 then
+      return {'DONE', 0, -1, text}
+    end
+    if keep <= 0 or keep > limit then
+      keep = limit
+    end
+    used = used + 4 + math.ceil(string.len(text) / 4)
+  end
 end
 if stop < 0 then
   stop = redis.call('LLEN', turns) - 1
@@ -47,7 +67,10 @@ if stop < 0 then
   end
   used = math.min(used, budget)
 end
-local last = tonumber(ARGV[6] or stop)
+local last = stop
+if ARGV[6] ~= '' then
+  last = tonumber(ARGV[6])
+end
 local first, pending, scanned, batch_size = stop + 1, 0, 0, 16
 while stop >= 0 and (keep <= 0 or kept < keep) do
   local start = math.max(0, stop - batch_size + 1)
@@ -62,18 +85,18 @@ while stop >= 0 and (keep <= 0 or kept < keep) do
     scanned = scanned + 1
     if kind == 'T' or index == 0 then
       if used + pending > budget then
-        return {'DONE', first, last}
+        return {'DONE', first, last, text}
       end
       used, pending, kept, first = used + pending, 0, kept + 1, index
       if keep > 0 and kept >= keep then
-        return {'DONE', first, last}
+        return {'DONE', first, last, text}
       end
       if scanned >= SCAN_MAX and index > 0 then
-        return {'MORE', index - 1, used, kept, last}
+        return {'MORE', index - 1, used, kept, last, keep, text}
       end
     end
   end
   stop = start - 1
   batch_size = math.min(batch_size * 2, 256)
 end
-return {'DONE', first, last}
+return {'DONE', first, last, text}
