@@ -19,7 +19,7 @@ from convoq.models import ModelRequest, ScriptedModel
 from convoq.summary import SUMMARY_PREFIX
 from convoq.testing import RecordingModel
 from convoq.window import Window
-from tests.support.memory_backends import BACKENDS, close_memory, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 PHOTO = b"\x89PNG holiday photo"
 
@@ -40,7 +40,7 @@ def texts(messages: list[Message]) -> list[str]:
 
 @pytest.fixture(params=BACKENDS)
 def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Any]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = backend_url(request, request.param)
     made = make_memory(request.param, tmp_path, url, key_prefix)
     yield made
     close_memory(made)

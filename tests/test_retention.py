@@ -36,7 +36,7 @@ from convoq.testing import RecordingModel
 from convoq.testing.conformance import sample_turn
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
-from tests.support.memory_backends import BACKENDS, close_memory, make_memory
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 SHARED = b"\x89PNG shared"
 
@@ -58,7 +58,7 @@ def conversation() -> list[list[Message]]:
 
 @pytest.fixture(params=BACKENDS)
 def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Any]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = backend_url(request, request.param)
     made = make_memory(request.param, tmp_path, url, key_prefix)
     yield made
     close_memory(made)
