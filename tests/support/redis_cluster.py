@@ -23,13 +23,31 @@ def redis_cli_binary() -> str | None:
 
 
 class RedisClusterNodes:
-    """Six cluster-enabled redis-servers (AOF on) and the cluster made of them."""
+    """Six cluster-enabled redis-servers (AOF on) and the cluster made of them.
 
-    def __init__(self, directory: Path, cli: str, *, size: int = 6) -> None:
+    Args:
+        appendfsync: the AOF's fsync policy ("always": a node killed with -9 keeps every
+            write it acknowledged).
+        node_timeout_ms: how long a primary may be unreachable before its replica is
+            promoted.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        cli: str,
+        *,
+        appendfsync: str = "everysec",
+        node_timeout_ms: int = 5000,
+    ) -> None:
         self.directory = directory
         self.cli = cli
         self.binary = redis_server_binary()
-        self.ports = [free_port() for _ in range(size)]
+        self.ports = [free_port() for _ in range(6)]
+        # The bus port defaults to port + 10000, which may not exist.
+        self.bus_ports = {port: free_port() for port in self.ports}
+        self.appendfsync = appendfsync
+        self.node_timeout_ms = node_timeout_ms
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -57,14 +75,14 @@ class RedisClusterNodes:
         args = [
             self.binary,
             "--port", str(port),
-            # The bus port defaults to port + 10000, which may not exist.
-            "--cluster-port", str(free_port()),
+            "--cluster-port", str(self.bus_ports[port]),
             "--bind", "127.0.0.1",
             "--cluster-enabled", "yes",
             "--cluster-config-file", str(home / "nodes.conf"),
-            "--cluster-node-timeout", "5000",
+            "--cluster-node-timeout", str(self.node_timeout_ms),
             "--dir", str(home),
             "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--maxmemory-policy", "noeviction",
             "--daemonize", "no",
@@ -166,6 +184,19 @@ class RedisClusterNodes:
         finally:
             for node in nodes.values():
                 node.close()
+
+    def kill(self, port: int) -> None:
+        """kill -9 the node on ``port``: no shutdown, no final save."""
+        process = self.processes.pop(port)
+        process.kill()
+        process.wait()
+
+    def restart(self, port: int) -> None:
+        """Start the killed node on ``port`` again from its AOF and nodes.conf, and wait
+        until the cluster is whole."""
+        self._start_node(port)
+        self._wait_ping(port)
+        self._wait_ready()
 
     def stop(self) -> None:
         for process in self.processes.values():
