@@ -34,12 +34,15 @@ from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.worker import _observed, webhooks
 from convoq.worker._fair import SlotBacklog
+from convoq.worker._shutdown import arm_exit_deadline
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper
 
 log = logging.getLogger("convoq.worker")
 T = TypeVar("T")
+# Closing connections at shutdown waits this long at most.
+_CLOSE_TIMEOUT_S = 5.0
 
 
 class WorkerRuntime:
@@ -272,7 +275,10 @@ class WorkerRuntime:
     def begin_shutdown(self) -> None:
         """Warm shutdown began (SIGTERM): running turns finish within the grace or are
         handed back, so the pool's wait for its tasks is bounded; no new turn starts.
-        Called from a signal handler: it only schedules the change on the loop."""
+        Called from the signal handler of a worker process: it only schedules the change
+        on the loop, and arms the process's exit deadline (:mod:`._shutdown`)."""
+        s = self.settings
+        arm_exit_deadline(s.shutdown_grace_s + 2 * s.lease_ms / 1000 + _CLOSE_TIMEOUT_S + 5)
         if self._state is not None:
             self._loop.loop.call_soon_threadsafe(self._state[2].begin_shutdown)
 
@@ -284,7 +290,7 @@ class WorkerRuntime:
             self._metrics.close()
         if self._state is not None:
             try:
-                self._loop.run(self._close(), timeout=5)
+                self._loop.run(self._close(), timeout=_CLOSE_TIMEOUT_S)
             except Exception as exc:  # shutting down anyway
                 log.warning("closing the worker's Redis connections failed: %s", exc)
 
