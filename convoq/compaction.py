@@ -84,6 +84,11 @@ async def compact(
     Raises:
         SummaryConflictError: the history or summary changed underneath (nothing stored).
     """
+    if policy.max_tokens is None and policy.max_turns is not None:
+        # A turn threshold is checked from counters first: no history read while not due.
+        pending = await memory.aunsummarised_turns(conversation_id)
+        if pending <= max(policy.max_turns, policy.keep_last_turns):
+            return None
     messages, previous, basis = await memory.asummary_state(conversation_id)
     turns = split_turns(messages)[1]
     watermark = previous.watermark if previous else 0

@@ -126,3 +126,41 @@ def test_a_policy_needs_a_threshold() -> None:
         CompactionPolicy(summariser())
     with pytest.raises(ConfigurationError):
         CompactionPolicy(summariser(), max_turns=-1)
+
+
+async def test_the_runner_queues_compaction_after_a_stored_turn_and_sends_the_summary(
+    redis_url: str, key_prefix: str
+) -> None:
+    from convoq.memory.redis import RedisConversationMemory
+    from convoq.redis import TurnProtocol
+    from convoq.worker.profiles import Profiles
+    from convoq.worker.runner import Runner, RunnerConfig
+
+    proto = TurnProtocol.from_url(redis_url, prefix=key_prefix)
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    policy = CompactionPolicy(summariser(), max_turns=2, keep_last_turns=1)
+    model = RecordingModel()
+    profiles = Profiles([Agent(model, name="c", compaction=policy), Agent(model, name="plain")])
+    queued: list[tuple[str, str]] = []
+
+    async def on_compact(cid: str, agent: str) -> None:
+        queued.append((cid, agent))
+        await compact_idle(memory, cid, policy)  # what the compact task does
+
+    runner = Runner(
+        proto, profiles, RunnerConfig(worker_id="w", lease_ms=5_000), on_compact=on_compact
+    )
+    try:
+        for i in range(3):
+            await proto.submit("r", f"t{i}", agent="c", message=Message.user(f"u{i}"), options={})
+            await runner.drain("r")
+        await proto.submit("r", "p1", agent="plain", message=Message.user("p"), options={})
+        await runner.drain("r")
+        assert queued == [("r", "c")] * 3  # the plain profile queues none
+        assert (await memory.asummary("r")).watermark == 2
+        await proto.submit("r", "t3", agent="c", message=Message.user("u3"), options={})
+        await runner.drain("r")
+        assert texts(model.sent[-1])[:2] == [SUMMARY_PREFIX + "covers u0, u1", "u2"]
+    finally:
+        await proto.close()
+        await memory.aclose()

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -172,6 +173,31 @@ def test_token_budget_and_awkward_ids_through_the_workers(client: Client) -> Non
     )
     assert len(client.history(cid)) == 10
     assert client.history(cid + "x") == []
+
+
+def test_a_compact_task_summarises_behind_the_turns(client: Client) -> None:
+    from convoq.memory.redis import RedisConversationMemory
+
+    cid = _cid("compacted")
+    for text in ["one", "two", "three"]:
+        assert client.submit(cid, text, agent="compacting").wait(30).status == "succeeded"
+    memory = RedisConversationMemory(client.redis_url, prefix=client.prefix)
+    try:
+        summary = None
+        for _ in range(300):  # readiness: the compact task runs on a worker after the turn
+            summary = memory.summary(cid)
+            if summary is not None:
+                break
+            time.sleep(0.05)
+        assert summary is not None and summary.watermark == 2
+        assert summary.text.endswith("users said one, two")
+        # Summarised turns are no longer sent; the full history stays stored.
+        assert client.submit(cid, "four", agent="compacting").wait(30).text == (
+            "seen: three | four"
+        )
+        assert len(client.history(cid)) == 8
+    finally:
+        memory.close()
 
 
 # 2 ---------------------------------------------------------------------------------------

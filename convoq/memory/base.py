@@ -232,6 +232,10 @@ class StoredConversationMemory(ConversationMemory, ABC):
         check_conversation_id(conversation_id)
         return (await self._summary_state(conversation_id))[1]
 
+    def summary(self, conversation_id: str) -> Summary | None:
+        """Blocking :meth:`asummary`."""
+        return run_sync(self.asummary(conversation_id))
+
     async def asummary_state(
         self, conversation_id: str
     ) -> tuple[list[Message], Summary | None, SummaryBasis]:
@@ -249,6 +253,13 @@ class StoredConversationMemory(ConversationMemory, ABC):
         """
         check_conversation_id(conversation_id)
         await self._commit_summary(conversation_id, summary, basis)
+
+    async def aunsummarised_turns(self, conversation_id: str) -> int:
+        """How many stored turns come after the summary (all of them without one): what a
+        turn-count compaction threshold looks at, cheaply where the backend can."""
+        check_conversation_id(conversation_id)
+        messages, summary, _ = await self._summary_state(conversation_id)
+        return len(split_turns(messages)[1]) - (summary.watermark if summary else 0)
 
     async def _read_sent(self, conversation_id: str, window: Window) -> list[Message]:
         messages, summary, _ = await self._summary_state(conversation_id)

@@ -32,7 +32,7 @@ from convoq.redis._budget import budget_steps
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis._retention import touch_call
-from convoq.redis._summary import commit_steps, state_steps
+from convoq.redis._summary import commit_steps, counts_steps, state_steps
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
@@ -135,6 +135,10 @@ class RedisConversationMemory(StoredConversationMemory):
         self, conversation_id: str
     ) -> tuple[list[Message], Summary | None, SummaryBasis]:
         steps = state_steps(self._keys, conversation_id)
+        return await self._run(lambda p: adrive(steps, p.scripts.perform))
+
+    async def aunsummarised_turns(self, conversation_id: str) -> int:
+        steps = counts_steps(self._keys, conversation_id)
         return await self._run(lambda p: adrive(steps, p.scripts.perform))
 
     async def _commit_summary(

@@ -18,6 +18,7 @@ DRAIN_TASK = "convoq.drain"
 RESUME_TASK = "convoq.resume"
 DELIVER_CALLBACK_TASK = "convoq.deliver_callback"
 SWEEP_TASK = "convoq.sweep"
+COMPACT_TASK = "convoq.compact"
 
 
 def partition_of(conversation_id: str, partitions: int) -> int:

@@ -42,6 +42,16 @@ def state_steps(
     return messages, summary, basis
 
 
+def counts_steps(keys: KeySchema, cid: str) -> Steps[int]:
+    """Stored turns after the summary's watermark, from two counters (no history read)."""
+    replies = yield Batch(
+        [("HGET", keys.meta(cid), "turns"), ("HGET", keys.summary(cid), "watermark")],
+        transaction=True,
+    )
+    _raise_stored_errors(replies, [keys.meta(cid), keys.summary(cid)])
+    return max(0, int(replies[0] or 0) - int(replies[1] or 0))
+
+
 def commit_steps(keys: KeySchema, cid: str, summary: Summary, basis: SummaryBasis) -> Steps[None]:
     """Store ``summary`` and its watermark in one fenced write.
 

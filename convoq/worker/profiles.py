@@ -53,10 +53,11 @@ class Profiles(Mapping[str, Agent]):
 
     def history_window(self) -> int:
         """How many turns to fetch with a lease (0 = all): enough for every profile. A
-        profile with a token budget loads its window itself (from the counts stored with
-        each turn), so it asks for just one turn here."""
+        profile with a token budget or a compaction policy has the store choose its
+        window (from the counts and summary stored with the turns), so it asks for one."""
         windows = [
-            a.keep_last_turns if a.max_history_tokens is None else 1 for a in self._agents.values()
+            a.keep_last_turns if a.max_history_tokens is None and a.compaction is None else 1
+            for a in self._agents.values()
         ]
         if not windows or 0 in windows:
             return 0

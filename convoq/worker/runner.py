@@ -54,6 +54,9 @@ from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hoo
 from convoq.worker._lease import HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
 
+CompactHook = Callable[[str, str], Awaitable[None]]
+"""Queues compaction of a conversation (id, agent profile name) after a stored turn."""
+
 log = logging.getLogger("convoq.worker")
 
 # TurnProtocol.commit or .fail bound to its turn and outcome: ends the head turn, hands
@@ -103,8 +106,10 @@ class Runner:
         *,
         on_finished: FinishedHook = no_hook,
         fairness: Fairness | None = None,
+        on_compact: CompactHook | None = None,
     ) -> None:
         self._protocol = protocol
+        self._on_compact = on_compact
         self._fair = fairness or NeverYield()
         self._profiles = profiles
         self._config = config
@@ -247,8 +252,10 @@ class Runner:
         wanted = options.get("keep_last_turns")
         keep = int(wanted) if wanted is not None else profile.keep_last_turns
         budget = options.get("max_history_tokens", profile.max_history_tokens)
-        if budget is not None:
-            window = Window(keep or None, int(budget), profile.token_counter)
+        if budget is not None or profile.compaction is not None:
+            # A budget or a summary: the store chooses the window (reading only it).
+            limit = None if budget is None else int(budget)
+            window = Window(keep or None, limit, profile.token_counter, with_summary=True)
             return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
         if keep == self._window:
             return list(acq.history)
@@ -342,6 +349,8 @@ class Runner:
         done.append(tid)
         # The idle TTL of the conversation runs from its last turn.
         await self._protocol.touch(cid)
+        if done is report.succeeded:
+            await self._compact_later(cid, acq.turn.agent)
         await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
         await self._failed_on_the_way(cid, ended, report)
         if requeued:
@@ -360,6 +369,16 @@ class Runner:
             return await self._acquire(cid, head, fence, report)
         report.requeued.append(head)
         return None
+
+    async def _compact_later(self, cid: str, agent: str) -> None:
+        """A profile with a compaction policy gets a compact task queued behind the turn
+        (the task checks the threshold and holds the conversation while it summarises)."""
+        profile = self._profiles.get(agent)
+        if self._on_compact is not None and profile is not None and profile.compaction:
+            try:
+                await self._on_compact(cid, agent)
+            except Exception as exc:  # the turn is stored: a lost compaction comes again
+                log.warning("could not queue compaction of %s: %s", cid, exc)
 
     async def _failed_on_the_way(self, cid: str, turn_ids: list[str], report: DrainReport) -> None:
         """Turns acquire failed before they could run (over max attempts, approval

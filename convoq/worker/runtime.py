@@ -23,7 +23,9 @@ from celery import Celery, current_task
 from kombu.exceptions import ChannelError
 
 from convoq._sync import LoopThread, set_blocking_threads
+from convoq.compaction import compact_idle
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
+from convoq.memory.redis import RedisConversationMemory
 from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
 from convoq.queue import routing, signing
@@ -32,6 +34,7 @@ from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
+from convoq.summary import Summary
 from convoq.worker import _observed, webhooks
 from convoq.worker._fair import SlotBacklog
 from convoq.worker._shutdown import arm_exit_deadline
@@ -71,6 +74,7 @@ class WorkerRuntime:
         self._metrics: metrics.MetricsServer | None = None
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
+        self._memory: RedisConversationMemory | None = None
         self.backlog = SlotBacklog(settings.concurrency, self._queued_kicks, self._requeue)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -114,7 +118,12 @@ class WorkerRuntime:
             shutdown_grace_s=s.shutdown_grace_s,
         )
         runner = Runner(
-            protocol, self.profiles, config, on_finished=self._after_turn, fairness=self.backlog
+            protocol,
+            self.profiles,
+            config,
+            on_finished=self._after_turn,
+            fairness=self.backlog,
+            on_compact=self._queue_compaction,
         )
         self._epoch = await protocol.check_epoch(None)
         return redis, protocol, runner
@@ -128,6 +137,28 @@ class WorkerRuntime:
         traced = _observed.traced_drain(drain, conversation_id, _kick_header(tracing.HEADER))
         with self.backlog.slot():
             return self.run(traced)
+
+    def compact(self, conversation_id: str, agent: str) -> Summary | None:
+        """Summarise the conversation if ``agent``'s compaction policy says so."""
+        return self.run(self._compact(conversation_id, agent))
+
+    async def _compact(self, cid: str, agent: str) -> Summary | None:
+        policy = self.profiles.get_profile(agent).compaction
+        if policy is None:
+            return None
+        if self._memory is None:
+            s = self.settings
+            self._memory = RedisConversationMemory(
+                client=self._ensure_open()[0],
+                prefix=s.prefix,
+                max_attachment_bytes=s.max_attachment_bytes,
+                max_turn_bytes=s.max_turn_bytes,
+                conversation_ttl_s=s.conversation_ttl_s,
+            )
+        return await compact_idle(self._memory, cid, policy)
+
+    async def _queue_compaction(self, cid: str, agent: str) -> None:
+        await asyncio.to_thread(self.send, routing.COMPACT_TASK, cid, agent)
 
     def sweep_once(self) -> list[str]:
         return self.run(self._make_sweeper().sweep_once())

@@ -5,6 +5,8 @@ bytes (brokers and Flower show task arguments); each task hands them to the runt
 - ``convoq.resume(cid, tid)``: a parked turn's approvals are all in; run it (a drain).
 - ``convoq.deliver_callback(cid, tid)``: POST the signed webhook, retried with backoff.
 - ``convoq.sweep()``: one sweeper pass, for deployments that prefer celery beat.
+- ``convoq.compact(cid, agent)``: summarise the conversation's oldest turns if the
+  profile's compaction policy says so (never beside a turn of it).
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ def register_tasks(app: ConvoqCelery) -> None:
             "callback %s/%s: %s; retry in %.1fs", conversation_id, turn_id, attempt.detail, delay
         )
         raise self.retry(countdown=delay, max_retries=settings.webhook_max_retries)
+
+    @app.task(name=routing.COMPACT_TASK, ignore_result=True)
+    def compact(conversation_id: str, agent: str) -> int | None:
+        summary = app.runtime().compact(conversation_id, agent)
+        return None if summary is None else summary.watermark
 
     @app.task(name=routing.SWEEP_TASK, ignore_result=True)
     def sweep() -> list[str]:

@@ -15,6 +15,7 @@ import time
 import redis
 
 from convoq import Agent, Message, ToolCall, tool
+from convoq.compaction import CompactionPolicy
 from convoq.errors import ModelError
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
@@ -151,6 +152,19 @@ failer = Agent(ScriptedModel(failer_fn), name="failer")
 oversize = Agent(ScriptedModel(oversize_fn), name="oversize")
 approver = Agent(ScriptedModel(approver_fn), name="approver", tools=[transfer])
 short_memory = Agent(ScriptedModel(echo_fn), name="short_memory", keep_last_turns=1)
+
+
+def summary_fn(request: ModelRequest) -> str:
+    """A summariser: names the user lines of the transcript it was given."""
+    lines = request.messages[-1].text.splitlines()
+    return "users said " + ", ".join(line[6:] for line in lines if line.startswith("user: "))
+
+
+compacting = Agent(
+    ScriptedModel(echo_fn),
+    name="compacting",
+    compaction=CompactionPolicy(ScriptedModel(summary_fn), max_turns=2, keep_last_turns=1),
+)
 
 
 def _rendezvous(phase: str, text: str) -> None:
