@@ -4,19 +4,25 @@ whole cluster (the sweeper's and clear's SCAN, the registry, the epoch marker) o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
+from convoq import Agent, tool
 from convoq.errors import ConfigurationError
 from convoq.memory.redis import RedisConversationMemory
-from convoq.messages import Message
+from convoq.messages import Message, MessageRole, ToolCall
+from convoq.models import ModelRequest, ScriptedModel
 from convoq.queue.transport import broker_url_for
 from convoq.redis import TurnProtocol, connect
 from convoq.redis._blocking import connect_blocking
 from convoq.redis._urls import parse_cluster_url
+from convoq.worker.profiles import Profiles
+from convoq.worker.runner import Runner, RunnerConfig
 from tests.support.protocol_helpers import open_protocol
 from tests.support.redis_cluster import RedisClusterNodes
 
@@ -123,3 +129,40 @@ async def test_clear_removes_every_key_of_a_conversation_on_its_node(
     finally:
         client.close()
     assert left and not any(f"{{{cids[1]}}}" in k for k in left)
+
+
+@tool
+def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"all about {topic}"
+
+
+async def test_a_slot_out_of_service_mid_turn_delays_the_turn_without_failing_it(
+    redis_cluster: RedisClusterNodes, key_prefix: str
+) -> None:
+    """The cluster answers CLUSTERDOWN for the conversation's slot for 3 s (longer than
+    redis-py's own retries) between two model calls: the turn waits and succeeds."""
+    cid = "slot-outage"
+    slot, asked = key_slot(cid.encode()), []
+    owner = redis_cluster.slot_owner(slot)
+
+    def answer(request: ModelRequest) -> str | Message:
+        asked.append(request.messages[-1].role)
+        if len(asked) > 1:
+            return "done"
+        redis_cluster.unserve(slot, owner)
+        threading.Timer(3.0, redis_cluster.serve, (slot, owner)).start()
+        return Message.assistant("", [ToolCall(id="c1", name="lookup", arguments={"topic": "x"})])
+
+    proto = TurnProtocol.from_url(redis_cluster.url, prefix=key_prefix)
+    try:
+        await proto.submit(cid, "t1", agent="a", message=Message.user("hi"), options={})
+        agent = Agent(ScriptedModel(answer), name="a", tools=[lookup])
+        config = RunnerConfig(worker_id="w-test", lease_ms=10_000)
+        report = await Runner(proto, Profiles([agent]), config).drain(cid)
+        assert report.succeeded == ["t1"] and report.failed == []
+        assert asked == [MessageRole.USER, MessageRole.TOOL]  # the model ran once per step
+        assert [m.text for m in await proto.history(cid)][-1] == "done"
+    finally:
+        await proto.close()
+        redis_cluster.serve(slot, owner)

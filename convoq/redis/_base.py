@@ -30,7 +30,12 @@ from convoq.errors import (
     UnknownTurnError,
 )
 from convoq.limits import Limits
-from convoq.redis._cluster import AsyncRedis, connect_cluster, connection_option
+from convoq.redis._cluster import (
+    CLUSTER_UNAVAILABLE,
+    AsyncRedis,
+    connect_cluster,
+    connection_option,
+)
 from convoq.redis._codec import text
 from convoq.redis._history import stored_data_error
 from convoq.redis._urls import is_cluster_url, redacted
@@ -39,8 +44,10 @@ from convoq.redis.scripts import Scripts
 from convoq.turn_state import TurnEvent
 
 # Errors that say Redis cannot be reached (after the client's own retries and reconnects),
-# as opposed to errors of the request itself: the same set connect() retries on.
-REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+# as opposed to errors of the request itself: the set connect() retries on, and a cluster
+# that cannot serve the slot now (its primary down, the slot unassigned or mid-move).
+_UNREACHABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (*_UNREACHABLE, *CLUSTER_UNAVAILABLE)
 
 
 def connect(
@@ -113,7 +120,7 @@ def new_pool(
             timeout=60,
             decode_responses=False,
             retry=retry,
-            retry_on_error=list(REDIS_UNAVAILABLE),
+            retry_on_error=list(_UNREACHABLE),
             redis_connect_func=handshake,
         )
         explicit = {"socket_timeout": socket_timeout}

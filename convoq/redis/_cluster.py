@@ -18,6 +18,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 from convoq.redis._urls import parse_cluster_url
@@ -25,6 +26,15 @@ from convoq.redis._urls import parse_cluster_url
 # A client of either kind: one Redis (or a proxy in front of several), or a cluster.
 AsyncRedis: TypeAlias = aioredis.Redis | aioredis.RedisCluster
 SyncRedis: TypeAlias = redis.Redis | SyncRedisCluster
+
+# What the cluster client raises, once its own retries ran out, while a slot cannot be
+# served: its primary is down (before a replica took over), or the slot is unassigned or
+# still moving. Like a Redis that cannot be reached, it says nothing about the request.
+CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (
+    ClusterDownError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 # Attempts of a command across redirections and node failovers (redis-py's cluster retry).
 _RETRIES = 5

@@ -28,6 +28,7 @@ from convoq.errors import (
 )
 from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
+from convoq.redis._cluster import CLUSTER_UNAVAILABLE
 from convoq.redis._codec import (
     FORMAT_VERSION,
     Encoded,
@@ -198,8 +199,11 @@ def _blobs_steps(keys: KeySchema, cid: str, refs: list[str]) -> Steps[dict[str, 
 
 
 def _raise_stored_errors(replies: list[Any], keys: list[str]) -> None:
-    """CorruptDataError naming the key of the first reply that is an error (WRONGTYPE)."""
+    """CorruptDataError naming the key of the first reply that is an error (WRONGTYPE); a
+    cluster's "cannot serve this slot now" is raised as it is (Redis unavailable)."""
     for reply, key in zip(replies, keys, strict=True):
+        if isinstance(reply, CLUSTER_UNAVAILABLE):
+            raise reply
         if isinstance(reply, ResponseError):
             raise CorruptDataError(
                 f"stored data in {key} cannot be read ({reply}); restore it from a backup or"

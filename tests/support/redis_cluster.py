@@ -185,6 +185,27 @@ class RedisClusterNodes:
             for node in nodes.values():
                 node.close()
 
+    def unserve(self, slot: int, owner: int) -> None:
+        """Take ``slot`` from its primary on port ``owner``: that node answers CLUSTERDOWN
+        (for every slot: its cluster_state fails) until :meth:`serve` gives it back."""
+        node = redis.Redis(host="127.0.0.1", port=owner)
+        try:
+            node.execute_command("CLUSTER DELSLOTS", slot)
+        finally:
+            node.close()
+
+    def serve(self, slot: int, owner: int) -> None:
+        """Give ``slot`` back to the primary on port ``owner`` (a no-op if it has it)."""
+        node = redis.Redis(host="127.0.0.1", port=owner)
+        try:
+            node.execute_command("CLUSTER ADDSLOTS", slot)
+        except redis.ResponseError as exc:
+            if "already busy" not in str(exc):
+                raise
+        finally:
+            node.close()
+        self._wait_ready()
+
     def kill(self, port: int) -> None:
         """kill -9 the node on ``port``: no shutdown, no final save."""
         process = self.processes.pop(port)
