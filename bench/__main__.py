@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "blocking": "bench.blocking_models",
     "gateway": "bench.gateway_latency",
     "observe": "bench.observe_cost",
+    "writer": "bench.agent_writer",
 }
 
 
