@@ -1,6 +1,6 @@
 """Real worker processes whose store is the 3-primary Redis Cluster and whose Celery
-broker is the standalone test redis-server: conversations on every primary run their
-turns in order, one at a time, with their memory."""
+broker is the standalone test redis-server (or RabbitMQ): conversations on every primary
+run their turns in order, one at a time, with their memory, also while a slot moves."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from redis.cluster import RedisCluster
 from convoq.client import Client
 from convoq.errors import ConfigurationError
 from convoq.messages import MessageRole
+from tests.support.amqp import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
@@ -32,9 +33,23 @@ def pool(
         yield started
 
 
+@pytest.fixture(scope="module")
+def amqp_pool(
+    redis_cluster: RedisClusterNodes, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerPool]:
+    if not amqp_listening():
+        pytest.skip("no RabbitMQ listening on 127.0.0.1:5672 (start rabbitmq-server to run this)")
+    logs = tmp_path_factory.mktemp("cluster-amqp-workers")
+    with running_pool(redis_cluster.url, logs, 1, broker_url=AMQP_URL, partitions=2) as started:
+        yield started
+    delete_amqp_queues(started)
+
+
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
 def test_turns_on_every_primary_run_in_order_with_their_memory(
-    pool: WorkerPool, redis_cluster: RedisClusterNodes
+    broker: str, request: pytest.FixtureRequest, redis_cluster: RedisClusterNodes
 ) -> None:
+    pool: WorkerPool = request.getfixturevalue("pool" if broker == "redis" else "amqp_pool")
     conversations = redis_cluster.conversations_on_every_primary(pool.prefix, 4)
     turns = 5
     with pool.client() as client:
@@ -63,7 +78,7 @@ def test_turns_on_every_primary_run_in_order_with_their_memory(
             .text.endswith(f"{cid} t{turns - 1} | and now?")
         )
     # The workers registered on the cluster (the registry keys span several slots).
-    assert len(pool.workers) == 2 and all(w.alive() for w in pool.workers)
+    assert pool.workers and all(w.alive() for w in pool.workers)
 
 
 def test_a_client_on_a_cluster_without_a_broker_says_to_set_one(

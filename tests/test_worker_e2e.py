@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from convoq.demo import tiny_pdf, tiny_png
 from convoq.errors import InvalidMessageError, ModelError
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema
+from tests.support.amqp import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     ROOT,
@@ -37,7 +37,6 @@ from tests.support.workers import (
 )
 
 pytestmark = pytest.mark.slow
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 MAX_TURN_BYTES = 64 * 1024  # far above any turn here but the "oversize" profile's
 
 pool = module_pool(3, max_turn_bytes=MAX_TURN_BYTES)
@@ -53,12 +52,12 @@ def client(pool: WorkerPool) -> Iterator[Client]:
 def amqp_pool(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerPool]:
-    if not _listening(5672):
+    if not amqp_listening():
         pytest.skip("no RabbitMQ listening on 127.0.0.1:5672 (start rabbitmq-server to run this)")
     logs = tmp_path_factory.mktemp("amqp-workers")
     with running_pool(redis_server.url, logs, 1, broker_url=AMQP_URL, partitions=2) as started:
         yield started
-    _delete_amqp_queues(started)
+    delete_amqp_queues(started)
 
 
 @pytest.fixture
@@ -66,21 +65,6 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url)
     yield client
     client.close()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _delete_amqp_queues(pool: WorkerPool) -> None:
-    from kombu import Connection
-
-    with Connection(AMQP_URL) as conn:
-        channel = conn.default_channel
-        for index in range(pool.partitions):
-            channel.queue_delete(f"{pool.prefix}.p{index}")
 
 
 def _cid(label: str) -> str:
