@@ -13,7 +13,7 @@ import pytest
 
 from convoq import Agent, Message, ToolCall, tool
 from convoq.errors import ConversationBusyError, ConvoqError
-from convoq.memory import ConversationMemory, FileConversationMemory
+from convoq.memory import ConversationMemory, FileConversationMemory, InMemoryConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
 from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
@@ -136,3 +136,23 @@ def test_spent_tokens_are_dropped_from_the_file_once_they_expire(tmp_path: Path)
     agent.generate("next")
     document = json.loads(memory.path_for("c").read_bytes())
     assert document["format_version"] == 2 and "spent" not in document
+
+
+def test_spent_tokens_are_forgotten_in_process_once_they_expire() -> None:
+    memory = InMemoryConversationMemory()
+    agent = Agent(ScriptedModel(banker), memory=memory, conversation_id="c", tools=[transfer],
+                  approval_ttl_s=0.3)  # fmt: skip
+    wire = agent.generate("pay").continuation.model_dump_json()  # type: ignore[union-attr]
+    agent.resume(wire, {"t1": True})
+    assert len(memory._spent_tokens) == 1
+    time.sleep(0.4)  # expired: it cannot be resumed anyway, so nothing needs to remember it
+    assert len(memory._spent_tokens) == 0 and memory._spent_tokens._until == {}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"if_busy": "maybe"}, {"busy_timeout_s": -1}, {"approval_ttl_s": 0}],
+)
+def test_bad_busy_and_approval_options_are_refused(options: dict[str, object]) -> None:
+    with pytest.raises(ConvoqError, match=r"if_busy|busy_timeout_s|approval_ttl_s"):
+        Agent(ScriptedModel(banker), **options)  # type: ignore[arg-type]

@@ -85,9 +85,7 @@ class SpentTokens:
     def spend(self, token: str, until_ms: int) -> bool:
         """Record ``token`` as spent; False if it already was."""
         with self._lock:
-            now = now_ms()
-            for old in [t for t, until in self._until.items() if until <= now]:
-                del self._until[old]
+            self._prune()
             if token in self._until:
                 return False
             self._until[token] = until_ms
@@ -100,4 +98,10 @@ class SpentTokens:
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(until > now_ms() for until in self._until.values())
+            self._prune()
+            return len(self._until)
+
+    def _prune(self) -> None:
+        now = now_ms()
+        for old in [t for t, until in self._until.items() if until <= now]:
+            del self._until[old]
