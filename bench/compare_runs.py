@@ -255,6 +255,8 @@ def _sync_and_blocking(url: str, prefix: str, table: Table) -> None:
     for op in ("append", "load-10"):
         for flavour, what in (("async", "async, client in the caller's loop"), ("sync", "sync")):
             table.add(f"{op}-{flavour}", "3", f"memory {op}: {what}", "µs", hop[op, flavour])
+    # Untimed: every slot's connections and the pool's threads exist before either is timed.
+    asyncio.run(_convoq_burst(url, prefix, 100, 1, "blocking"))
     table.add("bsync", "4", "turns/s, 100 slots, 100 conv x 4 turns, sync 500 ms model", "/s",
               asyncio.run(_convoq_burst(url, prefix, 100, 4, "blocking")))  # fmt: skip
     table.add("basync", "4", "same, async 500 ms model", "/s",
