@@ -199,10 +199,11 @@ def _check(
     client: Client, handles: dict[str, list[TurnHandle]], tool_log: Path, chaos: Chaos
 ) -> None:
     expected = {f"chaos-{c}": [f"c{c} t{t}" for t in range(TURNS)] for c in range(CONVERSATIONS)}
-    failed = lost = duplicated = reordered = 0
+    failed = lost = duplicated = reordered = rerun_turns = 0
     for cid, texts in expected.items():
         results = [h.wait(120, raise_on_error=False) for h in handles[cid]]
         failed += sum(r.status != "succeeded" for r in results)
+        rerun_turns += sum(r.attempts > 1 for r in results)
         users = [m.text for m in client.history(cid) if m.role == MessageRole.USER]
         lost += len(set(texts) - set(users))
         duplicated += len(users) - len(set(users))
@@ -219,11 +220,14 @@ def _check(
         f" {LEASE_MS} ms; {chaos.kills} worker kills, {chaos.pauses} pauses past the lease,"
         f" {chaos.redis_restarts} redis kill -9 + restart, {chaos.exits} workers exited on"
         f" their own; lost {lost}, duplicated {duplicated}, reordered {reordered}, failed"
-        f" {failed}; tool executions {sum(map(len, runs.values()))}, turns whose tool ran"
-        f" twice {len(reran)} ({len(reran) / turns:.1%})"
+        f" {failed}; turns run more than once {rerun_turns}; tool executions"
+        f" {sum(map(len, runs.values()))}, turns whose tool ran twice {len(reran)}"
+        f" ({len(reran) / turns:.1%})"
     )
     assert (failed, lost, duplicated, reordered) == (0, 0, 0, 0)
     assert all(runs.get(text) for texts in expected.values() for text in texts)
-    # A tool runs again only when the run that ran it was cut off before journaling it.
+    # A tool runs again only when a run that ran it was cut off (killed, paused, gone)
+    # before journaling it: at most one of a turn's executions is in a worker never cut
+    # off. (Log order is not start order: a paused worker finishes its call on waking.)
     for text, pids in reran.items():
-        assert set(pids[:-1]) <= chaos.cut_off, (text, pids, chaos.cut_off)
+        assert len([p for p in pids if p not in chaos.cut_off]) <= 1, (text, pids, chaos.cut_off)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,53 @@ async def test_warm_shutdown_hands_a_running_turn_back(proto: SwallowingProtocol
     assert [m.text for m in await proto.history(CID)] == ["t1", "released t1", "t2", "seen t2"]
 
 
+class PausedAfterJournal(TurnProtocol):
+    """A worker paused (SIGSTOP, a stalled host) right after its first journal write came
+    back: the whole event loop stands still for longer than the lease."""
+
+    paused = False
+
+    async def checkpoint(self, cid: str, turn_id: str, **kwargs: Any) -> bool:
+        cancel = await super().checkpoint(cid, turn_id, **kwargs)
+        if not self.paused:
+            self.paused = True
+            time.sleep(1.5 * LEASE_MS / 1000)  # blocks the loop: nothing renews meanwhile
+        return cancel
+
+
+async def test_a_worker_woken_past_its_lease_starts_no_further_step(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Its lease lapsed while it stood still: it must not start the tool call it was
+    about to make (the lease's next holder runs it); the tool runs once in all."""
+    runs: list[str] = []
+
+    @tool
+    def side_effect(note: str) -> str:
+        """Do something that must not happen twice."""
+        runs.append(note)
+        return "done"
+
+    def model(request: ModelRequest) -> str | Message:
+        if request.messages[-1].role == MessageRole.TOOL:
+            return f"after {request.messages[-1].text}"
+        call = ToolCall(id="c1", name="side_effect", arguments={"note": "once"})
+        return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
+
+    agent = Agent(ScriptedModel(model), name="effect", tools=[side_effect])
+    paused = PausedAfterJournal.from_url(redis_url, prefix=key_prefix)
+    try:
+        await submit(paused, "t1", "effect")
+        report = await finishes(make_runner(paused, agent).drain(CID))
+        assert report.abandoned == ["t1"] and runs == []
+        while await paused.redis.exists(paused.keys.lease(CID)):
+            await asyncio.sleep(0.05)  # until the stale lease is gone
+        report = await finishes(make_runner(paused, agent, worker_id="w-next").drain(CID))
+        assert report.succeeded == ["t1"] and runs == ["once"]
+    finally:
+        await paused.close()
+
+
 # -- a journal write while Redis restarts ---------------------------------------------------
 
 
@@ -191,23 +239,34 @@ def own_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-async def test_a_journal_write_is_retried_through_a_redis_restart(
-    own_server: RedisServer, key_prefix: str
+@pytest.mark.parametrize("outage", ["after the tool", "after the final answer"])
+async def test_fenced_writes_are_retried_through_a_redis_restart(
+    own_server: RedisServer, key_prefix: str, outage: str
 ) -> None:
-    """The tool's result cannot be journaled while Redis is down; the write is retried
-    while the lease holds, so the turn completes in this run and the tool ran once."""
+    """Redis goes away right after the tool ran (its journal entry cannot be written), or
+    right after the final answer (the commit cannot be sent). Each write is retried while
+    the lease holds, so the turn completes in this run: the tool and the model ran once."""
     runs: list[str] = []
+    model_calls: list[int] = []
+
+    def redis_restarts() -> None:
+        # Down for longer than redis-py's own retries last (5, backing off to 1 s).
+        own_server.kill()
+        threading.Timer(4.0, own_server.start).start()
 
     @tool
     def side_effect(note: str) -> str:
         """Do something that must not happen twice."""
         runs.append(note)
-        own_server.kill()  # Redis goes away right after the side effect
-        threading.Timer(1.0, own_server.start).start()
+        if outage == "after the tool":
+            redis_restarts()
         return "done"
 
     def model(request: ModelRequest) -> str | Message:
+        model_calls.append(len(request.messages))
         if request.messages[-1].role == MessageRole.TOOL:
+            if outage == "after the final answer":
+                redis_restarts()
             return f"after {request.messages[-1].text}"
         call = ToolCall(id="c1", name="side_effect", arguments={"note": "once"})
         return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
@@ -219,7 +278,7 @@ async def test_a_journal_write_is_retried_through_a_redis_restart(
         runner = make_runner(protocol, agent, lease_ms=20_000)
         report = await asyncio.wait_for(runner.drain(CID), 60)
         assert report.succeeded == ["t1"], report
-        assert runs == ["once"]
+        assert runs == ["once"] and len(model_calls) == 2
         assert [m.text for m in await protocol.history(CID)][-1] == "after done"
     finally:
         await protocol.close()

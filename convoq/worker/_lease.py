@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -98,26 +98,35 @@ class TurnRun:
     def lease_holds(self, margin_s: float = 0.0) -> bool:
         """Whether the lease is still ours ``margin_s`` from now, as far as we know."""
         now = asyncio.get_running_loop().time()
-        return not self.ended and now + margin_s < self.confirmed_at + self.lease_ms / 1000
+        return now + margin_s < self.confirmed_at + self.lease_ms / 1000
+
+    async def while_leased(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``call()`` (a fenced write), retried while Redis is away and the lease holds:
+        resending one is safe (a replay is refused or recognised), and giving up early
+        costs more (the turn runs again once its lease lapsed)."""
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                return await call()
+            except REDIS_UNAVAILABLE as exc:
+                if not self.lease_holds(margin_s=pause):
+                    raise
+                tid = self.acq.turn.turn_id
+                log.warning(
+                    "%s of turn %s failed, retrying while the lease holds: %s", what, tid, exc
+                )
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, _RETRY_MAX_S)
 
     async def checkpoint(self, state: TurnState) -> None:
         """Journal a finished step, with the events buffered so far. While Redis is away
         the write is retried as long as the lease holds: a step whose journal entry is
-        lost runs again on the next run (a tool twice), so giving up early costs more."""
+        lost runs again on the next run (a tool twice)."""
         if answered(state):
             # The commit journals a final answer: it follows at once (emits only buffer,
             # the stop check reads nothing), in the round trip this write would take.
             return
-        pause = _RETRY_FIRST_S
-        while True:
-            try:
-                return await self._journal(state)
-            except REDIS_UNAVAILABLE as exc:
-                if not self.lease_holds(margin_s=pause):
-                    raise
-                log.warning("journal write of %s failed, retrying: %s", self.acq.turn.turn_id, exc)
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, _RETRY_MAX_S)
+        await self.while_leased(lambda: self._journal(state), "the journal write")
 
     async def _journal(self, state: TurnState) -> None:
         turn = self.acq.turn
@@ -127,11 +136,17 @@ class TurnRun:
             )
 
     async def should_stop(self) -> bool:
-        """Whether a cancel was requested. Each checkpoint and renewal reports the cancel
+        """Whether a cancel was requested (LeaseLostError when the lease lapsed, as far as
+        this process knows). Each checkpoint and renewal reports the cancel
         flag and the commit refuses a flagged turn, so no read per step. Only a rerun or a
         resumed turn may start flagged: cancel flags running turns only, and ends a queued
         one at once."""
         turn = self.acq.turn
+        if not self.lease_holds():
+            # Woken after a pause (SIGSTOP, a stalled host) or renewals failing: another
+            # worker may hold the turn now. Its writes would be refused anyway; stopping
+            # here also keeps it from starting a step (a tool) the new holder runs too.
+            raise LeaseLostError("the lease lapsed before the turn's next step")
         if not self.flag_read and (turn.attempts > 1 or self.acq.state is not None):
             self.cancel_seen = await self.protocol.is_cancel_requested(
                 turn.conversation_id, turn.turn_id

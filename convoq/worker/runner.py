@@ -322,18 +322,17 @@ class Runner:
         requeued: list[str] | None = [] if await self._fair.others_waiting() else None
         try:
             async with run.events.pending() as events:
-                following = await end(
-                    TurnEnding(
-                        fence=acq.fence,
-                        lease_ms=config.lease_ms,
-                        window=self._window,
-                        max_attempts=config.max_attempts,
-                        next_turn_id=acq.next_turn_id,
-                        events=events,
-                        failed=ended,
-                        requeued=requeued,
-                    )
+                ending = TurnEnding(
+                    fence=acq.fence,
+                    lease_ms=config.lease_ms,
+                    window=self._window,
+                    max_attempts=config.max_attempts,
+                    next_turn_id=acq.next_turn_id,
+                    events=events,
+                    failed=ended,
+                    requeued=requeued,
                 )
+                following = await run.while_leased(lambda: end(ending), "ending")
         except TurnAlreadyAppliedError:
             # Most often our own write resent after a lost reply (redis-py retries on a
             # timeout): the turn did end, so its callback is owed. A duplicate, when another
