@@ -48,3 +48,19 @@ MAX_ATTACHMENT_BYTES = 20 * MiB
 """Largest attachment accepted (``CONVOQ_MAX_ATTACHMENT_BYTES``)."""
 MAX_TURN_BYTES = 64 * MiB
 """Largest turn (messages plus attachments) accepted (``CONVOQ_MAX_TURN_BYTES``)."""
+MAX_QUEUED_PER_CONVERSATION: int | None = 1000
+"""Turns one conversation may have waiting (its inbox, the running one included) before
+``submit`` raises QueueFullError (``CONVOQ_MAX_QUEUED_PER_CONVERSATION``; 0 or unset:
+no limit). A conversation runs one turn at a time, so a thousand queued turns is a client
+far ahead of the workers (minutes of backlog at least); the check is free (in the
+``submit`` script)."""
+MAX_QUEUED_PER_AGENT: int | None = None
+"""Turns queued, running or parked for one agent profile across all conversations
+(``CONVOQ_MAX_QUEUED_PER_AGENT``; 0 or unset: no limit). Off by default: the right value
+depends on the workers' capacity, and it costs a round trip on submit and on finish."""
+MAX_QUEUED_TOTAL: int | None = None
+"""Turns queued, running or parked in the whole deployment (``CONVOQ_MAX_QUEUED_TOTAL``;
+0 or unset: no limit). Off by default, like the per-agent limit; set it from the Redis
+memory you give to waiting turns (each holds its input until it runs)."""
+QUEUE_FULL_RETRY_AFTER_S = 1.0
+"""The retry-after hint of a QueueFullError (and the gateway's ``Retry-After``)."""

@@ -29,6 +29,7 @@
     ├── TurnCancelledError             a queued turn was cancelled or discarded
     ├── TurnTimeoutError               a wait ran out before the turn finished
     ├── TurnDeadlineError              a turn ran longer than max_turn_s and was stopped
+    ├── QueueFullError                 a queued-turn limit is reached; nothing was queued
     └── ConfigurationError             settings that cannot work together
 
 Errors that cross processes travel as data (``{type, message, details}``) in the turn
@@ -182,6 +183,27 @@ class TurnDeadlineError(ConvoqError):
     """A turn ran longer than ``max_turn_s`` (``CONVOQ_MAX_TURN_S``): stopped and failed."""
 
 
+class QueueFullError(ConvoqError):
+    """A limit on queued turns is reached (``limit``: "conversation", "agent" or
+    "total"); nothing was stored. Try again after ``retry_after_s`` (a hint)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str = "total",
+        max_queued: int = 0,
+        retry_after_s: float = 1.0,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message, limit=limit, max_queued=max_queued, retry_after_s=retry_after_s, **details
+        )
+        self.limit = limit
+        self.max_queued = max_queued
+        self.retry_after_s = retry_after_s
+
+
 class ConfigurationError(ConvoqError):
     """Settings that cannot work together."""
 
@@ -218,4 +240,14 @@ def error_from_data(data: dict[str, Any]) -> ConvoqError:
     err.details = dict(details) if isinstance(details, dict) else {"details": details}
     if isinstance(err, ConversationMemoryError):
         err.response = None  # the answer of a remote turn stays in its record
+    if isinstance(err, QueueFullError):
+        _queue_full_fields(err, err.details)
     return err
+
+
+def _queue_full_fields(err: QueueFullError, details: dict[str, Any]) -> None:
+    """The fields of a QueueFullError rebuilt from data (bad values fall back)."""
+    limit, max_queued, retry = (details.get(k) for k in ("limit", "max_queued", "retry_after_s"))
+    err.limit = limit if isinstance(limit, str) else "total"
+    err.max_queued = max_queued if isinstance(max_queued, int) else 0
+    err.retry_after_s = float(retry) if isinstance(retry, (int, float)) else 1.0

@@ -87,6 +87,21 @@ class ConvoqSettings(BaseSettings):
         ge=1,
         description="Idle TTL of a conversation, refreshed by each turn (unset: no expiry).",
     )
+    max_queued_per_conversation: int | None = Field(
+        default=defaults.MAX_QUEUED_PER_CONVERSATION,
+        ge=0,
+        description="Turns one conversation may have waiting (0: no limit).",
+    )
+    max_queued_per_agent: int | None = Field(
+        default=defaults.MAX_QUEUED_PER_AGENT,
+        ge=0,
+        description="Turns queued, running or parked per agent profile (0/unset: no limit).",
+    )
+    max_queued_total: int | None = Field(
+        default=defaults.MAX_QUEUED_TOTAL,
+        ge=0,
+        description="Turns queued, running or parked in the deployment (0/unset: no limit).",
+    )
     max_attachment_bytes: int = Field(default=defaults.MAX_ATTACHMENT_BYTES, ge=1)
     max_turn_bytes: int = Field(default=defaults.MAX_TURN_BYTES, ge=1)
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")

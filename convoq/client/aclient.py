@@ -31,7 +31,7 @@ from convoq.client._base import (
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.ids import check_conversation_id
-from convoq.limits import Limits
+from convoq.limits import Limits, queue_limits
 from convoq.messages import Message
 from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
@@ -179,6 +179,7 @@ class AsyncClient:
                 max_turn_bytes=self._limits.max_turn_bytes,
                 turn_ttl_s=self.settings.turn_ttl_s,
                 conversation_ttl_s=self.settings.conversation_ttl_s,
+                queue_limits=queue_limits(self.settings),
             )
         return self._protocol
 
@@ -220,7 +221,8 @@ class AsyncClient:
         Raises:
             InvalidConversationIdError, InvalidMessageError, AttachmentError,
             InvalidCallbackUrlError (also for a loopback, private or other non-public
-            address), UnknownAgentError, ConversationBusyError: nothing was queued.
+            address), UnknownAgentError, ConversationBusyError, QueueFullError (a limit
+            on queued turns: ``CONVOQ_MAX_QUEUED_*``): nothing was queued.
         """
         sub = build_submission(
             conversation_id,
@@ -305,6 +307,7 @@ class AsyncClient:
         """Drop a parked turn: it ends cancelled, nothing is stored, later turns run."""
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         if await self.protocol.discard(cid, tid, reason=reason):
+            await self._uncount(cid, tid)
             await self._send(routing.DRAIN_TASK, cid)
 
     async def cancel(self, turn: TurnRef) -> Literal["cancelled", "stopping", "finished"]:
@@ -313,9 +316,15 @@ class AsyncClient:
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         outcome = await self.protocol.cancel(cid, tid)
         if outcome == "cancelled":
+            await self._uncount(cid, tid)
             # It may have been the head nobody was running yet: wake the ones behind it.
             await self._send(routing.DRAIN_TASK, cid)
         return outcome
+
+    async def _uncount(self, cid: str, tid: str) -> None:
+        """A turn ended here no longer counts against the per-agent and total limits."""
+        if self.protocol.queue_limits.counted:
+            await self.protocol.unadmit_quietly(cid, tid)
 
     async def history(
         self, conversation_id: str, *, last_turns: int | None = None

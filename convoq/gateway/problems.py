@@ -12,6 +12,7 @@ error (Python: :func:`convoq.errors.error_from_data`).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,7 @@ from convoq.errors import (
     ConvoqError,
     InvalidMessageError,
     ProtocolError,
+    QueueFullError,
     TurnTimeoutError,
     UnknownTurnError,
 )
@@ -40,6 +42,7 @@ log = logging.getLogger("convoq.gateway")
 # Most specific first: the first class the error is an instance of gives the status.
 _STATUS: tuple[tuple[type[ConvoqError], int], ...] = (
     (UnknownTurnError, 404),
+    (QueueFullError, 429),
     (ConversationBusyError, 409),
     (ProtocolError, 409),
     (TurnTimeoutError, 504),
@@ -57,12 +60,16 @@ class GatewayError(Exception):
         self.status, self.title, self.detail, self.extra = status, title, detail, extra
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
-    """A problem+json response."""
+def problem(
+    status: int, title: str, detail: str, *, retry_after_s: float | None = None, **extra: Any
+) -> JSONResponse:
+    """A problem+json response (with ``Retry-After`` in whole seconds when given)."""
     body = {"type": TYPE_PREFIX + title, "title": title, "status": status, "detail": detail}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return JSONResponse({**body, **extra}, status_code=status, media_type=PROBLEM_JSON,
-                        headers=headers)  # fmt: skip
+                        headers=headers or None)  # fmt: skip
 
 
 def status_of(error: ConvoqError) -> int:
@@ -73,7 +80,10 @@ def status_of(error: ConvoqError) -> int:
 
 def convoq_problem(error: ConvoqError) -> JSONResponse:
     data = error.to_data()
-    return problem(status_of(error), data["type"], error.message, error=data)
+    # A full queue is "too many requests": the client is told when to come back.
+    retry = error.retry_after_s if isinstance(error, QueueFullError) else None
+    return problem(status_of(error), data["type"], error.message, retry_after_s=retry,
+                   error=data)  # fmt: skip
 
 
 def install(app: FastAPI) -> None:

@@ -29,7 +29,7 @@ from convoq.errors import (
     TurnCancelledError,
     UnknownTurnError,
 )
-from convoq.limits import Limits
+from convoq.limits import Limits, QueueLimits
 from convoq.redis._cluster import (
     CLUSTER_UNAVAILABLE,
     AsyncRedis,
@@ -197,6 +197,7 @@ class ProtocolBase:
         turn_ttl_s: int = defaults.TURN_TTL_S,
         events_maxlen: int = 1000,
         conversation_ttl_s: int | None = defaults.CONVERSATION_TTL_S,
+        queue_limits: QueueLimits | None = None,
     ) -> None:
         if connection_option(redis, "decode_responses"):
             raise ConfigurationError(
@@ -206,6 +207,7 @@ class ProtocolBase:
         self.redis = redis
         self.keys = keys
         self.limits = Limits(max_attachment_bytes, max_turn_bytes)
+        self.queue_limits = queue_limits if queue_limits is not None else QueueLimits()
         # With an idle TTL, no per-turn key may outlive the conversation's history.
         self.conversation_ttl_ms = (
             int(conversation_ttl_s * 1000) if conversation_ttl_s is not None else None

@@ -29,9 +29,14 @@ any string may be one.
     {prefix}:registry:agents       set     agent profile names the workers run
     {prefix}:registry:workers      hash    worker name -> JSON (pid, queues, agents, seen_ms)
     {prefix}:registry:sweeper      string  short lock: one sweep per period across workers
+    {prefix}:{~queued}:members     hash    "cid tid" -> "admitted_ms agent" of admitted turns
+    {prefix}:{~queued}:counts      hash    agent -> turns admitted, "*" -> all of them
+    {prefix}:{~queued}:cursor      string  where the reconciling HSCAN goes on
 
-The last four are deployment-wide, outside any conversation. They can never equal a
-conversation key: those always carry a ``{cid}`` hash tag right after the prefix.
+The last seven are deployment-wide, outside any conversation. They can never equal a
+conversation key: those always carry a ``{cid}`` hash tag right after the prefix, and an
+encoded conversation id never contains ``~``. The ``{~queued}`` keys share one hash tag
+(one Cluster slot) so the admission scripts touch them together.
 """
 
 from __future__ import annotations
@@ -134,6 +139,11 @@ class KeySchema:
     def sweeper_lock(self) -> str:
         """Short lock so one worker process per sweep period scans for stranded turns."""
         return f"{self.prefix}:registry:sweeper"
+
+    def queue_keys(self) -> list[str]:
+        """members, counts, cursor: the deployment-wide queued-turn counters (one slot)."""
+        base = f"{self.prefix}:{{~queued}}"
+        return [f"{base}:members", f"{base}:counts", f"{base}:cursor"]
 
     def history_keys(self, cid: str) -> list[str]:
         """meta, turns, blobs, lead: what the history scripts take as KEYS[1..4]."""

@@ -42,13 +42,13 @@ from convoq.errors import (
     StaleFenceError,
 )
 from convoq.messages import Message, MessageRole, check_user_message
+from convoq.redis._admission import AdmissionMixin
 from convoq.redis._codec import (
     Encoded,
     check_message_limits,
     check_turn_size,
     counters_arg,
     encode_element,
-    text,
     usage_of,
 )
 from convoq.redis._control import ControlMixin
@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 
-class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
+class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, AdmissionMixin):
     """Queued turns of conversations in Redis (async; see the module docstring).
 
     Args:
@@ -89,6 +89,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
         turn_ttl_s: how long finished turn records and their events are kept.
         events_maxlen: approximate cap of each turn's event stream.
         conversation_ttl_s: idle TTL of each conversation (None: kept until deleted).
+        queue_limits: how many turns may wait (:class:`~convoq.limits.QueueLimits`).
     """
 
     async def submit(
@@ -103,7 +104,8 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
         if_busy: Literal["queue", "reject"] = "queue",
     ) -> SubmitResult:
         """Queue a turn. Raises ConversationBusyError for ``if_busy="reject"`` on a busy
-        conversation (nothing stored)."""
+        conversation, QueueFullError over a limit of :attr:`queue_limits` (nothing
+        stored either way)."""
         keys = [self.keys.meta(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
         keys += [self.keys.events(cid, turn_id), self.keys.lease(cid)]
         if idempotency_key is not None:
@@ -114,15 +116,9 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin):
         if if_busy not in ("queue", "reject"):
             raise ConvoqError(f"if_busy must be 'queue' or 'reject', not {if_busy!r}")
         raw = check_message_limits(message, self.limits)
-        args = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
-        reply = await self.scripts.run(
-            "submit", keys, [*args, self.turn_ttl_ms, self.events_maxlen]
-        )
-        if reply[0] == "OK":
-            return SubmitResult(turn_id, int(reply[1]), duplicate=False)
-        if reply[0] == "DUP":
-            return SubmitResult(text(reply[1]), int(reply[2]), duplicate=True)
-        raise self.refusal(reply, cid, turn_id)
+        args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
+        args += [self.turn_ttl_ms, self.events_maxlen]
+        return await self.admitted_submit(cid, turn_id, agent, keys, args)
 
     async def renew(
         self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None

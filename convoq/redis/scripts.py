@@ -15,7 +15,8 @@ redis-py resends a script whose reply was lost (the connection dropped after Red
 it), so each write script is a no-op when replayed: ``submit`` (the turn record exists:
 DUP), ``commit``/``fail`` (the turn is final: APPLIED), ``park`` (parked with this fence:
 PARKED), ``checkpoint`` (this state is journaled already), ``append`` (its append id is
-recorded), ``reserve`` (the lease is this holder's: its fence), ``unreserve``, ``decide``,
+recorded), ``admit``/``unadmit`` (a member is counted once), ``reserve`` (the lease is
+this holder's: its fence), ``unreserve``, ``decide``,
 ``discard``, ``renew``, ``touch``, ``prune`` and ``clear`` (they set what is already
 set, or keep what is already kept). ``cancel`` replayed
 answers "finished" and changes nothing. ``acquire`` replayed answers BUSY: nothing is
@@ -36,6 +37,7 @@ from convoq.redis._cluster import AsyncRedis
 
 NAMES = (
     "acquire",
+    "admit",
     "append",
     "cancel",
     "checkpoint",
@@ -53,6 +55,7 @@ NAMES = (
     "submit",
     "summarise",
     "touch",
+    "unadmit",
     "unreserve",
     "window",
 )

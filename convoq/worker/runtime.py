@@ -25,6 +25,7 @@ from kombu.exceptions import ChannelError
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.compaction import compact_idle
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
+from convoq.limits import queue_limits
 from convoq.memory.redis import RedisConversationMemory
 from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
@@ -108,6 +109,7 @@ class WorkerRuntime:
             max_turn_bytes=s.max_turn_bytes,
             turn_ttl_s=s.turn_ttl_s,
             conversation_ttl_s=s.conversation_ttl_s,
+            queue_limits=queue_limits(s),
         )
         config = RunnerConfig(
             worker_id=self.worker_id,
@@ -196,6 +198,8 @@ class WorkerRuntime:
         await asyncio.to_thread(self.send, routing.DRAIN_TASK, conversation_id)
 
     async def _after_turn(self, cid: str, tid: str, options: dict[str, Any]) -> None:
+        if self.protocol.queue_limits.counted:
+            await self.protocol.unadmit_quietly(cid, tid)
         if options.get("callback_url"):
             await asyncio.to_thread(self.send, routing.DELIVER_CALLBACK_TASK, cid, tid)
 

@@ -8,7 +8,8 @@ visibility timeout. So every worker process runs this loop on its event loop: ev
 expired lease (expiring parked approvals on the way) and sends each a ``drain``. Recovery
 after a crash is then bounded by lease TTL + sweep period. A turn whose approval expired
 is finished like any other: the ``on_finished`` hook sends its callback. A short Redis
-lock lets one process per period do the scan; the others skip it.
+lock lets one process per period do the scan; the others skip it. The same pass reconciles
+the queued-turn counts (:meth:`TurnProtocol.reconcile_admitted`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Sweeper:
         guard: Callable[[], Awaitable[None]] | None = None,
         on_finished: FinishedHook | None = None,
         measure: Callable[[], Awaitable[None]] | None = None,
+        reconcile_grace_ms: int = 60_000,
     ) -> None:
         self._protocol = protocol
         self._kick = kick
@@ -52,6 +54,7 @@ class Sweeper:
         self._lock_key = lock_key
         self._guard = guard
         self._measure = measure
+        self._reconcile_grace_ms = reconcile_grace_ms
         self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
 
     async def sweep_once(self) -> list[str]:
@@ -77,6 +80,8 @@ class Sweeper:
             log.info("the approval of turn %s/%s expired: failed", cid, tid)
             if self._on_finished is not None:
                 await after_turn(self._protocol, self._on_finished, cid, tid)
+        # Turns that ended without being uncounted stop counting against the limits.
+        await self._protocol.reconcile_admitted(grace_ms=self._reconcile_grace_ms)
         return kicked
 
     async def run_forever(self) -> None:

@@ -12,11 +12,13 @@
 --           lease held)
 -- ARGV[6] = turn ttl ms (idempotency key and event stream expiry)
 -- ARGV[7] = events stream MAXLEN (approximate)
+-- ARGV[8] = the most turns the inbox may hold (0: no limit)
 -- Queues a turn. A known idempotency key, or a turn id already stored (a resent submit),
 -- queues nothing and answers with the first turn.
 -- Returns {'OK', position} (0: the conversation was idle, send a kick)
 --      or {'DUP', turn id, position or -1 when no longer queued}
---      or {'BUSY'} / {'VERSION', v} / {'CORRUPT', key} (nothing written).
+--      or {'BUSY'} / {'FULL', waiting} / {'VERSION', v} / {'CORRUPT', key} (nothing
+--         written).
 redis.replicate_commands()
 local meta, inbox, turn, events, lease, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
@@ -49,6 +51,10 @@ local waiting = redis.call('LLEN', inbox)
 -- An in-process turn (an Agent on Redis memory) holds the lease with nothing queued.
 if ARGV[5] == 'reject' and (waiting > 0 or redis.call('EXISTS', lease) == 1) then
   return {'BUSY'}
+end
+local max_waiting = tonumber(ARGV[8] or '0')
+if max_waiting > 0 and waiting >= max_waiting then
+  return {'FULL', waiting}
 end
 local now = now_ms()
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],

@@ -1,0 +1,144 @@
+"""Admission: the limits on queued turns, enforced by ``submit``.
+
+Per conversation the limit is exact: the ``submit`` script compares the inbox's length
+(the running turn included) with it before it writes anything.
+
+Per agent and in all, the turns waiting span conversations, hence Cluster slots, and no
+script may touch two slots. So those counts live in their own slot (the ``{~queued}``
+keys of :class:`~convoq.redis.keys.KeySchema`): ``admit`` checks both limits and counts
+the turn (atomically, in one script), then the conversation's ``submit`` script runs; if
+that refuses or fails, ``unadmit`` takes the count back. A turn is uncounted when it
+ends: the worker does it after commit or fail (and for turns the sweeper expires), a
+client after a cancel or discard. Both scripts are keyed by the member ``"cid tid"`` so a
+replay or a second uncount changes nothing.
+
+Exactness: the limits are never exceeded (check and count are one script). A count can
+linger after its turn ended -- a worker killed between its commit and its uncount, a
+turn ended by ``clear`` or an expiry, a client dying between admit and submit -- which
+makes the limit stricter, never looser. The sweeper reconciles: each period it looks at
+up to ``batch`` counted turns older than ``grace_ms`` (walking the whole set over
+successive periods with a stored HSCAN cursor) and uncounts those whose record is final
+or gone. A lingering count lives at most ``ceil(counted / batch)`` sweep periods after
+its grace. What is counted: turns admitted and not yet ended (queued, running or parked
+for approval).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from convoq.errors import QueueFullError
+from convoq.ids import from_key_part, key_part
+from convoq.redis._base import ProtocolBase
+from convoq.redis._codec import text
+from convoq.redis._records import FINAL_STATUSES, SubmitResult
+
+log = logging.getLogger("convoq.redis")
+
+
+class AdmissionMixin(ProtocolBase):
+    """The queued-turn limits of ``submit``, the uncount of ended turns, reconciling."""
+
+    def member(self, cid: str, turn_id: str) -> str:
+        """The counted member of a turn: encoded conversation id, a space, the turn id."""
+        return f"{key_part(cid)} {turn_id}"
+
+    async def admitted_submit(
+        self, cid: str, turn_id: str, agent: str, keys: list[str], args: list[Any]
+    ) -> SubmitResult:
+        """Run the ``submit`` script within the limits (see the module docstring)."""
+        limits = self.queue_limits
+        args = [*args, limits.per_conversation or 0]
+        if not limits.counted:
+            return self._submitted(await self.scripts.run("submit", keys, args), cid, turn_id)
+        await self._admit(cid, turn_id, agent)
+        try:
+            reply = await self.scripts.run("submit", keys, args)
+            result = self._submitted(reply, cid, turn_id)
+        except BaseException:
+            await self.unadmit_quietly(cid, turn_id)
+            raise
+        if result.duplicate and (result.turn_id != turn_id or result.position < 0):
+            # Counted under the first submit's id, or already ended: not this one.
+            await self.unadmit_quietly(cid, turn_id)
+        return result
+
+    def _submitted(self, reply: list[Any], cid: str, turn_id: str) -> SubmitResult:
+        if reply[0] == "OK":
+            return SubmitResult(turn_id, int(reply[1]), duplicate=False)
+        if reply[0] == "DUP":
+            return SubmitResult(text(reply[1]), int(reply[2]), duplicate=True)
+        if reply[0] == "FULL":
+            raise self._full("conversation", self.queue_limits.per_conversation, cid)
+        raise self.refusal(reply, cid, turn_id)
+
+    async def _admit(self, cid: str, turn_id: str, agent: str) -> None:
+        limits = self.queue_limits
+        members, counts, _ = self.keys.queue_keys()
+        args = [self.member(cid, turn_id), agent, limits.total or 0, limits.per_agent or 0]
+        reply = await self.scripts.run("admit", [members, counts], args)
+        if reply[0] == "FULL":
+            which = text(reply[1])
+            limit = limits.total if which == "total" else limits.per_agent
+            raise self._full(which, limit, cid, agent=agent)
+
+    def _full(self, which: str, limit: int | None, cid: str, **details: Any) -> QueueFullError:
+        whose = {"conversation": f"conversation {cid!r}", "agent": "this agent"}.get(
+            which, "the deployment"
+        )
+        setting = f"CONVOQ_MAX_QUEUED_{'TOTAL' if which == 'total' else 'PER_' + which.upper()}"
+        return QueueFullError(
+            f"{whose} has {limit} turns queued, its limit ({setting}); nothing was queued:"
+            f" try again in {self.queue_limits.retry_after_s:g}s",
+            limit=which,
+            max_queued=limit or 0,
+            retry_after_s=self.queue_limits.retry_after_s,
+            conversation_id=cid,
+            **details,
+        )
+
+    async def unadmit(self, pairs: list[tuple[str, str]]) -> int:
+        """Uncount ended turns (``(cid, turn_id)`` pairs); returns how many were counted."""
+        if not pairs:
+            return 0
+        members, counts, _ = self.keys.queue_keys()
+        args = [self.member(cid, tid) for cid, tid in pairs]
+        return int((await self.scripts.run("unadmit", [members, counts], args))[1])
+
+    async def unadmit_quietly(self, cid: str, turn_id: str) -> None:
+        """Uncount one turn; a failure is logged (the sweeper reconciles it later)."""
+        try:
+            await self.unadmit([(cid, turn_id)])
+        except Exception as exc:
+            log.warning("could not uncount turn %s/%s (reconciled later): %s", cid, turn_id, exc)
+
+    async def queued_counts(self) -> dict[str, int]:
+        """The deployment-wide counts: agent name -> turns counted, ``"*"`` -> all."""
+        raw = await self.redis.hgetall(self.keys.queue_keys()[1])
+        return {text(k): int(v) for k, v in raw.items()}
+
+    async def reconcile_admitted(self, *, batch: int = 200, grace_ms: int = 60_000) -> int:
+        """Uncount up to ``batch`` counted turns that ended without being uncounted (see
+        the module docstring); returns how many."""
+        members, _, cursor_key = self.keys.queue_keys()
+        cursor = int(await self.redis.get(cursor_key) or 0)
+        cursor, found = await self.redis.hscan(members, cursor, count=batch)
+        await self.redis.set(cursor_key, cursor)
+        seconds, micros = await self.redis.time()
+        old_before = seconds * 1000 + micros // 1000 - grace_ms
+        ended: list[tuple[str, str]] = []
+        assert isinstance(found, dict)  # HSCAN without NOVALUES answers field -> value
+        for member, value in found.items():
+            admitted_ms = int(text(value).split(" ", 1)[0])
+            part, _, tid = text(member).partition(" ")
+            cid = from_key_part(part)
+            if admitted_ms >= old_before or cid is None:
+                continue
+            status = await self.redis.hget(self.keys.turn(cid, tid), "status")
+            if status is None or text(status) in FINAL_STATUSES:
+                ended.append((cid, tid))
+        done = await self.unadmit(ended)
+        if done:
+            log.info("uncounted %d ended turn(s) that still counted as queued", done)
+        return done
