@@ -1,0 +1,91 @@
+"""Queued-turn limits with real worker processes and a real gateway: a worker uncounts
+each turn it ends (so the next submit fits again at once), a client's cancel uncounts the
+turn, and the gateway answers a full queue with 429 and ``Retry-After``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from convoq.errors import QueueFullError
+from convoq.redis.keys import KeySchema
+from tests.support.gateway import running_gateway
+from tests.support.workers import WorkerPool
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def limited(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[WorkerPool]:
+    # The clients of this test resolve the limit from the environment, as the workers do.
+    monkeypatch.setenv("CONVOQ_MAX_QUEUED_PER_AGENT", "2")
+    pool = WorkerPool(
+        redis_url, tmp_path, agents="tests.support.fair_agents", max_queued_per_agent=2
+    )
+    pool.start()
+    yield pool
+    pool.stop_all()
+
+
+def _cid(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:6]}"
+
+
+def test_a_worker_frees_each_place_when_its_turn_ends(
+    limited: WorkerPool, redis_client: redis.Redis
+) -> None:
+    with limited.client() as client:
+        first = client.submit(_cid("a"), "one", agent="slow")
+        second = client.submit(_cid("b"), "two", agent="slow")
+        with pytest.raises(QueueFullError) as caught:
+            client.submit(_cid("c"), "three", agent="slow")
+        assert caught.value.limit == "agent"
+        assert first.wait(30).ok and second.wait(30).ok
+        # Ended on the worker, uncounted there: room again right away.
+        third = client.submit(_cid("c"), "three", agent="slow")
+        assert third.wait(30).ok
+    assert redis_client.hgetall(KeySchema(limited.prefix).queue_keys()[1]) == {}
+
+
+def test_a_cancelled_turn_frees_its_place(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVOQ_MAX_QUEUED_PER_AGENT", "2")
+    idle = WorkerPool(redis_url, tmp_path)  # no worker: nothing ends but by the cancel
+    cid = _cid("cancel")
+    with idle.client() as client:
+        client.submit(cid, "one", agent="slow")
+        queued = client.submit(cid, "two", agent="slow")
+        with pytest.raises(QueueFullError):
+            client.submit(cid, "three", agent="slow")
+        assert client.cancel(queued) == "cancelled"
+        client.submit(cid, "three", agent="slow")
+
+
+def test_the_gateway_answers_a_full_queue_429_with_retry_after(
+    redis_url: str, tmp_path: Path
+) -> None:
+    idle = WorkerPool(redis_url, tmp_path)  # no worker: turns stay queued
+    cid = _cid("gw")
+    with (
+        running_gateway(idle, tmp_path, max_queued_per_conversation="1") as gateway,
+        gateway.client() as http,
+    ):
+        body = {"message": "one", "agent": "echo"}
+        assert http.post(f"/v1/conversations/{cid}/turns", json=body).status_code == 202
+        full = http.post(f"/v1/conversations/{cid}/turns", json={**body, "message": "2"})
+    assert full.status_code == 429, full.text
+    assert full.headers["content-type"] == "application/problem+json"
+    assert full.headers["retry-after"] == "1"
+    problem = full.json()
+    assert problem["title"] == "QueueFullError"
+    assert problem["error"]["details"]["limit"] == "conversation"
+    r = redis.Redis.from_url(redis_url)
+    assert r.llen(f"{idle.prefix}:{{{cid}}}:inbox") == 1  # the refused turn stored nothing
+    r.close()
