@@ -14,7 +14,7 @@ import redis
 from convoq.errors import QueueFullError
 from convoq.redis.keys import KeySchema
 from tests.support.gateway import running_gateway
-from tests.support.workers import WorkerPool
+from tests.support.workers import WorkerPool, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +40,7 @@ def _cid(label: str) -> str:
 def test_a_worker_frees_each_place_when_its_turn_ends(
     limited: WorkerPool, redis_client: redis.Redis
 ) -> None:
+    counts = KeySchema(limited.prefix).queue_keys()[1]
     with limited.client() as client:
         first = client.submit(_cid("a"), "one", agent="slow")
         second = client.submit(_cid("b"), "two", agent="slow")
@@ -47,10 +48,12 @@ def test_a_worker_frees_each_place_when_its_turn_ends(
             client.submit(_cid("c"), "three", agent="slow")
         assert caught.value.limit == "agent"
         assert first.wait(30).ok and second.wait(30).ok
-        # Ended on the worker, uncounted there: room again right away.
+        # Ended on the worker and uncounted there, just after the result was stored (the
+        # reconciling sweep would wait a minute).
+        wait_until(lambda: not redis_client.hgetall(counts), 10, what="the places freed")
         third = client.submit(_cid("c"), "three", agent="slow")
         assert third.wait(30).ok
-    assert redis_client.hgetall(KeySchema(limited.prefix).queue_keys()[1]) == {}
+    wait_until(lambda: not redis_client.hgetall(counts), 10, what="the last place freed")
 
 
 def test_a_cancelled_turn_frees_its_place(
