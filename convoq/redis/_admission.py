@@ -10,8 +10,9 @@ the turn (atomically, in one script), then the conversation's ``submit`` script 
 that refuses or fails, ``unadmit`` takes the count back. A turn is uncounted when it
 ends: the worker does it after commit or fail (and for turns the sweeper expires), a
 client after a cancel or discard; so a place frees a moment *after* the turn's result is
-visible, and a client that submits the instant it saw a result may still be refused. Both scripts are keyed by the member ``"cid tid"`` so a
-replay or a second uncount changes nothing.
+visible, and a client that submits the instant it saw a result may still be refused.
+Both scripts are keyed by the member ``"cid tid"``, so a replay or a second uncount
+changes nothing.
 
 Exactness: the limits are never exceeded (check and count are one script). A count can
 linger after its turn ended -- a worker killed between its commit and its uncount, a
