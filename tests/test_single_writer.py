@@ -5,6 +5,7 @@ so neither's turn runs while the other's does, and nothing interleaves."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -147,3 +148,27 @@ def test_a_worker_turn_waits_behind_an_agent_turn_awaiting_approval_and_its_resu
     assert ran == [3]
     texts = [m.text for m in memory.load(cid) if m.role == MessageRole.USER]
     assert texts == ["pay 3", "worker after"]
+
+
+def test_an_agent_turn_longer_than_its_lease_keeps_it_and_is_stored(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix, lease_ms=600)
+    lease = memory._keys.lease("long")
+    held: list[bool] = []
+
+    def slow(_: ModelRequest) -> str:
+        # Three lease periods: only renewals keep the lease (and so the commit) ours.
+        for _ in range(6):
+            time.sleep(0.3)
+            held.append(bool(r.exists(lease)))
+        return "late answer"
+
+    try:
+        agent = Agent(ScriptedModel(slow), memory=memory, conversation_id="long")
+        assert agent.generate("take your time").text == "late answer"
+        assert all(held)
+        assert [m.text for m in memory.load("long")] == ["take your time", "late answer"]
+        assert not r.exists(lease)  # the commit freed it
+    finally:
+        memory.close()
