@@ -9,6 +9,7 @@ import sys
 BENCHMARKS: dict[str, str] = {
     "compare": "bench.compare",
     "memory": "bench.memory_append",
+    "window": "bench.memory_window",
     "turns": "bench.turn_latency",
     "hop": "bench.sync_hop",
     "blocking": "bench.blocking_models",

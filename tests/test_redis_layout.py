@@ -62,7 +62,7 @@ async def test_elements_carry_a_header_line_and_meta_says_format_2(
 
 
 def test_the_window_scripts_decode_no_json_inside_redis() -> None:
-    for name in ("load", "acquire", "fail"):
+    for name in ("load", "acquire", "fail", "window", "prune", "summarise"):
         assert "cjson.decode" not in scripts.source(name)
 
 

@@ -14,7 +14,14 @@ from typing import Any
 
 from convoq.errors import ConversationMemoryError
 from convoq.messages import Message
-from convoq.redis._codec import FORMAT_VERSION, blob_refs, decode_elements, parse_header, text
+from convoq.redis._codec import (
+    FORMAT_VERSION,
+    blob_refs,
+    decode_elements,
+    pairs_to_dict,
+    parse_header,
+    text,
+)
 from convoq.redis._history import (
     CHUNK,
     _blobs_steps,
@@ -33,12 +40,17 @@ _RESTARTS = 5
 UNLIMITED = 1 << 52
 
 
+Inline = tuple[list[bytes], list[bytes], list[Any]]
+
+
 def range_steps(
     keys: KeySchema, cid: str, budget: int, keep: int, with_summary: bool = False
-) -> Steps[tuple[int, int, str | None]]:
-    """``(first, last)`` element indexes of the window (``first > last``: no turn fits)
-    and, ``with_summary``, the stored summary's text."""
+) -> Steps[tuple[int, int, str | None, Inline | None]]:
+    """``(first, last)`` element indexes of the window (``first > last``: no turn fits),
+    ``with_summary`` the stored summary's text, and the lead, window elements and blob
+    pairs when the script sent them along (a short window: one round trip in all)."""
     script_keys = [keys.meta(cid), keys.turns(cid), keys.lead(cid), keys.summary(cid)]
+    script_keys.append(keys.blobs(cid))
     args: list[Any] = [budget, keep, -1, 0, 0, "", "1" if with_summary else "0"]
     summary: str | None = None  # read by the first call only
     for _ in range(_MAX_CALLS):
@@ -50,7 +62,8 @@ def range_steps(
         if found is not None:
             summary = text(found)
         if reply[0] == "DONE":
-            return int(reply[1]), int(reply[2]), summary
+            inline = (reply[4], reply[5], reply[6]) if len(reply) > 4 else None
+            return int(reply[1]), int(reply[2]), summary, inline
         moved = [int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4])]
         args = [budget, int(reply[5]), *moved, "0"]
     raise ConversationMemoryError(f"the window of conversation {cid!r} did not settle")
@@ -64,8 +77,11 @@ def budget_steps(
     the counts stored with each element (None: any number)."""
     limit = UNLIMITED if budget is None else budget
     for _ in range(_RESTARTS):
-        first, last, summary = yield from range_steps(keys, cid, limit, keep, with_summary)
-        read = yield from _range_steps(keys, cid, first, last)
+        first, last, summary, inline = yield from range_steps(keys, cid, limit, keep, with_summary)
+        if inline is not None:
+            read: tuple[list[Message], list[Message]] | None = _decode_inline(keys, cid, inline)
+        else:
+            read = yield from _range_steps(keys, cid, first, last)
         if read is not None:
             lead, turns = read
             middle = [Message.system(summary)] if summary is not None else []
@@ -73,6 +89,17 @@ def budget_steps(
     raise ConversationMemoryError(
         f"the history of conversation {cid!r} kept being cleared while it was read; try again"
     )
+
+
+def _decode_inline(
+    keys: KeySchema, cid: str, inline: Inline
+) -> tuple[list[Message], list[Message]]:
+    lead, elements, pairs = inline
+    blobs, blobs_key = pairs_to_dict(pairs), keys.blobs(cid)
+    lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
+    headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
+    lead_messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
+    return lead_messages, decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
 
 
 def _range_steps(
