@@ -4,8 +4,10 @@ whole cluster (the sweeper's and clear's SCAN, the registry, the epoch marker) o
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -166,3 +168,30 @@ async def test_a_slot_out_of_service_mid_turn_delays_the_turn_without_failing_it
     finally:
         await proto.close()
         redis_cluster.serve(slot, owner)
+
+
+async def test_calls_beyond_max_connections_wait_instead_of_failing(
+    redis_cluster: RedisClusterNodes,
+) -> None:
+    """As on one Redis: 8 blocking reads at once through a client allowed 2 connections
+    all get their answer (redis-py's cluster client alone raises MaxConnectionsError)."""
+    client = connect(redis_cluster.url, max_connections=2)
+    stream = "waiting:{same-node}:events"
+
+    async def blocked_read() -> Any:
+        return await client.xread({stream: "$"}, block=200)
+
+    async def pipelined() -> Any:
+        # As read_events_and_turn sends it: a blocking read and a look at the record.
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.xread({stream: "$"}, block=200)
+            pipe.exists(stream)
+            return await pipe.execute()
+
+    try:
+        reads = await asyncio.gather(*(blocked_read() for _ in range(8)))
+        piped = await asyncio.gather(*(pipelined() for _ in range(4)))
+    finally:
+        await client.aclose()
+    assert all(not reply for reply in reads)  # each read waited its 200 ms and got nothing
+    assert all(not read and exists == 0 for read, exists in piped)

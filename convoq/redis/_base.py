@@ -70,8 +70,8 @@ def connect(
             Cluster (any reachable startup node will do; the client is then redis-py's
             ``RedisCluster``). Percent-encode special characters of the user name and
             password.
-        max_connections: connections in the pool; more callers wait for one. On a
-            cluster: connections per node, and a call beyond them fails.
+        max_connections: connections in the pool; more callers wait for one (on a
+            cluster: calls in flight; more callers wait for one to finish).
         socket_timeout: seconds a reply may take (None: no limit). Callers of blocking
             reads (``XREAD BLOCK``) set it above their block time. Given here, it wins
             over ``socket_timeout`` in the URL.

@@ -9,11 +9,15 @@ never written in one transaction.
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any, TypeAlias, TypeVar
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode
@@ -40,6 +44,52 @@ CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (
 _RETRIES = 5
 
 
+T = TypeVar("T")
+# Set while a call holds a permit: what redis-py runs inside it (a pipeline resending a
+# redirected command on its own) must not wait for a second one.
+_HOLDING: ContextVar[bool] = ContextVar("convoq_cluster_permit", default=False)
+
+
+class _WaitingCluster(aioredis.RedisCluster):
+    """redis-py's cluster client, except that at ``max_in_flight`` calls in flight the next
+    one waits for a free slot, as the standalone pool does, instead of failing with
+    ``MaxConnectionsError`` (redis-py's limit is per node; a call holds at most one
+    connection per node, nested resends aside, so its own limit stays a backstop)."""
+
+    def __init__(self, *, max_in_flight: int, **options: Any) -> None:
+        super().__init__(max_connections=2 * max_in_flight, **options)
+        self.in_flight = asyncio.Semaphore(max_in_flight)
+
+    async def bounded(self, call: Callable[[], Awaitable[T]]) -> T:
+        if _HOLDING.get():
+            return await call()
+        async with self.in_flight:
+            token = _HOLDING.set(True)
+            try:
+                return await call()
+            finally:
+                _HOLDING.reset(token)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.bounded(
+            lambda: super(_WaitingCluster, self).execute_command(*args, **kwargs)
+        )
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        super().pipeline(transaction, shard_hint)  # its checks of the arguments
+        return _WaitingPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _WaitingPipeline(ClusterPipeline):
+    """A pipeline that takes one permit of its client for its whole round trip."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        client = self.cluster_client
+        assert isinstance(client, _WaitingCluster)
+        run = super().execute
+        return await client.bounded(lambda: run(raise_on_error, allow_redirections))
+
+
 def connect_cluster(
     url: str,
     *,
@@ -47,15 +97,15 @@ def connect_cluster(
     socket_timeout: float | None,
     socket_connect_timeout: float | None,
 ) -> aioredis.RedisCluster:
-    """An asyncio cluster client for ``url``; ``max_connections`` is per node, and a call
-    beyond it fails (``MaxConnectionsError``) instead of waiting, as redis-py does."""
+    """An asyncio cluster client for ``url``: at ``max_connections`` calls in flight, more
+    callers wait for one to finish."""
     address = parse_cluster_url(url)
-    return aioredis.RedisCluster(
+    return _WaitingCluster(
         startup_nodes=[AsyncClusterNode(host, port) for host, port in address.nodes],
         username=address.username,
         password=address.password,
         decode_responses=False,
-        max_connections=max_connections,
+        max_in_flight=max_connections,
         retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=_RETRIES),
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_connect_timeout,
