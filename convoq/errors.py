@@ -23,6 +23,7 @@
     │   ├── LeaseLostError             renewing the lease failed while a turn ran
     │   ├── NotInboxHeadError          the turn is not the one being run
     │   └── TurnAlreadyAppliedError    the turn was already committed, failed or cancelled
+    ├── NotDurableError                fewer replicas than asked confirmed a write (retry it)
     ├── UnknownTurnError               no such turn (or it expired)
     ├── UnknownAgentError              no agent profile by that name
     ├── TurnFailedError                a queued turn failed; carries the remote error
@@ -133,6 +134,12 @@ class ToolError(ConvoqError):
 
 class MaxStepsExceededError(ConvoqError):
     """The model/tool loop did not reach a final answer within max_steps."""
+
+
+class NotDurableError(ConvoqError):
+    """A write reached the primary but fewer replicas than ``min_replicas_acked`` confirmed
+    it in time: a failover may still lose it. Retry it (every write script is replay-safe);
+    ``details`` has ``replicas`` (confirmed) and ``wanted``."""
 
 
 class ProtocolError(ConvoqError):

@@ -102,6 +102,17 @@ class ConvoqSettings(BaseSettings):
         ge=0,
         description="Turns queued, running or parked in the deployment (0/unset: no limit).",
     )
+    min_replicas_acked: int = Field(
+        default=defaults.MIN_REPLICAS_ACKED,
+        ge=0,
+        description="Replicas that must have a submit, commit or park (Redis WAIT) before it"
+        " is acknowledged; fewer in time: NotDurableError. 0: the primary's word suffices.",
+    )
+    replica_ack_timeout_ms: int = Field(
+        default=defaults.REPLICA_ACK_TIMEOUT_MS,
+        ge=1,
+        description="How long a write waits for min_replicas_acked replicas.",
+    )
     max_attachment_bytes: int = Field(default=defaults.MAX_ATTACHMENT_BYTES, ge=1)
     max_turn_bytes: int = Field(default=defaults.MAX_TURN_BYTES, ge=1)
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")

@@ -40,6 +40,7 @@ from convoq.queue.signing import verify_signature
 from convoq.queue.transport import broker_reachable, broker_url_for, send_kick, sender_app
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
+from convoq.redis._durable import until_durable
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.protocol import ParkedTurn, SubmitResult
 from convoq.settings import ConvoqSettings
@@ -95,6 +96,12 @@ class AsyncClient:
             ``None``: ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``, else public addresses only
             (``""``: public only, whatever the environment). The workers check again at
             delivery with their ``CONVOQ_CALLBACK_ALLOWED_NETWORKS``.
+        min_replicas_acked: replicas that must have a submitted turn before ``submit``
+            returns, and a finished one before ``TurnHandle.wait`` reports it
+            (``CONVOQ_MIN_REPLICAS_ACKED``; 0: the primary's word suffices). Fewer in time
+            (after resends): NotDurableError.
+        replica_ack_timeout_ms: how long each such confirmation may wait
+            (``CONVOQ_REPLICA_ACK_TIMEOUT_MS``).
 
     Nothing is started or connected here: connections open on first use (or in
     ``async with``). Use one AsyncClient from one event loop (its connections belong to it).
@@ -117,6 +124,8 @@ class AsyncClient:
         home: Path | None = None,
         max_connections: int = 100,
         callback_allowed_networks: str | Collection[str] | None = None,
+        min_replicas_acked: int | None = None,
+        replica_ack_timeout_ms: int | None = None,
     ) -> None:
         # Checked here: a bad count would only fail when routing, after the turn is stored.
         if partitions is not None and (
@@ -136,6 +145,8 @@ class AsyncClient:
             max_turn_bytes=max_turn_bytes,
             home=home,
             callback_allowed_networks=_networks_setting(callback_allowed_networks),
+            min_replicas_acked=min_replicas_acked,
+            replica_ack_timeout_ms=replica_ack_timeout_ms,
         )
         self.prefix = self.settings.prefix
         self.partitions = self.settings.partitions
@@ -180,6 +191,8 @@ class AsyncClient:
                 turn_ttl_s=self.settings.turn_ttl_s,
                 conversation_ttl_s=self.settings.conversation_ttl_s,
                 queue_limits=queue_limits(self.settings),
+                min_replicas_acked=self.settings.min_replicas_acked,
+                replica_ack_timeout_ms=self.settings.replica_ack_timeout_ms,
             )
         return self._protocol
 
@@ -254,14 +267,19 @@ class AsyncClient:
         """Store the turn (with this trace's context, for the worker) and kick if needed."""
         trace = tracing.carrier()
         options = {**sub.options, tracing.OPTION: trace} if trace else sub.options
-        stored = await self.protocol.submit(
-            sub.conversation_id,
-            sub.turn_id,
-            agent=sub.agent,
-            message=sub.message,
-            options=options,
-            idempotency_key=sub.idempotency_key,
-            if_busy=sub.if_busy,
+        protocol = self.protocol
+        # Resent while replicas have not confirmed it: the same turn id makes it a replay.
+        stored = await until_durable(
+            lambda: protocol.submit(
+                sub.conversation_id,
+                sub.turn_id,
+                agent=sub.agent,
+                message=sub.message,
+                options=options,
+                idempotency_key=sub.idempotency_key,
+                if_busy=sub.if_busy,
+            ),
+            f"submit of {sub.conversation_id}/{sub.turn_id}",
         )
         tracing.set_attribute("convoq.turn_id", stored.turn_id)
         if not stored.duplicate:

@@ -17,6 +17,7 @@ from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
 from convoq.redis._cluster import connection_option
+from convoq.redis._durable import until_durable
 from convoq.redis._records import FINAL_STATUSES, TurnStatus
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
@@ -138,6 +139,28 @@ class AsyncTurnHandle:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
+        while True:
+            record = await self._settle(deadline, timeout, return_on_approval)
+            if not protocol.acks.enabled or await self._replicated(record):
+                break
+        result = result_from_record(record)
+        return result.raise_for_error() if raise_on_error else result
+
+    async def _replicated(self, record: TurnRecord) -> bool:
+        """Whether replicas have ``record``'s status (min_replicas_acked): False when the
+        primary holds another now (a failover lost the write that set it)."""
+        protocol = self._client.protocol
+        cid, tid = self.conversation_id, self.turn_id
+        status = await until_durable(
+            lambda: protocol.replicated_status(cid, tid), f"status of {cid}/{tid}"
+        )
+        return status == record.status
+
+    async def _settle(
+        self, deadline: float | None, timeout: float | None, return_on_approval: bool
+    ) -> TurnRecord:
+        """The record once the turn is final (or parked, with ``return_on_approval``)."""
+        protocol = self._client.protocol
         record, after = await protocol.get_turn_and_last_event(self.conversation_id, self.turn_id)
         while not _settled(record, return_on_approval):
             block_ms = self._block_for(deadline)
@@ -155,8 +178,7 @@ class AsyncTurnHandle:
             )
             if batch:
                 after = batch[-1][0]
-        result = result_from_record(record)
-        return result.raise_for_error() if raise_on_error else result
+        return record
 
     async def events(
         self, *, after: str = "0", timeout: float | None = None

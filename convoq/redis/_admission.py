@@ -53,10 +53,10 @@ class AdmissionMixin(ProtocolBase):
         limits = self.queue_limits
         args = [*args, limits.per_conversation or 0]
         if not limits.counted:
-            return self._submitted(await self.scripts.run("submit", keys, args), cid, turn_id)
+            return self._submitted(await self.run_acked("submit", cid, keys, args), cid, turn_id)
         await self._admit(cid, turn_id, agent)
         try:
-            reply = await self.scripts.run("submit", keys, args)
+            reply = await self.run_acked("submit", cid, keys, args)
             result = self._submitted(reply, cid, turn_id)
         except BaseException:
             await self.unadmit_quietly(cid, turn_id)

@@ -37,6 +37,7 @@ from convoq.redis._cluster import (
     connection_option,
 )
 from convoq.redis._codec import text
+from convoq.redis._durable import Acks, replicated
 from convoq.redis._history import stored_data_error
 from convoq.redis._urls import is_cluster_url, redacted
 from convoq.redis.keys import KeySchema
@@ -198,6 +199,8 @@ class ProtocolBase:
         events_maxlen: int = 1000,
         conversation_ttl_s: int | None = defaults.CONVERSATION_TTL_S,
         queue_limits: QueueLimits | None = None,
+        min_replicas_acked: int = defaults.MIN_REPLICAS_ACKED,
+        replica_ack_timeout_ms: int = defaults.REPLICA_ACK_TIMEOUT_MS,
     ) -> None:
         if connection_option(redis, "decode_responses"):
             raise ConfigurationError(
@@ -215,6 +218,7 @@ class ProtocolBase:
         self.turn_ttl_ms = min(int(turn_ttl_s * 1000), self.conversation_ttl_ms or 1 << 62)
         self.events_maxlen = events_maxlen
         self.scripts = Scripts(redis)
+        self.acks = Acks(min_replicas_acked, replica_ack_timeout_ms)
         self._owns_client = False
 
     @classmethod
@@ -229,6 +233,22 @@ class ProtocolBase:
         """Close the client if this protocol opened it."""
         if self._owns_client:
             await self.redis.aclose()
+
+    async def run_acked(self, name: str, cid: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """Run write script ``name`` of conversation ``cid``; with ``min_replicas_acked``,
+        its reply comes once that many replicas have it (else NotDurableError)."""
+        return await self.scripts.run_acked(name, keys, args, self.acks, self.keys.acked(cid))
+
+    async def replicated_status(self, cid: str, tid: str) -> str | None:
+        """Turn ``tid``'s status (None: no record), read on the primary and answered once
+        ``min_replicas_acked`` replicas have everything up to that read.
+
+        Raises:
+            NotDurableError: fewer replicas confirmed it in time.
+        """
+        read = ("HGET", self.keys.turn(cid, tid), "status")
+        status = await replicated(self.redis, self.acks, self.keys.acked(cid), read)
+        return None if status is None else text(status)
 
     def refusal(
         self, reply: list[Any], cid: str, tid: str, fence: int | None = None

@@ -24,6 +24,7 @@ any string may be one.
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
     {prefix}:{cid}:append:{id}     string  a memory append applied (replay guard, TTL)
     {prefix}:{cid}:spent:{token}   string  a continuation already resumed or discarded (TTL)
+    {prefix}:{cid}:acked           string  replication probe of min_replicas_acked (TTL)
     {prefix}:epoch                 string  the dataset epoch marker
     convoq:registry:prefixes       set     prefixes workers run under (all deployments)
     {prefix}:registry:agents       set     agent profile names the workers run
@@ -111,6 +112,11 @@ class KeySchema:
     def spent(self, cid: str, token: str) -> str:
         """Marks an in-process turn's continuation as used: it cannot run twice."""
         return f"{self.base(cid)}:spent:{check_turn_id(token)}"
+
+    def acked(self, cid: str) -> str:
+        """Written (with a short TTL) after a write that must reach replicas, so ``WAIT``
+        has a write of its own connection to wait for (see ``redis/_durable.py``)."""
+        return f"{self.base(cid)}:acked"
 
     def idem(self, cid: str, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()

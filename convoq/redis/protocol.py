@@ -90,6 +90,10 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         events_maxlen: approximate cap of each turn's event stream.
         conversation_ttl_s: idle TTL of each conversation (None: kept until deleted).
         queue_limits: how many turns may wait (:class:`~convoq.limits.QueueLimits`).
+        min_replicas_acked: replicas that must confirm a submit, commit or park (``WAIT``)
+            before it returns; fewer within ``replica_ack_timeout_ms``: NotDurableError
+            (the write stays applied; sending it again is a no-op that waits again).
+        replica_ack_timeout_ms: how long such a write waits for its replicas.
     """
 
     async def submit(
@@ -205,7 +209,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         keys, args = self.commit_call(
             cid, turn_id, messages, ending, stop_if_cancelled=stop_if_cancelled
         )
-        reply = await self.scripts.run("commit", keys, args)
+        reply = await self.run_acked("commit", cid, keys, args)
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, ending.fence)
         return await self.handed(cid, reply, ending.taking(), ending.requeued)
@@ -295,6 +299,6 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         result = {"pending_approvals": [call.model_dump(mode="json") for call in waiting]}
         args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
         args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
-        reply = await self.scripts.run("park", self._ending_keys(cid, turn_id), args)
+        reply = await self.run_acked("park", cid, self._ending_keys(cid, turn_id), args)
         if reply[0] not in ("OK", "PARKED"):
             raise self.refusal(reply, cid, turn_id, fence)

@@ -32,8 +32,10 @@ from importlib import resources
 from typing import Any, TypeAlias, TypeVar
 
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from convoq.redis._cluster import AsyncRedis
+from convoq.redis._durable import Acks, replicated
 
 NAMES = (
     "acquire",
@@ -114,6 +116,27 @@ class Scripts:
     async def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is always a list whose first item is a status."""
         return with_status(await self._scripts[name](keys=keys, args=args))
+
+    async def run_acked(
+        self, name: str, keys: list[str], args: list[Any], acks: Acks, probe: str
+    ) -> list[Any]:
+        """:meth:`run`, answered only once ``acks.replicas`` replicas have what the script
+        wrote or found (``probe``: the conversation's probe key; see ``_durable.py``).
+
+        Raises:
+            NotDurableError: fewer replicas confirmed it in time (it stays applied on the
+                primary; running it again is a no-op that waits again).
+        """
+        if not acks.enabled:
+            return await self.run(name, keys, args)
+        script = self._scripts[name]
+        try:
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            return with_status(await replicated(self.client, acks, probe, command))
+        except NoScriptError:
+            script.sha = await self.client.script_load(script.script)
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            return with_status(await replicated(self.client, acks, probe, command))
 
     async def perform(self, request: Request) -> Any:
         """The reply to one request of a step function."""

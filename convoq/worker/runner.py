@@ -36,6 +36,7 @@ from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
     LeaseLostError,
+    NotDurableError,
     NotInboxHeadError,
     StaleFenceError,
     TurnAlreadyAppliedError,
@@ -45,6 +46,7 @@ from convoq.ids import check_conversation_id
 from convoq.messages import Message
 from convoq.observe import tracing
 from convoq.redis._base import REDIS_UNAVAILABLE
+from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState
 from convoq.window import Window, last_turns
@@ -212,14 +214,23 @@ class Runner:
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
-                    await self._protocol.park(
-                        cid,
-                        tid,
-                        fence=acq.fence,
-                        state=outcome.state,
-                        approval_ttl_ms=self._config.approval_ttl_s * 1000,
-                        events=events,
+                    await until_durable(
+                        lambda: self._protocol.park(
+                            cid,
+                            tid,
+                            fence=acq.fence,
+                            state=outcome.state,
+                            approval_ttl_ms=self._config.approval_ttl_s * 1000,
+                            events=events,
+                        ),
+                        f"park of {cid}/{tid}",
                     )
+        except NotDurableError as exc:
+            # Parked on the primary, not confirmed by replicas: not announced; the lease
+            # lapses and a rerun replays the park (or parks again after a failover).
+            log.warning("park of %s/%s not durable (%s): left for a rerun", cid, tid, exc.message)
+            report.abandoned.append(tid)
+            return None
         except (StaleFenceError, NotInboxHeadError) as refused:
             # Another worker owns the conversation now: its run of this turn decides.
             log.warning("park of %s/%s refused (%s): abandoned", cid, tid, refused.message)
@@ -332,7 +343,16 @@ class Runner:
                     failed=ended,
                     requeued=requeued,
                 )
-                following = await run.while_leased(lambda: end(ending), "ending")
+                following = await run.while_leased(
+                    lambda: until_durable(lambda: end(ending), f"ending of {cid}/{tid}"), "ending"
+                )
+        except NotDurableError as exc:
+            # Ended on the primary, not confirmed by replicas: no callback announces it. If
+            # a failover lost the write, the turn is the running head again under a lease
+            # that lapses, and a rerun ends it again; if not, it stays ended, unannounced.
+            log.warning("ending %s/%s not durable (%s): left for a rerun", cid, tid, exc.message)
+            report.abandoned.append(tid)
+            return None
         except TurnAlreadyAppliedError:
             # Most often our own write resent after a lost reply (redis-py retries on a
             # timeout): the turn did end, so its callback is owed. A duplicate, when another

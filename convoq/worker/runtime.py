@@ -110,6 +110,8 @@ class WorkerRuntime:
             turn_ttl_s=s.turn_ttl_s,
             conversation_ttl_s=s.conversation_ttl_s,
             queue_limits=queue_limits(s),
+            min_replicas_acked=s.min_replicas_acked,
+            replica_ack_timeout_ms=s.replica_ack_timeout_ms,
         )
         config = RunnerConfig(
             worker_id=self.worker_id,
