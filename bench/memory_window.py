@@ -38,12 +38,21 @@ KEPT = 10
 POPULATE_BATCH = 250
 
 
-async def _median_ms(samples: int, call: Callable[[], Awaitable[list[Message]]]) -> float:
+BEST: dict[str, float] = {}
+
+
+async def _median_ms(
+    samples: int, call: Callable[[], Awaitable[list[Message]]], best: str = ""
+) -> float:
+    """The median in ms; with ``best``, the fastest run is kept in BEST[best] too (on a
+    shared machine the minimum shows the cost itself, the median adds the neighbours)."""
     times = []
     for _ in range(samples):
         start = time.perf_counter()
         await call()
         times.append(time.perf_counter() - start)
+    if best:
+        BEST[best] = min(times) * 1000
     return statistics.median(times) * 1000
 
 
@@ -57,9 +66,10 @@ async def _populate(memory: RedisConversationMemory, cid: str, size: int) -> Non
 async def _row(memory: RedisConversationMemory, size: int) -> tuple[float, float, float, int]:
     cid = f"window-{size}"
     await _populate(memory, cid, size)
-    budget = await _median_ms(300, lambda: memory.aload(cid, max_tokens=BUDGET))
-    sent = len(await memory.aload(cid, max_tokens=BUDGET))
+    # The whole-history loads first: they also let Redis settle after the bulk writes.
     full = await _median_ms(max(5, 200 // max(1, size // 100)), lambda: memory.aload(cid))
+    budget = await _median_ms(300, lambda: memory.aload(cid, max_tokens=BUDGET), f"b{size}")
+    sent = len(await memory.aload(cid, max_tokens=BUDGET))
     policy = CompactionPolicy(
         ScriptedModel(lambda request: "the user plans trains and weather"),
         max_turns=KEPT,
@@ -75,13 +85,13 @@ async def _row(memory: RedisConversationMemory, size: int) -> tuple[float, float
 
 def _table(rows: list[tuple[int, float, float, float, int]]) -> str:
     lines = [
-        f"{'turns':>8}{'budget ms':>11}{'x10-turn':>10}{'turns sent':>12}"
+        f"{'turns':>8}{'budget ms':>11}{'x10-turn':>10}{'best ms':>9}{'turns sent':>12}"
         f"{'full ms':>11}{'compacted ms':>14}{'full/compacted':>16}"
     ]
     base = rows[0][1]
     for size, budget, full, compacted, sent in rows:
         lines.append(
-            f"{size:>8}{budget:>11.3f}{budget / base:>10.1f}{sent:>12}"
+            f"{size:>8}{budget:>11.3f}{budget / base:>10.1f}{BEST[f'b{size}']:>9.3f}{sent:>12}"
             f"{full:>11.3f}{compacted:>14.3f}{full / compacted:>16.1f}"
         )
     return "\n".join(lines)
