@@ -18,6 +18,7 @@ import redis
 from typer.testing import CliRunner
 
 from convoq import Agent, Message
+from convoq._sync import run_sync
 from convoq.cli import app
 from convoq.errors import (
     ConversationBusyError,
@@ -32,6 +33,7 @@ from convoq.memory.transfer import export_conversation, import_conversation
 from convoq.messages import ImagePart, MessageRole, TextPart
 from convoq.redis import TurnProtocol
 from convoq.redis.keys import KeySchema
+from convoq.summary import Summary
 from convoq.testing import RecordingModel
 from convoq.testing.conformance import sample_turn
 from convoq.worker.profiles import Profiles
@@ -244,8 +246,14 @@ def test_export_import_file_to_redis_and_back(
         files.append("o'brien", history[5:])
         document = json.loads(export_conversation(files, "o'brien").to_json())
         assert document["format"] == "convoq.conversation" and document["version"] == 1
+        assert document["summary"] is None
         assert import_conversation(rds, document) == "o'brien"
         assert rds.load("o'brien") == history
+        summary = Summary.of("two looks", watermark=1, version=3)
+        _, _, basis = run_sync(files.asummary_state("o'brien"))
+        run_sync(files.acommit_summary("o'brien", summary, basis))
+        import_conversation(rds, export_conversation(files, "o'brien"), conversation_id="s")
+        assert rds.summary("s") == summary and rds.load("s") == history
         back = FileConversationMemory(tmp_path / "b")
         import_conversation(
             back, export_conversation(rds, "o'brien").to_json(), conversation_id="copy"

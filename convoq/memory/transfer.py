@@ -3,8 +3,9 @@ can move between backends (file <-> Redis, or into your own store).
 
 Document versions (``version``; ``format`` is always ``"convoq.conversation"``):
 
-* 1 - ``{"format", "version", "conversation_id", "messages"}``: every stored message in
-  the :mod:`convoq.messages` JSON form, attachment bytes base64 inline.
+* 1 - ``{"format", "version", "conversation_id", "messages", "summary"}``: every stored
+  message in the :mod:`convoq.messages` JSON form, attachment bytes base64 inline, and
+  the rolling summary (``{"text", "watermark", "version"}``) or null.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from convoq._sync import run_sync
 from convoq.errors import ConversationMemoryError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.ids import check_conversation_id
 from convoq.memory.adapt import MemoryLike, as_memory
-from convoq.memory.base import ConversationMemory
+from convoq.memory.base import ConversationMemory, StoredConversationMemory
 from convoq.messages import Message
+from convoq.summary import Summary
 from convoq.window import split_turns
 
 EXPORT_FORMAT = "convoq.conversation"
@@ -34,6 +36,7 @@ class ConversationExport(BaseModel):
     version: int = EXPORT_VERSION
     conversation_id: str
     messages: list[Message]
+    summary: Summary | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -76,6 +79,11 @@ async def aexport_conversation(
 ) -> ConversationExport:
     """Every stored message of a conversation as a :class:`ConversationExport`."""
     check_conversation_id(conversation_id)
+    if isinstance(memory, StoredConversationMemory):
+        messages, summary, _ = await memory.asummary_state(conversation_id)
+        return ConversationExport(
+            conversation_id=conversation_id, messages=messages, summary=summary
+        )
     messages = await as_memory(memory).aload(conversation_id)
     return ConversationExport(conversation_id=conversation_id, messages=messages)
 
@@ -116,6 +124,9 @@ async def aimport_conversation(
     try:
         for chunk in chunks:
             await target.aappend(cid, chunk)
+        if doc.summary is not None and isinstance(target, StoredConversationMemory):
+            _, _, basis = await target.asummary_state(cid)
+            await target.acommit_summary(cid, doc.summary, basis)
     except BaseException:
         await target.aclear(cid)
         raise

@@ -159,7 +159,12 @@ class WorkerRuntime:
                 max_turn_bytes=s.max_turn_bytes,
                 conversation_ttl_s=s.conversation_ttl_s,
             )
-        return await compact_idle(self._memory, cid, policy)
+        summary = await compact_idle(self._memory, cid, policy)
+        # A turn submitted meanwhile found the conversation held and was not run: kick it
+        # now rather than leave it to the sweeper.
+        if await self.protocol.redis.llen(self.keys.inbox(cid)):
+            await self.kick(cid)
+        return summary
 
     async def _queue_compaction(self, cid: str, agent: str) -> None:
         await asyncio.to_thread(self.send, routing.COMPACT_TASK, cid, agent)
