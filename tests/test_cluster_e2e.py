@@ -5,14 +5,17 @@ run their turns in order, one at a time, with their memory, also while a slot mo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from convoq.client import Client
 from convoq.errors import ConfigurationError
 from convoq.messages import MessageRole
 from tests.support.amqp import AMQP_URL, amqp_listening, delete_amqp_queues
+from tests.support.gateway import running_gateway
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
@@ -130,3 +133,29 @@ def _other_primaries(nodes: RedisClusterNodes, slot: int) -> list[int]:
     """The two primaries that do not serve ``slot``: the targets of its moves."""
     owner = nodes.slot_owner(slot)
     return [port for port in nodes.primaries() if port != owner]
+
+
+def test_the_gateway_serves_turns_from_a_cluster_and_answers_503_while_a_slot_is_down(
+    pool: WorkerPool, redis_cluster: RedisClusterNodes, tmp_path: Path
+) -> None:
+    cid = redis_cluster.conversations_on_every_primary(pool.prefix, 1)[0]
+    turns = f"/v1/conversations/{cid}/turns"
+    slot = key_slot(cid.encode())
+    owner = redis_cluster.slot_owner(slot)
+    with (
+        running_gateway(pool, tmp_path, callback_allowed_networks="") as gateway,
+        gateway.client() as http,
+    ):
+        submitted = http.post(turns, json={"message": "hello", "agent": "echo"})
+        assert submitted.status_code == 202, submitted.text
+        tid = submitted.json()["turn_id"]
+        done = http.get(f"{turns}/{tid}", params={"wait": 30})
+        assert done.status_code == 200 and done.json()["status"] == "succeeded", done.text
+        redis_cluster.unserve(slot, owner)
+        try:
+            down = http.get(f"{turns}/{tid}")
+        finally:
+            redis_cluster.serve(slot, owner)
+        assert down.status_code == 503, down.text
+        assert down.json()["title"] == "RedisUnavailable"
+        assert http.get(f"{turns}/{tid}").json()["status"] == "succeeded"  # back again

@@ -34,6 +34,7 @@ from convoq.errors import (
     TurnTimeoutError,
     UnknownTurnError,
 )
+from convoq.redis._cluster import CLUSTER_UNAVAILABLE
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:convoq:error:"
@@ -109,8 +110,11 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         return problem(exc.status_code, "HTTPError", str(exc.detail))
 
-    @app.exception_handler(RedisConnectionError)
-    @app.exception_handler(RedisTimeoutError)
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("Redis unavailable: %r", exc)
         return problem(503, "RedisUnavailable", "Redis does not answer; try again shortly")
+
+    # A cluster that cannot serve the slot now is, to a caller, a Redis that does not answer.
+    unavailable: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+    for error in (*unavailable, *CLUSTER_UNAVAILABLE):
+        app.add_exception_handler(error, _redis_down)
