@@ -46,7 +46,13 @@ def _blocking_half_second(_request: ModelRequest) -> str:
     return "ok"
 
 
-zero = Agent(ScriptedModel(lambda _request: "ok", name="zero"), name="zero")
+async def _at_once(_request: ModelRequest) -> str:
+    # Async, like a model client awaiting its server: a sync function would run on the
+    # worker's blocking-call threads, a thread hop per call.
+    return "ok"
+
+
+zero = Agent(ScriptedModel(_at_once, name="zero"), name="zero")
 slow = Agent(ScriptedModel(_half_second, name="slow"), name="slow")
 blocking = Agent(ScriptedModel(_blocking_half_second, name="blocking"), name="blocking")
 
