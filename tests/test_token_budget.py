@@ -180,6 +180,12 @@ async def test_redis_budget_window_never_reads_older_turns(
         window = await memory.aload("long", max_tokens=400)
         assert user_texts(window)[-1] == "q29" and "q0" not in user_texts(window)
         assert memory.load("long", max_tokens=400) == window
+        # A counter of the caller's own walks the turns newest first: no older one is read.
+        words = TokenizerCounter(lambda text: len(text.split()))
+        counted = await memory.aload("long", max_tokens=300, counter=words)
+        intact = [m for turn in split_turns(history(30))[1][1:] for m in turn]
+        assert counted == Window(None, 300, words).apply(intact) and len(counted) >= 8
+        assert user_texts(counted)[-1] == "q29" and "q0" not in user_texts(counted)
     finally:
         await memory.aclose()
 

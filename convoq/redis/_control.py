@@ -16,6 +16,7 @@ from convoq.messages import Message
 from convoq.redis._base import ProtocolBase, approval_expired_error
 from convoq.redis._budget import budget_steps
 from convoq.redis._codec import text
+from convoq.redis._counted import counted_steps
 from convoq.redis._history import load_history
 from convoq.redis._records import ParkedTurn, decode_record
 from convoq.redis._taking import valid_turn_id
@@ -122,7 +123,7 @@ class ControlMixin(ProtocolBase):
     async def window(self, cid: str, window: Window) -> list[Message]:
         """The stored messages ``window`` sends. A token budget with the default counter
         is chosen from the counts stored with each turn, reading only the window; another
-        counter counts what the turn-count window (or the whole history) holds."""
+        counter counts the turns read from the newest back until the budget is spent."""
         check_conversation_id(cid)
         budgeted = window.max_tokens is not None and window.default_counter
         if budgeted or window.with_summary:
@@ -130,6 +131,9 @@ class ControlMixin(ProtocolBase):
             budget = window.max_tokens if budgeted else None
             steps = budget_steps(self.keys, cid, budget, keep, window.with_summary)
             return window.apply(await adrive(steps, self.scripts.perform))
+        if window.max_tokens is not None:  # a counter of the caller's own
+            counted = counted_steps(self.keys, cid, window)
+            return window.apply(await adrive(counted, self.scripts.perform))
         return window.apply(
             await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
         )
