@@ -17,11 +17,12 @@ import redis
 from tests.support.redis_server import RedisServer
 
 
-def replicate(replica: RedisServer, primary: RedisServer, timeout: float = 15.0) -> None:
-    """Make ``replica`` a replica of ``primary`` and wait until its link is up."""
+def replicate(replica: RedisServer, primary_port: int, timeout: float = 15.0) -> None:
+    """Make ``replica`` a replica of the primary at ``primary_port`` and wait until its
+    link is up."""
     client = redis.Redis(host="127.0.0.1", port=replica.port)
     try:
-        client.execute_command("REPLICAOF", "127.0.0.1", primary.port)
+        client.execute_command("REPLICAOF", "127.0.0.1", primary_port)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if client.info("replication").get("master_link_status") == "up":
@@ -29,7 +30,7 @@ def replicate(replica: RedisServer, primary: RedisServer, timeout: float = 15.0)
             time.sleep(0.05)
     finally:
         client.close()
-    raise RuntimeError(f"replica {replica.port} did not sync from {primary.port}")
+    raise RuntimeError(f"replica {replica.port} did not sync from {primary_port}")
 
 
 def wait_links_up(ports: list[int], timeout: float = 30.0) -> None:
@@ -71,18 +72,24 @@ def thaw(server: RedisServer) -> None:
 
 
 class ReplicatedPair:
-    """A primary and one replica under ``directory``."""
+    """A primary and one replica under ``directory``; the replication stream runs
+    through a :class:`Forwarder` (``link``) that can hold it, as a congested network
+    would, and drop what it holds when the primary dies."""
 
     def __init__(self, directory: Path) -> None:
         self.primary = RedisServer(directory / "primary")
         self.replica = RedisServer(directory / "replica")
+        self.link: Forwarder | None = None
 
     def start(self) -> None:
         self.primary.start()
         self.replica.start()
-        replicate(self.replica, self.primary)
+        self.link = Forwarder(self.primary.port)
+        replicate(self.replica, self.link.port)
 
     def stop(self) -> None:
+        if self.link is not None:
+            self.link.close()
         for server in (self.primary, self.replica):
             with contextlib.suppress(Exception):
                 if server.process is not None:
@@ -100,11 +107,17 @@ class Forwarder:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._links: list[tuple[socket.socket, socket.socket]] = []
+        self._flowing = threading.Event()
+        self._flowing.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def hold(self) -> None:
+        """Stop passing bytes on (what arrives meanwhile waits here, undelivered)."""
+        self._flowing.clear()
 
     def point_at(self, upstream: int) -> None:
         with self._lock:
@@ -117,9 +130,11 @@ class Forwarder:
                 sock.close()
 
     def close(self) -> None:
+        """Drop every link and whatever they hold."""
         with contextlib.suppress(OSError):
             self._listener.close()
         self.point_at(self.upstream)
+        self._flowing.set()
 
     def _accept(self) -> None:
         while True:
@@ -136,16 +151,18 @@ class Forwarder:
             with self._lock:
                 self._links.append((client, server))
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self._flowing.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            # Either direction ending ends the link: the other pump's recv fails too.
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
