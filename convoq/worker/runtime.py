@@ -47,6 +47,8 @@ log = logging.getLogger("convoq.worker")
 T = TypeVar("T")
 # Closing connections at shutdown waits this long at most.
 _CLOSE_TIMEOUT_S = 5.0
+# Once a warm shutdown closed everything, the process exits within this long.
+_EXIT_AFTER_CLOSE_S = 2.0
 
 
 class WorkerRuntime:
@@ -62,6 +64,7 @@ class WorkerRuntime:
         # Parsed at start-up: a bad allow-list stops the worker, not its first webhook.
         self._callback_policy = CallbackPolicy(settings.callback_allowed_networks)
         self._loop = LoopThread("convoq-worker-loop")
+        self._warm_shutdown = False  # SIGTERM came: see begin_shutdown
         # Every turn in flight may be inside a sync model function or tool at once.
         set_blocking_threads(settings.concurrency)
         self._open_lock = threading.Lock()
@@ -320,6 +323,7 @@ class WorkerRuntime:
         Called from the signal handler of a worker process: it only schedules the change
         on the loop, and arms the process's exit deadline (:mod:`._shutdown`)."""
         s = self.settings
+        self._warm_shutdown = True
         arm_exit_deadline(s.shutdown_grace_s + 2 * s.lease_ms / 1000 + _CLOSE_TIMEOUT_S + 5)
         if self._state is not None:
             self._loop.loop.call_soon_threadsafe(self._state[2].begin_shutdown)
@@ -335,6 +339,10 @@ class WorkerRuntime:
                 self._loop.run(self._close(), timeout=_CLOSE_TIMEOUT_S)
             except Exception as exc:  # shutting down anyway
                 log.warning("closing the worker's Redis connections failed: %s", exc)
+        if self._warm_shutdown:
+            # All that is left is the interpreter's exit, which joins threads that may
+            # still run a blocking call nothing can stop.
+            arm_exit_deadline(_EXIT_AFTER_CLOSE_S)
 
     async def _close(self) -> None:
         assert self._state is not None
