@@ -48,3 +48,12 @@ def effect_fn(request: ModelRequest) -> str | Message:
 
 
 effect = Agent(ScriptedModel(effect_fn), name="effect", tools=[record])
+
+
+def nap_fn(request: ModelRequest) -> str:
+    """A model call of a second, blocking its thread (as a sync SDK call would)."""
+    time.sleep(1.0)
+    return "rested"
+
+
+napper = Agent(ScriptedModel(nap_fn), name="napper")
