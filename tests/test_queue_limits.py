@@ -17,6 +17,7 @@ from convoq.limits import QueueLimits
 from convoq.messages import Message
 from convoq.redis import TurnProtocol
 from convoq.settings import ConvoqSettings
+from convoq.worker.sweeper import Sweeper
 
 
 @pytest.fixture
@@ -129,3 +130,19 @@ def test_limits_resolve_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("CONVOQ_MAX_QUEUED_PER_AGENT", "-1")
     with pytest.raises(ConfigurationError, match="CONVOQ_MAX_QUEUED_PER_AGENT"):
         ConvoqSettings.resolve()
+
+
+async def test_each_sweep_reconciles_the_counts(
+    opened: dict[str, TurnProtocol], store_url: str, key_prefix: str
+) -> None:
+    p = proto(opened, store_url, key_prefix, per_agent=5)
+    await put(p, "gone", "t1")
+    await p.clear("gone", force=True)
+    kicked: list[str] = []
+
+    async def kick(cid: str) -> None:
+        kicked.append(cid)
+
+    sweeper = Sweeper(p, kick, interval_s=1.0, reconcile_grace_ms=0)
+    assert await sweeper.sweep_once() == []
+    assert await p.queued_counts() == {}

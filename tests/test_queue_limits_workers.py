@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from convoq.errors import QueueFullError
 from convoq.redis.keys import KeySchema
@@ -31,6 +32,11 @@ def limited(
     pool.start()
     yield pool
     pool.stop_all()
+
+
+def _refused(agent: str, limit: str) -> float:
+    labels = {"agent": agent, "limit": limit}
+    return REGISTRY.get_sample_value("convoq_submits_refused_total", labels) or 0.0
 
 
 def _cid(label: str) -> str:
@@ -65,8 +71,10 @@ def test_a_cancelled_turn_frees_its_place(
     with idle.client() as client:
         client.submit(cid, "one", agent="slow")
         queued = client.submit(cid, "two", agent="slow")
+        refused = _refused("slow", "agent")
         with pytest.raises(QueueFullError):
             client.submit(cid, "three", agent="slow")
+        assert _refused("slow", "agent") == refused + 1  # the client's metric counts it
         assert client.cancel(queued) == "cancelled"
         client.submit(cid, "three", agent="slow")
 

@@ -29,7 +29,7 @@ from convoq.client._base import (
     check_turn_ref,
 )
 from convoq.client.handle import AsyncTurnHandle, TurnResult
-from convoq.errors import ConfigurationError, UnknownAgentError
+from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits, queue_limits
 from convoq.messages import Message
@@ -269,18 +269,22 @@ class AsyncClient:
         options = {**sub.options, tracing.OPTION: trace} if trace else sub.options
         protocol = self.protocol
         # Resent while replicas have not confirmed it: the same turn id makes it a replay.
-        stored = await until_durable(
-            lambda: protocol.submit(
-                sub.conversation_id,
-                sub.turn_id,
-                agent=sub.agent,
-                message=sub.message,
-                options=options,
-                idempotency_key=sub.idempotency_key,
-                if_busy=sub.if_busy,
-            ),
-            f"submit of {sub.conversation_id}/{sub.turn_id}",
-        )
+        try:
+            stored = await until_durable(
+                lambda: protocol.submit(
+                    sub.conversation_id,
+                    sub.turn_id,
+                    agent=sub.agent,
+                    message=sub.message,
+                    options=options,
+                    idempotency_key=sub.idempotency_key,
+                    if_busy=sub.if_busy,
+                ),
+                f"submit of {sub.conversation_id}/{sub.turn_id}",
+            )
+        except QueueFullError as full:
+            metrics.submit_refused(sub.agent, full.limit)
+            raise
         tracing.set_attribute("convoq.turn_id", stored.turn_id)
         if not stored.duplicate:
             metrics.turn_submitted(sub.agent)

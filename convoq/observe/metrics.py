@@ -50,6 +50,11 @@ _RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900
 TURNS_SUBMITTED = Counter(
     "convoq_turns_submitted_total", "Turns queued by clients (duplicates not counted).", ["agent"]
 )
+SUBMITS_REFUSED = Counter(
+    "convoq_submits_refused_total",
+    "Submits refused by a limit on queued turns (conversation, agent, total).",
+    ["agent", "limit"],
+)
 TURNS_STARTED = Counter(
     "convoq_turns_started_total",
     "Runs of a turn begun on a worker (resumes, reruns too).",
@@ -133,6 +138,11 @@ WEBHOOKS = Counter(
 
 def turn_submitted(agent: str) -> None:
     TURNS_SUBMITTED.labels(agent).inc()
+
+
+def submit_refused(agent: str, limit: str) -> None:
+    """A submit over a limit on queued turns (QueueFullError)."""
+    SUBMITS_REFUSED.labels(agent, limit).inc()
 
 
 def turn_started(agent: str, queue_wait_s: float | None) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from convoq.errors import QueueFullError
+from convoq.errors import NotDurableError, QueueFullError
 from convoq.ids import from_key_part, key_part
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
@@ -50,18 +50,19 @@ class AdmissionMixin(ProtocolBase):
         self, cid: str, turn_id: str, agent: str, keys: list[str], args: list[Any]
     ) -> SubmitResult:
         """Run the ``submit`` script within the limits (see the module docstring)."""
-        limits = self.queue_limits
-        args = [*args, limits.per_conversation or 0]
-        if not limits.counted:
-            return self._submitted(await self.run_acked("submit", cid, keys, args), cid, turn_id)
-        await self._admit(cid, turn_id, agent)
+        counted = self.queue_limits.counted
+        args = [*args, self.queue_limits.per_conversation or 0]
+        if counted:
+            await self._admit(cid, turn_id, agent)
         try:
-            reply = await self.run_acked("submit", cid, keys, args)
-            result = self._submitted(reply, cid, turn_id)
+            result = self._submitted(await self.scripts.run("submit", keys, args), cid, turn_id)
+        except NotDurableError:
+            raise  # applied on the primary: stays counted (reconciled if the write is lost)
         except BaseException:
-            await self.unadmit_quietly(cid, turn_id)
+            if counted:
+                await self.unadmit_quietly(cid, turn_id)
             raise
-        if result.duplicate and (result.turn_id != turn_id or result.position < 0):
+        if counted and result.duplicate and (result.turn_id != turn_id or result.position < 0):
             # Counted under the first submit's id, or already ended: not this one.
             await self.unadmit_quietly(cid, turn_id)
         return result
