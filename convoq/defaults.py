@@ -14,8 +14,8 @@ MiB = 1024 * 1024
 
 PREFIX = "convoq"
 """Prefix of every Redis key and Celery queue (``CONVOQ_PREFIX``)."""
-CLUSTER_SCHEME = "redis+cluster"
-"""URL scheme of a Redis Cluster: ``redis+cluster://host:port[,host:port...]``."""
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+"""URL schemes of a Redis Cluster (plain, TLS): ``redis+cluster://host:port[,host:port...]``."""
 PARTITIONS = 16
 """Queues ``{prefix}.p0`` .. ``p{N-1}``; kicks go to ``crc32(cid) % N`` (``CONVOQ_PARTITIONS``)."""
 HOME = Path(".convoq")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -26,7 +26,8 @@ from convoq.redis._urls import parse_cluster_url
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
 from tests.support.protocol_helpers import open_protocol
-from tests.support.redis_cluster import RedisClusterNodes
+from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
+from tests.support.tls import make_tls_files
 
 
 def test_a_cluster_url_names_its_startup_nodes_and_credentials() -> None:
@@ -195,3 +196,42 @@ async def test_calls_beyond_max_connections_wait_instead_of_failing(
         await client.aclose()
     assert all(not reply for reply in reads)  # each read waited its 200 ms and got nothing
     assert all(not read and exists == 0 for read, exists in piped)
+
+
+@pytest.fixture(scope="module")
+def secured_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """A cluster with a password, speaking TLS only (clients, replication, its bus)."""
+    cli = redis_cli_binary()
+    if cli is None:
+        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    directory = tmp_path_factory.mktemp("tls-cluster")
+    tls = make_tls_files(directory / "certs", client_auth=True)
+    nodes = RedisClusterNodes(directory / "nodes", cli, password="s3cret:/@", tls=tls)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+async def test_a_cluster_over_tls_with_a_password_serves_memory_and_turns(
+    secured_cluster: RedisClusterNodes, key_prefix: str
+) -> None:
+    url = secured_cluster.url
+    assert url.startswith("rediss+cluster://:s3cret%3A%2F%40@")
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+    try:
+        memory.append("c1", [Message.user("hello"), Message.assistant("hi")])  # sync client
+        assert [m.text for m in await memory.aload("c1")] == ["hello", "hi"]  # async client
+    finally:
+        await memory.aclose()
+    async with open_protocol(url, key_prefix) as proto:
+        await proto.submit("c2", "t1", agent="a", message=Message.user("q"), options={})
+        assert (await proto.get_turn("c2", "t1")).status == "queued"
+    plain = url.replace("rediss+cluster://", "redis+cluster://").split("?")[0]
+    with pytest.raises(ConfigurationError, match="TLS options need rediss"):
+        connect(plain + "?ssl_ca_certs=/x")
+    with pytest.raises(ConfigurationError, match="only"):
+        connect(url + "&socket_timeout=1")
+    with pytest.raises(ConfigurationError, match="not a file"):
+        connect(url.split("?")[0] + "?ssl_ca_certs=/no/such/ca.pem")

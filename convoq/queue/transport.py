@@ -33,7 +33,7 @@ def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
         ConfigurationError: the memory Redis is a cluster and no broker is given (Celery
             cannot use a Redis Cluster as its broker).
     """
-    if not broker_url and urlsplit(redis_url).scheme.lower() == defaults.CLUSTER_SCHEME:
+    if not broker_url and urlsplit(redis_url).scheme.lower() in defaults.CLUSTER_SCHEMES:
         raise ConfigurationError(
             "the Redis URL is a Redis Cluster, which Celery cannot use as its broker: set"
             " CONVOQ_BROKER_URL (broker_url=) to a standalone Redis (redis://host:port/0)"

@@ -109,13 +109,14 @@ def connect_cluster(
         retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=_RETRIES),
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_connect_timeout,
+        **address.tls,
     )
 
 
 def connect_cluster_blocking(url: str, *, max_connections: int) -> SyncRedisCluster:
     """A sync cluster client for ``url``, configured as :func:`connect_cluster`."""
     address = parse_cluster_url(url)
-    options: dict[str, Any] = {"max_connections": max_connections}
+    options: dict[str, Any] = {"max_connections": max_connections, **address.tls}
     return SyncRedisCluster(
         startup_nodes=[
             ClusterNode(host, port)  # type: ignore[no-untyped-call]

@@ -8,12 +8,14 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
+from urllib.parse import quote
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from tests.support.redis_server import free_port, redis_server_binary
+from tests.support.tls import TlsFiles
 
 
 def redis_cli_binary() -> str | None:
@@ -30,6 +32,8 @@ class RedisClusterNodes:
             write it acknowledged).
         node_timeout_ms: how long a primary may be unreachable before its replica is
             promoted.
+        password: the default user's password on every node (clients and replicas).
+        tls: serve clients, replication and the cluster bus over TLS only, with these files.
     """
 
     def __init__(
@@ -39,6 +43,8 @@ class RedisClusterNodes:
         *,
         appendfsync: str = "everysec",
         node_timeout_ms: int = 5000,
+        password: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.directory = directory
         self.cli = cli
@@ -48,12 +54,52 @@ class RedisClusterNodes:
         self.bus_ports = {port: free_port() for port in self.ports}
         self.appendfsync = appendfsync
         self.node_timeout_ms = node_timeout_ms
+        self.password = password
+        self.tls = tls
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
     def url(self) -> str:
         """The convoq cluster URL naming every node as a startup node."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        scheme = "rediss+cluster" if self.tls else "redis+cluster"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        query = f"?ssl_ca_certs={self.tls.ca}" if self.tls else ""
+        nodes = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        return f"{scheme}://{auth}{nodes}{query}"
+
+    def _client_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"password": self.password}
+        if self.tls:
+            options.update(ssl=True, ssl_ca_certs=str(self.tls.ca))
+        return options
+
+    def _node(self, port: int, **options: Any) -> redis.Redis:
+        """A plain client of one node."""
+        return redis.Redis(host="127.0.0.1", port=port, **self._client_options(), **options)
+
+    def _cli_options(self) -> list[str]:
+        options = ["-a", self.password, "--no-auth-warning"] if self.password else []
+        return options + (["--tls", "--cacert", str(self.tls.ca)] if self.tls else [])
+
+    def _server_options(self, port: int) -> list[str]:
+        options = (
+            ["--requirepass", self.password, "--masterauth", self.password]
+            if (self.password)
+            else []
+        )
+        if self.tls is None:
+            return [*options, "--port", str(port)]
+        return [
+            *options,
+            "--port", "0",
+            "--tls-port", str(port),
+            "--tls-cluster", "yes",
+            "--tls-replication", "yes",
+            "--tls-cert-file", str(self.tls.cert),
+            "--tls-key-file", str(self.tls.key),
+            "--tls-ca-cert-file", str(self.tls.ca),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
 
     def start(self) -> None:
         for port in self.ports:
@@ -61,8 +107,9 @@ class RedisClusterNodes:
         for port in self.ports:
             self._wait_ping(port)
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        create = ["--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"]
         subprocess.run(
-            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+            [self.cli, *self._cli_options(), *create],
             check=True,
             capture_output=True,
             timeout=60,
@@ -74,7 +121,7 @@ class RedisClusterNodes:
         home.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary,
-            "--port", str(port),
+            *self._server_options(port),
             "--cluster-port", str(self.bus_ports[port]),
             "--bind", "127.0.0.1",
             "--cluster-enabled", "yes",
@@ -93,7 +140,7 @@ class RedisClusterNodes:
         )
 
     def _wait_ping(self, port: int, timeout: float = 10.0) -> None:
-        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
+        client = self._node(port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -112,7 +159,7 @@ class RedisClusterNodes:
         while time.monotonic() < deadline:
             states = []
             for port in self.ports:
-                client = redis.Redis(host="127.0.0.1", port=port)
+                client = self._node(port)
                 try:
                     info = client.cluster("info")
                 finally:
@@ -125,7 +172,8 @@ class RedisClusterNodes:
 
     def client(self) -> RedisCluster:
         """A plain sync cluster client (for test setup and checks)."""
-        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports])
+        nodes = [ClusterNode("127.0.0.1", p) for p in self.ports]
+        return RedisCluster(startup_nodes=nodes, **self._client_options())
 
     def conversations_on_every_primary(self, prefix: str, per_primary: int) -> list[str]:
         """Conversation ids (under ``prefix``) whose keys sit ``per_primary`` on each of
@@ -143,7 +191,7 @@ class RedisClusterNodes:
 
     def slot_owner(self, slot: int) -> int:
         """The port of the primary serving ``slot`` now (asked, not cached)."""
-        node = redis.Redis(host="127.0.0.1", port=self.ports[0])
+        node = self._node(self.ports[0])
         try:
             ranges = node.execute_command("CLUSTER SLOTS")
         finally:
@@ -157,7 +205,7 @@ class RedisClusterNodes:
         """Ports of the primaries, in port order."""
         ports = []
         for port in self.ports:
-            node = redis.Redis(host="127.0.0.1", port=port)
+            node = self._node(port)
             try:
                 if node.execute_command("ROLE")[0] in (b"master", "master"):
                     ports.append(port)
@@ -170,7 +218,7 @@ class RedisClusterNodes:
         ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING (clients get ``ASK``),
         MIGRATE the keys in batches, then assign the slot (clients get ``MOVED``)."""
         source = self.slot_owner(slot)
-        nodes = {p: redis.Redis(host="127.0.0.1", port=p) for p in self.primaries()}
+        nodes = {p: self._node(p) for p in self.primaries()}
         try:
             ids = {p: n.execute_command("CLUSTER MYID") for p, n in nodes.items()}
             nodes[target].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
@@ -188,7 +236,7 @@ class RedisClusterNodes:
     def unserve(self, slot: int, owner: int) -> None:
         """Take ``slot`` from its primary on port ``owner``: that node answers CLUSTERDOWN
         (for every slot: its cluster_state fails) until :meth:`serve` gives it back."""
-        node = redis.Redis(host="127.0.0.1", port=owner)
+        node = self._node(owner)
         try:
             node.execute_command("CLUSTER DELSLOTS", slot)
         finally:
@@ -196,7 +244,7 @@ class RedisClusterNodes:
 
     def serve(self, slot: int, owner: int) -> None:
         """Give ``slot`` back to the primary on port ``owner`` (a no-op if it has it)."""
-        node = redis.Redis(host="127.0.0.1", port=owner)
+        node = self._node(owner)
         try:
             node.execute_command("CLUSTER ADDSLOTS", slot)
         except redis.ResponseError as exc:

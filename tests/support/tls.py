@@ -31,8 +31,10 @@ class TlsFiles:
     key: Path
 
 
-def make_tls_files(directory: Path) -> TlsFiles:
-    """A fresh CA and a server certificate signed by it, valid for two days."""
+def make_tls_files(directory: Path, *, client_auth: bool = False) -> TlsFiles:
+    """A fresh CA and a server certificate signed by it, valid for two days; with
+    ``client_auth`` the certificate may also identify a client (Redis Cluster nodes present
+    theirs to each other on the cluster bus, and verify it)."""
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.skip("the openssl command is needed to make test certificates")
@@ -40,7 +42,11 @@ def make_tls_files(directory: Path) -> TlsFiles:
     files = TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
     ca_key, csr = directory / "ca.key", directory / "server.csr"
     extensions = directory / "server.ext"
-    extensions.write_text(_SERVER_EXTENSIONS, "ascii")
+    usage = "serverAuth, clientAuth" if client_auth else "serverAuth"
+    extensions.write_text(
+        _SERVER_EXTENSIONS.replace("extendedKeyUsage = serverAuth", f"extendedKeyUsage = {usage}"),
+        "ascii",
+    )
     _run(
         openssl, "req", "-x509", *_KEY, "-keyout", ca_key, "-out", files.ca, "-days", "2",
         "-subj", "/CN=convoq throw-away test CA",
