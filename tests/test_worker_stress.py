@@ -59,10 +59,12 @@ def test_many_short_turns_on_short_leases_all_end(
     )
 
 
-def test_warm_shutdown_hands_back_a_turn_stuck_in_a_model_call(
+def test_cancel_and_warm_shutdown_stop_turns_stuck_in_a_model_call(
     redis_server: RedisServer, tmp_path: Path, r: redis.Redis
 ) -> None:
-    """SIGTERM while the only turn blocks in its model call: the worker stops within its
+    """A turn whose model call never returns is cancelled (the renewal reports the
+    cancel; checkpoints alone would never see it), and the conversation's next turn runs.
+    Then SIGTERM while another turn blocks in its model call: the worker stops within its
     bound (grace 1 s, then the turn is handed back) instead of waiting for the call; a
     new worker then runs the turn to its end."""
     with running_pool(
@@ -70,6 +72,13 @@ def test_warm_shutdown_hands_back_a_turn_stuck_in_a_model_call(
         shutdown_grace_s=1,
     ) as pool, pool.client() as client:  # fmt: skip
         [leaving] = pool.workers
+        stuck_cid, stuck_word = f"stuck-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+        stuck = client.submit(stuck_cid, f"{stuck_word} never returns", agent="blocker")
+        after = client.submit(stuck_cid, "after", agent="echo")
+        wait_until(lambda: r.llen(f"{pool.prefix}:test:ran:{stuck_word}") == 1, 30)
+        assert client.cancel(stuck) == "stopping"
+        assert stuck.wait(30, raise_on_error=False).status == "cancelled"
+        assert after.wait(30).text == "seen: after"
         cid, word = f"warm-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
         ran = f"{pool.prefix}:test:ran:{word}"
         turn = client.submit(cid, f"{word} stuck", agent="blocker")
