@@ -105,9 +105,13 @@ def test_a_dropped_parked_turn_frees_its_conversation_after_the_approval_ttl(
 def test_clear_frees_a_parked_turn(store: Store) -> None:
     memory = store.memory()
     agent = store.agent(memory)
-    assert agent.generate("pay").status == "awaiting_approval"
+    wire = agent.generate("pay").continuation.model_dump_json()  # type: ignore[union-attr]
     memory.clear("c")
     assert agent.generate("fresh").text == "answer to fresh"
+    # Its continuation cannot go on: the history it paused in is gone.
+    with pytest.raises(ConvoqError, match=r"already resumed|expired"):
+        agent.resume(wire, {"t1": True})
+    assert ran == []
     assert [m.text for m in memory.load("c")] == ["fresh", "answer to fresh"]
 
 

@@ -59,13 +59,16 @@ class Reservations:
             if hold is not None and hold.token == token:
                 del self._holds[cid]
 
-    def free_parked(self, cid: str, token: str | None = None) -> None:
+    def free_parked(self, cid: str, token: str | None = None) -> tuple[str, float] | None:
         """Free ``cid`` if its holder (``token``, or any) awaits approval: clear drops
-        such a turn, and one resumed or discarded elsewhere holds nothing any more."""
+        such a turn, and one resumed or discarded elsewhere holds nothing any more.
+        Returns the freed turn's token and the seconds its approval had left."""
         with self._lock:
             hold = self._holds.get(cid)
-            if hold is not None and hold.parked_until is not None and token in (None, hold.token):
-                del self._holds[cid]
+            if hold is None or hold.parked_until is None or token not in (None, hold.token):
+                return None
+            del self._holds[cid]
+            return hold.token, max(hold.parked_until - time.monotonic(), 0.0)
 
     def holders(self) -> dict[str, str]:
         """Live reservations: conversation id -> token (expired ones are dropped)."""

@@ -15,7 +15,7 @@ import time
 
 from convoq._sync import run_sync
 from convoq.errors import ConversationBusyError, ConvoqError
-from convoq.memory._reservations import Reservations, SpentTokens
+from convoq.memory._reservations import Reservations, SpentTokens, now_ms
 from convoq.messages import Message
 
 _LAZY_LOCK = threading.Lock()
@@ -111,6 +111,14 @@ class TurnHooks:
         by this object until the continuation expires; convoq's backends keep it in the
         store, where every object and process on that store sees it."""
         return self._spent_tokens.spend(token, until_ms)
+
+    async def _drop_parked(self, conversation_id: str) -> None:
+        """After a clear: free a turn awaiting approval here and spend its token, so its
+        continuation cannot go on with the history it was paused in gone."""
+        freed = self._reservations.free_parked(conversation_id)
+        if freed is not None:
+            token, left_s = freed
+            await self._spend(conversation_id, token, now_ms() + int(left_s * 1000) + 1)
 
     async def _is_spent(self, conversation_id: str, token: str) -> bool:
         """Whether a continuation token was spent (read only)."""

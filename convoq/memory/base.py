@@ -173,13 +173,14 @@ class StoredConversationMemory(ConversationMemory, ABC):
     async def aclear(self, conversation_id: str) -> None:
         check_conversation_id(conversation_id)
         await self._delete(conversation_id)
-        self._reservations.free_parked(conversation_id)
+        await self._drop_parked(conversation_id)
 
     def clear(self, conversation_id: str) -> None:
         check_conversation_id(conversation_id)
         self._delete_blocking(conversation_id)
         # A turn awaiting approval is dropped with the history it would have continued.
-        self._reservations.free_parked(conversation_id)
+        if self._reservations.holders().get(conversation_id) is not None:
+            run_sync(self._drop_parked(conversation_id))
 
     async def aprune(self, conversation_id: str, *, keep_last_turns: int) -> int:
         """Drop all but the newest ``keep_last_turns`` whole turns (and attachments only
