@@ -8,6 +8,7 @@ bounded by its timeout.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -40,9 +41,13 @@ def test_a_plain_install_runs_a_turn_through_a_worker(redis_url: str, tmp_path: 
         CONVOQ_AGENTS="convoq.demo_agents",
     )
     (tmp_path / "home").mkdir()
-    # Run from tmp_path so the source tree is not importable: only the installed package is.
+    # Run a copy from tmp_path so neither the source tree nor tests/support (whose module
+    # names could shadow installed packages on sys.path[0]) is importable: only the
+    # installed package is.
+    driver = tmp_path / DRIVER.name
+    shutil.copyfile(DRIVER, driver)
     turn = subprocess.run(
-        [str(python), str(DRIVER)],
+        [str(python), str(driver)],
         env=env,
         cwd=tmp_path,
         capture_output=True,
