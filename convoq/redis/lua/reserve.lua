@@ -39,6 +39,7 @@ elseif l[1] or redis.call('LLEN', inbox) > 0 then
   return {'BUSY'}
 end
 local fence = new_fence(meta)
+redis.call('HSETNX', meta, 'format_version', FORMAT)
 redis.call('HSET', lease, 'holder', ARGV[1], 'fence', fence, 'state', 'active',
   'expires_ms', istr(now_ms() + tonumber(ARGV[2])))
 redis.call('PEXPIRE', lease, ARGV[2])
