@@ -30,8 +30,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from convoq.errors import NotDurableError, QueueFullError
-from convoq.ids import from_key_part, key_part
+from convoq.errors import InvalidConversationIdError, NotDurableError, QueueFullError
+from convoq.ids import check_turn_id, from_key_part, key_part
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
 from convoq.redis._records import FINAL_STATUSES, SubmitResult
@@ -87,9 +87,10 @@ class AdmissionMixin(ProtocolBase):
             raise self._full(which, limit, cid, agent=agent)
 
     def _full(self, which: str, limit: int | None, cid: str, **details: Any) -> QueueFullError:
-        whose = {"conversation": f"conversation {cid!r}", "agent": "this agent"}.get(
-            which, "the deployment"
-        )
+        whose = {
+            "conversation": f"conversation {cid!r}",
+            "agent": f"agent {details.get('agent')!r}",
+        }.get(which, "the deployment")
         setting = f"CONVOQ_MAX_QUEUED_{'TOTAL' if which == 'total' else 'PER_' + which.upper()}"
         return QueueFullError(
             f"{whose} has {limit} turns queued, its limit ({setting}); nothing was queued:"
@@ -131,17 +132,28 @@ class AdmissionMixin(ProtocolBase):
         seconds, micros = await self.redis.time()
         old_before = seconds * 1000 + micros // 1000 - grace_ms
         ended: list[tuple[str, str]] = []
-        assert isinstance(found, dict)  # HSCAN without NOVALUES answers field -> value
-        for member, value in found.items():
-            admitted_ms = int(text(value).split(" ", 1)[0])
-            part, _, tid = text(member).partition(" ")
-            cid = from_key_part(part)
-            if admitted_ms >= old_before or cid is None:
+        for member, value in (found if isinstance(found, dict) else {}).items():
+            turn = _counted_turn(text(member), text(value), old_before)
+            if turn is None:
                 continue
-            status = await self.redis.hget(self.keys.turn(cid, tid), "status")
+            status = await self.redis.hget(self.keys.turn(*turn), "status")
             if status is None or text(status) in FINAL_STATUSES:
-                ended.append((cid, tid))
+                ended.append(turn)
         done = await self.unadmit(ended)
         if done:
             log.info("uncounted %d ended turn(s) that still counted as queued", done)
         return done
+
+
+def _counted_turn(member: str, value: str, old_before: int) -> tuple[str, str] | None:
+    """``(cid, turn id)`` of a member admitted before ``old_before`` (ms), else None
+    (admitted within the grace, or not a member this code wrote)."""
+    admitted, _, _agent = value.partition(" ")
+    part, _, tid = member.partition(" ")
+    cid = from_key_part(part)
+    if not admitted.isdigit() or int(admitted) >= old_before or cid is None:
+        return None
+    try:
+        return cid, check_turn_id(tid)
+    except InvalidConversationIdError:
+        return None
