@@ -91,7 +91,9 @@ def test_the_gateway_answers_a_full_queue_429_with_retry_after(
         body = {"message": "one", "agent": "echo"}
         assert http.post(f"/v1/conversations/{cid}/turns", json=body).status_code == 202
         full = http.post(f"/v1/conversations/{cid}/turns", json={**body, "message": "2"})
+        documented = http.get("/openapi.json").json()["paths"]["/v1/conversations/{cid}/turns"]
     assert full.status_code == 429, full.text
+    assert "429" in documented["post"]["responses"]
     assert full.headers["content-type"] == "application/problem+json"
     assert full.headers["retry-after"] == "1"
     problem = full.json()

@@ -75,6 +75,7 @@ def _links(request: Request, cid: str, tid: str) -> TurnLinks:
     response_model=TurnAccepted,
     openapi_extra=_SUBMIT_BODY,
     summary="Queue a turn (scope: submit)",
+    responses={429: {"description": "A limit on queued turns is reached (Retry-After)."}},
 )
 async def submit_turn(
     cid: str,
@@ -86,7 +87,8 @@ async def submit_turn(
 ) -> TurnAccepted:
     """Queue a turn and answer at once (202) with its id and URLs. JSON body, or
     multipart/form-data with ``text`` and files (images become image parts, anything else
-    file parts). ``Idempotency-Key``: a repeat answers with the first turn."""
+    file parts). ``Idempotency-Key``: a repeat answers with the first turn. Over a limit
+    on queued turns (``CONVOQ_MAX_QUEUED_*``): 429 with ``Retry-After``, nothing queued."""
     body = await _turn_request(request)
     handle = await client.submit(
         cid,
