@@ -55,7 +55,8 @@ class AdmissionMixin(ProtocolBase):
         if counted:
             await self._admit(cid, turn_id, agent)
         try:
-            result = self._submitted(await self.scripts.run("submit", keys, args), cid, turn_id)
+            reply = await self.run_acked("submit", cid, keys, args)
+            result = self._submitted(reply, cid, turn_id)
         except NotDurableError:
             raise  # applied on the primary: stays counted (reconciled if the write is lost)
         except BaseException:
