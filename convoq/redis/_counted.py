@@ -35,7 +35,8 @@ def counted_steps(keys: KeySchema, cid: str, window: Window) -> Steps[list[Messa
     )
 
 
-def _walk(keys: KeySchema, cid: str, window: Window) -> Steps[list[Message] | None]:
+def _head(keys: KeySchema, cid: str) -> Steps[tuple[list[Message], int]]:
+    """The lead messages and the length of the turns list (format checked)."""
     turns_key, lead_key = keys.turns(cid), keys.lead(cid)
     head = yield Batch(
         [
@@ -48,22 +49,27 @@ def _walk(keys: KeySchema, cid: str, window: Window) -> Steps[list[Message] | No
     _raise_stored_errors(head, [keys.meta(cid), lead_key, turns_key])
     if head[0] is not None and text(head[0]) != str(FORMAT_VERSION):
         raise version_error(keys, cid, text(head[0]))
-    lead = yield from _decoded(
-        keys, cid, [parse_header(e, key=lead_key) for e in head[1]], lead_key
-    )
+    lead_headers = [parse_header(e, key=lead_key) for e in head[1]]
+    lead = yield from _decoded(keys, cid, lead_headers, lead_key)
+    return lead, int(head[2])
+
+
+def _walk(keys: KeySchema, cid: str, window: Window) -> Steps[list[Message] | None]:
+    turns_key = keys.turns(cid)
+    lead, length = yield from _head(keys, cid)
     counter, keep = window.token_counter, window.keep_last_turns or 0
     budget = max(0, (window.max_tokens or 0) - (counter.count(lead) if lead else 0))
     kept: list[list[Message]] = []  # newest first
     costs: list[int] = []
     later: list[Message] = []  # elements continuing a turn whose start is not read yet
-    end = head[2]
+    end = length
     while end > 0 and (not keep or len(kept) < keep):
         start = max(0, end - _CHUNK)
         reply = yield Batch(
             [("LLEN", turns_key), ("LRANGE", turns_key, start, end - 1)], transaction=True
         )
         _raise_stored_errors(reply, [turns_key, turns_key])
-        if reply[0] < head[2]:
+        if reply[0] < length:
             return None  # cleared or pruned meanwhile: start over
         for offset in range(len(reply[1]) - 1, -1, -1):
             # Parsed one by one, newest first: an element older than the window is not.
