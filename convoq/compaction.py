@@ -84,11 +84,14 @@ async def compact(
     Raises:
         SummaryConflictError: the history or summary changed underneath (nothing stored).
     """
+    # Counters first (cheap on Redis): no history is read while nothing can be due. A
+    # token threshold still reads the history once more turns than are kept wait.
+    pending = await memory.aunsummarised_turns(conversation_id)
+    floor = policy.keep_last_turns
     if policy.max_tokens is None and policy.max_turns is not None:
-        # A turn threshold is checked from counters first: no history read while not due.
-        pending = await memory.aunsummarised_turns(conversation_id)
-        if pending <= max(policy.max_turns, policy.keep_last_turns):
-            return None
+        floor = max(policy.max_turns, floor)
+    if pending <= floor:
+        return None
     messages, previous, basis = await memory.asummary_state(conversation_id)
     turns = split_turns(messages)[1]
     watermark = previous.watermark if previous else 0

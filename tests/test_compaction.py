@@ -164,3 +164,17 @@ async def test_the_runner_queues_compaction_after_a_stored_turn_and_sends_the_su
     finally:
         await proto.close()
         await memory.aclose()
+
+
+async def test_a_token_threshold_compacts_once_the_unsummarised_turns_pass_it(
+    memory: Any,
+) -> None:
+    policy = CompactionPolicy(summariser(), max_tokens=100, keep_last_turns=1)
+    await memory.aappend("t", [Message.user("u0 " + "w " * 20), Message.assistant("a0")])
+    await memory.aappend("t", [Message.user("u1 " + "w " * 20), Message.assistant("a1")])
+    assert await compact(memory, "t", policy) is None  # about 40 tokens: not due
+    for i in range(2, 6):
+        await memory.aappend("t", [Message.user(f"u{i} " + "w " * 20), Message.assistant("a")])
+    summary = await compact(memory, "t", policy)
+    assert summary is not None and summary.watermark == 5
+    assert summary.text == SUMMARY_PREFIX + "covers u0, u1, u2, u3, u4"
