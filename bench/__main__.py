@@ -16,6 +16,8 @@ BENCHMARKS: dict[str, str] = {
     "gateway": "bench.gateway_latency",
     "observe": "bench.observe_cost",
     "writer": "bench.agent_writer",
+    "scaling": "bench.scaling",
+    "acks": "bench.durable_acks",
 }
 
 
