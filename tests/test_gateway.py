@@ -168,6 +168,30 @@ def test_submit_multipart_upload(gateway: GatewayProcess) -> None:
     assert done["text"] == f"seen: upload files: {expected}"
 
 
+def test_history_window_and_token_budget_limit_what_the_model_sees(
+    gateway: GatewayProcess,
+) -> None:
+    cid = _cid("window")
+    with gateway.client("submitter") as http:
+        for text in ("one", "two", "three"):
+            accepted = http.post(_turns(cid), json={"message": text, "agent": "echo"}).json()
+            assert _wait(http, cid, accepted["turn_id"])["status"] == "succeeded"
+        windowed = http.post(
+            _turns(cid), json={"message": "four", "agent": "echo", "keep_last_turns": 1}
+        ).json()
+        assert _wait(http, cid, windowed["turn_id"])["text"] == "seen: three | four"
+        # A budget no previous turn fits in: only the new message is sent (multipart too).
+        form = {"text": "five", "agent": "echo", "max_history_tokens": "1"}
+        budget = http.post(_turns(cid), data=form, files=[("files", ("a.png", tiny_png()))])
+        assert budget.status_code == 202, budget.text
+        assert _wait(http, cid, budget.json()["turn_id"])["text"].startswith("seen: five files:")
+        refused = http.post(
+            _turns(cid), json={"message": "six", "agent": "echo", "max_history_tokens": 0}
+        )
+        assert refused.status_code == 422
+        assert refused.headers["content-type"].startswith("application/problem+json")
+
+
 def test_idempotency_key_header_returns_the_first_turn(gateway: GatewayProcess) -> None:
     cid = _cid("idem")
     with gateway.client("submitter") as http:

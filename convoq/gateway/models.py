@@ -26,6 +26,11 @@ class TurnRequest(BaseModel):
     keep_last_turns: int | None = Field(
         default=None, ge=0, description="Previous turns sent to the model (0: all)."
     )
+    max_history_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Send only the newest whole previous turns that fit this many tokens.",
+    )
     if_busy: Literal["queue", "reject"] = Field(
         default="queue", description="reject: 409 while another turn is in progress."
     )

@@ -42,6 +42,7 @@ _SUBMIT_BODY: dict[str, Any] = {
                         "text": {"type": "string"},
                         "agent": {"type": "string"},
                         "keep_last_turns": {"type": "integer"},
+                        "max_history_tokens": {"type": "integer"},
                         "if_busy": {"type": "string", "enum": ["queue", "reject"]},
                         "callback_url": {"type": "string"},
                         "files": {
@@ -96,6 +97,7 @@ async def submit_turn(
         agent=body.agent,
         idempotency_key=idempotency_key,
         keep_last_turns=body.keep_last_turns,
+        max_history_tokens=body.max_history_tokens,
         callback_url=body.callback_url,
         if_busy=body.if_busy,
     )
