@@ -45,7 +45,7 @@ VISIBILITY_TIMEOUT_S = 3600
 EVENT_FLUSH_MS = 10
 """How long a turn event may wait for the turn's next write before it goes on its own."""
 MIN_REPLICAS_ACKED = 0
-"""Replicas that must confirm a submit, commit or park before it is acknowledged (``WAIT``);
+"""Replicas that must confirm a submit, commit, fail or park before it is acknowledged (WAIT);
 0 acknowledges once the primary has it (``CONVOQ_MIN_REPLICAS_ACKED``)."""
 REPLICA_ACK_TIMEOUT_MS = 1000
 """How long a write waits for those replicas before it is reported not durable

@@ -105,7 +105,7 @@ class ConvoqSettings(BaseSettings):
     min_replicas_acked: int = Field(
         default=defaults.MIN_REPLICAS_ACKED,
         ge=0,
-        description="Replicas that must have a submit, commit or park (Redis WAIT) before it"
+        description="Replicas that must have a submit, commit, fail or park (Redis WAIT) before it"
         " is acknowledged; fewer in time: NotDurableError. 0: the primary's word suffices.",
     )
     replica_ack_timeout_ms: int = Field(

@@ -4,6 +4,7 @@ replay that waits again. Real redis-servers with real (asynchronous) replication
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import redis
 
 from convoq import Client
+from convoq.client import AsyncClient
 from convoq.errors import ConfigurationError, NotDurableError, TurnAlreadyAppliedError
 from convoq.messages import Message, ToolCall
 from convoq.redis import KeySchema
@@ -91,6 +93,25 @@ async def test_a_frozen_replica_makes_a_commit_not_durable_and_its_replay_waits_
         assert await proto.history(CID) == exchange("t1")
 
 
+async def test_a_fail_waits_for_the_replica(pair: ReplicatedPair, key_prefix: str) -> None:
+    async with open_protocol(
+        pair.primary.url, key_prefix, min_replicas_acked=1, replica_ack_timeout_ms=300
+    ) as proto:
+        await proto.submit(CID, "t1", agent="bot", message=Message.user("t1"), options={})
+        acq = await proto.acquire(CID, worker_id="w", lease_ms=10_000)
+        assert acq is not None
+        error = {"type": "ToolError", "message": "boom", "details": {}}
+        freeze(pair.replica)
+        try:
+            with pytest.raises(NotDurableError):
+                await proto.fail(CID, "t1", error, TurnEnding(fence=acq.fence))
+        finally:
+            thaw(pair.replica)
+        with pytest.raises(TurnAlreadyAppliedError):
+            await proto.fail(CID, "t1", error, TurnEnding(fence=acq.fence))
+        assert replica_status(pair, key_prefix, "t1") == b"failed"
+
+
 async def test_a_park_waits_for_the_replica(pair: ReplicatedPair, key_prefix: str) -> None:
     async with open_protocol(
         pair.primary.url, key_prefix, min_replicas_acked=1, replica_ack_timeout_ms=300
@@ -113,6 +134,30 @@ async def test_a_park_waits_for_the_replica(pair: ReplicatedPair, key_prefix: st
         # The replay (parked already with this fence) is a no-op, confirmed this time.
         await proto.park(CID, "t1", fence=acq.fence, state=state, approval_ttl_ms=60_000)
         assert replica_status(pair, key_prefix, "t1") == b"awaiting_approval"
+
+
+async def test_a_client_resends_an_unconfirmed_submit_and_queues_it_once(
+    pair: ReplicatedPair, key_prefix: str
+) -> None:
+    client = AsyncClient(
+        pair.primary.url,
+        prefix=key_prefix,
+        agents=["bot"],
+        min_replicas_acked=1,
+        replica_ack_timeout_ms=300,
+    )
+    async with client:
+        freeze(pair.replica)
+        # The first send times out unconfirmed; the replica answers again before the last.
+        threading.Timer(0.45, thaw, args=(pair.replica,)).start()
+        handle = await client.submit(CID, "hello", agent="bot")
+    primary = redis.Redis(host="127.0.0.1", port=pair.primary.port)
+    try:
+        inbox = primary.lrange(KeySchema(key_prefix).inbox(CID), 0, -1)
+    finally:
+        primary.close()
+    assert inbox == [handle.turn_id.encode()]
+    assert replica_status(pair, key_prefix, handle.turn_id) == b"queued"
 
 
 async def test_on_a_cluster_each_write_waits_on_its_slots_primary(

@@ -90,7 +90,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         events_maxlen: approximate cap of each turn's event stream.
         conversation_ttl_s: idle TTL of each conversation (None: kept until deleted).
         queue_limits: how many turns may wait (:class:`~convoq.limits.QueueLimits`).
-        min_replicas_acked: replicas that must confirm a submit, commit or park (``WAIT``)
+        min_replicas_acked: replicas that must confirm a submit, commit, fail or park
             before it returns; fewer within ``replica_ack_timeout_ms``: NotDurableError
             (the write stays applied; sending it again is a no-op that waits again).
         replica_ack_timeout_ms: how long such a write waits for its replicas.
@@ -273,7 +273,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         keys += [*self.keys.history_keys(cid), *following] if following else []
         args = [turn_id, ending.fence, self.json_arg(error, "error"), status]
         args += [ending.expected_next or "", *self.take_args(ending.taking())]
-        reply = await self.scripts.run("fail", keys, [*args, *self.event_args(ending.events)])
+        reply = await self.run_acked("fail", cid, keys, [*args, *self.event_args(ending.events)])
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, ending.fence)
         return await self.handed(cid, reply, ending.taking(), ending.requeued)
