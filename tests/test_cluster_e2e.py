@@ -14,7 +14,7 @@ from redis.crc import key_slot
 from convoq.client import Client
 from convoq.errors import ConfigurationError
 from convoq.messages import MessageRole
-from tests.support.amqp import AMQP_URL, amqp_listening, delete_amqp_queues
+from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.gateway import running_gateway
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer

@@ -23,7 +23,7 @@ from convoq.demo import tiny_pdf, tiny_png
 from convoq.errors import InvalidMessageError, ModelError
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema
-from tests.support.amqp import AMQP_URL, amqp_listening, delete_amqp_queues
+from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     ROOT,

@@ -1,4 +1,5 @@
-"""The RabbitMQ broker at 127.0.0.1:5672 (guest/guest) that AMQP tests use when it runs."""
+"""The RabbitMQ broker at 127.0.0.1:5672 (guest/guest) that AMQP tests use when it runs
+(named so that it never shadows the `amqp` package for scripts run from this folder)."""
 
 from __future__ import annotations
 
