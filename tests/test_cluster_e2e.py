@@ -14,8 +14,8 @@ from redis.crc import key_slot
 from convoq.client import Client
 from convoq.errors import ConfigurationError
 from convoq.messages import MessageRole
-from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.gateway import running_gateway
+from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
