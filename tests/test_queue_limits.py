@@ -148,3 +148,12 @@ async def test_each_sweep_reconciles_the_counts(
     sweeper = Sweeper(p, kick, interval_s=1.0, reconcile_grace_ms=0)
     assert await sweeper.sweep_once() == []
     assert await p.queued_counts() == {}
+
+
+async def test_reconciling_without_counts_writes_nothing(
+    opened: dict[str, TurnProtocol], store_url: str, key_prefix: str, store_client: redis.Redis
+) -> None:
+    p = proto(opened, store_url, key_prefix)
+    await put(p, "c1", "t1")  # no per-agent or total limit: nothing counted
+    assert await p.reconcile_admitted(grace_ms=0) == 0
+    assert store_client.exists(*p.keys.queue_keys()) == 0

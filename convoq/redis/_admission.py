@@ -127,8 +127,10 @@ class AdmissionMixin(ProtocolBase):
         """Uncount up to ``batch`` counted turns that ended without being uncounted (see
         the module docstring); returns how many."""
         members, _, cursor_key = self.keys.queue_keys()
-        cursor = int(await self.redis.get(cursor_key) or 0)
-        cursor, found = await self.redis.hscan(members, cursor, count=batch)
+        start = int(await self.redis.get(cursor_key) or 0)
+        cursor, found = await self.redis.hscan(members, start, count=batch)
+        if not found and cursor == start == 0:
+            return 0  # nothing counted (no limits set): nothing written either
         await self.redis.set(cursor_key, cursor)
         seconds, micros = await self.redis.time()
         old_before = seconds * 1000 + micros // 1000 - grace_ms
