@@ -22,12 +22,20 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def limited(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[WorkerPool]:
+    """One worker with a per-agent limit of 2, on one redis-server or on the Redis Cluster
+    (the standalone server is then the broker): the counts sit in another slot than the
+    conversations."""
     # The clients of this test resolve the limit from the environment, as the workers do.
     monkeypatch.setenv("CONVOQ_MAX_QUEUED_PER_AGENT", "2")
+    broker = redis_url if store_url != redis_url else None
     pool = WorkerPool(
-        redis_url, tmp_path, agents="tests.support.fair_agents", max_queued_per_agent=2
+        store_url,
+        tmp_path,
+        agents="tests.support.fair_agents",
+        max_queued_per_agent=2,
+        broker_url=broker,
     )
     pool.start()
     yield pool
@@ -44,7 +52,7 @@ def _cid(label: str) -> str:
 
 
 def test_a_worker_frees_each_place_when_its_turn_ends(
-    limited: WorkerPool, redis_client: redis.Redis
+    limited: WorkerPool, store_client: redis.Redis
 ) -> None:
     counts = KeySchema(limited.prefix).queue_keys()[1]
     with limited.client() as client:
@@ -56,10 +64,10 @@ def test_a_worker_frees_each_place_when_its_turn_ends(
         assert first.wait(30).ok and second.wait(30).ok
         # Ended on the worker and uncounted there, just after the result was stored (the
         # reconciling sweep would wait a minute).
-        wait_until(lambda: not redis_client.hgetall(counts), 10, what="the places freed")
+        wait_until(lambda: not store_client.hgetall(counts), 10, what="the places freed")
         third = client.submit(_cid("c"), "three", agent="slow")
         assert third.wait(30).ok
-    wait_until(lambda: not redis_client.hgetall(counts), 10, what="the last place freed")
+    wait_until(lambda: not store_client.hgetall(counts), 10, what="the last place freed")
 
 
 def test_a_cancelled_turn_frees_its_place(
