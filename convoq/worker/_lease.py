@@ -34,6 +34,7 @@ from convoq.observe import metrics
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
 from convoq.turn_state import TurnState, answered
+from convoq.worker._bounded import bounded, stop_bounded
 
 log = logging.getLogger("convoq.worker")
 T = TypeVar("T")
@@ -185,7 +186,9 @@ async def with_lease(run: TurnRun, terms: LeaseTerms, work: Coroutine[Any, Any, 
         stop = await _watch(task, renewer, terms)
     finally:
         run.end()  # from here on nothing renews this lease, whatever is left running
-        await _stop_bounded([task, renewer], terms.period_s, run)
+        what = f"turn {run.acq.conversation_id}/{run.acq.turn.turn_id}"
+        # Its writes are fenced and its lease no longer renewed: leaving it is safe.
+        await stop_bounded([task, renewer], terms.period_s, what)
     if stop == "done":
         return task.result()
     raise _stopped_error(stop, run, terms)
@@ -224,32 +227,6 @@ def _done(futures: set[asyncio.Future[Any]]) -> set[asyncio.Future[Any]]:
     return {f for f in futures if f.done()}
 
 
-async def _stop_bounded(tasks: list[asyncio.Future[Any]], wait_s: float, run: TurnRun) -> None:
-    """Cancel ``tasks`` and wait for them at most ``wait_s``; what is still running is
-    logged and left (never awaited without a bound: a library may swallow the cancel)."""
-    pending = [t for t in tasks if not t.done()]
-    for t in pending:
-        t.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=wait_s)
-    for t in tasks:
-        if not t.done():
-            log.error(
-                "turn %s/%s: a task did not stop within %.1fs of its cancellation; left behind"
-                " (its writes are fenced, its lease is no longer renewed)",
-                run.acq.turn.conversation_id,
-                run.acq.turn.turn_id,
-                wait_s,
-            )
-        t.add_done_callback(_retrieve)
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Collect the outcome of a task nobody awaits (no 'exception never retrieved')."""
-    if not task.cancelled():
-        task.exception()
-
-
 def _stopped_error(stop: Stop, run: TurnRun, terms: LeaseTerms) -> Exception:
     if stop == "cancel":
         return TurnCancelledError("the turn was cancelled")
@@ -277,7 +254,7 @@ async def _renew(run: TurnRun, terms: LeaseTerms) -> Stop:
             break
         sent = loop.time()
         try:
-            cancel = await _bounded(_renewal(run, terms.lease_ms), terms.period_s)
+            cancel = await bounded(_renewal(run, terms.lease_ms), terms.period_s)
         except (StaleFenceError, NotInboxHeadError):
             return "lost"
         except Exception as exc:
@@ -304,19 +281,3 @@ async def _renewal(run: TurnRun, lease_ms: int) -> bool:
     return await run.protocol.renew(
         acq.conversation_id, fence=acq.fence, lease_ms=lease_ms, turn_id=acq.turn.turn_id
     )
-
-
-async def _bounded(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-    """``coro``'s result, or TimeoutError after ``timeout_s`` (the call is cancelled and
-    left: unlike ``asyncio.wait_for``, this never waits for a cancellation to land)."""
-    task = asyncio.ensure_future(coro)
-    try:
-        await asyncio.wait([task], timeout=timeout_s)
-    finally:
-        answered_in_time = task.done()
-        if not answered_in_time:  # timed out, or the caller itself was cancelled
-            task.cancel()
-            task.add_done_callback(_retrieve)
-    if not answered_in_time:
-        raise TimeoutError(f"no answer within {timeout_s:.1f}s")
-    return task.result()
