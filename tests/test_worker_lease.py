@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from convoq import Agent, tool
+from convoq.errors import NotInboxHeadError
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.redis import TurnProtocol
+from convoq.redis.protocol import TurnEnding
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 from tests.support.redis_server import RedisServer
@@ -172,6 +174,7 @@ async def test_warm_shutdown_hands_a_running_turn_back(proto: SwallowingProtocol
     report = await finishes(drain)
     assert report.abandoned == ["t1"] and not report.succeeded and not report.failed
     assert not await proto.redis.exists(proto.keys.lease(CID))  # free for any worker now
+    assert await proto.redis.hget(proto.keys.turn(CID, "t1"), "runs") == b"0"  # no attempt
     assert (await leaving.drain(CID)).idle  # a worker shutting down takes nothing new
     gate.release.set()
     other = make_runner(proto, stuck, worker_id="w-other")
@@ -179,6 +182,26 @@ async def test_warm_shutdown_hands_a_running_turn_back(proto: SwallowingProtocol
     assert report.succeeded == ["t1", "t2"]
     assert (await proto.get_turn(CID, "t1")).attempts == 2
     assert [m.text for m in await proto.history(CID)] == ["t1", "released t1", "t2", "seen t2"]
+
+
+async def test_a_renewal_reports_a_cancel_and_extends_nothing_once_its_turn_ended(
+    proto: SwallowingProtocol,
+) -> None:
+    await submit(proto, "t1", "echo")
+    await submit(proto, "t2", "echo")
+    acq = await proto.acquire(CID, worker_id="w-a", lease_ms=LEASE_MS)
+    assert acq is not None and acq.turn.turn_id == "t1"
+    assert await proto.renew(CID, fence=acq.fence, lease_ms=LEASE_MS, turn_id="t1") is False
+    assert await proto.cancel(CID, "t1") == "stopping"
+    assert await proto.renew(CID, fence=acq.fence, lease_ms=LEASE_MS, turn_id="t1") is True
+    # t1 ends; the lease (same fence) goes on to t2. A renewal for t1 arriving now, late
+    # from some library, must not extend the lease on t1's behalf.
+    error = {"type": "TurnCancelledError", "message": "cancelled", "details": {}}
+    await proto.fail(CID, "t1", error, TurnEnding(fence=acq.fence, lease_ms=60_000))
+    with pytest.raises(NotInboxHeadError):
+        await proto.renew(CID, fence=acq.fence, lease_ms=600_000, turn_id="t1")
+    assert await proto.redis.pttl(proto.keys.lease(CID)) <= 60_000
+    assert await proto.renew(CID, fence=acq.fence, lease_ms=LEASE_MS, turn_id="t2") is False
 
 
 class PausedAfterJournal(TurnProtocol):
