@@ -16,8 +16,8 @@ LEASE = 30_000
 
 
 @pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(redis_url, key_prefix) as protocol:
+async def proto(store_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    async with open_protocol(store_url, key_prefix) as protocol:
         yield protocol
 
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import redis
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,6 +30,7 @@ from convoq.messages import Message, ToolCall
 from convoq.redis import Acquired, TurnProtocol
 from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnState
+from tests.support.redis_cluster import plain_client
 
 CID = "stateful"
 WORKERS = ("w1", "w2", "w3")
@@ -102,7 +102,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
     def __init__(self, url: str) -> None:
         super().__init__()
         self.proto = TurnProtocol.from_url(url, prefix=f"s{uuid.uuid4().hex[:10]}")
-        self.client = redis.Redis.from_url(url)
+        self.client = plain_client(url)
         self.model = Model()
         # worker -> (turn id, fence, the turn queued behind it then) of the turn it holds
         self.claims: dict[str, tuple[str, int, str | None]] = {}
@@ -349,8 +349,8 @@ class TurnProtocolMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.timeout(110)
-def test_turn_protocol_state_machine(redis_url: str) -> None:
+def test_turn_protocol_state_machine(store_url: str) -> None:
     run_state_machine_as_test(
-        lambda: TurnProtocolMachine(redis_url),
+        lambda: TurnProtocolMachine(store_url),
         settings=settings(max_examples=30, stateful_step_count=30, deadline=None),
     )
