@@ -235,3 +235,21 @@ async def test_a_cluster_over_tls_with_a_password_serves_memory_and_turns(
         connect(url + "&socket_timeout=1")
     with pytest.raises(ConfigurationError, match="not a file"):
         connect(url.split("?")[0] + "?ssl_ca_certs=/no/such/ca.pem")
+
+
+async def test_a_given_cluster_client_serves_the_memory(
+    redis_cluster: RedisClusterNodes, key_prefix: str
+) -> None:
+    client = aioredis.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0])
+    memory = RedisConversationMemory(client=client, prefix=key_prefix)
+    try:
+        await memory.aappend("given", [Message.user("hello"), Message.assistant("hi")])
+        assert [m.text for m in await memory.aload("given", last_turns=1)] == ["hello", "hi"]
+    finally:
+        await client.aclose()
+    decoding = aioredis.RedisCluster(
+        host="127.0.0.1", port=redis_cluster.ports[0], decode_responses=True
+    )
+    with pytest.raises(ConfigurationError, match="decode_responses=False"):
+        RedisConversationMemory(client=decoding, prefix=key_prefix)
+    await decoding.aclose()
