@@ -52,15 +52,16 @@ class RedisConversationMemory(StoredConversationMemory):
         url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; add
             ``?ssl_ca_certs=/path/ca.pem`` for a private CA), ``unix://`` or
             ``redis+cluster://host:port[,host:port...]`` (a Redis Cluster; sync and async
-            calls both use a cluster client) URL, as :func:`convoq.redis.connect` takes it. None: ``CONVOQ_REDIS_URL``, else the
-            embedded redis-server under ``home`` (started on first use). A URL that cannot
-            work, or credentials Redis refuses, raise ConfigurationError on first use.
+            calls both use a cluster client) URL, as :func:`convoq.redis.connect` takes it.
+            None: ``CONVOQ_REDIS_URL``, else the embedded redis-server under ``home``
+            (started on first use). A URL that cannot work, or credentials Redis refuses,
+            raise ConfigurationError on first use.
         prefix: prefix of every key (None: ``CONVOQ_PREFIX``, else ``"convoq"``).
         max_attachment_bytes: largest attachment accepted (AttachmentError above it).
         max_turn_bytes: largest append accepted (InvalidMessageError above it).
         client: a ready ``redis.asyncio.Redis`` or ``RedisCluster``
-            (``decode_responses=False``) used as is,
-            in the caller's event loop, instead of ``url``.
+            (``decode_responses=False``) used as is, in the caller's event loop, instead
+            of ``url``.
         home: directory of the embedded server (None: ``CONVOQ_HOME``, else ``.convoq``).
         lease_ms: the lease an in-process Agent's turn holds on its conversation, renewed
             every third of it (None: ``CONVOQ_LEASE_MS``, else 10 s).
