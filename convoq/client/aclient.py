@@ -333,8 +333,9 @@ class AsyncClient:
             await self._send(routing.DRAIN_TASK, cid)
 
     async def cancel(self, turn: TurnRef) -> Literal["cancelled", "stopping", "finished"]:
-        """Cancel a turn: a queued one never runs; a running one stops at its next step
-        and stores nothing; a parked one is discarded. ``"finished"``: too late."""
+        """Cancel a turn: a queued one never runs; a running one is stopped within a lease
+        period (even in the middle of a model call) and stores nothing; a parked one is
+        discarded. ``"finished"``: too late."""
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         outcome = await self.protocol.cancel(cid, tid)
         if outcome == "cancelled":

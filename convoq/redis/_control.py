@@ -70,8 +70,8 @@ class ControlMixin(ProtocolBase):
 
     async def cancel(self, cid: str, turn_id: str) -> Literal["cancelled", "stopping", "finished"]:
         """Cancel a turn: queued or parked -> "cancelled" at once; running -> "stopping"
-        (its runner sees :meth:`is_cancel_requested` and fails it as cancelled);
-        already ended -> "finished"."""
+        (its runner's next renewal or checkpoint reports it, and it fails the turn as
+        cancelled); already ended -> "finished"."""
         args = [turn_id, self._cancelled("cancelled by request"), self.turn_ttl_ms]
         reply = await self.scripts.run(
             "cancel", self._turn_control_keys(cid, turn_id), [*args, self.events_maxlen]
