@@ -22,7 +22,12 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from convoq.redis._urls import parse_cluster_url
@@ -76,18 +81,21 @@ class _WaitingCluster(aioredis.RedisCluster):
         )
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
-        super().pipeline(transaction, shard_hint)  # its checks of the arguments
+        if shard_hint:
+            raise RedisClusterException("shard_hint is deprecated in cluster mode")
         return _WaitingPipeline(self, transaction)  # type: ignore[abstract]
 
 
 class _WaitingPipeline(ClusterPipeline):
     """A pipeline that takes one permit of its client for its whole round trip."""
 
+    def __init__(self, client: _WaitingCluster, transaction: Any) -> None:
+        super().__init__(client, transaction)
+        self.waiting_client = client
+
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
-        client = self.cluster_client
-        assert isinstance(client, _WaitingCluster)
         run = super().execute
-        return await client.bounded(lambda: run(raise_on_error, allow_redirections))
+        return await self.waiting_client.bounded(lambda: run(raise_on_error, allow_redirections))
 
 
 def connect_cluster(
