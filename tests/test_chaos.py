@@ -21,6 +21,7 @@ from redis.crc import key_slot
 
 from convoq import Client
 from convoq.messages import MessageRole
+from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
 from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
@@ -30,13 +31,15 @@ pytestmark = pytest.mark.slow
 CONVERSATIONS, TURNS = 6, 5
 
 
-@pytest.mark.parametrize("store", ["redis", "redis-cluster"])
+@pytest.mark.parametrize("store", ["redis", "redis-cluster", "redis-cluster+rabbitmq"])
 def test_redis_killed_mid_run_loses_and_duplicates_nothing(store: str, tmp_path: Path) -> None:
     with _store(store, tmp_path) as (url, broker_url, outage), running_pool(
         url, tmp_path, 2, agents="tests.support.chaos_agents",
         lease_ms=2000, sweep_interval_s=0.5, broker_url=broker_url,
     ) as pool, pool.client() as client, _supervised(pool):  # fmt: skip
         _run_through_an_outage(outage, client)
+    if broker_url == AMQP_URL:
+        delete_amqp_queues(pool)
 
 
 # The store's URL, the broker's (None: the store) and the outage: kill -9, then restart.
@@ -47,8 +50,8 @@ Store = tuple[str, str | None, Callable[[], None]]
 def _store(kind: str, tmp_path: Path) -> Iterator[Store]:
     """One redis-server that is also the broker and is killed; or a Redis Cluster (its
     AOF fsynced always) whose primary serving the first conversation is killed, with a
-    standalone broker that stays up. The node comes back before a replica would take over:
-    failover is not what this test is about."""
+    broker that stays up (a standalone Redis, or RabbitMQ). The node comes back before a
+    replica would take over: failover is not what this test is about."""
     if kind == "redis":
         server = RedisServer(tmp_path / "redis")
         server.start()
@@ -60,18 +63,21 @@ def _store(kind: str, tmp_path: Path) -> Iterator[Store]:
     cli = redis_cli_binary()
     if cli is None:
         pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    if kind.endswith("rabbitmq") and not amqp_listening():
+        pytest.skip("no RabbitMQ listening on 127.0.0.1:5672 (start rabbitmq-server to run this)")
     cluster = RedisClusterNodes(
         tmp_path / "cluster", cli, appendfsync="always", node_timeout_ms=15_000
     )
     broker = RedisServer(tmp_path / "broker")
     cluster.start()
-    broker.start()
+    if not kind.endswith("rabbitmq"):
+        broker.start()
     try:
         port = cluster.slot_owner(key_slot(b"chaos-0"))
         outage = lambda: _kill_and_restart(  # noqa: E731
             lambda: cluster.kill(port), lambda: cluster.restart(port)
         )
-        yield cluster.url, broker.url, outage
+        yield cluster.url, AMQP_URL if broker.process is None else broker.url, outage
     finally:
         broker.stop()
         cluster.stop()
