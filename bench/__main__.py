@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "writer": "bench.agent_writer",
     "scaling": "bench.scaling",
     "acks": "bench.durable_acks",
+    "cost": "bench.turn_cost",
 }
 
 

@@ -41,6 +41,9 @@ until deleted (``CONVOQ_CONVERSATION_TTL_S``)."""
 SWEEP_INTERVAL_S = 5.0
 """How often one worker re-kicks stranded conversations (``CONVOQ_SWEEP_INTERVAL_S``)."""
 VISIBILITY_TIMEOUT_S = 3600
+TASK_EVENTS = False
+"""Celery task events from the start (``CONVOQ_TASK_EVENTS``): each costs a Redis PUBLISH
+per task state; Flower switches them on in running workers itself."""
 """Redis broker: an unacked kick is redelivered after this long."""
 EVENT_FLUSH_MS = 10
 """How long a turn event may wait for the turn's next write before it goes on its own."""

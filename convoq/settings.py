@@ -133,8 +133,9 @@ class ConvoqSettings(BaseSettings):
         " recovery does not wait for it (the sweeper re-kicks after lease_ms).",
     )
     task_events: bool = Field(
-        default=True,
-        description="Workers send Celery task events (Flower needs them; off saves ~0.3 ms/turn).",
+        default=defaults.TASK_EVENTS,
+        description="Celery task events from the start (clients send task-sent too). Off by"
+        " default: Flower turns them on in running workers (its enable_events broadcast).",
     )
     gateway_api_keys: list[GatewayKey] = Field(
         default_factory=list,

@@ -57,6 +57,9 @@ async def test_a_pickled_drain_is_refused_and_runs_nothing(pool: WorkerPool) -> 
 
 
 def test_task_events_follow_the_setting() -> None:
-    assert worker_config(ConvoqSettings(), "redis://x")["worker_send_task_events"] is True
-    quiet = worker_config(ConvoqSettings(task_events=False), "redis://x")
+    quiet = worker_config(ConvoqSettings(), "redis://x")
     assert quiet["worker_send_task_events"] is False
+    assert quiet["task_send_sent_event"] is False
+    loud = worker_config(ConvoqSettings(task_events=True), "redis://x")
+    assert loud["worker_send_task_events"] is True
+    assert loud["task_send_sent_event"] is True

@@ -23,7 +23,9 @@ AUTH = ("admin", "flower-test")
 def pool(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerPool]:
-    pool = WorkerPool(redis_server.url, tmp_path_factory.mktemp("flower"))
+    # Task events are off by default; a deployment running Flower turns them on, so the
+    # first task is seen too (Flower would otherwise enable them with its next broadcast).
+    pool = WorkerPool(redis_server.url, tmp_path_factory.mktemp("flower"), task_events=True)
     try:
         pool.start(1, use_celery_cli=True)
         yield pool

@@ -451,7 +451,9 @@ class AsyncClient:
         self._leave_parent_connections()
         if self._celery is None:
             self._celery = sender_app(
-                self.broker_url, visibility_timeout_s=self.settings.visibility_timeout_s
+                self.broker_url,
+                visibility_timeout_s=self.settings.visibility_timeout_s,
+                task_events=self.settings.task_events,
             )
         return self._celery
 

@@ -48,9 +48,13 @@ def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
 
 
 def celery_base_config(
-    broker_url: str, *, visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
+    broker_url: str,
+    *,
+    visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S,
+    task_events: bool = defaults.TASK_EVENTS,
 ) -> dict[str, Any]:
-    """Settings every convoq Celery app shares, sender or worker: JSON only, no results."""
+    """Settings every convoq Celery app shares, sender or worker: JSON only, no results;
+    ``task_events``: a sender also publishes a "task-sent" event per kick (Flower)."""
     return {
         "broker_url": broker_url,
         "task_serializer": "json",
@@ -61,7 +65,7 @@ def celery_base_config(
         "result_backend": None,
         # The turn record in Redis is the result; Celery stores none.
         "task_ignore_result": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": task_events,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {"visibility_timeout": visibility_timeout_s},
         "task_create_missing_queues": True,
@@ -69,11 +73,17 @@ def celery_base_config(
 
 
 def sender_app(
-    broker_url: str, *, visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
+    broker_url: str,
+    *,
+    visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S,
+    task_events: bool = defaults.TASK_EVENTS,
 ) -> Celery:
     """A Celery app that only sends tasks by name (``send_task``) to convoq's queues."""
     app = Celery("convoq-client", set_as_current=False)
-    app.conf.update(celery_base_config(broker_url, visibility_timeout_s=visibility_timeout_s))
+    config = celery_base_config(
+        broker_url, visibility_timeout_s=visibility_timeout_s, task_events=task_events
+    )
+    app.conf.update(config)
     return app
 
 

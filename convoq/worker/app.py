@@ -4,8 +4,11 @@
 Configured for this job: JSON only; no result backend (the turn record in Redis is the
 result); ``acks_late`` + ``reject_on_worker_lost`` + prefetch 1 so a kick is not lost with
 a dying worker; the ``threads`` pool with many slots per process, because turns wait on
-model calls; task events on, so Flower sees workers and tasks. The broker defaults to the
-memory Redis; an AMQP broker (RabbitMQ) works too, Redis still holding memory.
+model calls; task events off by default (each costs a Redis PUBLISH per task state):
+Flower turns them on in running workers itself (its ``enable_events`` broadcast), and
+``CONVOQ_TASK_EVENTS=true`` has them sent from the start, "task-sent" included. The
+broker defaults to the memory Redis; an AMQP broker (RabbitMQ) works too, Redis still
+holding memory.
 
 ``app`` is built on first access from ``ConvoqSettings`` (``CONVOQ_*``), so importing this
 module starts nothing.
@@ -53,7 +56,9 @@ def create_app(settings: ConvoqSettings | None = None) -> ConvoqCelery:
 def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
     """The Celery settings of a convoq worker (see the module docstring for why)."""
     queues = routing.queue_names(s.prefix, list(range(s.partitions)))
-    config = celery_base_config(broker_url, visibility_timeout_s=s.visibility_timeout_s)
+    config = celery_base_config(
+        broker_url, visibility_timeout_s=s.visibility_timeout_s, task_events=s.task_events
+    )
     config.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
