@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from convoq import defaults
 from convoq.errors import ConvoqError, CorruptDataError, UnsupportedFormatVersionError
 from convoq.ids import check_conversation_id, check_turn_id
@@ -67,7 +69,12 @@ class TakingMixin(ProtocolBase):
         check_conversation_id(cid)
         first: bytes | str | None = valid_turn_id(head)
         if first is None:
-            first = await self.redis.lindex(self.keys.inbox(cid), 0)
+            try:
+                first = await self.redis.lindex(self.keys.inbox(cid), 0)
+            except ResponseError as exc:
+                if not str(exc).startswith("WRONGTYPE"):
+                    raise
+                raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from None
         taking = Taking(worker_id, lease_ms, window, max_attempts, fence, failed)
         return await self._take(cid, first, taking)
 

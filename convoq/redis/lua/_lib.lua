@@ -30,6 +30,38 @@ local function emit(events, maxlen, etype, data)
   redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'type', etype, 'data', data)
 end
 
+-- A command that is a script's first touch of `key` before any write: its reply, or nil
+-- when `key` holds another type (the caller answers {'CORRUPT', key}; nothing written).
+-- Cheaper than a TYPE check first: the read (or the first write) is sent anyway.
+local function touch(key, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+      return nil
+    end
+    error(r)
+  end
+  return r
+end
+
+-- emit() as a script's first write: false (nothing written) when `events` is no stream.
+local function emit_first(events, maxlen, etype, data)
+  return touch(events, 'XADD', events, 'MAXLEN', '~', maxlen, '*', 'type', etype, 'data',
+    data) ~= nil
+end
+
+-- {'CORRUPT', meta} or {'VERSION', v} when the conversation cannot be served, else nil.
+local function meta_refusal(meta)
+  local v = touch(meta, 'HGET', meta, 'format_version')
+  if v == nil then
+    return {'CORRUPT', meta}
+  end
+  if v and v ~= FORMAT then
+    return {'VERSION', v}
+  end
+  return nil
+end
+
 -- Appends n events (ARGV[first], ARGV[first + 1] = type, data; then the next pair) in their
 -- order: what the runner buffered since its last write, sent along with that write.
 local function emit_batch(events, maxlen, first, n)
@@ -47,33 +79,58 @@ local function status_data(status)
   return '{"status":"' .. status .. '"}'
 end
 
--- k = {inbox, turn, journal, cont, events}. Ends a turn: final status with its result or
--- error, out of the inbox, scratch state dropped, "done" emitted, record set to expire.
-local function finish(k, tid, status, field, value, ttl_ms, maxlen, now)
+-- k = {inbox, turn, journal, cont, events}. Ends a turn: the n events buffered in
+-- ARGV[first ..] (type, data pairs; n may be 0), final status with its result or error,
+-- out of the inbox, scratch state dropped, "done" emitted, record set to expire. The
+-- events are its first write, so an events key of another type refuses it (false, nothing
+-- written) without a TYPE check; else true. k.turn and k.inbox were read already.
+local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, n)
+  local pending = {}
+  for i = first or 1, (first or 1) + 2 * (n or 0) - 1, 2 do
+    pending[#pending + 1] = {ARGV[i], ARGV[i + 1]}
+  end
+  pending[#pending + 1] = {'status', status_data(status)}
+  pending[#pending + 1] = {'done', status_data(status)}
+  if not emit_first(k.events, maxlen, pending[1][1], pending[1][2]) then
+    return false
+  end
+  for i = 2, #pending do
+    emit(k.events, maxlen, pending[i][1], pending[i][2])
+  end
   redis.call('HSET', k.turn, 'status', status, field, value, 'finished_ms', istr(now))
   redis.call('HDEL', k.turn, 'cancel')
   redis.call('LREM', k.inbox, 1, tid)
   redis.call('DEL', k.journal, k.cont)
-  emit(k.events, maxlen, 'status', status_data(status))
-  emit(k.events, maxlen, 'done', status_data(status))
   redis.call('PEXPIRE', k.turn, ttl_ms)
   redis.call('PEXPIRE', k.events, ttl_ms)
+  return true
 end
 
--- The checks shared by commit, fail, checkpoint and park: nil when the caller may go on.
+-- The checks shared by commit, fail, checkpoint and park: nil when the caller may go on,
+-- else a refusal code ('CORRUPT' with the key that holds another type).
 local function guard_run(lease, inbox, turn, tid, fence, allowed)
-  local status = redis.call('HGET', turn, 'status')
+  local status = touch(turn, 'HGET', turn, 'status')
+  if status == nil then
+    return 'CORRUPT', turn
+  end
   if not status then
     return 'UNKNOWN'
   end
   if TERMINAL[status] then
     return 'APPLIED'
   end
-  local l = redis.call('HMGET', lease, 'fence', 'state')
+  local l = touch(lease, 'HMGET', lease, 'fence', 'state')
+  if l == nil then
+    return 'CORRUPT', lease
+  end
   if l[1] ~= fence or l[2] ~= 'active' then
     return 'STALE'
   end
-  if redis.call('LINDEX', inbox, 0) ~= tid then
+  local head = touch(inbox, 'LINDEX', inbox, 0)
+  if head == nil then
+    return 'CORRUPT', inbox
+  end
+  if head ~= tid then
     return 'NOT_HEAD'
   end
   if not allowed[status] then
@@ -150,7 +207,11 @@ end
 -- more than INLINE_MAX elements would be read (the client reads them in chunks).
 local function window_elements(turns, window)
   local raws_rev, heads_rev, starts = {}, {}, 0
-  local stop = redis.call('LLEN', turns) - 1
+  local length = touch(turns, 'LLEN', turns)
+  if length == nil then
+    return nil
+  end
+  local stop = length - 1
   if window <= 0 and stop >= INLINE_MAX then
     return false
   end
@@ -208,7 +269,10 @@ end
 -- {lead elements, window elements or false (too long: the client reads it), {sha, bytes,
 -- ...}} or nil, name of the malformed key.
 local function load_window(lead, turns, blobs, window)
-  local lead_raw = redis.call('LRANGE', lead, 0, -1)
+  local lead_raw = touch(lead, 'LRANGE', lead, 0, -1)
+  if lead_raw == nil then
+    return nil, lead
+  end
   local refs, seen = {}, {}
   for _, raw in ipairs(lead_raw) do
     local kind, header = element_header(raw)
@@ -231,7 +295,10 @@ local function load_window(lead, turns, blobs, window)
   -- HMGET in chunks: unpack() of a very long table would overflow the Lua stack.
   for first = 1, #refs, 500 do
     local chunk = {unpack(refs, first, math.min(first + 499, #refs))}
-    local values = redis.call('HMGET', blobs, unpack(chunk))
+    local values = touch(blobs, 'HMGET', blobs, unpack(chunk))
+    if values == nil then
+      return nil, blobs
+    end
     for i, sha in ipairs(chunk) do
       if not values[i] then
         return nil, blobs
@@ -269,22 +336,25 @@ local function take_options(first)
     over_attempts = ARGV[first + 5], expired = ARGV[first + 6]}
 end
 
--- A key take_head() reads or writes that holds the wrong type (or a counter it
--- increments that is no integer), or nil: checked before its first write.
-local function take_corrupt(h, k)
-  return wrong_type('hash', {h.meta, h.blobs, k.lease, k.turn})
-    or wrong_type('list', {h.turns, h.lead, k.inbox}) or wrong_type('string', {k.journal, k.cont})
-    or wrong_type('stream', {k.events}) or bad_counters(k.turn, 'attempts', 'runs')
+-- Whether a counter field's value (false: not set) would take HINCRBY.
+local function counter_ok(value)
+  return not value or string.match(value, '^%-?%d+$') ~= nil
 end
 
--- The state a turn resumes from: 'journal'|'cont'|false, its JSON or false. A journal is
--- newer than a continuation (park deletes the journal).
+-- The state a turn resumes from: 'journal'|'cont'|false, its JSON or false (a journal is
+-- newer than a continuation: park deletes the journal); nil, key of another type.
 local function saved_state(k)
-  local state = redis.call('GET', k.journal)
+  local state = touch(k.journal, 'GET', k.journal)
+  if state == nil then
+    return nil, k.journal
+  end
   if state then
     return 'journal', state
   end
-  state = redis.call('GET', k.cont)
+  state = touch(k.cont, 'GET', k.cont)
+  if state == nil then
+    return nil, k.cont
+  end
   if state then
     return 'cont', state
   end
@@ -303,8 +373,13 @@ local function new_fence(meta)
 end
 
 -- The writes of handing out a turn (previously `status`, now on its `runs`-th run) under
--- the lease held by `holder` with `fence`.
+-- the lease held by `holder` with `fence`; false (nothing written) when its events key
+-- holds another type (the "running" event is the first write).
 local function start_run(h, k, status, runs, holder, fence, o, now)
+  if status ~= 'running' and not emit_first(k.events, o.maxlen, 'status', status_data('running')) then
+    return false
+  end
+  fence = fence or new_fence(h.meta)
   redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
     'expires_ms', istr(now + tonumber(o.lease_ms)))
   redis.call('PEXPIRE', k.lease, o.lease_ms)
@@ -315,9 +390,7 @@ local function start_run(h, k, status, runs, holder, fence, o, now)
   if status == 'awaiting_approval' then
     redis.call('HDEL', k.turn, 'result')  -- the pending approvals are decided now
   end
-  if status ~= 'running' then
-    emit(k.events, o.maxlen, 'status', status_data('running'))
-  end
+  return fence
 end
 
 -- Hands out the inbox head tid with its history window, its saved state and the id of
@@ -328,12 +401,13 @@ end
 -- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
 --      or {'DROPPED', id of the turn failed here or false} (the head moved on)
 --      or {'CORRUPT', key} (nothing written).
+-- Every key is checked by its first read (touch()), or its first write (the events),
+-- before anything is written; k.inbox and k.lease (and h.meta) by the caller.
 local function take_head(h, k, tid, holder, fence, o, now)
-  local bad = take_corrupt(h, k)
-  if bad then
-    return {'CORRUPT', bad}
+  local rec = touch(k.turn, 'HMGET', k.turn, 'status', 'runs', 'resume', 'attempts')
+  if rec == nil or not (counter_ok(rec[2]) and counter_ok(rec[4])) then
+    return {'CORRUPT', k.turn}
   end
-  local rec = redis.call('HMGET', k.turn, 'status', 'runs', 'resume')
   local status = rec[1]
   if not status or TERMINAL[status] then
     -- An inbox entry without a live record cannot run; drop it.
@@ -342,12 +416,16 @@ local function take_head(h, k, tid, holder, fence, o, now)
   end
   if status == 'awaiting_approval' and rec[3] ~= '1' then
     -- Parked, undecided and the parked lease is gone: the approval expired.
-    finish(k, tid, 'failed', 'error', o.expired, o.ttl, o.maxlen, now)
+    if not finish(k, tid, 'failed', 'error', o.expired, o.ttl, o.maxlen, now) then
+      return {'CORRUPT', k.events}
+    end
     return {'DROPPED', tid}
   end
   local runs = tonumber(rec[2] or '0') + 1
   if runs > o.max_attempts then
-    finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now)
+    if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now) then
+      return {'CORRUPT', k.events}
+    end
     return {'DROPPED', tid}
   end
   -- All reads that can fail come before the first write.
@@ -356,8 +434,13 @@ local function take_head(h, k, tid, holder, fence, o, now)
     return {'CORRUPT', corrupt}
   end
   local kind, state = saved_state(k)
-  fence = fence or new_fence(h.meta)
-  start_run(h, k, status, runs, holder, fence, o, now)
+  if kind == nil then
+    return {'CORRUPT', state}
+  end
+  fence = start_run(h, k, status, runs, holder, fence, o, now)
+  if not fence then
+    return {'CORRUPT', k.events}
+  end
   return {'OK', fence, redis.call('HGETALL', k.turn), kind, state, win[1], win[2], win[3],
     redis.call('LINDEX', k.inbox, 1)}
 end
@@ -379,9 +462,9 @@ local function hand_over(h, k, expected, nk, o, now)
   if nxt ~= expected then
     return {'OK', nxt}
   end
-  local bad = bad_version(h.meta)
-  if bad then
-    return {'OK', nxt, false, {'VERSION', bad}}
+  local refusal = meta_refusal(h.meta)
+  if refusal then
+    return {'OK', nxt, false, refusal}
   end
   local l = redis.call('HMGET', k.lease, 'fence', 'holder')
   local taken = take_head(h, nk, nxt, l[2] or '', l[1], o, now)

@@ -31,12 +31,19 @@ redis.replicate_commands()
 local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[4]}
 local k = turn_keys(KEYS[5], KEYS[6], 7)
 local tid, o = ARGV[1], take_options(4)
-local bad = bad_version(h.meta)
-if bad then
-  return {'VERSION', bad}
+local refusal = meta_refusal(h.meta)
+if refusal then
+  return refusal
 end
-local head = redis.call('LINDEX', k.inbox, 0)
-local l = redis.call('HMGET', k.lease, 'fence', 'state', 'holder')
+-- First reads check their key's type (touch()): nothing is written before them.
+local head = touch(k.inbox, 'LINDEX', k.inbox, 0)
+if head == nil then
+  return {'CORRUPT', k.inbox}
+end
+local l = touch(k.lease, 'HMGET', k.lease, 'fence', 'state', 'holder')
+if l == nil then
+  return {'CORRUPT', k.lease}
+end
 local mine = ARGV[3] ~= '0' and l[1] == ARGV[3] and l[2] == 'active'
 if not head then
   if mine then

@@ -18,9 +18,9 @@
 --      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
 local inbox, lease, turn, journal, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local refused = guard_run(lease, inbox, turn, ARGV[1], ARGV[2], {running = true})
+local refused, where = guard_run(lease, inbox, turn, ARGV[1], ARGV[2], {running = true})
 if refused then
-  return {refused}
+  return {refused, where}
 end
 if wrong_type('string', {journal}) then
   return {'CORRUPT', journal}

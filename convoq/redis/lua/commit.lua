@@ -41,36 +41,38 @@
 --      or {'CORRUPT', key} (a key it writes holds the wrong type; nothing written).
 redis.replicate_commands()
 local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[10]}
-local k, corrupt = turn_ending(4)
-if corrupt then
-  return corrupt
-end
+-- Keys are checked by their first read (guard_run, meta_refusal) or, for the events, by
+-- the first write (finish()); the others before any write.
+local k = turn_keys(KEYS[4], KEYS[5], 6)
 local tid, o = ARGV[1], take_options(7)
-local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true})
+local refused, where = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true})
 if refused then
-  return {refused}
+  return {refused, where}
 end
 if ARGV[5] == '1' and cancel_requested(k.turn) then
   return {'CANCELLED'}
 end
-local bad = bad_version(h.meta)
-if bad then
-  return {'VERSION', bad}
+local refusal = meta_refusal(h.meta)
+if refusal then
+  return refusal
 end
 local usage = cjson.decode(ARGV[14])
 local counters = {'turns', 'bytes'}
 for field in pairs(usage) do
   counters[#counters + 1] = field
 end
-local bad_key = wrong_type('list', {h.turns}) or wrong_type('hash', {h.blobs})
+local n = tonumber(ARGV[15])
+local has_blobs = #ARGV >= 16 + 2 * n
+local bad_key = wrong_type('list', {h.turns}) or (has_blobs and wrong_type('hash', {h.blobs}))
   or bad_counters(h.meta, unpack(counters))
 if bad_key then
   return {'CORRUPT', bad_key}
 end
-local n = tonumber(ARGV[15])
 local now = now_ms()
+if not finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n) then
+  return {'CORRUPT', k.events}
+end
 local added = store_blobs(h.blobs, 16 + 2 * n)
-emit_batch(k.events, o.maxlen, 16, n)
 redis.call('RPUSH', h.turns, ARGV[3])
 redis.call('HSETNX', h.meta, 'format_version', FORMAT)
 redis.call('HINCRBY', h.meta, 'turns', 1)
@@ -79,5 +81,4 @@ redis.call('HSET', h.meta, 'last_turn_id', tid)
 for field, count in pairs(usage) do
   redis.call('HINCRBY', h.meta, field, istr(count))
 end
-finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now)
 return hand_over(h, k, ARGV[6], turn_keys(k.inbox, k.lease, 11), o, now)

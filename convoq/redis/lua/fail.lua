@@ -32,9 +32,9 @@ if corrupt then
   return corrupt
 end
 local tid, o = ARGV[1], take_options(6)
-local refused = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true, queued = true})
+local refused, where = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true, queued = true})
 if refused then
-  return {refused}
+  return {refused, where}
 end
 local now = now_ms()
 emit_batch(k.events, o.maxlen, 14, tonumber(ARGV[13]))

@@ -27,9 +27,9 @@ local l = redis.call('HMGET', lease, 'fence', 'state')
 if l[1] == ARGV[2] and l[2] == 'parked' and redis.call('HGET', turn, 'status') == 'awaiting_approval' then
   return {'PARKED'}
 end
-local refused = guard_run(lease, k.inbox, turn, ARGV[1], ARGV[2], {running = true})
+local refused, where = guard_run(lease, k.inbox, turn, ARGV[1], ARGV[2], {running = true})
 if refused then
-  return {refused}
+  return {refused, where}
 end
 local ok, old = pcall(cjson.decode, redis.call('HGET', turn, 'pending') or '[]')
 local now = now_ms()

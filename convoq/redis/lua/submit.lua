@@ -39,15 +39,14 @@ end
 if redis.call('EXISTS', turn) == 1 then
   return {'DUP', tid, queued_position(tid)}
 end
-local bad = bad_version(meta)
-if bad then
-  return {'VERSION', bad}
+local refusal = meta_refusal(meta)
+if refusal then
+  return refusal
 end
-local corrupt = wrong_type('list', {inbox}) or wrong_type('stream', {events})
-if corrupt then
-  return {'CORRUPT', corrupt}
+local waiting = touch(inbox, 'LLEN', inbox)
+if waiting == nil then
+  return {'CORRUPT', inbox}
 end
-local waiting = redis.call('LLEN', inbox)
 -- An in-process turn (an Agent on Redis memory) holds the lease with nothing queued.
 if ARGV[5] == 'reject' and (waiting > 0 or redis.call('EXISTS', lease) == 1) then
   return {'BUSY'}
@@ -56,12 +55,15 @@ local max_waiting = tonumber(ARGV[8] or '0')
 if max_waiting > 0 and waiting >= max_waiting then
   return {'FULL', waiting}
 end
+-- The first write: an events key of another type refuses it, with nothing written.
+if not emit_first(events, ARGV[7], 'status', status_data('queued')) then
+  return {'CORRUPT', events}
+end
 local now = now_ms()
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
   'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now))
 redis.call('RPUSH', inbox, tid)
 redis.call('HSETNX', meta, 'format_version', FORMAT)
-emit(events, ARGV[7], 'status', status_data('queued'))
 redis.call('PEXPIRE', events, ARGV[6])
 if idem then
   redis.call('SET', idem, tid, 'PX', ARGV[6])

@@ -1,0 +1,123 @@
+"""Every key the hot-path scripts (submit, acquire, commit) touch, given another type by a
+stray write: the script names that key (CorruptDataError) and changes nothing. The
+scripts find out from their first read or first write of the key, not a TYPE check."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis
+
+from convoq.errors import CorruptDataError
+from convoq.messages import FilePart, Message, TextPart
+from convoq.redis import KeySchema, TurnProtocol
+from convoq.redis.protocol import TurnEnding
+from tests.support.protocol_helpers import open_protocol, submit_all
+from tests.test_redis_bad_input import snapshot
+
+CID = "wrong-types"
+LEASE = 30_000
+Key = Callable[[KeySchema], str]
+
+HISTORY: dict[str, Key] = {
+    "meta": lambda k: k.meta(CID),
+    "turns": lambda k: k.turns(CID),
+    "inbox": lambda k: k.inbox(CID),
+}
+
+
+def break_key(client: redis.Redis, key: str) -> None:
+    """Give ``key`` another type than convoq's: a hash for the string keys (journal,
+    continuation), else a string."""
+    client.delete(key)
+    if ":journal:" in key or ":cont:" in key:
+        client.hset(key, "not", "a string")
+    else:
+        client.set(key, "not what convoq stored here")
+
+
+def with_file() -> list[Message]:
+    user = Message(content=[TextPart(text="see"), FilePart(data=b"%PDF", mime_type="x/y")])
+    return [user, Message.assistant("seen")]
+
+
+@pytest.fixture
+async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    async with open_protocol(redis_url, key_prefix) as protocol:
+        # One committed turn with an attachment: later windows read the blobs hash.
+        await submit_all(protocol, CID, "t0")
+        acquired = await protocol.acquire(CID, worker_id="w", lease_ms=LEASE)
+        assert acquired is not None
+        await protocol.commit(
+            CID, "t0", with_file(), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
+        )
+        yield protocol
+
+
+ACQUIRE = {
+    **HISTORY,
+    "lead": lambda k: k.lead(CID),
+    "blobs": lambda k: k.blobs(CID),
+    "lease": lambda k: k.lease(CID),
+    "turn": lambda k: k.turn(CID, "t1"),
+    "journal": lambda k: k.journal(CID, "t1"),
+    "cont": lambda k: k.cont(CID, "t1"),
+    "events": lambda k: k.events(CID, "t1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACQUIRE))
+async def test_acquire_names_a_key_of_another_type_and_writes_nothing(
+    proto: TurnProtocol, redis_client: redis.Redis, name: str
+) -> None:
+    await submit_all(proto, CID, "t1")
+    key = ACQUIRE[name](proto.keys)
+    break_key(redis_client, key)
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert caught.value.details["key"] == key
+    assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+SUBMIT = {**HISTORY, "events": lambda k: k.events(CID, "t1")}
+SUBMIT.pop("turns")
+
+
+@pytest.mark.parametrize("name", sorted(SUBMIT))
+async def test_submit_names_a_key_of_another_type_and_writes_nothing(
+    proto: TurnProtocol, redis_client: redis.Redis, name: str
+) -> None:
+    key = SUBMIT[name](proto.keys)
+    break_key(redis_client, key)
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await submit_all(proto, CID, "t1")
+    assert caught.value.details["key"] == key
+    assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+COMMIT = {
+    **HISTORY,
+    "blobs": lambda k: k.blobs(CID),
+    "lease": lambda k: k.lease(CID),
+    "turn": lambda k: k.turn(CID, "t1"),
+    "events": lambda k: k.events(CID, "t1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMIT))
+async def test_commit_names_a_key_of_another_type_and_writes_nothing(
+    proto: TurnProtocol, redis_client: redis.Redis, name: str
+) -> None:
+    await submit_all(proto, CID, "t1")
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None
+    key = COMMIT[name](proto.keys)
+    break_key(redis_client, key)
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await proto.commit(CID, "t1", with_file(), TurnEnding(fence=acquired.fence, lease_ms=LEASE))
+    assert caught.value.details["key"] == key
+    assert snapshot(redis_client, proto.keys.prefix) == before
