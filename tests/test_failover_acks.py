@@ -21,12 +21,18 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from convoq.client import AsyncClient
 from convoq.errors import ConvoqError
+from convoq.messages import Message, MessageRole
+from convoq.redis import TurnProtocol
 from convoq.redis.keys import KeySchema
+from convoq.redis.protocol import TurnEnding
+from tests.support.protocol_helpers import open_protocol
+from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
 from tests.support.redis_server import RedisServer
-from tests.support.replicas import Forwarder, ReplicatedPair, promote
+from tests.support.replicas import Forwarder, ReplicatedPair, promote, wait_links_up
 from tests.support.workers import WorkerPool
 
 pytestmark = pytest.mark.slow
@@ -160,3 +166,64 @@ def test_killing_the_primary_loses_no_turn_acknowledged_after_replicas_confirmed
         )
     if replicas:
         assert (lost_submits, lost_done) == (0, 0)
+
+
+def _live_owner(nodes: RedisClusterNodes, slot: int) -> int | None:
+    """The port of the live primary serving ``slot``, as a live node sees it (None: the
+    slot's owner is the killed node still)."""
+    live = sorted(nodes.processes)
+    node = redis.Redis(host="127.0.0.1", port=live[0])
+    try:
+        ranges = node.execute_command("CLUSTER SLOTS")
+    finally:
+        node.close()
+    for start, end, primary, *_ in ranges:
+        if int(start) <= slot <= int(end) and int(primary[1]) in live:
+            return int(primary[1])
+    return None
+
+
+async def _acked_turn(proto: TurnProtocol, cid: str, tid: str) -> None:
+    await proto.submit(cid, tid, agent="bot", message=Message.user(tid), options={})
+    acq = await proto.acquire(cid, worker_id="w", lease_ms=10_000)
+    assert acq is not None and acq.turn.turn_id == tid
+    await proto.commit(
+        cid, tid, [Message.user(tid), Message.assistant("ok")], TurnEnding(acq.fence)
+    )
+
+
+async def test_on_a_cluster_acks_resume_on_the_promoted_primary_with_nothing_lost(
+    tmp_path: Path, key_prefix: str
+) -> None:
+    """A primary of a private 3+3 cluster is killed; its replica takes over (cluster
+    failover); once the old primary is back as the new one's replica, acknowledged writes
+    go on against the slot's new owner, and every turn acknowledged before is there."""
+    cli = redis_cli_binary()
+    if cli is None:
+        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    nodes = RedisClusterNodes(tmp_path / "cluster", cli)
+    nodes.start()
+    try:
+        wait_links_up(nodes.ports)
+        cid = nodes.conversations_on_every_primary(key_prefix, 1)[0]
+        slot = key_slot(KeySchema(key_prefix).inbox(cid).encode())
+        doomed = nodes.slot_owner(slot)
+        async with open_protocol(
+            nodes.url, key_prefix, min_replicas_acked=1, replica_ack_timeout_ms=300
+        ) as proto:
+            for n in range(5):
+                await _acked_turn(proto, cid, f"before-{n}")
+            nodes.kill(doomed)
+            deadline = time.monotonic() + 60
+            while _live_owner(nodes, slot) is None:
+                assert time.monotonic() < deadline, "no replica took over"
+                await asyncio.sleep(0.2)
+            nodes.restart(doomed)  # back as the new primary's replica
+            wait_links_up(nodes.ports)
+            await _acked_turn(proto, cid, "after")
+            history = await proto.history(cid)
+        said = [m.text for m in history if m.role == MessageRole.USER]
+        assert said == [f"before-{n}" for n in range(5)] + ["after"]
+        assert _live_owner(nodes, slot) not in (None, doomed)
+    finally:
+        nodes.stop()

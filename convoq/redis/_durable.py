@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import AskError, MovedError, RedisError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from convoq import defaults
 from convoq.errors import ConfigurationError, NotDurableError
@@ -40,6 +48,16 @@ T = TypeVar("T")
 # Sends of a write that replicas did not confirm in time before the caller gives up: each
 # resend is a replay that only waits for the replicas again.
 DURABLE_TRIES = 3
+# Pipeline replies (a cluster pipeline hands errors back as replies) that say: find the
+# slot's primary again and send once more.
+_FOLLOW = (
+    MovedError,
+    AskError,
+    TryAgainError,
+    ClusterDownError,
+    RedisConnectionError,
+    RedisTimeoutError,
+)
 # The probe only has to outlive its WAIT; it expires on its own afterwards.
 _PROBE_TTL_MS = 60_000
 # Passes over one write: a NOSCRIPT (load, send again), a slot that moved or a node that
@@ -84,8 +102,12 @@ async def replicated(redis: AsyncRedis, acks: Acks, probe: str, command: tuple[A
             last = exc  # a failover in progress: find the slot's primary again
             await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
             continue
-        if isinstance(reply, (MovedError, AskError, TryAgainError)):
-            last = reply  # the slot moved: follow it and send everything again
+        moved = next((r for r in (reply, confirmed) if isinstance(r, _FOLLOW)), None)
+        if moved is not None:
+            # The slot moved, or its node went away (a failover): the command alone, sent
+            # by the cluster client, finds the slot's owner now (a replay, if it ran);
+            # then everything again there.
+            last = moved
             await redis.execute_command(*command)
             continue
         if isinstance(reply, Exception):
