@@ -50,6 +50,9 @@ local function emit_first(events, maxlen, etype, data)
     data) ~= nil
 end
 
+-- Meta hashes this call saw stamped with FORMAT (this table is new in every call).
+local stamped = {}
+
 -- {'CORRUPT', meta} or {'VERSION', v} when the conversation cannot be served, else nil.
 local function meta_refusal(meta)
   local v = touch(meta, 'HGET', meta, 'format_version')
@@ -59,7 +62,16 @@ local function meta_refusal(meta)
   if v and v ~= FORMAT then
     return {'VERSION', v}
   end
+  stamped[meta] = v == FORMAT
   return nil
+end
+
+-- Stamps meta with FORMAT unless this call read it stamped already (a command less).
+local function stamp(meta)
+  if not stamped[meta] then
+    redis.call('HSETNX', meta, 'format_version', FORMAT)
+    stamped[meta] = true
+  end
 end
 
 -- Appends n events (ARGV[first], ARGV[first + 1] = type, data; then the next pair) in their
@@ -106,13 +118,15 @@ local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, 
   return true
 end
 
--- The checks shared by commit, fail, checkpoint and park: nil when the caller may go on,
--- else a refusal code ('CORRUPT' with the key that holds another type).
+-- The checks shared by commit, fail, checkpoint and park: nil and whether a cancel was
+-- requested when the caller may go on, else a refusal code ('CORRUPT' with the key that
+-- holds another type).
 local function guard_run(lease, inbox, turn, tid, fence, allowed)
-  local status = touch(turn, 'HGET', turn, 'status')
-  if status == nil then
+  local rec = touch(turn, 'HMGET', turn, 'status', 'cancel')
+  if rec == nil then
     return 'CORRUPT', turn
   end
+  local status = rec[1]
   if not status then
     return 'UNKNOWN'
   end
@@ -136,7 +150,7 @@ local function guard_run(lease, inbox, turn, tid, fence, allowed)
   if not allowed[status] then
     return 'NOT_RUNNING'
   end
-  return nil
+  return nil, rec[2] == '1'
 end
 
 -- Writes must not fail half way (Lua does not roll back), so a script checks the keys it
@@ -383,7 +397,7 @@ local function start_run(h, k, status, runs, holder, fence, o, now)
   redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
     'expires_ms', istr(now + tonumber(o.lease_ms)))
   redis.call('PEXPIRE', k.lease, o.lease_ms)
-  redis.call('HSETNX', h.meta, 'format_version', FORMAT)
+  stamp(h.meta)
   redis.call('HINCRBY', k.turn, 'attempts', 1)
   redis.call('HSET', k.turn, 'runs', istr(runs), 'status', 'running')
   redis.call('HSETNX', k.turn, 'started_ms', istr(now))

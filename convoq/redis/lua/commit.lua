@@ -49,7 +49,7 @@ local refused, where = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {runnin
 if refused then
   return {refused, where}
 end
-if ARGV[5] == '1' and cancel_requested(k.turn) then
+if ARGV[5] == '1' and where then  -- a cancel was requested
   return {'CANCELLED'}
 end
 local refusal = meta_refusal(h.meta)
@@ -74,7 +74,7 @@ if not finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now, 16, 
 end
 local added = store_blobs(h.blobs, 16 + 2 * n)
 redis.call('RPUSH', h.turns, ARGV[3])
-redis.call('HSETNX', h.meta, 'format_version', FORMAT)
+stamp(h.meta)
 redis.call('HINCRBY', h.meta, 'turns', 1)
 redis.call('HINCRBY', h.meta, 'bytes', string.len(ARGV[3]) + added)
 redis.call('HSET', h.meta, 'last_turn_id', tid)

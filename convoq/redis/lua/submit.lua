@@ -63,7 +63,7 @@ local now = now_ms()
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
   'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now))
 redis.call('RPUSH', inbox, tid)
-redis.call('HSETNX', meta, 'format_version', FORMAT)
+stamp(meta)
 redis.call('PEXPIRE', events, ARGV[6])
 if idem then
   redis.call('SET', idem, tid, 'PX', ARGV[6])
