@@ -13,7 +13,7 @@ from convoq.errors import CorruptDataError
 from convoq.messages import FilePart, Message, TextPart
 from convoq.redis import KeySchema, TurnProtocol
 from convoq.redis.protocol import TurnEnding
-from tests.support.protocol_helpers import open_protocol, submit_all
+from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 from tests.test_redis_bad_input import snapshot
 
 CID = "wrong-types"
@@ -121,3 +121,27 @@ async def test_commit_names_a_key_of_another_type_and_writes_nothing(
         await proto.commit(CID, "t1", with_file(), TurnEnding(fence=acquired.fence, lease_ms=LEASE))
     assert caught.value.details["key"] == key
     assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def test_a_plain_turn_checks_no_key_type_of_its_own(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    """submit, acquire and commit of a plain turn send one TYPE (the history list, which
+    commit writes without reading) and do not stamp the format again: the first read of a
+    key, or the first write, is its type check."""
+    before = _calls(redis_client)
+    await submit_all(proto, CID, "t1")
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None
+    ending = TurnEnding(fence=acquired.fence, lease_ms=LEASE)
+    await proto.commit(CID, "t1", exchange("t1"), ending)
+    after = _calls(redis_client)
+    sent = {name: n - before.get(name, 0) for name, n in after.items()}
+    assert sent.get("type", 0) == 1
+    assert sent.get("hsetnx", 0) == 1  # started_ms; meta was stamped by the first turn
+    assert sum(n for name, n in sent.items() if name != "info") <= 56
