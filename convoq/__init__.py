@@ -10,21 +10,20 @@ Queued on Celery workers, history in Redis::
     handle = Client().submit("user-42", "What is my name?", agent="assistant")
     handle.wait(timeout=30).text
 
-Layers, bottom up (a module imports only from layers below; checked by import-linter,
-``make lint``)::
+Layers, top down (a module imports only from layers below; checked by import-linter,
+``make lint``; the README's "Architecture" section says more)::
 
-    cli, demo, gateway                          what people run
+    cli, demo, gateway, testing                 what people run
     client  |  worker                           side by side, never importing each other
     agent                                       the in-process Agent
-    engine                                      THE turn loop
+    engine | compaction                         THE turn loop; rolling summaries
     memory                                      ConversationMemory backends
     redis | tools | loaders | queue | responses store, tools, the queue contract
     models                                      Model protocol, OpenAI wire, scripted
-    turn_state | window | limits                the data model ...
-    messages
-    settings | ids | _sync
-    errors | defaults | observe                 ... down to the error tree, defaults, and
-                                                metrics and traces (anyone may report)
+    turn_state | window | limits | summary      the data model ...
+    tokens, messages
+    settings | ids | _sync | netguard | usage
+    errors | defaults | observe                 ... down to the error tree and defaults
 """
 
 from __future__ import annotations
