@@ -1,6 +1,7 @@
 """Every key the hot-path scripts (submit, acquire, commit) touch, given another type by a
 stray write: the script names that key (CorruptDataError) and changes nothing. The
-scripts find out from their first read or first write of the key, not a TYPE check."""
+scripts find out from their first read or first write of the key, not a TYPE check; and
+the commands a plain turn and a waiter send, counted by the server."""
 
 from __future__ import annotations
 
@@ -145,3 +146,15 @@ async def test_a_plain_turn_checks_no_key_type_of_its_own(
     assert sent.get("type", 0) == 1
     assert sent.get("hsetnx", 0) == 1  # started_ms; meta was stamped by the first turn
     assert sum(n for name, n in sent.items() if name != "info") <= 56
+
+
+async def test_a_waiter_reads_record_and_last_event_without_a_transaction(
+    proto: TurnProtocol, redis_client: redis.Redis
+) -> None:
+    await submit_all(proto, CID, "t1")
+    before = _calls(redis_client)
+    record, after = await proto.get_turn_and_last_event(CID, "t1")
+    sent = {name: n - before.get(name, 0) for name, n in _calls(redis_client).items()}
+    assert record.status == "queued" and after != "0"
+    assert sent.get("multi", 0) == 0 and sent.get("exec", 0) == 0
+    assert sent.get("xrevrange") == 1 and sent.get("hgetall") == 1

@@ -35,9 +35,11 @@ class EventsMixin(ProtocolBase):
 
     async def get_turn_and_last_event(self, cid: str, turn_id: str) -> tuple[TurnRecord, str]:
         """The turn's record and the stream id of its latest event ("0" when there is
-        none), read together: whatever happens to the turn after this is an event after
+        none), in one round trip: whatever happens to the turn after this is an event after
         that id. UnknownTurnError as :meth:`get_turn`."""
-        async with self.redis.pipeline(transaction=True) as pipe:
+        # No MULTI needed (two commands less): the id is read first, so a change between
+        # the two reads is in the record and also an event after the id, seen again.
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xrevrange(self.keys.events(cid, turn_id), count=1)
             pipe.hgetall(self.keys.turn(cid, turn_id))
             last, raw = await pipe.execute()
