@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pickle
 import uuid
+from collections.abc import Iterator
 
 import pytest
+import redis
 from kombu import Connection
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads
@@ -14,15 +16,31 @@ from kombu.serialization import loads
 from convoq import Message
 from convoq.queue import routing
 from convoq.queue.transport import celery_base_config
+from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
 from convoq.settings import ConvoqSettings
 from convoq.worker.app import worker_config
-from tests.support.workers import WorkerPool, module_pool, wait_until
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerPool, wait_until
 
 pytestmark = pytest.mark.slow
 
-# Sweeps far apart: only a kick from the broker could start the turn in this test.
-pool = module_pool(1, sweep_interval_s=600)
+
+@pytest.fixture(scope="module")
+def pool(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerPool]:
+    """One worker whose sweeper never sweeps: the test holds the sweep lock from before the
+    worker starts, so only a kick from the broker could start a turn in this module (a
+    sweep at start-up would otherwise race the test's submit and run its turn)."""
+    started = WorkerPool(redis_server.url, tmp_path_factory.mktemp("workers"), sweep_interval_s=600)
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.set(KeySchema(started.prefix).sweeper_lock(), "held-by-the-test", px=3_600_000)
+    try:
+        started.start(1)
+        yield started
+    finally:
+        started.stop_all()
 
 
 def test_every_celery_config_accepts_json_only() -> None:
