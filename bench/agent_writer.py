@@ -13,19 +13,14 @@ Run ``python -m bench writer`` (or ``python -m bench.agent_writer``).
 
 from __future__ import annotations
 
-import asyncio
-import shutil
 import statistics
-import tempfile
-import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
+from bench._harness import embedded_redis, print_run, timings_ms
 from convoq import Agent
 from convoq.memory import ConversationMemory
 from convoq.memory.redis import RedisConversationMemory
 from convoq.models import ScriptedModel
-from convoq.redis import embedded
 
 SAMPLES = 300
 WARM_UP = 20
@@ -43,18 +38,15 @@ class InProcessOnly(RedisConversationMemory):
 async def _median_ms(call: Callable[[int], Awaitable[object]]) -> float:
     for n in range(WARM_UP):
         await call(-n - 1)
-    times = []
-    for n in range(SAMPLES):
-        start = time.perf_counter()
-        await call(n)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+    return statistics.median(await timings_ms(SAMPLES, call))
 
 
 async def run() -> str:
-    work = Path(tempfile.mkdtemp(prefix="convoq-bench-"))
-    home = work / "redis"
-    url = embedded.embedded_url(home)
+    with embedded_redis() as (_work, url):
+        return await _run(url)
+
+
+async def _run(url: str) -> str:
     memories = [RedisConversationMemory(url, prefix="bench"), InProcessOnly(url, prefix="bench")]
     try:
         medians = []
@@ -77,14 +69,10 @@ async def run() -> str:
     finally:
         for memory in memories:
             await memory.aclose()
-        embedded.stop(home)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
-    started = time.perf_counter()
-    print(asyncio.run(run()))
-    print(f"(took {time.perf_counter() - started:.1f} s)")
+    print_run(run)
 
 
 if __name__ == "__main__":

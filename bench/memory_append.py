@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
-import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import redis
 
+from bench._harness import embedded_redis, print_run, timings_ms
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import Message, messages_from_json, messages_to_json
-from convoq.redis import embedded
 from convoq.window import last_turns
 
 SIZES = (10, 1_000, 10_000)
@@ -66,12 +63,7 @@ class NaiveJsonStore:
 
 
 async def _median_ms(samples: int, call: Callable[[], Awaitable[object]]) -> float:
-    times = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        await call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+    return statistics.median(await timings_ms(samples, lambda _n: call()))
 
 
 async def _redis_row(memory: RedisConversationMemory, size: int) -> tuple[float, float]:
@@ -116,9 +108,11 @@ def _table(rows: dict[str, list[tuple[int, float, float]]]) -> str:
 
 
 async def run() -> str:
-    work = Path(tempfile.mkdtemp(prefix="convoq-bench-"))
-    home = work / "redis"
-    url = embedded.embedded_url(home)
+    with embedded_redis() as (work, url):
+        return await _run(work, url)
+
+
+async def _run(work: Path, url: str) -> str:
     memory = RedisConversationMemory(url, prefix="bench")
     try:
         rows: dict[str, list[tuple[int, float, float]]] = {"redis": [], "naive-json": []}
@@ -137,14 +131,10 @@ async def run() -> str:
         return head + "\n" + _table(rows)
     finally:
         await memory.aclose()
-        embedded.stop(home)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
-    started = time.perf_counter()
-    print(asyncio.run(run()))
-    print(f"(took {time.perf_counter() - started:.1f} s)")
+    print_run(run)
 
 
 if __name__ == "__main__":

@@ -16,20 +16,15 @@ Redis is a private embedded redis-server (AOF everysec) on a unix socket. Run
 
 from __future__ import annotations
 
-import asyncio
-import shutil
 import statistics
-import tempfile
-import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
+from bench._harness import embedded_redis, print_run, timings_ms
 from bench.memory_append import a_turn
 from convoq.compaction import CompactionPolicy, compact
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import Message
 from convoq.models import ScriptedModel
-from convoq.redis import embedded
 from convoq.window import Window
 
 SIZES = (10, 1_000, 10_000)
@@ -46,14 +41,10 @@ async def _median_ms(
 ) -> float:
     """The median in ms; with ``best``, the fastest run is kept in BEST[best] too (on a
     shared machine the minimum shows the cost itself, the median adds the neighbours)."""
-    times = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        await call()
-        times.append(time.perf_counter() - start)
+    times = await timings_ms(samples, lambda _n: call())
     if best:
-        BEST[best] = min(times) * 1000
-    return statistics.median(times) * 1000
+        BEST[best] = min(times)
+    return statistics.median(times)
 
 
 async def _populate(memory: RedisConversationMemory, cid: str, size: int) -> None:
@@ -98,9 +89,12 @@ def _table(rows: list[tuple[int, float, float, float, int]]) -> str:
 
 
 async def run() -> str:
-    work = Path(tempfile.mkdtemp(prefix="convoq-bench-window-"))
-    home = work / "redis"
-    memory = RedisConversationMemory(embedded.embedded_url(home), prefix="bench")
+    with embedded_redis("convoq-bench-window-") as (_work, url):
+        return await _run(url)
+
+
+async def _run(url: str) -> str:
+    memory = RedisConversationMemory(url, prefix="bench")
     try:
         rows = [(size, *await _row(memory, size)) for size in SIZES]
         head = (
@@ -111,14 +105,10 @@ async def run() -> str:
         return head + "\n" + _table(rows)
     finally:
         await memory.aclose()
-        embedded.stop(home)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
-    started = time.perf_counter()
-    print(asyncio.run(run()))
-    print(f"(took {time.perf_counter() - started:.1f} s)")
+    print_run(run)
 
 
 if __name__ == "__main__":
