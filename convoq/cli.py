@@ -53,17 +53,7 @@ def _connected(settings: ConvoqSettings | None = None) -> Iterator[Client]:
     """A Client on the configured Redis and broker; ConvoqErrors reported (exit code 1)."""
     s = settings or _settings()
     with reported():
-        client = Client(
-            s.redis_url,
-            broker_url=s.broker_url,
-            prefix=s.prefix,
-            partitions=s.partitions,
-            webhook_secret=s.webhook_secret,
-            max_attachment_bytes=s.max_attachment_bytes,
-            max_turn_bytes=s.max_turn_bytes,
-            home=s.home,
-            callback_allowed_networks=s.callback_allowed_networks,
-        )
+        client = Client(settings=s)
         with client:
             yield client
 

@@ -98,3 +98,12 @@ def test_a_prefix_no_worker_runs_under_is_reported(
         client.submit("env-3", "hello", agent="echo")
     assert f"no convoq worker is registered under prefix {key_prefix!r}" in caplog.text
     assert workers_env.prefix in caplog.text
+
+
+def test_resolved_settings_are_taken_as_they_are(key_prefix: str) -> None:
+    settings = ConvoqSettings.resolve(prefix=key_prefix, partitions=5, min_replicas_acked=1)
+    client = AsyncClient(settings=settings)
+    assert client.settings is settings
+    assert (client.prefix, client.partitions) == (key_prefix, 5)
+    with pytest.raises(ConfigurationError, match=r"either settings= or \['prefix'\]"):
+        AsyncClient(prefix="other", settings=settings)

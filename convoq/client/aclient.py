@@ -102,6 +102,8 @@ class AsyncClient:
             (after resends): NotDurableError.
         replica_ack_timeout_ms: how long each such confirmation may wait
             (``CONVOQ_REPLICA_ACK_TIMEOUT_MS``).
+        settings: an already resolved :class:`ConvoqSettings` (the CLI and the gateway
+            pass theirs) instead of the setting arguments above.
 
     Nothing is started or connected here: connections open on first use (or in
     ``async with``). Use one AsyncClient from one event loop (its connections belong to it).
@@ -126,6 +128,7 @@ class AsyncClient:
         callback_allowed_networks: str | Collection[str] | None = None,
         min_replicas_acked: int | None = None,
         replica_ack_timeout_ms: int | None = None,
+        settings: ConvoqSettings | None = None,
     ) -> None:
         # Checked here: a bad count would only fail when routing, after the turn is stored.
         if partitions is not None and (
@@ -135,19 +138,26 @@ class AsyncClient:
                 f"partitions must be an int >= 1 matching the workers' CONVOQ_PARTITIONS,"
                 f" not {partitions!r}"
             )
-        self.settings = ConvoqSettings.resolve(
-            redis_url=redis_url,
-            broker_url=broker_url,
-            prefix=prefix,
-            partitions=partitions,
-            webhook_secret=webhook_secret,
-            max_attachment_bytes=max_attachment_bytes,
-            max_turn_bytes=max_turn_bytes,
-            home=home,
-            callback_allowed_networks=_networks_setting(callback_allowed_networks),
-            min_replicas_acked=min_replicas_acked,
-            replica_ack_timeout_ms=replica_ack_timeout_ms,
-        )
+        explicit = {
+            "redis_url": redis_url,
+            "broker_url": broker_url,
+            "prefix": prefix,
+            "partitions": partitions,
+            "webhook_secret": webhook_secret,
+            "max_attachment_bytes": max_attachment_bytes,
+            "max_turn_bytes": max_turn_bytes,
+            "home": home,
+            "callback_allowed_networks": _networks_setting(callback_allowed_networks),
+            "min_replicas_acked": min_replicas_acked,
+            "replica_ack_timeout_ms": replica_ack_timeout_ms,
+        }
+        if settings is None:
+            settings = ConvoqSettings.resolve(**explicit)
+        elif given := sorted(name for name, value in explicit.items() if value is not None):
+            raise ConfigurationError(
+                f"pass either settings= or {given}, not both: settings are already resolved"
+            )
+        self.settings = settings
         self.prefix = self.settings.prefix
         self.partitions = self.settings.partitions
         self.webhook_secret = self.settings.webhook_secret

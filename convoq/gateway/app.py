@@ -40,16 +40,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = AsyncClient(
-            s.redis_url,
-            broker_url=s.broker_url,
-            prefix=s.prefix,
-            partitions=s.partitions,
-            max_attachment_bytes=s.max_attachment_bytes,
-            max_turn_bytes=s.max_turn_bytes,
-            home=s.home,
-            callback_allowed_networks=s.callback_allowed_networks or "",
-        )
+        client = AsyncClient(settings=s)
         app.state.client = client
         try:
             yield
