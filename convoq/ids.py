@@ -8,6 +8,7 @@ derives a sanitised name plus a hash of the id, so two ids never share storage.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -33,13 +34,30 @@ def check_conversation_id(value: object) -> str:
         InvalidConversationIdError: not a string of 1-256 characters, or it holds a
             control character (or a lone surrogate, which no storage can encode).
     """
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_CONVERSATION_ID_CHARS:
-        why = "it is not a string" if not isinstance(value, str) else "of its length"
+    # Only exact str of a valid length through the cache: a str subclass could hash or
+    # compare unlike a str, and a huge string must not be kept.
+    cached = type(value) is str and len(value) <= MAX_CONVERSATION_ID_CHARS
+    why = _problem(value) if cached else _uncached_problem(value)
+    if why is not None:
         raise _invalid(value, why)
+    return value  # type: ignore[return-value]  # _problem checked it is a str
+
+
+# Every read and write checks the id, and each of its keys encodes it again: the answers
+# for recent ids are remembered (4096 ids of at most 256 characters: about 1 MB at worst).
+@functools.lru_cache(maxsize=4096)
+def _problem(value: str) -> str | None:
+    return _uncached_problem(value)
+
+
+def _uncached_problem(value: object) -> str | None:
+    """Why ``value`` is no conversation id, or None if it is one."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_CONVERSATION_ID_CHARS:
+        return "it is not a string" if not isinstance(value, str) else "of its length"
     for char in value:
         if unicodedata.category(char) in ("Cc", "Cs"):
-            raise _invalid(value, f"it holds the control character {char!r}")
-    return value
+            return f"it holds the control character {char!r}"
+    return None
 
 
 def _invalid(value: object, why: str) -> InvalidConversationIdError:
@@ -53,6 +71,14 @@ def _invalid(value: object, why: str) -> InvalidConversationIdError:
 
 def key_part(conversation_id: str) -> str:
     """The conversation id as it appears inside a Redis key (checked, then encoded)."""
+    if type(conversation_id) is str:
+        return _encoded(conversation_id)
+    return quote(check_conversation_id(conversation_id), safe=_KEY_SAFE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded(conversation_id: str) -> str:
+    # Cached for the reason _problem is; an invalid id raises and is not remembered.
     return quote(check_conversation_id(conversation_id), safe=_KEY_SAFE)
 
 

@@ -45,9 +45,18 @@ def last_turns(messages: list[Message], keep: int | None) -> list[Message]:
         return list(messages)
     if keep < 0:
         raise ConvoqError("keep_last_turns must be >= 0 (0 keeps every turn)")
-    lead, turns = split_turns(messages)
-    kept = [m for turn in turns[-keep:] for m in turn]
-    return lead + kept
+    # split_turns' cut, found from the end without building the turns: the keep-th user
+    # message from the end starts the window (fewer than keep turns: everything is kept).
+    lead_end = 0
+    while lead_end < len(messages) and messages[lead_end].role in _LEADING_ROLES:
+        lead_end += 1
+    starts = 0
+    for index in range(len(messages) - 1, lead_end - 1, -1):
+        if messages[index].role == MessageRole.USER:
+            starts += 1
+            if starts == keep:
+                return messages[:lead_end] + messages[index:]
+    return list(messages)
 
 
 def newest_fitting(turn_costs: list[int], budget: int) -> int:
@@ -113,6 +122,8 @@ class Window:
         """The messages of ``messages`` this window sends (applying it twice is harmless)."""
         if self.everything:
             return list(messages)
+        if self.max_tokens is None:
+            return last_turns(messages, self.keep_last_turns)
         lead, turns = split_turns(messages)
         if self.keep_last_turns:
             turns = turns[-self.keep_last_turns :]

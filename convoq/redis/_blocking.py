@@ -17,6 +17,7 @@ from redis.connection import AbstractConnection
 from redis.exceptions import AuthenticationError
 from redis.retry import Retry
 
+from convoq.redis import _pipelined
 from convoq.redis._base import credentials_refused, new_pool
 from convoq.redis._cluster import SyncRedis, connect_cluster_blocking
 from convoq.redis._urls import is_cluster_url
@@ -67,6 +68,10 @@ class BlockingScripts:
         """The reply to one request of a step function."""
         if isinstance(request, ScriptCall):
             return self.run(request.name, request.keys, request.args)
+        if isinstance(self.client, redis.Redis) and _pipelined.plain(request.commands):
+            replies = _pipelined.read(self.client, request.commands, request.transaction)
+            if replies is not None:
+                return replies
         with self.client.pipeline(transaction=request.transaction) as pipe:
             for command in request.commands:
                 pipe.execute_command(*command)

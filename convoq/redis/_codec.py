@@ -199,6 +199,35 @@ def decode_elements(
     return messages
 
 
+def plain_bodies(elements: list[bytes], *, starts_only: bool) -> list[memoryview] | None:
+    """The JSON bodies (array brackets stripped; empty arrays left out) of elements that
+    refer to no attachment, read from their header lines alone; None if an element refers
+    to one, has no header, or (with ``starts_only``) does not start a turn."""
+    bodies: list[memoryview] = []
+    for element in elements:
+        newline = element.find(b"\n")
+        kind = element[:1]
+        if newline < 1 or (kind != _STARTS and (starts_only or kind != _CONTINUES)):
+            return None
+        if element.find(b" " + _BLOBS_FIELD, 1, newline) != -1:
+            return None
+        if len(element) - newline > 3:  # more than "[]" after the header line
+            bodies.append(memoryview(element)[newline + 2 : -1])
+    return bodies
+
+
+def decode_bodies(bodies: list[memoryview]) -> list[Message]:
+    """The messages of :func:`plain_bodies`, validated in one compiled ``validate_json``.
+
+    Raises:
+        CorruptDataError: they do not parse as messages (no key named: the caller knows).
+    """
+    try:
+        return _validate_run(bodies)
+    except (ValueError, ValidationError) as exc:
+        raise _corrupt("the history", type(exc).__name__) from exc
+
+
 def _validate_run(bodies: list[memoryview]) -> list[Message]:
     if not bodies:
         return []

@@ -36,10 +36,12 @@ from convoq.redis._codec import (
     check_turn_size,
     collector_paused,
     counters_arg,
+    decode_bodies,
     decode_elements,
     encode_element,
     pairs_to_dict,
     parse_header,
+    plain_bodies,
     text,
     usage_of,
 )
@@ -52,6 +54,9 @@ from convoq.window import split_turns
 CHUNK = 1000
 _BLOB_CHUNK = 200
 _RESTARTS = 5
+# Windows of at most this many turns are first tried by plain reads (INLINE_MAX in _lib.lua
+# bounds what one script call reads; the same bound for one LRANGE).
+PLAIN_WINDOW_MAX = 256
 # How long an append id is remembered: far longer than redis-py's resends take.
 APPEND_ID_TTL_MS = 3_600_000
 
@@ -107,6 +112,11 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
     a window in one round trip, a whole history in bounded chunks."""
     window = last_turns or 0
     if window > 0:
+        plain = None
+        if window <= PLAIN_WINDOW_MAX:
+            plain = yield from _plain_window_steps(keys, cid, window)
+        if plain is not None:
+            return plain
         reply = yield ScriptCall("load", keys.history_keys(cid), [window])
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
@@ -114,6 +124,36 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
         if reply[2] is not None:
             return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]))
     return (yield from chunked_steps(keys, cid, window))
+
+
+def _plain_window_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message] | None]:
+    """The last ``window`` turns by plain reads in one MULTI/EXEC (no script: a script
+    call alone costs Redis more than these reads), when what they find is the common
+    case: every element read starts a turn (or the whole list was read) and none refers to
+    an attachment. Anything else (attachments, a turn stored in several elements, a
+    malformed element) ends with None: the ``load`` script then reads it whole."""
+    meta, lead_key, turns_key = keys.meta(cid), keys.lead(cid), keys.turns(cid)
+    replies = yield Batch(
+        [
+            ("HGET", meta, "format_version"),
+            ("LRANGE", lead_key, 0, -1),
+            ("LRANGE", turns_key, -window, -1),
+        ],
+        transaction=True,
+    )
+    _raise_stored_errors(replies, [meta, lead_key, turns_key])
+    version, lead, elements = replies
+    if version is not None and text(version) != str(FORMAT_VERSION):
+        raise version_error(keys, cid, text(version))
+    whole_list = len(elements) < window
+    bodies = plain_bodies(lead, starts_only=False)
+    turn_bodies = plain_bodies(elements, starts_only=not whole_list)
+    if bodies is None or turn_bodies is None:
+        return None
+    try:
+        return decode_bodies(bodies + turn_bodies)
+    except CorruptDataError:
+        return None  # the script names the key that holds it
 
 
 async def load_history(
@@ -132,6 +172,9 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
         lead, elements = read
         lead_key, turns_key = keys.lead(cid), keys.turns(cid)
         with collector_paused(len(elements)):
+            plain = _plain_messages([*lead, *elements])
+            if plain is not None:
+                return window_last_turns(plain, window or None)
             headers = [parse_header(e, key=turns_key) for e in elements]
             lead_headers = [parse_header(e, key=lead_key) for e in lead]
         blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
@@ -143,6 +186,18 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
     raise ConversationMemoryError(
         f"the history of conversation {cid!r} kept being cleared while it was read; try again"
     )
+
+
+def _plain_messages(elements: list[bytes]) -> list[Message] | None:
+    """The messages of elements without attachments, decoded in one call; None when one
+    has attachments or does not parse (the header-by-header path then names the key)."""
+    bodies = plain_bodies(elements, starts_only=False)
+    if bodies is None:
+        return None
+    try:
+        return decode_bodies(bodies)
+    except CorruptDataError:
+        return None
 
 
 async def read_chunked(scripts: Scripts, keys: KeySchema, cid: str, window: int) -> list[Message]:

@@ -31,9 +31,11 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeAlias, TypeVar
 
+import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from convoq.redis import _pipelined
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._durable import Acks, replicated
 
@@ -112,6 +114,8 @@ class Scripts:
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(source(name)) for name in NAMES
         }
+        # Plain reads skip redis-py's pipeline (a cluster client keeps it: it routes).
+        self._reads = _pipelined.AsyncReads(client) if isinstance(client, aioredis.Redis) else None
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is always a list whose first item is a status."""
@@ -142,6 +146,10 @@ class Scripts:
         """The reply to one request of a step function."""
         if isinstance(request, ScriptCall):
             return await self.run(request.name, request.keys, request.args)
+        if self._reads is not None and _pipelined.plain(request.commands):
+            replies = await self._reads.read(request.commands, request.transaction)
+            if replies is not None:
+                return replies
         async with self.client.pipeline(transaction=request.transaction) as pipe:
             for command in request.commands:
                 pipe.execute_command(*command)

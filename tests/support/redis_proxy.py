@@ -5,7 +5,8 @@ reply to a command containing that word (``EVALSHA``) is swallowed and both side
 connection are closed *after Redis ran the command*: exactly what a network failure
 between Redis's answer and the client looks like, so redis-py reconnects and resends.
 A ``-NOSCRIPT`` reply passes through (the client then loads the script and sends the
-command again, which is still armed).
+command again, which is still armed). :meth:`LossyProxy.hold_replies` keeps every reply
+back until :meth:`LossyProxy.release_replies` (a slow network, for cancelling mid-read).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class LossyProxy:
         self._armed: bytes | None = None
         self._links: list[_Link] = []
         self.dropped = 0
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -54,7 +57,17 @@ class LossyProxy:
         with self._lock:
             self._armed = command.upper()
 
+    def hold_replies(self) -> None:
+        """Keep replies back (commands still reach Redis) until :meth:`release_replies`."""
+        self._flowing.clear()
+
+    def release_replies(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
+        self._flowing.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() that waits
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
@@ -96,6 +109,7 @@ class LossyProxy:
             data = _recv(link.server)
             if not data:
                 break
+            self._flowing.wait(timeout=30)
             with self._lock:
                 lose = link.awaiting and not data.startswith(b"-NOSCRIPT")
                 # After -NOSCRIPT comes SCRIPT LOAD, then the command again (armed still).

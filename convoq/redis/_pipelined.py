@@ -1,0 +1,163 @@
+"""Plain reads sent on one pooled connection, without redis-py's ``Pipeline`` object.
+
+A window load is a few plain reads (``HGET``, ``LRANGE``) in one MULTI/EXEC. redis-py's
+``Pipeline`` costs more Python per call than the whole round trip of those reads (its
+command stack, callbacks and retries are built for any command); the hot reads need none
+of it, since their raw replies are already what its callbacks would return. So a batch
+made only of such reads is packed and sent here on a connection from the client's own pool
+and its replies are read back in order; anything else, a cluster client, or a connection
+that fails on the way, goes through redis-py's pipeline as before (reads are safe to send
+twice, and that path reconnects and retries).
+
+Error replies come back as ``ResponseError`` values in their place, as
+``pipeline.execute(raise_on_error=False)`` gives them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+# Reads whose raw RESP2 reply equals what redis-py's response callback returns for them.
+_PLAIN_READS = frozenset({"GET", "HGET", "HMGET", "LINDEX", "LLEN", "LRANGE"})
+_MULTI, _EXEC = ("MULTI",), ("EXEC",)
+
+
+def plain(commands: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether every command is a read this module may send itself."""
+    return all(str(command[0]).upper() in _PLAIN_READS for command in commands)
+
+
+def _framed(commands: Sequence[tuple[Any, ...]], transaction: bool) -> list[tuple[Any, ...]]:
+    return [_MULTI, *commands, _EXEC] if transaction else list(commands)
+
+
+def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
+    """The RESP request of ``commands`` (str, bytes and int arguments): what redis-py's
+    ``pack_commands`` writes for them, without its per-argument dispatch."""
+    out: list[bytes] = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, str):
+                arg = arg.encode("utf-8")
+            elif isinstance(arg, int) and not isinstance(arg, bool):
+                arg = b"%d" % arg
+            elif not isinstance(arg, bytes):
+                raise TypeError(f"a plain read takes str, bytes or int arguments, not {arg!r}")
+            out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+def _replies(raw: list[Any], transaction: bool) -> list[Any]:
+    """The commands' replies: EXEC's array in a transaction, else one each."""
+    if not transaction:
+        return raw
+    executed = raw[-1]
+    if isinstance(executed, ResponseError):  # EXECABORT: every command gets the error
+        return [executed] * (len(raw) - 2)
+    return list(executed)
+
+
+# Connections a reader keeps between its calls (borrowed from the client's pool, which
+# counts them as in use): taking one from the pool costs about as much as the reads.
+_KEEP = 4
+
+
+class AsyncReads:
+    """Plain reads on one async client (see the module docstring)."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._pool = client.connection_pool
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+
+    async def read(
+        self, commands: Sequence[tuple[Any, ...]], transaction: bool
+    ) -> list[Any] | None:
+        """The replies of ``commands``, or None when the caller should send them through
+        redis-py instead (the connection failed; reading changed nothing)."""
+        sent = _framed(commands, transaction)
+        connection = await self._take()
+        try:
+            # One bound (the connection's socket timeout) for the write and all the replies:
+            # redis-py bounds each write with wait_for, which starts a task per call.
+            async with asyncio.timeout(connection.socket_timeout):
+                await _send(connection, pack(sent))
+                raw = [await _reply(connection) for _ in sent]
+        except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
+            await self._drop(connection)
+            return None
+        except BaseException:
+            # Cancelled mid-read: replies may still be on the wire, so this connection
+            # must not serve anyone again.
+            await self._drop(connection)
+            raise
+        if len(self._idle) < _KEEP:
+            self._idle.append(connection)
+        else:
+            await self._pool.release(connection)
+        return _replies(raw, transaction)
+
+    async def _take(self) -> Any:
+        if self._pid != os.getpid():  # a forked child: those are the parent's sockets
+            self._idle, self._pid = [], os.getpid()
+        if self._idle:
+            return self._idle.pop()
+        return await self._pool.get_connection()  # type: ignore[no-untyped-call]
+
+    async def _drop(self, connection: Any) -> None:
+        await connection.disconnect(nowait=True)
+        await self._pool.release(connection)  # the pool connects it again when next used
+
+
+async def _send(connection: Any, packed: bytes) -> None:
+    writer = getattr(connection, "_writer", None)
+    if writer is None or not connection.is_connected:
+        await connection.send_packed_command(packed, check_health=False)  # connects first
+        return
+    writer.write(packed)
+    await writer.drain()
+
+
+async def _reply(connection: Any) -> Any:
+    try:
+        # math.inf: no bound of its own (redis-py's way to say so); the batch has one.
+        return await connection.read_response(timeout=math.inf)
+    except ResponseError as exc:  # an error reply in its place, the next ones still follow
+        return exc
+
+
+def read(
+    client: redis.Redis, commands: Sequence[tuple[Any, ...]], transaction: bool
+) -> list[Any] | None:
+    """:func:`aread` on a sync client (the caller's thread does the I/O)."""
+    pool = client.connection_pool
+    sent = _framed(commands, transaction)
+    connection: Any = pool.get_connection()  # redis-py leaves the sync connection untyped
+    try:
+        connection.send_packed_command([pack(sent)], check_health=False)
+        raw = [_sync_reply(connection) for _ in sent]
+    except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
+        connection.disconnect()
+        return None
+    except BaseException:
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+    return _replies(raw, transaction)
+
+
+def _sync_reply(connection: Any) -> Any:
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc

@@ -1,0 +1,142 @@
+"""Window loads by plain reads: one MULTI/EXEC of HGET + LRANGE + LRANGE on a kept
+connection, no script, falling back to the ``load`` script where plain reads cannot
+answer, and to redis-py's pipeline where the connection fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.asyncio.connection import Connection
+
+from convoq.memory.redis import RedisConversationMemory
+from convoq.messages import ImagePart, Message, MessageRole, TextPart
+from convoq.redis import connect
+from convoq.redis._pipelined import pack
+from tests.support.redis_proxy import LossyProxy
+from tests.support.redis_server import RedisServer
+
+CID = "plain reads"
+
+
+def turn(n: int) -> list[Message]:
+    return [Message.user(f"q{n}"), Message.assistant(f"a{n}")]
+
+
+def calls(client: redis.Redis, command: str) -> int:
+    """Calls of ``command`` Redis ran (a first EVALSHA refused with NOSCRIPT not counted)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    lossy = LossyProxy(redis_server.port)
+    yield lossy
+    lossy.close()
+
+
+async def test_a_text_window_is_read_in_one_transaction_without_a_script(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    client = connect(redis_url)
+    memory = RedisConversationMemory(client=client, prefix=key_prefix)
+    try:
+        await memory.aappend(CID, [Message.system("be brief"), *turn(0)])
+        for n in range(1, 6):
+            await memory.aappend(CID, turn(n))
+        scripts, transactions = calls(redis_client, "evalsha"), calls(redis_client, "exec")
+        window = await memory.aload(CID, last_turns=3)
+        assert window == [Message.system("be brief"), *turn(3), *turn(4), *turn(5)]
+        assert await memory.aload(CID, last_turns=10) == [
+            Message.system("be brief"),
+            *(m for n in range(6) for m in turn(n)),
+        ]
+        assert calls(redis_client, "evalsha") == scripts
+        assert calls(redis_client, "exec") == transactions + 2
+    finally:
+        await client.aclose()
+
+
+async def test_windows_plain_reads_cannot_answer_are_read_by_the_script(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    client = connect(redis_url)
+    memory = RedisConversationMemory(client=client, prefix=key_prefix)
+    picture = Message(
+        role=MessageRole.USER,
+        content=[TextPart(text="look"), ImagePart(data=b"\x89PNG\x00", mime_type="image/png")],
+    )
+    try:
+        await memory.aappend(CID, [picture, Message.assistant("a picture")])
+        await memory.aappend(CID, turn(1))
+        # A turn stored in two elements: its tool result appended on its own.
+        await memory.aappend(CID, turn(2))
+        await memory.aappend(CID, [Message.assistant("and more")])
+        scripts = calls(redis_client, "evalsha")
+        assert await memory.aload(CID, last_turns=1) == [*turn(2), Message.assistant("and more")]
+        window = await memory.aload(CID, last_turns=3)
+        assert window[0] == picture and window[0].attachments[0].data == b"\x89PNG\x00"
+        assert window[2:] == [*turn(1), *turn(2), Message.assistant("and more")]
+        assert calls(redis_client, "evalsha") == scripts + 2
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+async def test_a_plain_read_whose_connection_drops_is_sent_again(
+    proxy: LossyProxy, key_prefix: str, flavour: str
+) -> None:
+    memory = RedisConversationMemory(proxy.url, prefix=key_prefix)
+    try:
+        for n in range(3):
+            await memory.aappend(CID, turn(n))
+        proxy.drop_reply_to(b"LRANGE")
+        if flavour == "async":
+            window = await memory.aload(CID, last_turns=2)
+        else:
+            window = await asyncio.to_thread(memory.load, CID, last_turns=2)
+        assert proxy.dropped == 1
+        assert window == [*turn(1), *turn(2)]
+    finally:
+        await memory.aclose()
+
+
+async def test_a_read_cancelled_midway_leaves_no_reply_for_the_next_one(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    client = connect(proxy.url)
+    memory = RedisConversationMemory(client=client, prefix=key_prefix)
+    try:
+        await memory.aappend(CID, turn(0))
+        await memory.aload(CID, last_turns=1)  # the reader keeps a connection now
+        proxy.hold_replies()
+        pending = asyncio.ensure_future(memory.aload(CID, last_turns=1))
+        await asyncio.sleep(0.2)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        proxy.release_replies()
+        await memory.aappend(CID, turn(1))
+        # Had the cancelled read's connection been kept, its late reply (turn 0 alone)
+        # would answer this read.
+        assert await memory.aload(CID, last_turns=1) == turn(1)
+        assert await memory.aload(CID, last_turns=2) == [*turn(0), *turn(1)]
+    finally:
+        await client.aclose()
+
+
+def test_pack_writes_what_redis_py_writes() -> None:
+    commands = [
+        ("MULTI",),
+        ("HGET", "p:{c}:meta", "format_version"),
+        ("LRANGE", b"p:{\xc3\xa9}:turns", -10, -1),
+        ("LRANGE", "p:{é}:lead", 0, -1),
+        ("EXEC",),
+    ]
+    connection = Connection()
+    assert pack(commands) == b"".join(connection.pack_commands(commands))
+    with pytest.raises(TypeError):
+        pack([("LRANGE", "k", 0.5, -1)])
