@@ -15,6 +15,8 @@ from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import connect
 from convoq.redis._pipelined import pack
+from convoq.summary import SUMMARY_PREFIX, Summary
+from convoq.window import Window
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer
 
@@ -140,3 +142,25 @@ def test_pack_writes_what_redis_py_writes() -> None:
     assert pack(commands) == b"".join(connection.pack_commands(commands))
     with pytest.raises(TypeError):
         pack([("LRANGE", "k", 0.5, -1)])
+
+
+async def test_what_a_turn_sends_is_read_plainly_until_a_summary_is_stored(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    client = connect(redis_url)
+    memory = RedisConversationMemory(client=client, prefix=key_prefix)
+    sent = Window(keep_last_turns=2, with_summary=True)
+    try:
+        for n in range(4):
+            await memory.aappend(CID, turn(n))
+        scripts = calls(redis_client, "evalsha")
+        assert await memory.aload_window(CID, sent) == [*turn(2), *turn(3)]
+        assert calls(redis_client, "evalsha") == scripts
+        _, _, basis = await memory.asummary_state(CID)
+        await memory.acommit_summary(CID, Summary.of("q0 a0 q1 a1", watermark=2, version=1), basis)
+        scripts = calls(redis_client, "evalsha")
+        window = await memory.aload_window(CID, sent)
+        assert window == [Message.system(SUMMARY_PREFIX + "q0 a0 q1 a1"), *turn(2), *turn(3)]
+        assert calls(redis_client, "evalsha") == scripts + 1
+    finally:
+        await client.aclose()

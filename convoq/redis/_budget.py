@@ -24,8 +24,10 @@ from convoq.redis._codec import (
 )
 from convoq.redis._history import (
     CHUNK,
+    PLAIN_WINDOW_MAX,
     _blobs_steps,
     _raise_stored_errors,
+    plain_window_steps,
     stored_data_error,
     version_error,
 )
@@ -75,6 +77,10 @@ def budget_steps(
     """The lead (then, ``with_summary``, the summary) plus the newest whole turns (at most
     ``keep``, 0: any number; never one the summary covers) that fit ``budget`` tokens by
     the counts stored with each element (None: any number)."""
+    if budget is None and with_summary and 0 < keep <= PLAIN_WINDOW_MAX:
+        plain = yield from plain_window_steps(keys, cid, keep, with_summary=True)
+        if plain is not None:  # no summary stored: the last turns, as without one
+            return plain
     limit = UNLIMITED if budget is None else budget
     for _ in range(_RESTARTS):
         first, last, summary, inline = yield from range_steps(keys, cid, limit, keep, with_summary)

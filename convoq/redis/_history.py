@@ -114,7 +114,7 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
     if window > 0:
         plain = None
         if window <= PLAIN_WINDOW_MAX:
-            plain = yield from _plain_window_steps(keys, cid, window)
+            plain = yield from plain_window_steps(keys, cid, window)
         if plain is not None:
             return plain
         reply = yield ScriptCall("load", keys.history_keys(cid), [window])
@@ -126,25 +126,30 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
     return (yield from chunked_steps(keys, cid, window))
 
 
-def _plain_window_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message] | None]:
+def plain_window_steps(
+    keys: KeySchema, cid: str, window: int, *, with_summary: bool = False
+) -> Steps[list[Message] | None]:
     """The last ``window`` turns by plain reads in one MULTI/EXEC (no script: a script
     call alone costs Redis more than these reads), when what they find is the common
     case: every element read starts a turn (or the whole list was read) and none refers to
-    an attachment. Anything else (attachments, a turn stored in several elements, a
-    malformed element) ends with None: the ``load`` script then reads it whole."""
+    an attachment; ``with_summary``, also only while no summary is stored. Anything else
+    (attachments, a turn stored in several elements, a summary, a malformed element) ends
+    with None: a script then reads it."""
     meta, lead_key, turns_key = keys.meta(cid), keys.lead(cid), keys.turns(cid)
-    replies = yield Batch(
-        [
-            ("HGET", meta, "format_version"),
-            ("LRANGE", lead_key, 0, -1),
-            ("LRANGE", turns_key, -window, -1),
-        ],
-        transaction=True,
-    )
-    _raise_stored_errors(replies, [meta, lead_key, turns_key])
-    version, lead, elements = replies
+    commands: list[tuple[Any, ...]] = [
+        ("HGET", meta, "format_version"),
+        ("LRANGE", lead_key, 0, -1),
+        ("LRANGE", turns_key, -window, -1),
+    ]
+    if with_summary:
+        commands.append(("HGET", keys.summary(cid), "text"))
+    replies = yield Batch(commands, transaction=True)
+    _raise_stored_errors(replies, [meta, lead_key, turns_key, keys.summary(cid)][: len(replies)])
+    version, lead, elements = replies[:3]
     if version is not None and text(version) != str(FORMAT_VERSION):
         raise version_error(keys, cid, text(version))
+    if with_summary and replies[3] is not None:
+        return None
     whole_list = len(elements) < window
     bodies = plain_bodies(lead, starts_only=False)
     turn_bodies = plain_bodies(elements, starts_only=not whole_list)
