@@ -164,3 +164,24 @@ async def test_what_a_turn_sends_is_read_plainly_until_a_summary_is_stored(
         assert calls(redis_client, "evalsha") == scripts + 1
     finally:
         await client.aclose()
+
+
+async def test_a_small_pool_keeps_no_idle_connection_for_plain_reads(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    client = connect(redis_url, max_connections=2)
+    memory = RedisConversationMemory(client=client, prefix=key_prefix)
+    first_key, second_key = f"{key_prefix}:wait:1", f"{key_prefix}:wait:2"
+    try:
+        await memory.aappend(CID, turn(0))
+        assert await memory.aload(CID, last_turns=1) == turn(0)
+        # Both connections of the pool are free again: two reads can block at once.
+        first = asyncio.ensure_future(client.blpop([first_key], timeout=0))
+        second = asyncio.ensure_future(client.blpop([second_key], timeout=0))
+        await asyncio.sleep(0.2)
+        redis_client.rpush(second_key, "x")
+        assert await asyncio.wait_for(second, timeout=5) == (second_key.encode(), b"x")
+        redis_client.rpush(first_key, "y")
+        assert await asyncio.wait_for(first, timeout=5) == (first_key.encode(), b"y")
+    finally:
+        await client.aclose()

@@ -67,7 +67,8 @@ def _replies(raw: list[Any], transaction: bool) -> list[Any]:
 
 
 # Connections a reader keeps between its calls (borrowed from the client's pool, which
-# counts them as in use): taking one from the pool costs about as much as the reads.
+# counts them as in use): taking one from the pool costs about as much as the reads. At
+# most a quarter of the pool's, so a small pool is never held up by idle connections.
 _KEEP = 4
 
 
@@ -77,6 +78,7 @@ class AsyncReads:
     def __init__(self, client: aioredis.Redis) -> None:
         self._pool = client.connection_pool
         self._idle: list[Any] = []
+        self._keep = min(_KEEP, getattr(self._pool, "max_connections", 0) // 4)
         self._pid = os.getpid()
 
     async def read(
@@ -100,7 +102,7 @@ class AsyncReads:
             # must not serve anyone again.
             await self._drop(connection)
             raise
-        if len(self._idle) < _KEEP:
+        if len(self._idle) < self._keep:
             self._idle.append(connection)
         else:
             await self._pool.release(connection)
