@@ -5,7 +5,7 @@ answer, and to redis-py's pipeline where the connection fails."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -34,6 +34,14 @@ def calls(client: redis.Redis, command: str) -> int:
 
 
 @pytest.fixture
+async def memory(redis_url: str, key_prefix: str) -> AsyncIterator[RedisConversationMemory]:
+    """A memory on a client of the test's own loop (its reads are the test's awaits)."""
+    client = connect(redis_url)
+    yield RedisConversationMemory(client=client, prefix=key_prefix)
+    await client.aclose()
+
+
+@pytest.fixture
 def proxy(redis_server: RedisServer) -> Iterator[LossyProxy]:
     lossy = LossyProxy(redis_server.port)
     yield lossy
@@ -41,50 +49,40 @@ def proxy(redis_server: RedisServer) -> Iterator[LossyProxy]:
 
 
 async def test_a_text_window_is_read_in_one_transaction_without_a_script(
-    redis_url: str, redis_client: redis.Redis, key_prefix: str
+    memory: RedisConversationMemory, redis_client: redis.Redis
 ) -> None:
-    client = connect(redis_url)
-    memory = RedisConversationMemory(client=client, prefix=key_prefix)
-    try:
-        await memory.aappend(CID, [Message.system("be brief"), *turn(0)])
-        for n in range(1, 6):
-            await memory.aappend(CID, turn(n))
-        scripts, transactions = calls(redis_client, "evalsha"), calls(redis_client, "exec")
-        window = await memory.aload(CID, last_turns=3)
-        assert window == [Message.system("be brief"), *turn(3), *turn(4), *turn(5)]
-        assert await memory.aload(CID, last_turns=10) == [
-            Message.system("be brief"),
-            *(m for n in range(6) for m in turn(n)),
-        ]
-        assert calls(redis_client, "evalsha") == scripts
-        assert calls(redis_client, "exec") == transactions + 2
-    finally:
-        await client.aclose()
+    await memory.aappend(CID, [Message.system("be brief"), *turn(0)])
+    for n in range(1, 6):
+        await memory.aappend(CID, turn(n))
+    scripts, transactions = calls(redis_client, "evalsha"), calls(redis_client, "exec")
+    window = await memory.aload(CID, last_turns=3)
+    assert window == [Message.system("be brief"), *turn(3), *turn(4), *turn(5)]
+    assert await memory.aload(CID, last_turns=10) == [
+        Message.system("be brief"),
+        *(m for n in range(6) for m in turn(n)),
+    ]
+    assert calls(redis_client, "evalsha") == scripts
+    assert calls(redis_client, "exec") == transactions + 2
 
 
 async def test_windows_plain_reads_cannot_answer_are_read_by_the_script(
-    redis_url: str, redis_client: redis.Redis, key_prefix: str
+    memory: RedisConversationMemory, redis_client: redis.Redis
 ) -> None:
-    client = connect(redis_url)
-    memory = RedisConversationMemory(client=client, prefix=key_prefix)
     picture = Message(
         role=MessageRole.USER,
         content=[TextPart(text="look"), ImagePart(data=b"\x89PNG\x00", mime_type="image/png")],
     )
-    try:
-        await memory.aappend(CID, [picture, Message.assistant("a picture")])
-        await memory.aappend(CID, turn(1))
-        # A turn stored in two elements: its tool result appended on its own.
-        await memory.aappend(CID, turn(2))
-        await memory.aappend(CID, [Message.assistant("and more")])
-        scripts = calls(redis_client, "evalsha")
-        assert await memory.aload(CID, last_turns=1) == [*turn(2), Message.assistant("and more")]
-        window = await memory.aload(CID, last_turns=3)
-        assert window[0] == picture and window[0].attachments[0].data == b"\x89PNG\x00"
-        assert window[2:] == [*turn(1), *turn(2), Message.assistant("and more")]
-        assert calls(redis_client, "evalsha") == scripts + 2
-    finally:
-        await client.aclose()
+    await memory.aappend(CID, [picture, Message.assistant("a picture")])
+    await memory.aappend(CID, turn(1))
+    # A turn stored in two elements: its tool result appended on its own.
+    await memory.aappend(CID, turn(2))
+    await memory.aappend(CID, [Message.assistant("and more")])
+    scripts = calls(redis_client, "evalsha")
+    assert await memory.aload(CID, last_turns=1) == [*turn(2), Message.assistant("and more")]
+    window = await memory.aload(CID, last_turns=3)
+    assert window[0] == picture and window[0].attachments[0].data == b"\x89PNG\x00"
+    assert window[2:] == [*turn(1), *turn(2), Message.assistant("and more")]
+    assert calls(redis_client, "evalsha") == scripts + 2
 
 
 @pytest.mark.parametrize("flavour", ["async", "sync"])
@@ -145,25 +143,20 @@ def test_pack_writes_what_redis_py_writes() -> None:
 
 
 async def test_what_a_turn_sends_is_read_plainly_until_a_summary_is_stored(
-    redis_url: str, redis_client: redis.Redis, key_prefix: str
+    memory: RedisConversationMemory, redis_client: redis.Redis
 ) -> None:
-    client = connect(redis_url)
-    memory = RedisConversationMemory(client=client, prefix=key_prefix)
     sent = Window(keep_last_turns=2, with_summary=True)
-    try:
-        for n in range(4):
-            await memory.aappend(CID, turn(n))
-        scripts = calls(redis_client, "evalsha")
-        assert await memory.aload_window(CID, sent) == [*turn(2), *turn(3)]
-        assert calls(redis_client, "evalsha") == scripts
-        _, _, basis = await memory.asummary_state(CID)
-        await memory.acommit_summary(CID, Summary.of("q0 a0 q1 a1", watermark=2, version=1), basis)
-        scripts = calls(redis_client, "evalsha")
-        window = await memory.aload_window(CID, sent)
-        assert window == [Message.system(SUMMARY_PREFIX + "q0 a0 q1 a1"), *turn(2), *turn(3)]
-        assert calls(redis_client, "evalsha") == scripts + 1
-    finally:
-        await client.aclose()
+    for n in range(4):
+        await memory.aappend(CID, turn(n))
+    scripts = calls(redis_client, "evalsha")
+    assert await memory.aload_window(CID, sent) == [*turn(2), *turn(3)]
+    assert calls(redis_client, "evalsha") == scripts
+    _, _, basis = await memory.asummary_state(CID)
+    await memory.acommit_summary(CID, Summary.of("q0 a0 q1 a1", watermark=2, version=1), basis)
+    scripts = calls(redis_client, "evalsha")
+    window = await memory.aload_window(CID, sent)
+    assert window == [Message.system(SUMMARY_PREFIX + "q0 a0 q1 a1"), *turn(2), *turn(3)]
+    assert calls(redis_client, "evalsha") == scripts + 1
 
 
 async def test_a_small_pool_keeps_no_idle_connection_for_plain_reads(
