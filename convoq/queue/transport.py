@@ -1,11 +1,22 @@
 """The Celery side of the queue contract: the broker URL, the Celery settings every convoq
 app shares (sender or worker), a Celery app that only sends (no task code is needed to
-kick a conversation), the kick itself and its message header."""
+kick a conversation), the kick itself and its message header.
+
+A kick is normally sent with Celery's ``send_task``. Where the broker is the store's own
+Redis, :func:`kick_message` builds the very message kombu's Redis transport would write
+(a JSON document ``LPUSH``-ed onto the queue's list) and the store's ``submit`` script
+pushes it in the same call that queues the turn: one round trip, no ``send_task``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
+import os
+import socket
+import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -107,6 +118,73 @@ async def send_kick(
             log.warning(
                 "could not send %s for %s (%s); the sweeper will pick it up", task, args[0], exc
             )
+
+
+# What kombu writes for a task message of protocol 2 (celery.app.amqp.as_task_v2 and
+# kombu.transport.virtual.Channel): arguments, no kwargs, no callbacks or chains.
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+# send_task's `reply_to` is its app's per-process id; a task ignoring its result never
+# uses it, but the field is there in every message Celery sends.
+_REPLY_TO = str(uuid.uuid4())
+# The host in Celery's origin header, gen<pid>@<host> (celery.utils.nodenames.anon_nodename).
+_HOST = socket.gethostname()
+
+
+def direct_kicks(redis_url: str, broker_url: str, *, task_events: bool) -> bool:
+    """Whether the store's scripts can push kicks themselves: the broker is the store's
+    Redis (the same ``redis://`` or ``rediss://`` URL: same server, same database) and
+    no "task-sent" event is wanted (only ``send_task`` publishes one)."""
+    scheme = urlsplit(redis_url).scheme.lower()
+    return broker_url == redis_url and scheme in ("redis", "rediss") and not task_events
+
+
+def kick_message(task: str, queue: str, args: list[str], *, head: str | None = None) -> str:
+    """The message ``send_task(task, args=args, queue=queue)`` puts on a kombu Redis
+    broker, as the JSON kombu ``LPUSH``-es onto the list named ``queue`` (priority 0;
+    ``head``: the :data:`HEAD_HEADER` hint). A Celery worker consuming ``queue`` cannot
+    tell it from one ``send_task`` sent."""
+    task_id = str(uuid.uuid4())
+    body = json.dumps([args, {}, _EMBED]).encode()
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": repr(args),
+        "kwargsrepr": "{}",
+        "origin": f"gen{os.getpid()}@{_HOST}",
+        "ignore_result": None,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    if head is not None:
+        headers[HEAD_HEADER] = head
+    properties = {
+        "correlation_id": task_id,
+        "reply_to": _REPLY_TO,
+        "delivery_mode": 2,
+        "delivery_info": {"exchange": "", "routing_key": queue},
+        "priority": 0,
+        "body_encoding": "base64",
+        "delivery_tag": str(uuid.uuid4()),
+    }
+    message = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": properties,
+    }
+    return json.dumps(message)
 
 
 async def broker_reachable(app: Celery, timeout_s: float) -> None:
