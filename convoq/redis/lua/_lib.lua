@@ -496,9 +496,14 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   if not win then
     return {'CORRUPT', corrupt}
   end
-  local kind, state = saved_state(k)
-  if kind == nil then
-    return {'CORRUPT', state}
+  -- Only a run writes a journal (checkpoint) or a continuation (park), and every run
+  -- counts an attempt: a turn never started has neither (two reads less).
+  local kind, state = false, false
+  if tonumber(rec.attempts or '0') > 0 then
+    kind, state = saved_state(k)
+    if kind == nil then
+      return {'CORRUPT', state}
+    end
   end
   fence = start_run(h, k, rec, runs, holder, fence, o, now)
   if not fence then

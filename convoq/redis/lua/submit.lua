@@ -72,7 +72,8 @@ local queued = touch(events, 'XADD', events, 'MAXLEN', '~', ARGV[7], '*', 'type'
 if queued == nil then
   return {'CORRUPT', events}
 end
-local now = now_ms()
+-- The new stream's first id is the server time in ms: the record's creation time.
+local now = tonumber(string.match(queued, '^(%d+)'))
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
   'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now))
 redis.call('RPUSH', inbox, tid)
