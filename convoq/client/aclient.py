@@ -482,9 +482,8 @@ class AsyncClient:
         """The kick of ``head``'s conversation for the submit script to push (queue list,
         kombu message) when the broker is the store's Redis; else None (send_task)."""
         if self._direct_kicks is None:
-            broker = self.settings.broker_url or self.redis_url
             self._direct_kicks = direct_kicks(
-                self.redis_url, broker, task_events=self.settings.task_events
+                self.redis_url, self.settings.broker_url, task_events=self.settings.task_events
             )
         if not self._direct_kicks:
             return None

@@ -132,12 +132,15 @@ _REPLY_TO = str(uuid.uuid4())
 _HOST = socket.gethostname()
 
 
-def direct_kicks(redis_url: str, broker_url: str, *, task_events: bool) -> bool:
+def direct_kicks(redis_url: str, broker_url: str | None, *, task_events: bool) -> bool:
     """Whether the store's scripts can push kicks themselves: the broker is the store's
-    Redis (the same ``redis://`` or ``rediss://`` URL: same server, same database) and
-    no "task-sent" event is wanted (only ``send_task`` publishes one)."""
+    Redis (no broker URL of its own, or the store's very URL: same server, same database),
+    the store is one Redis (``redis://``, ``rediss://`` or the embedded server's
+    ``unix://``, not a cluster) and no "task-sent" event is wanted (only ``send_task``
+    publishes one)."""
     scheme = urlsplit(redis_url).scheme.lower()
-    return broker_url == redis_url and scheme in ("redis", "rediss") and not task_events
+    same = not broker_url or broker_url == redis_url
+    return same and scheme in ("redis", "rediss", "unix") and not task_events
 
 
 def kick_message(task: str, queue: str, args: list[str], *, head: str | None = None) -> str:
