@@ -1,12 +1,15 @@
 """Where one plain turn's cost goes: Redis commands per turn by command name (scripts'
 inner calls included, ``INFO commandstats``), ``submit()`` client CPU, and the zero-model
-submit->result time, on a private redis-server with one convoq worker.
+submit->result time, on a private redis-server with one convoq worker; then, in a last
+pass of its own (every command logged, which slows Redis a little), the Redis time of each
+script call and what the server spent per turn in all (``SLOWLOG``).
 
 Run ``python -m bench cost``; narrower and quicker than ``python -m bench compare``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import tempfile
 import time
@@ -19,6 +22,7 @@ import redis
 
 from bench.compare import redis_server, start_convoq_worker, worker_env
 from convoq.client import Client
+from convoq.redis.scripts import NAMES, source
 
 TURNS = 50
 
@@ -42,6 +46,33 @@ def _per_turn(r: redis.Redis, client: Client) -> Counter[str]:
     busy = _calls(r)
     busy.subtract({k: round(v * elapsed) for k, v in idle.items()})
     return Counter({k: round(v / TURNS, 1) for k, v in busy.items() if v > 0})
+
+
+def _script_time(r: redis.Redis, client: Client) -> None:
+    """Median server time of each script call, and the server's time per turn in all."""
+    names = {hashlib.sha1(source(n).encode()).hexdigest(): n for n in NAMES}
+    r.config_set("slowlog-max-len", 100_000)
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    try:
+        for _ in range(TURNS):
+            client.submit(f"slow-{uuid.uuid4().hex[:10]}", "hi", agent="zero").wait(30)
+        entries = r.slowlog_get(100_000)
+    finally:
+        r.config_set("slowlog-log-slower-than", 10_000)
+    scripts: dict[str, list[int]] = {}
+    total = 0
+    for entry in entries:
+        words = [w.decode() if isinstance(w, bytes) else w for w in entry["command"].split()]
+        if words and words[0].upper() in ("SLOWLOG", "CONFIG"):
+            continue  # this measurement's own
+        if not str(entry.get("client_address", b"")).startswith(("b'?", "?")):
+            total += int(entry["duration"])  # a script's own calls are in its time already
+        if words and words[0].upper() == "EVALSHA" and len(words) > 1:
+            scripts.setdefault(names.get(words[1], words[1][:8]), []).append(entry["duration"])
+    shown = ", ".join(f"{n} {statistics.median(d):g}" for n, d in sorted(scripts.items()))
+    print(f"script call medians (µs, Redis time): {shown}")
+    print(f"Redis time per turn, all clients' commands (pollers too): {total / TURNS:.0f} µs")
 
 
 def main() -> None:
@@ -71,6 +102,7 @@ def main() -> None:
                 client.submit(f"lat-{uuid.uuid4().hex[:10]}", "hi", agent="zero").wait(30)
                 samples.append(time.perf_counter() - start)
             print(f"  submit->result {statistics.median(samples) * 1000:.2f} ms")
+        _script_time(r, client)
         r.close()
 
 

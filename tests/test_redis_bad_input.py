@@ -215,8 +215,8 @@ async def test_a_hand_off_names_a_key_of_the_wrong_type_before_writing_to_the_ne
     await submit_all(proto, CID, "t1", "t2")
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
     assert acquired is not None
-    journal = proto.keys.journal(CID, "t2")
-    redis_client.hset(journal, "not", "a string")
+    events = proto.keys.events(CID, "t2")  # what handing t2 out writes first
+    break_key(redis_client, events)
     t2_before = redis_client.hgetall(proto.keys.turn(CID, "t2"))
     following = await proto.commit(
         CID,
@@ -230,7 +230,7 @@ async def test_a_hand_off_names_a_key_of_the_wrong_type_before_writing_to_the_ne
     redis_client.delete(proto.keys.lease(CID))
     with pytest.raises(CorruptDataError) as caught:
         await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
-    assert caught.value.details["key"] == journal
+    assert caught.value.details["key"] == events
     assert redis_client.hgetall(proto.keys.turn(CID, "t2")) == t2_before
 
 

@@ -62,9 +62,12 @@ ACQUIRE = {
     "blobs": lambda k: k.blobs(CID),
     "lease": lambda k: k.lease(CID),
     "turn": lambda k: k.turn(CID, "t1"),
+    "events": lambda k: k.events(CID, "t1"),
+}
+# Read only for a turn that ran before: only a run writes them.
+SAVED_STATE = {
     "journal": lambda k: k.journal(CID, "t1"),
     "cont": lambda k: k.cont(CID, "t1"),
-    "events": lambda k: k.events(CID, "t1"),
 }
 
 
@@ -80,6 +83,37 @@ async def test_acquire_names_a_key_of_another_type_and_writes_nothing(
         await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
     assert caught.value.details["key"] == key
     assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_STATE))
+async def test_acquire_of_a_turn_that_ran_before_names_its_saved_state_of_another_type(
+    proto: TurnProtocol, redis_client: redis.Redis, name: str
+) -> None:
+    await submit_all(proto, CID, "t1")
+    first = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert first is not None
+    assert await proto.release(CID, "t1", fence=first.fence)  # handed back unfinished
+    key = SAVED_STATE[name](proto.keys)
+    break_key(redis_client, key)
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert caught.value.details["key"] == key
+    assert snapshot(redis_client, proto.keys.prefix) == before
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_STATE))
+async def test_a_turn_never_started_reads_no_saved_state_and_its_commit_drops_a_stray_key(
+    proto: TurnProtocol, redis_client: redis.Redis, name: str
+) -> None:
+    await submit_all(proto, CID, "t1")
+    key = SAVED_STATE[name](proto.keys)
+    break_key(redis_client, key)  # no run wrote it: it is not the turn's state
+    acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    assert acquired is not None and acquired.state is None
+    await proto.commit(CID, "t1", exchange("t1"), TurnEnding(fence=acquired.fence, lease_ms=LEASE))
+    assert (await proto.get_turn(CID, "t1")).status == "succeeded"
+    assert not redis_client.exists(key)
 
 
 SUBMIT = {**HISTORY, "events": lambda k: k.events(CID, "t1")}
@@ -144,8 +178,9 @@ async def test_a_plain_turn_checks_no_key_type_of_its_own(
     after = _calls(redis_client)
     sent = {name: n - before.get(name, 0) for name, n in after.items()}
     assert sent.get("type", 0) == 1
-    assert sent.get("hsetnx", 0) == 1  # started_ms; meta was stamped by the first turn
-    assert sum(n for name, n in sent.items() if name != "info") <= 56
+    # Meta was stamped by the first turn; started_ms goes with the run's other fields.
+    assert sent.get("hsetnx", 0) == 0
+    assert sum(n for name, n in sent.items() if name != "info") <= 41
 
 
 async def test_a_waiter_reads_record_and_last_event_without_a_transaction(

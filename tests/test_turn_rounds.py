@@ -365,3 +365,28 @@ async def test_a_waiter_gets_the_result_in_the_round_trip_that_wakes_it(
     # read after the "done" event arrived.
     assert CountingConnection.rounds[0] == ["XREVRANGE", "HGETALL"]
     assert all(r == ["XREAD", "HMGET"] for r in CountingConnection.rounds[1:])
+
+
+async def test_a_waiter_on_a_turn_it_queued_blocks_on_the_stream_at_once(
+    proto: TurnProtocol, counted: TurnProtocol
+) -> None:
+    echo = Agent(ScriptedModel(lambda r: f"seen {r.messages[-1].text}"), name="echo")
+    message = Message.user("hi")
+    stored = await proto.submit(CID, "t1", agent="echo", message=message, options={})
+    handle = AsyncTurnHandle(SimpleNamespace(protocol=counted), CID, "t1")
+    handle.queued_as("echo", message, {}, stored)
+    await counted.redis.ping()
+    CountingConnection.rounds = []
+
+    result, _ = await asyncio.gather(handle.wait(30), runner(proto, echo).drain(CID))
+
+    # submit answered with the "queued" event's id: no round trip reads it back, the
+    # first one already blocks on what comes after it.
+    assert stored.event_id is not None
+    assert all(r == ["XREAD", "HMGET"] for r in CountingConnection.rounds)
+    assert (result.text, result.attempts) == ("seen hi", 1)
+    assert result.turn == [message, Message.assistant("seen hi")]
+    # The record the waiter started from is the stored one, as read back.
+    record = await proto.get_turn(CID, "t1")
+    assert record.created_ms == stored.created_ms
+    assert record.input == message

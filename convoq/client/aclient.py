@@ -2,9 +2,15 @@
 
 ``submit`` checks everything first (nothing is queued for bad input), stores the turn with
 the protocol's ``submit`` script, and, when the conversation was idle, sends the Celery
-task ``convoq.drain(cid)`` by name to the conversation's queue. The client needs the
-broker, not the worker code. If that send fails the turn is still safely queued in Redis:
-the workers' sweeper picks it up.
+task ``convoq.drain(cid)`` by name to the conversation's queue. Where the broker is the
+store's Redis (and no task events are wanted, and the submit is not traced) that message
+is built here and the ``submit`` script pushes it itself, in the call that queues the turn
+(:func:`convoq.queue.transport.kick_message`); elsewhere ``send_task`` sends it. The
+client needs the broker, not the worker code. If that send fails the turn is still safely
+queued in Redis: the workers' sweeper picks it up.
+
+A handle from ``submit`` knows its record as queued and the id of its "queued" event, so
+its first ``wait`` blocks on the event stream at once.
 """
 
 from __future__ import annotations
@@ -37,7 +43,14 @@ from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
 from convoq.queue import routing
 from convoq.queue.signing import verify_signature
-from convoq.queue.transport import broker_reachable, broker_url_for, send_kick, sender_app
+from convoq.queue.transport import (
+    broker_reachable,
+    broker_url_for,
+    direct_kicks,
+    kick_message,
+    send_kick,
+    sender_app,
+)
 from convoq.redis import KeySchema, TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._durable import until_durable
@@ -166,6 +179,7 @@ class AsyncClient:
         self._max_connections = max_connections
         self._redis_url: str | None = self.settings.redis_url
         self._celery: Celery | None = None
+        self._direct_kicks: bool | None = None
         self._callback_policy = CallbackPolicy(self.settings.callback_allowed_networks)
         self._redis: AsyncRedis | None = None
         self._protocol: TurnProtocol | None = None
@@ -269,6 +283,8 @@ class AsyncClient:
         with tracing.span("convoq.submit", attributes):
             stored = await self._store(sub)
         handle = AsyncTurnHandle(self, sub.conversation_id, stored.turn_id)
+        if not stored.duplicate and stored.event_id is not None:
+            handle.queued_as(sub.agent, sub.message, sub.options, stored)
         if on_done is not None:
             self._watch(handle, on_done)
         return handle
@@ -278,6 +294,8 @@ class AsyncClient:
         trace = tracing.carrier()
         options = {**sub.options, tracing.OPTION: trace} if trace else sub.options
         protocol = self.protocol
+        # A traced kick is a span of its own, sent with send_task.
+        kick = None if trace else self._direct_kick(sub.conversation_id, sub.turn_id)
         # Resent while replicas have not confirmed it: the same turn id makes it a replay.
         try:
             stored = await until_durable(
@@ -289,6 +307,7 @@ class AsyncClient:
                     options=options,
                     idempotency_key=sub.idempotency_key,
                     if_busy=sub.if_busy,
+                    kick=kick,
                 ),
                 f"submit of {sub.conversation_id}/{sub.turn_id}",
             )
@@ -298,6 +317,8 @@ class AsyncClient:
         tracing.set_attribute("convoq.turn_id", stored.turn_id)
         if not stored.duplicate:
             metrics.turn_submitted(sub.agent)
+        if stored.kicked:
+            return stored
         if stored.position == 0 or stored.duplicate:
             # A duplicate kicks again: its first submit may have died before its kick.
             head = stored.turn_id if stored.position == 0 else None
@@ -456,6 +477,18 @@ class AsyncClient:
     ) -> None:
         queue = routing.route(conversation_id, prefix=self.prefix, partitions=self.partitions)
         await send_kick(self._sender(), task, queue, [conversation_id, *args], head=head)
+
+    def _direct_kick(self, cid: str, head: str) -> tuple[str, str] | None:
+        """The kick of ``head``'s conversation for the submit script to push (queue list,
+        kombu message) when the broker is the store's Redis; else None (send_task)."""
+        if self._direct_kicks is None:
+            self._direct_kicks = direct_kicks(
+                self.redis_url, self.settings.broker_url, task_events=self.settings.task_events
+            )
+        if not self._direct_kicks:
+            return None
+        queue = routing.route(cid, prefix=self.prefix, partitions=self.partitions)
+        return queue, kick_message(routing.DRAIN_TASK, queue, [cid], head=head)
 
     def _sender(self) -> Celery:
         self._leave_parent_connections()

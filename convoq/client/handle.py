@@ -18,13 +18,13 @@ from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, err
 from convoq.messages import Message, ToolCall
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
-from convoq.redis._records import FINAL_STATUSES, TurnStatus
+from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
 
 if TYPE_CHECKING:
     from convoq.client.aclient import AsyncClient
-    from convoq.redis.protocol import TurnRecord
+    from convoq.redis.protocol import SubmitResult
 
 # One XREAD BLOCK at most this long, then the record is read again: a stream that expired
 # or was trimmed cannot leave a waiter blocked for ever. convoq.redis.connect sets no
@@ -107,6 +107,32 @@ class AsyncTurnHandle:
         self._client = client
         self.conversation_id = conversation_id
         self.turn_id = turn_id
+        # The record as submitted and its "queued" event's id: the first wait needs not
+        # read them back (set by the client that queued the turn).
+        self._start: tuple[TurnRecord, str] | None = None
+
+    def queued_as(
+        self, agent: str, message: Message, options: dict[str, Any], stored: SubmitResult
+    ) -> None:
+        """Note what this handle's turn was queued with (``stored``: the submit's reply),
+        so the first :meth:`wait` blocks on its stream at once."""
+        if stored.event_id is None or stored.created_ms is None:
+            return
+        record = TurnRecord(
+            conversation_id=self.conversation_id,
+            turn_id=self.turn_id,
+            status="queued",
+            agent=agent,
+            input=message,
+            options=options,
+            result=None,
+            error=None,
+            attempts=0,
+            created_ms=stored.created_ms,
+            started_ms=None,
+            finished_ms=None,
+        )
+        self._start = (record, stored.event_id)
 
     def __repr__(self) -> str:
         return f"AsyncTurnHandle({self.conversation_id!r}, {self.turn_id!r})"
@@ -161,7 +187,15 @@ class AsyncTurnHandle:
     ) -> TurnRecord:
         """The record once the turn is final (or parked, with ``return_on_approval``)."""
         protocol = self._client.protocol
-        record, after = await protocol.get_turn_and_last_event(self.conversation_id, self.turn_id)
+        start, self._start = self._start, None
+        if start is not None:
+            # Everything after the "queued" event is news: each read brings the record's
+            # live fields along (read_events_and_turn).
+            record, after = start
+        else:
+            record, after = await protocol.get_turn_and_last_event(
+                self.conversation_id, self.turn_id
+            )
         while not _settled(record, return_on_approval):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:

@@ -1,11 +1,24 @@
 """The Celery side of the queue contract: the broker URL, the Celery settings every convoq
 app shares (sender or worker), a Celery app that only sends (no task code is needed to
-kick a conversation), the kick itself and its message header."""
+kick a conversation), the kick itself and its message header.
+
+A kick is normally sent with Celery's ``send_task``. Where the broker is the store's own
+Redis, :func:`kick_message` builds the very message kombu's Redis transport would write
+(a JSON document ``LPUSH``-ed onto the queue's list) and the store's ``submit`` script
+pushes it in the same call that queues the turn: one round trip, no ``send_task``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import json
 import logging
+import os
+import re
+import socket
+import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -107,6 +120,99 @@ async def send_kick(
             log.warning(
                 "could not send %s for %s (%s); the sweeper will pick it up", task, args[0], exc
             )
+
+
+# What kombu writes for a task message of protocol 2 (celery.app.amqp.as_task_v2 and
+# kombu.transport.virtual.Channel): arguments, no kwargs, no callbacks or chains.
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+# send_task's `reply_to` is its app's per-process id; a task ignoring its result never
+# uses it, but the field is there in every message Celery sends.
+_REPLY_TO = str(uuid.uuid4())
+# The host in Celery's origin header, gen<pid>@<host> (celery.utils.nodenames.anon_nodename).
+_HOST = socket.gethostname()
+
+
+def direct_kicks(redis_url: str, broker_url: str | None, *, task_events: bool) -> bool:
+    """Whether the store's scripts can push kicks themselves: the broker is the store's
+    Redis (no broker URL of its own, or the store's very URL: same server, same database),
+    the store is one Redis (``redis://``, ``rediss://`` or the embedded server's
+    ``unix://``, not a cluster) and no "task-sent" event is wanted (only ``send_task``
+    publishes one)."""
+    scheme = urlsplit(redis_url).scheme.lower()
+    same = not broker_url or broker_url == redis_url
+    return same and scheme in ("redis", "rediss", "unix") and not task_events
+
+
+def kick_message(task: str, queue: str, args: list[str], *, head: str | None = None) -> str:
+    """The message ``send_task(task, args=args, queue=queue)`` puts on a kombu Redis
+    broker, as the JSON kombu ``LPUSH``-es onto the list named ``queue`` (priority 0;
+    ``head``: the :data:`HEAD_HEADER` hint). A Celery worker consuming ``queue`` cannot
+    tell it from one ``send_task`` sent."""
+    task_id = str(uuid.uuid4())
+    body = "[[" + ", ".join(map(_quoted, args)) + "], {}, " + _EMBED_JSON + "]"
+    values = {
+        "id": task_id,
+        "args": repr(args),
+        "body": base64.b64encode(body.encode()).decode(),
+        "queue": queue,
+        "tag": str(uuid.uuid4()),
+        "head": head or "",
+    }
+    parts = _template(task, head is not None, os.getpid())
+    # Even items are JSON text, odd ones the names of the values quoted in between.
+    return "".join(part if i % 2 == 0 else _quoted(values[part]) for i, part in enumerate(parts))
+
+
+_EMBED_JSON = json.dumps(_EMBED)
+# A JSON string literal, as json.dumps writes it.
+_quoted = json.encoder.encode_basestring_ascii
+_SLOT = re.compile(r'"@(\w+)@"')
+
+
+@functools.cache
+def _template(task: str, with_head: bool, pid: int) -> list[str]:
+    """The kick's JSON split around its per-message values (``"@name@"`` slots): built
+    once per task and process, filled in per message by :func:`kick_message`."""
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": task,
+        "id": "@id@",
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": "@id@",
+        "parent_id": None,
+        "argsrepr": "@args@",
+        "kwargsrepr": "{}",
+        "origin": f"gen{pid}@{_HOST}",
+        "ignore_result": None,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    if with_head:
+        headers[HEAD_HEADER] = "@head@"
+    properties = {
+        "correlation_id": "@id@",
+        "reply_to": _REPLY_TO,
+        "delivery_mode": 2,
+        "delivery_info": {"exchange": "", "routing_key": "@queue@"},
+        "priority": 0,
+        "body_encoding": "base64",
+        "delivery_tag": "@tag@",
+    }
+    message = {
+        "body": "@body@",
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": properties,
+    }
+    return _SLOT.split(json.dumps(message))
 
 
 async def broker_reachable(app: Celery, timeout_s: float) -> None:

@@ -47,11 +47,21 @@ class AdmissionMixin(ProtocolBase):
         return f"{key_part(cid)} {turn_id}"
 
     async def admitted_submit(
-        self, cid: str, turn_id: str, agent: str, keys: list[str], args: list[Any]
+        self,
+        cid: str,
+        turn_id: str,
+        agent: str,
+        keys: list[str],
+        args: list[Any],
+        *,
+        kick: str | None = None,
     ) -> SubmitResult:
-        """Run the ``submit`` script within the limits (see the module docstring)."""
+        """Run the ``submit`` script within the limits (see the module docstring);
+        ``kick``: the message the script pushes onto the queue list (its last key)."""
         counted = self.queue_limits.counted
         args = [*args, self.queue_limits.per_conversation or 0]
+        if kick is not None:
+            args.append(kick)
         if counted:
             await self._admit(cid, turn_id, agent)
         try:
@@ -70,7 +80,15 @@ class AdmissionMixin(ProtocolBase):
 
     def _submitted(self, reply: list[Any], cid: str, turn_id: str) -> SubmitResult:
         if reply[0] == "OK":
-            return SubmitResult(turn_id, int(reply[1]), duplicate=False)
+            position, event_id, created_ms, kicked = reply[1:5]
+            return SubmitResult(
+                turn_id,
+                int(position),
+                duplicate=False,
+                event_id=text(event_id),
+                created_ms=int(created_ms),
+                kicked=kicked == 1,
+            )
         if reply[0] == "DUP":
             return SubmitResult(text(reply[1]), int(reply[2]), duplicate=True)
         if reply[0] == "FULL":

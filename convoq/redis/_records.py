@@ -131,13 +131,18 @@ class ParkedTurn:
 
 @dataclass(frozen=True)
 class SubmitResult:
-    """``position`` 0: the conversation was idle and the caller sends a kick. For a
-    duplicate, ``turn_id`` is the first turn and ``position`` its place in the inbox
-    (-1 when it is no longer queued)."""
+    """``position`` 0: the conversation was idle and the caller sends a kick, unless the
+    script pushed it already (``kicked``). For a duplicate, ``turn_id`` is the first turn
+    and ``position`` its place in the inbox (-1 when it is no longer queued). A turn queued
+    by this call also says its "queued" event's stream id and its record's ``created_ms``
+    (a waiter starts from them without reading them back)."""
 
     turn_id: str
     position: int
     duplicate: bool
+    event_id: str | None = None
+    created_ms: int | None = None
+    kicked: bool = False
 
 
 def _text(fields: dict[str, bytes], name: str) -> str | None:

@@ -8,6 +8,8 @@ the turn expected next, and the decoding of a handed-out turn.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from typing import Any
 
@@ -40,6 +42,14 @@ def valid_turn_id(value: bytes | str | None) -> str | None:
         return check_turn_id(text(value))
     except ConvoqError:
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def _take_errors(max_attempts: int) -> tuple[str, str]:
+    """The error JSON a take stores for a turn over ``max_attempts`` and for an expired
+    approval: the same for every call (built once, not per turn)."""
+    dump = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
+    return dump(max_attempts_error(max_attempts)), dump(approval_expired_error())
 
 
 class TakingMixin(ProtocolBase):
@@ -80,14 +90,15 @@ class TakingMixin(ProtocolBase):
 
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
+        over_attempts, expired = _take_errors(t.max_attempts)
         return [
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
             t.window,
             t.max_attempts,
-            self.json_arg(max_attempts_error(t.max_attempts), "error"),
-            self.json_arg(approval_expired_error(), "error"),
+            over_attempts,
+            expired,
         ]
 
     def next_turn_keys(self, cid: str, next_turn_id: str | None) -> list[str]:

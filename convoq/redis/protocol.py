@@ -106,14 +106,21 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         options: dict[str, Any],
         idempotency_key: str | None = None,
         if_busy: Literal["queue", "reject"] = "queue",
+        kick: tuple[str, str] | None = None,
     ) -> SubmitResult:
         """Queue a turn. Raises ConversationBusyError for ``if_busy="reject"`` on a busy
         conversation, QueueFullError over a limit of :attr:`queue_limits` (nothing
-        stored either way)."""
+        stored either way).
+
+        ``kick``: ``(queue list, message)``, for a broker that is this very (non-cluster)
+        Redis: when the conversation was idle the script pushes ``message`` onto that list
+        itself, in the same call (:attr:`SubmitResult.kicked`)."""
         keys = [self.keys.meta(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
         keys += [self.keys.events(cid, turn_id), self.keys.lease(cid)]
         if idempotency_key is not None:
             keys.append(self.keys.idem(cid, idempotency_key))
+        if kick is not None:
+            keys.append(kick[0])
         check_user_message(message)
         if not isinstance(agent, str) or not agent:
             raise ConvoqError("agent must be the non-empty name of an agent profile")
@@ -122,7 +129,9 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         raw = check_message_limits(message, self.limits)
         args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
         args += [self.turn_ttl_ms, self.events_maxlen]
-        return await self.admitted_submit(cid, turn_id, agent, keys, args)
+        return await self.admitted_submit(
+            cid, turn_id, agent, keys, args, kick=None if kick is None else kick[1]
+        )
 
     async def renew(
         self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None

@@ -11,9 +11,13 @@ local function istr(n)
   return string.format('%d', n)
 end
 
+-- The server time of the last now_ms() in this call, in microseconds (digits), or nil.
+local clock_us = nil
+
 -- Redis server time in ms. Scripts calling this start with redis.replicate_commands().
 local function now_ms()
   local t = redis.call('TIME')
+  clock_us = t[1] .. string.format('%06d', tonumber(t[2]))
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -50,20 +54,31 @@ local function emit_first(events, maxlen, etype, data)
     data) ~= nil
 end
 
--- Meta hashes this call saw stamped with FORMAT (this table is new in every call).
+-- Meta hashes this call saw stamped with FORMAT, and the fence each held when it was read
+-- (false: none yet); new_fence() keeps the latter current (these tables are new in every
+-- call).
 local stamped = {}
+local fences = {}
 
--- {'CORRUPT', meta} or {'VERSION', v} when the conversation cannot be served, else nil.
-local function meta_refusal(meta)
-  local v = touch(meta, 'HGET', meta, 'format_version')
+-- {'CORRUPT', meta} or {'VERSION', v} when the conversation cannot be served, else nil and
+-- the values of the meta fields named in `...` (read in the same command). The fence is
+-- read along (new_fence() needs no read of its own); a second call without fields sends
+-- nothing: the format cannot have changed in between.
+local function meta_refusal(meta, ...)
+  local extra = select('#', ...)
+  if extra == 0 and fences[meta] ~= nil then
+    return nil, {}
+  end
+  local v = touch(meta, 'HMGET', meta, 'format_version', 'fence', ...)
   if v == nil then
     return {'CORRUPT', meta}
   end
-  if v and v ~= FORMAT then
-    return {'VERSION', v}
+  if v[1] and v[1] ~= FORMAT then
+    return {'VERSION', v[1]}
   end
-  stamped[meta] = v == FORMAT
-  return nil
+  stamped[meta] = v[1] == FORMAT
+  fences[meta] = v[2]
+  return nil, {unpack(v, 3, 2 + extra)}
 end
 
 -- Stamps meta with FORMAT unless this call read it stamped already (a command less).
@@ -110,7 +125,9 @@ local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, 
     emit(k.events, maxlen, pending[i][1], pending[i][2])
   end
   redis.call('HSET', k.turn, 'status', status, field, value, 'finished_ms', istr(now))
-  redis.call('HDEL', k.turn, 'cancel')
+  if k.cancel ~= false then  -- false: the caller read the record and saw no cancel flag
+    redis.call('HDEL', k.turn, 'cancel')
+  end
   redis.call('LREM', k.inbox, 1, tid)
   redis.call('DEL', k.journal, k.cont)
   redis.call('PEXPIRE', k.turn, ttl_ms)
@@ -118,10 +135,11 @@ local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, 
   return true
 end
 
--- The checks shared by commit, fail, checkpoint and park: nil and whether a cancel was
--- requested when the caller may go on, else a refusal code ('CORRUPT' with the key that
--- holds another type).
-local function guard_run(lease, inbox, turn, tid, fence, allowed)
+-- The checks shared by commit, fail, checkpoint and park: nil, whether a cancel was
+-- requested and what the reads saw (`ahead`: the lease's fence and holder, and the `span`
+-- inbox entries behind the head, default none: next and peek) when the caller may go on,
+-- else a refusal code ('CORRUPT' with the key that holds another type).
+local function guard_run(lease, inbox, turn, tid, fence, allowed, span)
   local rec = touch(turn, 'HMGET', turn, 'status', 'cancel')
   if rec == nil then
     return 'CORRUPT', turn
@@ -133,24 +151,25 @@ local function guard_run(lease, inbox, turn, tid, fence, allowed)
   if TERMINAL[status] then
     return 'APPLIED'
   end
-  local l = touch(lease, 'HMGET', lease, 'fence', 'state')
+  local l = touch(lease, 'HMGET', lease, 'fence', 'state', 'holder')
   if l == nil then
     return 'CORRUPT', lease
   end
   if l[1] ~= fence or l[2] ~= 'active' then
     return 'STALE'
   end
-  local head = touch(inbox, 'LINDEX', inbox, 0)
-  if head == nil then
+  local queue = touch(inbox, 'LRANGE', inbox, 0, span or 0)
+  if queue == nil then
     return 'CORRUPT', inbox
   end
-  if head ~= tid then
+  if queue[1] ~= tid then
     return 'NOT_HEAD'
   end
   if not allowed[status] then
     return 'NOT_RUNNING'
   end
-  return nil, rec[2] == '1'
+  return nil, rec[2] == '1',
+    {fence = l[1], holder = l[3] or '', next = queue[2] or false, peek = queue[3] or false}
 end
 
 -- Writes must not fail half way (Lua does not roll back), so a script checks the keys it
@@ -375,21 +394,36 @@ local function saved_state(k)
   return false, false
 end
 
--- A new fence token for the conversation.
+-- A new fence token for the conversation (its current one read by meta_refusal() when
+-- that ran in this call).
 local function new_fence(meta)
-  if not redis.call('HGET', meta, 'fence') then
-    -- Seed with the server time in microseconds so fences keep increasing even after
-    -- the conversation was cleared (and its meta with the counter deleted).
-    local t = redis.call('TIME')
-    redis.call('HSET', meta, 'fence', t[1] .. string.format('%06d', tonumber(t[2])))
+  local current = fences[meta]
+  if current == nil then
+    current = redis.call('HGET', meta, 'fence')
   end
-  return istr(redis.call('HINCRBY', meta, 'fence', 1))
+  local fence
+  if current then
+    fence = istr(redis.call('HINCRBY', meta, 'fence', 1))
+  else
+    -- Seeded with the server time in microseconds (16 digits: exact as a Lua number) so
+    -- fences keep increasing even after the conversation was cleared (and its meta with
+    -- the counter deleted).
+    if not clock_us then
+      now_ms()
+    end
+    fence = istr(tonumber(clock_us) + 1)
+    redis.call('HSET', meta, 'fence', fence)
+  end
+  fences[meta] = fence
+  return fence
 end
 
--- The writes of handing out a turn (previously `status`, now on its `runs`-th run) under
--- the lease held by `holder` with `fence`; false (nothing written) when its events key
--- holds another type (the "running" event is the first write).
-local function start_run(h, k, status, runs, holder, fence, o, now)
+-- The writes of handing out a turn (record `rec`, a field -> value table, now on its
+-- `runs`-th run) under the lease held by `holder` with `fence`; `rec` is updated to what
+-- the record holds then. False (nothing written) when its events key holds another type
+-- (the "running" event is the first write).
+local function start_run(h, k, rec, runs, holder, fence, o, now)
+  local status = rec.status
   if status ~= 'running' and not emit_first(k.events, o.maxlen, 'status', status_data('running')) then
     return false
   end
@@ -398,18 +432,25 @@ local function start_run(h, k, status, runs, holder, fence, o, now)
     'expires_ms', istr(now + tonumber(o.lease_ms)))
   redis.call('PEXPIRE', k.lease, o.lease_ms)
   stamp(h.meta)
-  redis.call('HINCRBY', k.turn, 'attempts', 1)
-  redis.call('HSET', k.turn, 'runs', istr(runs), 'status', 'running')
-  redis.call('HSETNX', k.turn, 'started_ms', istr(now))
+  rec.attempts = istr(tonumber(rec.attempts or '0') + 1)
+  rec.runs, rec.status = istr(runs), 'running'
+  local fields = {'attempts', rec.attempts, 'runs', rec.runs, 'status', 'running'}
+  if not rec.started_ms then
+    rec.started_ms = istr(now)
+    fields[#fields + 1] = 'started_ms'
+    fields[#fields + 1] = rec.started_ms
+  end
+  redis.call('HSET', k.turn, unpack(fields))
   if status == 'awaiting_approval' then
     redis.call('HDEL', k.turn, 'result')  -- the pending approvals are decided now
+    rec.result = nil
   end
   return fence
 end
 
 -- Hands out the inbox head tid with its history window, its saved state and the id of
--- the turn queued behind it. `fence`: the lease the caller holds (kept), or false to take
--- a new one. A head that cannot run is not handed out: dropped when its record is gone or
+-- the turn queued behind it (`peek`, read by the caller: false when none). `fence`: the
+-- lease the caller holds (kept), or false to take a new one. A head that cannot run is not handed out: dropped when its record is gone or
 -- finished, failed when parked undecided (its approval expired) or over max attempts.
 -- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
 -- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
@@ -417,25 +458,33 @@ end
 --      or {'CORRUPT', key} (nothing written).
 -- Every key is checked by its first read (touch()), or its first write (the events),
 -- before anything is written; k.inbox and k.lease (and h.meta) by the caller.
-local function take_head(h, k, tid, holder, fence, o, now)
-  local rec = touch(k.turn, 'HMGET', k.turn, 'status', 'runs', 'resume', 'attempts')
-  if rec == nil or not (counter_ok(rec[2]) and counter_ok(rec[4])) then
+local function take_head(h, k, tid, holder, fence, o, now, peek)
+  -- The whole record, read once: what is checked here, and what is handed out.
+  local all = touch(k.turn, 'HGETALL', k.turn)
+  if all == nil then
     return {'CORRUPT', k.turn}
   end
-  local status = rec[1]
+  local rec = {}
+  for i = 1, #all, 2 do
+    rec[all[i]] = all[i + 1]
+  end
+  if not (counter_ok(rec.runs or false) and counter_ok(rec.attempts or false)) then
+    return {'CORRUPT', k.turn}
+  end
+  local status = rec.status
   if not status or TERMINAL[status] then
     -- An inbox entry without a live record cannot run; drop it.
     redis.call('LREM', k.inbox, 1, tid)
     return {'DROPPED', false}
   end
-  if status == 'awaiting_approval' and rec[3] ~= '1' then
+  if status == 'awaiting_approval' and rec.resume ~= '1' then
     -- Parked, undecided and the parked lease is gone: the approval expired.
     if not finish(k, tid, 'failed', 'error', o.expired, o.ttl, o.maxlen, now) then
       return {'CORRUPT', k.events}
     end
     return {'DROPPED', tid}
   end
-  local runs = tonumber(rec[2] or '0') + 1
+  local runs = tonumber(rec.runs or '0') + 1
   if runs > o.max_attempts then
     if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now) then
       return {'CORRUPT', k.events}
@@ -447,26 +496,42 @@ local function take_head(h, k, tid, holder, fence, o, now)
   if not win then
     return {'CORRUPT', corrupt}
   end
-  local kind, state = saved_state(k)
-  if kind == nil then
-    return {'CORRUPT', state}
+  -- Only a run writes a journal (checkpoint) or a continuation (park), and every run
+  -- counts an attempt: a turn never started has neither (two reads less).
+  local kind, state = false, false
+  if tonumber(rec.attempts or '0') > 0 then
+    kind, state = saved_state(k)
+    if kind == nil then
+      return {'CORRUPT', state}
+    end
   end
-  fence = start_run(h, k, status, runs, holder, fence, o, now)
+  fence = start_run(h, k, rec, runs, holder, fence, o, now)
   if not fence then
     return {'CORRUPT', k.events}
   end
-  return {'OK', fence, redis.call('HGETALL', k.turn), kind, state, win[1], win[2], win[3],
-    redis.call('LINDEX', k.inbox, 1)}
+  local fields = {}
+  for name, value in pairs(rec) do
+    fields[#fields + 1] = name
+    fields[#fields + 1] = value
+  end
+  return {'OK', fence, fields, kind, state, win[1], win[2], win[3], peek}
 end
 
 -- After the head turn ended (and left the inbox): free the lease when no turn waits, else
 -- keep it (same fence) for the next one. When the next turn is `expected` (its keys nk,
--- the history keys h) it is handed out here, as acquire would. Returns the reply of the
+-- the history keys h) it is handed out here, as acquire would. `ahead`: what guard_run()
+-- read before the head left (its next and peek then are the inbox now), or nil. Returns the reply of the
 -- ending script: {'OK', false} (lease freed; a third item names a turn failed on the
 -- way), {'OK', next id, failed id or false} (the caller acquires it with its fence), or
 -- {'OK', next id, false, reply of take_head() for it: 'OK' or 'CORRUPT'|'VERSION'}.
-local function hand_over(h, k, expected, nk, o, now)
-  local nxt = redis.call('LINDEX', k.inbox, 0)
+local function hand_over(h, k, expected, nk, o, now, ahead)
+  if not ahead then
+    local queue = redis.call('LRANGE', k.inbox, 0, 1)
+    local l = redis.call('HMGET', k.lease, 'fence', 'holder')
+    ahead = {fence = l[1], holder = l[2] or '', next = queue[1] or false,
+      peek = queue[2] or false}
+  end
+  local nxt = ahead.next
   if not nxt then
     redis.call('DEL', k.lease)
     return {'OK', false}
@@ -480,8 +545,7 @@ local function hand_over(h, k, expected, nk, o, now)
   if refusal then
     return {'OK', nxt, false, refusal}
   end
-  local l = redis.call('HMGET', k.lease, 'fence', 'holder')
-  local taken = take_head(h, nk, nxt, l[2] or '', l[1], o, now)
+  local taken = take_head(h, nk, nxt, ahead.holder, ahead.fence, o, now, ahead.peek)
   if taken[1] ~= 'DROPPED' then
     return {'OK', nxt, false, taken}
   end

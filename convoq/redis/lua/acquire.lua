@@ -36,10 +36,11 @@ if refusal then
   return refusal
 end
 -- First reads check their key's type (touch()): nothing is written before them.
-local head = touch(k.inbox, 'LINDEX', k.inbox, 0)
-if head == nil then
+local queue = touch(k.inbox, 'LRANGE', k.inbox, 0, 1)  -- the head and the peek behind it
+if queue == nil then
   return {'CORRUPT', k.inbox}
 end
+local head = queue[1] or false
 local l = touch(k.lease, 'HMGET', k.lease, 'fence', 'state', 'holder')
 if l == nil then
   return {'CORRUPT', k.lease}
@@ -61,7 +62,7 @@ local holder = ARGV[2]
 if holder == '' then
   holder = l[3] or ''
 end
-local taken = take_head(h, k, tid, holder, mine and l[1], o, now_ms())
+local taken = take_head(h, k, tid, holder, mine and l[1], o, now_ms(), queue[2] or false)
 if taken[1] ~= 'DROPPED' then
   return taken
 end

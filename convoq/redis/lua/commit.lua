@@ -45,26 +45,34 @@ local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[10]}
 -- the first write (finish()); the others before any write.
 local k = turn_keys(KEYS[4], KEYS[5], 6)
 local tid, o = ARGV[1], take_options(7)
-local refused, where = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true})
+-- The inbox read two entries past the head: the next head and the peek behind it.
+local refused, where, ahead = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2],
+  {running = true}, 2)
 if refused then
   return {refused, where}
 end
 if ARGV[5] == '1' and where then  -- a cancel was requested
   return {'CANCELLED'}
 end
-local refusal = meta_refusal(h.meta)
-if refusal then
-  return refusal
-end
+k.cancel = where
 local usage = cjson.decode(ARGV[14])
 local counters = {'turns', 'bytes'}
 for field in pairs(usage) do
   counters[#counters + 1] = field
 end
+-- The counters are read with the format check: the new values are written in one HSET.
+local refusal, values = meta_refusal(h.meta, unpack(counters))
+if refusal then
+  return refusal
+end
 local n = tonumber(ARGV[15])
 local has_blobs = #ARGV >= 16 + 2 * n
 local bad_key = wrong_type('list', {h.turns}) or (has_blobs and wrong_type('hash', {h.blobs}))
-  or bad_counters(h.meta, unpack(counters))
+for i = 1, #counters do
+  if not counter_ok(values[i]) then
+    bad_key = bad_key or h.meta  -- HINCRBY would fail on it
+  end
+end
 if bad_key then
   return {'CORRUPT', bad_key}
 end
@@ -74,11 +82,19 @@ if not finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now, 16, 
 end
 local added = store_blobs(h.blobs, 16 + 2 * n)
 redis.call('RPUSH', h.turns, ARGV[3])
-stamp(h.meta)
-redis.call('HINCRBY', h.meta, 'turns', 1)
-redis.call('HINCRBY', h.meta, 'bytes', string.len(ARGV[3]) + added)
-redis.call('HSET', h.meta, 'last_turn_id', tid)
-for field, count in pairs(usage) do
-  redis.call('HINCRBY', h.meta, field, istr(count))
+local function plus(i, count)
+  return istr(tonumber(values[i] or '0') + count)
 end
-return hand_over(h, k, ARGV[6], turn_keys(k.inbox, k.lease, 11), o, now)
+local fields = {'turns', plus(1, 1), 'bytes', plus(2, string.len(ARGV[3]) + added),
+  'last_turn_id', tid}
+for i = 3, #counters do
+  fields[#fields + 1] = counters[i]
+  fields[#fields + 1] = plus(i, tonumber(usage[counters[i]]))
+end
+if not stamped[h.meta] then
+  fields[#fields + 1] = 'format_version'
+  fields[#fields + 1] = FORMAT
+  stamped[h.meta] = true
+end
+redis.call('HSET', h.meta, unpack(fields))
+return hand_over(h, k, ARGV[6], turn_keys(k.inbox, k.lease, 11), o, now, ahead)

@@ -32,12 +32,14 @@ if corrupt then
   return corrupt
 end
 local tid, o = ARGV[1], take_options(6)
-local refused, where = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2], {running = true, queued = true})
+local refused, where, ahead = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2],
+  {running = true, queued = true}, 2)
 if refused then
   return {refused, where}
 end
+k.cancel = where
 local now = now_ms()
 emit_batch(k.events, o.maxlen, 14, tonumber(ARGV[13]))
 finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now)
 local h = {meta = KEYS[7], turns = KEYS[8], blobs = KEYS[9], lead = KEYS[10]}
-return hand_over(h, k, ARGV[5], turn_keys(k.inbox, k.lease, 11), o, now)
+return hand_over(h, k, ARGV[5], turn_keys(k.inbox, k.lease, 11), o, now, ahead)

@@ -4,6 +4,8 @@
 -- KEYS[4] = events    {prefix}:{cid}:events:{tid}
 -- KEYS[5] = lease     {prefix}:{cid}:lease
 -- KEYS[6] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
+-- KEYS[6 or 7] = kick queue: the broker's list of the conversation's Celery queue, when
+--           the broker is this (non-cluster) Redis (only with ARGV[9])
 -- ARGV[1] = turn id
 -- ARGV[2] = agent name
 -- ARGV[3] = input message JSON
@@ -13,15 +15,24 @@
 -- ARGV[6] = turn ttl ms (idempotency key and event stream expiry)
 -- ARGV[7] = events stream MAXLEN (approximate)
 -- ARGV[8] = the most turns the inbox may hold (0: no limit)
+-- ARGV[9] = the kick: the kombu message (JSON) to LPUSH onto the kick queue when the
+--           conversation was idle (optional)
 -- Queues a turn. A known idempotency key, or a turn id already stored (a resent submit),
 -- queues nothing and answers with the first turn.
--- Returns {'OK', position} (0: the conversation was idle, send a kick)
+-- Returns {'OK', position, id of the "queued" event, created ms, kicked}
+--         (position 0: the conversation was idle and needs a kick; kicked 1: this script
+--         pushed it, 0: the caller sends it)
 --      or {'DUP', turn id, position or -1 when no longer queued}
 --      or {'BUSY'} / {'FULL', waiting} / {'VERSION', v} / {'CORRUPT', key} (nothing
 --         written).
 redis.replicate_commands()
-local meta, inbox, turn, events, lease, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-  KEYS[6]
+local meta, inbox, turn, events, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local kick = ARGV[9]
+local queue = kick and KEYS[#KEYS]
+local idem = KEYS[6]
+if queue and #KEYS == 6 then
+  idem = nil
+end
 local tid = ARGV[1]
 local function queued_position(id)
   local pos = redis.call('LPOS', inbox, id)
@@ -56,10 +67,13 @@ if max_waiting > 0 and waiting >= max_waiting then
   return {'FULL', waiting}
 end
 -- The first write: an events key of another type refuses it, with nothing written.
-if not emit_first(events, ARGV[7], 'status', status_data('queued')) then
+local queued = touch(events, 'XADD', events, 'MAXLEN', '~', ARGV[7], '*', 'type', 'status',
+  'data', status_data('queued'))
+if queued == nil then
   return {'CORRUPT', events}
 end
-local now = now_ms()
+-- The new stream's first id is the server time in ms: the record's creation time.
+local now = tonumber(string.match(queued, '^(%d+)'))
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
   'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now))
 redis.call('RPUSH', inbox, tid)
@@ -68,4 +82,13 @@ redis.call('PEXPIRE', events, ARGV[6])
 if idem then
   redis.call('SET', idem, tid, 'PX', ARGV[6])
 end
-return {'OK', waiting}
+-- The kick comes last, and a broker list of another type only leaves it to the caller
+-- (who logs it; the sweeper kicks the conversation): the turn is queued either way.
+local kicked = 0
+if queue and waiting == 0 then
+  local pushed = redis.pcall('LPUSH', queue, kick)
+  if type(pushed) ~= 'table' then
+    kicked = 1
+  end
+end
+return {'OK', waiting, queued, istr(now), kicked}
