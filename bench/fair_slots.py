@@ -57,9 +57,11 @@ async def _burst(url: str, prefix: str, conversations: int, turns: int) -> Burst
             *(one(f"f-{uuid.uuid4().hex[:10]}") for _ in range(conversations))
         )
         handles = [h for group in groups for h in group]
-        await asyncio.gather(*(h.wait(300) for h in handles))  # type: ignore[attr-defined]
+        results = await asyncio.gather(*(h.wait(300) for h in handles))  # type: ignore[attr-defined]
         wall = time.perf_counter() - started
         ended = time.time()
+    if not all(r.ok for r in results):
+        raise RuntimeError(f"{sum(not r.ok for r in results)} turns did not succeed")
     spans = _spans(url, prefix, handles)
     first, last = min(s for s, _ in spans), max(f for _, f in spans)
     busy = sum(f - s for s, f in spans)

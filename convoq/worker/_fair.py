@@ -87,6 +87,7 @@ class SlotBacklog:
             (blocking).
         refresh_s: how long a count is trusted.
         window: kicks the process may hold unacknowledged (slots x prefetch multiplier).
+        held: how many it holds (Celery's reserved requests, running ones included).
     """
 
     def __init__(
@@ -97,12 +98,14 @@ class SlotBacklog:
         *,
         refresh_s: float = 0.05,
         window: int | None = None,
+        held: Callable[[], int] = lambda: len(state.reserved_requests),
     ) -> None:
         self._slots = slots
         self._count = queued_kicks
         self._send = send
         self._refresh_s = refresh_s
         self._window = window or slots
+        self._held = held
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._probe_lock: asyncio.Lock | None = None
@@ -157,7 +160,7 @@ class SlotBacklog:
 
     async def requeue(self, conversation_id: str, head: str, fence: int) -> None:
         kept = Kept(conversation_id, head, fence)
-        if self._submit is not None and len(state.reserved_requests) < self._window:
+        if self._submit is not None and self._held() < self._window:
             with self._line_lock:
                 self._line.append(kept)
             try:
