@@ -118,12 +118,20 @@ class SlotBacklog:
         self._run_kept: Callable[[Kept], None] | None = None
 
     def attach(
-        self, submit: Callable[[Callable[[], None]], object], run_kept: Callable[[Kept], None]
+        self,
+        submit: Callable[[Callable[[], None]], object],
+        run_kept: Callable[[Kept], None],
+        *,
+        window: int | None = None,
     ) -> None:
         """Use the pool's task queue as this process's line: ``submit(job)`` queues a job
         behind the kicks already there; the job, on a pool thread, starts the oldest kept
-        conversation with ``run_kept`` (which holds a :meth:`slot` around its drain)."""
+        conversation with ``run_kept`` (which holds a :meth:`slot` around its drain).
+        ``window``: the consumer's prefetch count, when known (it wins over the one given
+        at construction: ``celery worker --prefetch-multiplier`` may have changed it)."""
         self._submit, self._run_kept = submit, run_kept
+        if window:
+            self._window = window
 
     def detach(self) -> None:
         """Stop using this process's line (shutdown): conversations go back through the

@@ -92,7 +92,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     runtime = _runtime_of(sender)
     if runtime is not None:
         queues = sorted(q.name for q in sender.task_consumer.queues)
-        runtime.use_pool(getattr(sender, "pool", None))
+        runtime.use_pool(sender)
         runtime.announce(str(sender.hostname), queues)
 
 

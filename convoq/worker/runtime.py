@@ -261,12 +261,15 @@ class WorkerRuntime:
         )
 
     # -- worker lifecycle ------------------------------------------------------------------
-    def use_pool(self, pool: object) -> None:
-        """A threads pool's task queue becomes the line conversations go back to
-        (:mod:`._fair`); with any other pool they go back through the broker."""
-        executor = getattr(pool, "executor", None)
+    def use_pool(self, consumer: object) -> None:
+        """The task queue of the consumer's threads pool becomes the line conversations go
+        back to (:mod:`._fair`); with any other pool they go back through the broker."""
+        executor = getattr(getattr(consumer, "pool", None), "executor", None)
+        window = getattr(consumer, "initial_prefetch_count", None)
         if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
-            self.backlog.attach(executor.submit, self._drain_kept)
+            window = window if isinstance(window, int) else None
+            self.backlog.attach(executor.submit, self._drain_kept, window=window)
+            log.info("fair slots: conversations go back in this process's line (window %s)", window)
 
     def announce(self, hostname: str, queues: list[str]) -> None:
         """Serve metrics (with ``metrics_port``), publish this worker and its profiles in
