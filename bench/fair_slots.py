@@ -4,6 +4,9 @@ model (``bench.compare``'s ``slow`` agent), on a private redis-server.
 - burst: 100 conversations x 4 turns submitted at once by an AsyncClient; the slot cap is
   32 slots / 0.5 s = 64 turns/s (the bar: >= 0.9 of it).
 - lone: 1 conversation x 8 turns; one round trip per turn keeps it at ~2 turns/s.
+- pair: the burst again on two worker processes of 16 slots each (the same cap): a worker
+  holds the kicks waiting for its slots, so this shows what that costs when a peer could
+  have taken them.
 
 Each run also reads every burst turn's record (``started_ms``, ``finished_ms``, Redis
 clock) to show where the time above the ideal goes: before the first turn starts, while
@@ -97,26 +100,33 @@ def main() -> None:
     runs = int(os.environ.get("BENCH_RUNS", "5"))
     bursts: list[Burst] = []
     lone: list[float] = []
+    pair: list[float] = []
     with tempfile.TemporaryDirectory(prefix="convoq-bench-fair-") as tmp:
         home = Path(tmp)
         (home / "redis").mkdir()
         with redis_server(home / "redis") as url, ExitStack() as stack:
-            prefix = f"f{uuid.uuid4().hex[:6]}"
-            with Client(url, prefix=prefix) as client:
+            prefix, paired = f"f{uuid.uuid4().hex[:6]}", f"p{uuid.uuid4().hex[:6]}"
+            with Client(url, prefix=prefix) as client, Client(url, prefix=paired) as other:
                 start_convoq_worker(stack, worker_env(url, prefix, home, SLOTS), home, client)
+                for _ in range(2):
+                    env = worker_env(url, paired, home, SLOTS // 2)
+                    start_convoq_worker(stack, env, home, other)
             # Untimed: the pool's threads and connections exist before anything is timed.
             asyncio.run(_burst(url, prefix, SLOTS, 1))
+            asyncio.run(_burst(url, paired, SLOTS, 1))
             for run in range(runs):
                 burst = asyncio.run(_burst(url, prefix, 100, 4))
                 alone = asyncio.run(_burst(url, prefix, 1, 8)).turns_per_s
+                two = asyncio.run(_burst(url, paired, 100, 4)).turns_per_s
                 bursts.append(burst)
                 lone.append(alone)
+                pair.append(two)
                 print(
                     f"run {run + 1}/{runs}: burst {burst.turns_per_s:.1f}/s"
                     f" (wall {burst.wall_s:.2f}s, first start {burst.to_first_start_s:.3f}s,"
                     f" idle slot time per turn {burst.idle_per_turn_s:.3f}s, turn"
                     f" {burst.run_s:.3f}s, after last {burst.after_last_s:.3f}s);"
-                    f" lone {alone:.2f}/s",
+                    f" lone {alone:.2f}/s; two processes {two:.1f}/s",
                     flush=True,
                 )
     cap = SLOTS / MODEL_S
@@ -127,6 +137,7 @@ def main() -> None:
     print(f"  first turn started after: {_shown([b.to_first_start_s for b in bursts], ' s')}")
     print(f"  last wait returned after the last turn: {_shown([b.after_last_s for b in bursts])}")
     print(f"lone conversation x 8 turns: {_shown(lone)}/s (one round trip per turn: ~2/s)")
+    print(f"burst on two processes x {SLOTS // 2} slots: {_shown(pair)}/s")
 
 
 if __name__ == "__main__":
