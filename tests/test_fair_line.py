@@ -107,3 +107,29 @@ def test_a_worker_killed_with_conversations_in_its_line_loses_none(
             stored = [m.text for m in client.history(cid)]
             assert stored == [text for n in range(TURNS) for text in (f"{cid} {n}",
                               f"done {cid} {n}")]  # fmt: skip
+
+
+def test_a_warm_stop_hands_its_line_to_other_workers_with_the_leases(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Leases far longer than the waits below: were the conversation in the stopping
+    # worker's line left to its lease, no other worker could run it in time.
+    pool = WorkerPool(
+        redis_url, tmp_path, concurrency=1, partitions=2, agents=AGENTS, lease_ms=120_000
+    )
+    try:
+        (stopping,) = pool.start()
+        busy, other = [*ids_in(0, 1), *ids_in(1, 1)]
+        with pool.client() as client:
+            queued = [client.submit(busy, f"{busy} {n}", agent="slow") for n in range(TURNS)]
+            waiting = client.submit(other, f"{other} 0", agent="slow")
+            assert queued[0].wait(60).ok  # now behind the other one, in the worker's line
+            stopping.stop()
+            pool.start()
+            for handle in [*queued, waiting]:
+                assert handle.wait(30).ok
+            assert [m.text for m in client.history(busy)] == [
+                text for n in range(TURNS) for text in (f"{busy} {n}", f"done {busy} {n}")
+            ]
+    finally:
+        pool.stop_all()
