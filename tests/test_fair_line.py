@@ -15,7 +15,9 @@ import redis
 
 from convoq.queue.routing import partition_of
 from convoq.redis.keys import KeySchema
-from tests.support.workers import WorkerPool
+from convoq.settings import ConvoqSettings
+from convoq.worker.app import worker_config
+from tests.support.workers import WorkerPool, WorkerProcess
 
 AGENTS = "tests.support.fair_agents"  # "slow": 0.3 s per turn
 TURNS = 3
@@ -65,6 +67,11 @@ def test_a_quiet_partition_gets_no_more_turns_than_a_crowded_one(
     # Every conversation had its n-th turn before any had its (n+1)-th.
     for earlier, later in itertools.pairwise(rounds):
         assert max(earlier) < min(later)
+
+
+def test_a_worker_holds_four_kicks_per_slot() -> None:
+    config = worker_config(ConvoqSettings(concurrency=3), "redis://x")
+    assert (config["worker_concurrency"], config["worker_prefetch_multiplier"]) == (3, 4)
 
 
 def lpushes(r: redis.Redis) -> int:
@@ -131,5 +138,33 @@ def test_a_warm_stop_hands_its_line_to_other_workers_with_the_leases(
             assert [m.text for m in client.history(busy)] == [
                 text for n in range(TURNS) for text in (f"{busy} {n}", f"done {busy} {n}")
             ]
+    finally:
+        pool.stop_all()
+
+
+class CeleryWorkerHoldingNone(WorkerProcess):
+    """``celery worker --prefetch-multiplier=1``: no kick held beyond its slots."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--prefetch-multiplier=1"]
+
+
+def test_with_no_kick_held_beyond_the_slots_it_goes_back_through_the_broker(
+    redis_url: str, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    pool = WorkerPool(redis_url, tmp_path, concurrency=1, partitions=2, agents=AGENTS)
+    worker = CeleryWorkerHoldingNone(pool.env, tmp_path, use_celery_cli=True)
+    pool.workers.append(worker)
+    try:
+        worker.start().wait_ready()
+        cids = [*ids_in(0, 1), *ids_in(1, 1)]
+        before = lpushes(redis_client)
+        handles = submit_rounds(pool, cids)
+        # The window (one kick) is full while a turn runs: each conversation that gave the
+        # slot up went back through the broker, behind the kick waiting there.
+        assert lpushes(redis_client) - before > len(cids)
+        first = [started_ms(redis_client, pool, group[0]) for group in handles.values()]
+        second = [started_ms(redis_client, pool, group[1]) for group in handles.values()]
+        assert max(first) < min(second)
     finally:
         pool.stop_all()
