@@ -6,6 +6,7 @@ process of one slot."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -50,9 +51,9 @@ async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
     await protocol.close()
 
 
-def runner(proto: TurnProtocol, fairness: Waiting) -> Runner:
+def runner(proto: TurnProtocol, fairness: Waiting, *, lease_ms: int = 30_000) -> Runner:
     echo = Agent(ScriptedModel(lambda request: f"seen {request.messages[-1].text}"), name="bot")
-    config = RunnerConfig(worker_id="w-test", lease_ms=30_000)
+    config = RunnerConfig(worker_id="w-test", lease_ms=lease_ms)
     return Runner(proto, Profiles([echo]), config, fairness=fairness)
 
 
@@ -75,6 +76,26 @@ async def test_a_drain_moves_on_after_each_turn_while_others_wait(proto: TurnPro
     assert [m.text for m in await proto.history(CID)] == [
         "t1", "seen t1", "t2", "seen t2", "t3", "seen t3"
     ]  # fmt: skip
+
+
+async def test_a_lease_that_lapsed_while_its_conversation_waited_is_taken_anew(
+    proto: TurnProtocol,
+) -> None:
+    await submit_all(proto, CID, "t1", "t2")
+    fair = Waiting(True)
+    assert (await runner(proto, fair, lease_ms=300).drain(CID)).requeued == ["t2"]
+    ((_, head, fence),) = fair.requeued
+    lease = proto.keys.lease(CID)
+    for _ in range(200):  # nothing renews a kept lease: it lapses
+        if not await proto.redis.exists(lease):
+            break
+        await asyncio.sleep(0.05)
+    assert not await proto.redis.exists(lease)
+    report = await runner(proto, Waiting(False)).drain(CID, head=head, fence=fence)
+    assert report.succeeded == ["t2"]
+    # Under a new lease: the fence counter moved past the kept one.
+    assert int(await proto.redis.hget(proto.keys.meta(CID), "fence")) > fence
+    assert [m.text for m in await proto.history(CID)] == ["t1", "seen t1", "t2", "seen t2"]
 
 
 async def test_a_lone_conversation_keeps_its_slot(proto: TurnProtocol) -> None:
