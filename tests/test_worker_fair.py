@@ -156,6 +156,14 @@ async def test_a_conversation_goes_back_in_the_process_line_not_the_broker() -> 
     assert (line.ran, line.sent) == ([Kept("c1", "t2", 7)], [])
 
 
+async def test_without_a_line_of_its_own_it_goes_back_through_the_broker() -> None:
+    # A pool other than threads: nothing was attached.
+    sent: list[tuple[str, str, int]] = []
+    backlog = SlotBacklog(1, lambda: 0, lambda *kick: sent.append(kick))
+    await backlog.requeue("c1", "t2", 7)
+    assert sent == [("c1", "t2", 7)]
+
+
 async def test_a_full_window_sends_it_through_the_broker() -> None:
     # Kicks may wait in the broker: one sent back goes behind them, not ahead.
     line = Line(held=4, window=4)
