@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "scaling": "bench.scaling",
     "acks": "bench.durable_acks",
     "cost": "bench.turn_cost",
+    "fair": "bench.fair_slots",
 }
 
 

@@ -6,8 +6,11 @@ process of one slot."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ import redis
 from convoq import Agent
 from convoq.models import ScriptedModel
 from convoq.redis import KeySchema, TurnProtocol
-from convoq.worker._fair import SlotBacklog
+from convoq.worker._fair import Kept, SlotBacklog
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
 from tests.support.protocol_helpers import submit_all
@@ -48,9 +51,9 @@ async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
     await protocol.close()
 
 
-def runner(proto: TurnProtocol, fairness: Waiting) -> Runner:
+def runner(proto: TurnProtocol, fairness: Waiting, *, lease_ms: int = 30_000) -> Runner:
     echo = Agent(ScriptedModel(lambda request: f"seen {request.messages[-1].text}"), name="bot")
-    config = RunnerConfig(worker_id="w-test", lease_ms=30_000)
+    config = RunnerConfig(worker_id="w-test", lease_ms=lease_ms)
     return Runner(proto, Profiles([echo]), config, fairness=fairness)
 
 
@@ -73,6 +76,26 @@ async def test_a_drain_moves_on_after_each_turn_while_others_wait(proto: TurnPro
     assert [m.text for m in await proto.history(CID)] == [
         "t1", "seen t1", "t2", "seen t2", "t3", "seen t3"
     ]  # fmt: skip
+
+
+async def test_a_lease_that_lapsed_while_its_conversation_waited_is_taken_anew(
+    proto: TurnProtocol,
+) -> None:
+    await submit_all(proto, CID, "t1", "t2")
+    fair = Waiting(True)
+    assert (await runner(proto, fair, lease_ms=300).drain(CID)).requeued == ["t2"]
+    ((_, head, fence),) = fair.requeued
+    lease = proto.keys.lease(CID)
+    for _ in range(200):  # nothing renews a kept lease: it lapses
+        if not await proto.redis.exists(lease):
+            break
+        await asyncio.sleep(0.05)
+    assert not await proto.redis.exists(lease)
+    report = await runner(proto, Waiting(False)).drain(CID, head=head, fence=fence)
+    assert report.succeeded == ["t2"]
+    # Under a new lease: the fence counter moved past the kept one.
+    assert int(await proto.redis.hget(proto.keys.meta(CID), "fence")) > fence
+    assert [m.text for m in await proto.history(CID)] == ["t1", "seen t1", "t2", "seen t2"]
 
 
 async def test_a_lone_conversation_keeps_its_slot(proto: TurnProtocol) -> None:
@@ -101,6 +124,67 @@ async def test_the_broker_is_asked_only_while_every_slot_is_busy() -> None:
         with backlog.slot():
             assert await backlog.others_waiting()
     assert counts == [1]
+
+
+class Line:
+    """A process line of its own (one pool thread), its runs and broker sends recorded."""
+
+    def __init__(self, *, held: int = 0, window: int = 4) -> None:
+        self.pool = ThreadPoolExecutor(1)
+        self.ran: list[Kept] = []
+        self.sent: list[tuple[str, str, int]] = []
+        self.backlog = SlotBacklog(
+            1, lambda: 0, lambda *kick: self.sent.append(kick), window=window, held=lambda: held
+        )
+        self.backlog.attach(self.pool.submit, self.ran.append)
+
+    def settle(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+async def test_a_conversation_goes_back_in_the_process_line_not_the_broker() -> None:
+    line = Line()
+    hold = threading.Event()
+    line.pool.submit(hold.wait)  # the one pool thread is busy: the line waits
+    with line.backlog.slot():
+        assert not await line.backlog.others_waiting()
+        await line.backlog.requeue("c1", "t2", 7)
+        # Queued in the line, it waits for the slot (the broker count says none).
+        assert await line.backlog.others_waiting()
+    hold.set()
+    line.settle()
+    assert (line.ran, line.sent) == ([Kept("c1", "t2", 7)], [])
+
+
+async def test_without_a_line_of_its_own_it_goes_back_through_the_broker() -> None:
+    # A pool other than threads: nothing was attached.
+    sent: list[tuple[str, str, int]] = []
+    backlog = SlotBacklog(1, lambda: 0, lambda *kick: sent.append(kick))
+    await backlog.requeue("c1", "t2", 7)
+    assert sent == [("c1", "t2", 7)]
+
+
+async def test_a_full_window_sends_it_through_the_broker() -> None:
+    # Kicks may wait in the broker: one sent back goes behind them, not ahead.
+    line = Line(held=4, window=4)
+    await line.backlog.requeue("c1", "t2", 7)
+    line.settle()
+    assert (line.ran, line.sent) == ([], [("c1", "t2", 7)])
+
+
+async def test_at_shutdown_the_line_goes_to_the_broker_in_order() -> None:
+    line = Line()
+    hold = threading.Event()
+    line.pool.submit(hold.wait)  # the one pool thread is busy: the line waits
+    await line.backlog.requeue("c1", "t2", 7)
+    await line.backlog.requeue("c2", "u5", 9)
+    line.backlog.detach()
+    line.backlog.flush()
+    await line.backlog.requeue("c3", "v1", 3)  # after the detach: the broker
+    hold.set()
+    line.settle()
+    assert line.sent == [("c1", "t2", 7), ("c2", "u5", 9), ("c3", "v1", 3)]
+    assert line.ran == []  # the pool's jobs found the line empty
 
 
 @pytest.fixture

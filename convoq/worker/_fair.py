@@ -6,11 +6,22 @@ held that way, kicks of other conversations wait for whole conversations to fini
 after each turn the runner asks :meth:`Fairness.others_waiting`; when they do, its commit
 keeps the lease for the next turn without taking it, and :meth:`Fairness.requeue` sends
 the conversation back in line with the lease's fence as proof (the drain that picks it up
-takes the kept lease). The slot then runs the kick that waited longest.
+takes the kept lease). The slot then runs what waited longest.
 
-"Others wait" means: every slot of this process runs a drain, and the queues this process
-consumes hold kicks (counted through the broker, at most once per ``refresh_s``, and only
-while all slots are busy, so an idle or half-busy worker never asks the broker).
+"Others wait" means: every slot of this process runs a drain, and kicks wait for one:
+conversations this process sent back in line, kicks it prefetched but has not started,
+or (only when neither, at most once per ``refresh_s``) kicks in the queues it consumes,
+counted through the broker. An idle or half-busy worker never asks the broker.
+
+"Back in line" is this process's own line when it has one (:meth:`SlotBacklog.attach`,
+the pool's task queue, which already holds the prefetched kicks in the order they came):
+no broker round trip, and the conversation waits behind every kick this process holds,
+whichever partition it came from. It is the broker (a kick carrying the fence) when the
+process has no such line, or when its prefetch window is full (kicks may then wait in the
+broker, and a conversation sent back must not pass them), or at shutdown. A conversation
+waiting in a process's line keeps its lease only for the lease's period (nothing renews
+it there): if the process dies, or the wait is longer, the lease lapses and the sweeper
+kicks the conversation again, as for any stranded inbox.
 """
 
 from __future__ import annotations
@@ -20,12 +31,20 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from celery.worker import state
 
 log = logging.getLogger("convoq.worker")
+# Kicks a worker process may hold unacknowledged, per slot (Celery's prefetch multiplier):
+# with room for more kicks than slots, the kicks waiting for a slot wait in this process's
+# line in the order they came, not in per-partition broker queues, which the consumer
+# serves in turn (a conversation in a crowded partition would wait longer than one in a
+# quiet partition). A killed worker's held kicks are not needed: the sweeper kicks any
+# inbox without a live lease.
+PREFETCH_MULTIPLIER = 4
 
 
 class Fairness(Protocol):
@@ -46,6 +65,17 @@ class NeverYield:
         raise RuntimeError("NeverYield never requeues")
 
 
+class Kept(NamedTuple):
+    """A conversation sent back in line with its lease kept: what its next drain needs."""
+
+    conversation_id: str
+    head: str
+    fence: int
+
+
+Send = Callable[[str, str, int], None]
+
+
 class SlotBacklog:
     """Fairness for one worker process (see the module docstring).
 
@@ -53,27 +83,60 @@ class SlotBacklog:
         slots: drains the process runs at once (its pool's concurrency).
         queued_kicks: counts the kicks waiting in the queues this process consumes
             (blocking; run in a thread).
-        send: sends ``drain(cid)`` with the head and fence hints (blocking).
+        send: sends ``drain(cid)`` with the head and fence hints through the broker
+            (blocking).
         refresh_s: how long a count is trusted.
+        window: kicks the process may hold unacknowledged (slots x prefetch multiplier).
+        held: how many it holds (Celery's reserved requests, running ones included).
     """
 
     def __init__(
         self,
         slots: int,
         queued_kicks: Callable[[], int],
-        send: Callable[[str, str, int], None],
+        send: Send,
         *,
         refresh_s: float = 0.05,
+        window: int | None = None,
+        held: Callable[[], int] = lambda: len(state.reserved_requests),
     ) -> None:
         self._slots = slots
         self._count = queued_kicks
         self._send = send
         self._refresh_s = refresh_s
+        self._window = window or slots
+        self._held = held
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._probe_lock: asyncio.Lock | None = None
         self._waiting = False
         self._fresh_until = 0.0
+        # This process's own line: kept conversations, in order, and how one is started.
+        self._line: deque[Kept] = deque()
+        self._line_lock = threading.Lock()
+        self._submit: Callable[[Callable[[], None]], object] | None = None
+        self._run_kept: Callable[[Kept], None] | None = None
+
+    def attach(
+        self,
+        submit: Callable[[Callable[[], None]], object],
+        run_kept: Callable[[Kept], None],
+        *,
+        window: int | None = None,
+    ) -> None:
+        """Use the pool's task queue as this process's line: ``submit(job)`` queues a job
+        behind the kicks already there; the job, on a pool thread, starts the oldest kept
+        conversation with ``run_kept`` (which holds a :meth:`slot` around its drain).
+        ``window``: the consumer's prefetch count, when known (it wins over the one given
+        at construction: ``celery worker --prefetch-multiplier`` may have changed it)."""
+        self._submit, self._run_kept = submit, run_kept
+        if window:
+            self._window = window
+
+    def detach(self) -> None:
+        """Stop using this process's line (shutdown): conversations go back through the
+        broker; :meth:`flush` sends those still waiting in it."""
+        self._submit = None
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -89,12 +152,14 @@ class SlotBacklog:
     async def others_waiting(self) -> bool:
         if self._busy < self._slots:
             return False  # a free slot takes any waiting kick anyway
+        if self._line or _prefetched_here():
+            return True
         if self._probe_lock is None:
             self._probe_lock = asyncio.Lock()
         async with self._probe_lock:  # one count in flight; the others use its answer
             if time.monotonic() >= self._fresh_until:
                 try:
-                    self._waiting = _reserved_here() or await asyncio.to_thread(self._count) > 0
+                    self._waiting = await asyncio.to_thread(self._count) > 0
                 except Exception as exc:  # no count: keep the fast path
                     log.warning("could not count the kicks waiting: %s", exc)
                     self._waiting = False
@@ -102,10 +167,53 @@ class SlotBacklog:
             return self._waiting
 
     async def requeue(self, conversation_id: str, head: str, fence: int) -> None:
-        await asyncio.to_thread(self._send, conversation_id, head, fence)
+        kept = Kept(conversation_id, head, fence)
+        if self._submit is not None and self._held() < self._window:
+            with self._line_lock:
+                self._line.append(kept)
+            try:
+                self._submit(self._next_in_line)
+                return
+            except RuntimeError:  # the pool shuts down: it takes no new job
+                if not self._take(kept):
+                    return  # a shutdown flush sent it already
+        await asyncio.to_thread(self._send, *kept)
+
+    def _take(self, kept: Kept) -> bool:
+        with self._line_lock:
+            try:
+                self._line.remove(kept)
+            except ValueError:
+                return False
+            return True
+
+    def _next_in_line(self) -> None:
+        """A pool job: start the conversation that waited longest in this process's line."""
+        with self._line_lock:
+            if not self._line:
+                return  # flushed to the broker meanwhile
+            kept = self._line.popleft()
+        assert self._run_kept is not None
+        try:
+            self._run_kept(kept)
+        except Exception:  # the lease lapses; the sweeper kicks the conversation again
+            log.exception("drain of %s failed", kept.conversation_id)
+
+    def flush(self) -> None:
+        """Send every conversation waiting in this process's line through the broker
+        (blocking; at shutdown, so that other workers take them at once)."""
+        while True:
+            with self._line_lock:
+                if not self._line:
+                    return
+                kept = self._line.popleft()
+            try:
+                self._send(*kept)
+            except Exception as exc:  # its lease lapses; the sweeper kicks it again
+                log.warning("could not send %s back to the broker: %s", kept.conversation_id, exc)
 
 
-def _reserved_here() -> bool:
-    """Whether this process holds kicks it received but has not started (a prefetch
-    multiplier above 1): they wait for a slot as much as those in the broker."""
+def _prefetched_here() -> bool:
+    """Whether this process holds kicks it received but has not started: they wait for a
+    slot as much as those in the broker."""
     return len(state.reserved_requests) > len(state.active_requests)

@@ -2,13 +2,14 @@
 ``convoq worker``.
 
 Configured for this job: JSON only; no result backend (the turn record in Redis is the
-result); ``acks_late`` + ``reject_on_worker_lost`` + prefetch 1 so a kick is not lost with
-a dying worker; the ``threads`` pool with many slots per process, because turns wait on
-model calls; task events off by default (each costs a Redis PUBLISH per task state):
-Flower turns them on in running workers itself (its ``enable_events`` broadcast), and
-``CONVOQ_TASK_EVENTS=true`` has them sent from the start, "task-sent" included. The
-broker defaults to the memory Redis; an AMQP broker (RabbitMQ) works too, Redis still
-holding memory.
+result); ``acks_late`` + ``reject_on_worker_lost`` so a kick is not lost with a dying
+worker; a prefetch of a few kicks per slot, so kicks waiting for a slot wait in the
+process in the order they came (:mod:`convoq.worker._fair`); the ``threads`` pool with
+many slots per process, because turns wait on model calls; task events off by default
+(each costs a Redis PUBLISH per task state): Flower turns them on in running workers
+itself (its ``enable_events`` broadcast), and ``CONVOQ_TASK_EVENTS=true`` has them sent
+from the start, "task-sent" included. The broker defaults to the memory Redis; an AMQP
+broker (RabbitMQ) works too, Redis still holding memory.
 
 ``app`` is built on first access from ``ConvoqSettings`` (``CONVOQ_*``), so importing this
 module starts nothing.
@@ -25,6 +26,7 @@ from convoq.queue import routing
 from convoq.queue.transport import broker_url_for, celery_base_config
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
+from convoq.worker._fair import PREFETCH_MULTIPLIER
 from convoq.worker.runtime import WorkerRuntime, current_runtime, runtime_for
 from convoq.worker.tasks import register_tasks
 
@@ -63,7 +65,7 @@ def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
-        worker_prefetch_multiplier=1,
+        worker_prefetch_multiplier=PREFETCH_MULTIPLIER,
         worker_pool="threads",
         worker_concurrency=s.concurrency,
         worker_send_task_events=s.task_events,
@@ -90,6 +92,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     runtime = _runtime_of(sender)
     if runtime is not None:
         queues = sorted(q.name for q in sender.task_consumer.queues)
+        runtime.use_pool(sender)
         runtime.announce(str(sender.hostname), queues)
 
 

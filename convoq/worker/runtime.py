@@ -37,7 +37,7 @@ from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.summary import Summary
 from convoq.worker import _observed, webhooks
-from convoq.worker._fair import SlotBacklog
+from convoq.worker._fair import PREFETCH_MULTIPLIER, Kept, SlotBacklog
 from convoq.worker._shutdown import arm_exit_deadline
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
@@ -79,7 +79,12 @@ class WorkerRuntime:
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
         self._memory: RedisConversationMemory | None = None
-        self.backlog = SlotBacklog(settings.concurrency, self._queued_kicks, self._requeue)
+        self.backlog = SlotBacklog(
+            settings.concurrency,
+            self._queued_kicks,
+            self._requeue,
+            window=settings.concurrency * PREFETCH_MULTIPLIER,
+        )
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the process's loop (opening connections on first use)."""
@@ -144,6 +149,15 @@ class WorkerRuntime:
         traced = _observed.traced_drain(drain, conversation_id, _kick_header(tracing.HEADER))
         with self.backlog.slot():
             return self.run(traced)
+
+    def _drain_kept(self, kept: Kept) -> None:
+        """Run a conversation this process sent back in its own line (on a pool thread)."""
+        if self._halted is not None or self._warm_shutdown:
+            self._requeue(*kept)  # for another worker, at once
+            return
+        drain = self.runner.drain(kept.conversation_id, head=kept.head, fence=kept.fence)
+        with self.backlog.slot():
+            self.run(_observed.traced_drain(drain, kept.conversation_id, None))
 
     def compact(self, conversation_id: str, agent: str) -> Summary | None:
         """Summarise the conversation if ``agent``'s compaction policy says so."""
@@ -247,6 +261,16 @@ class WorkerRuntime:
         )
 
     # -- worker lifecycle ------------------------------------------------------------------
+    def use_pool(self, consumer: object) -> None:
+        """The task queue of the consumer's threads pool becomes the line conversations go
+        back to (:mod:`._fair`); with any other pool they go back through the broker."""
+        executor = getattr(getattr(consumer, "pool", None), "executor", None)
+        window = getattr(consumer, "initial_prefetch_count", None)
+        if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
+            window = window if isinstance(window, int) else None
+            self.backlog.attach(executor.submit, self._drain_kept, window=window)
+            log.info("fair slots: conversations go back in this process's line (window %s)", window)
+
     def announce(self, hostname: str, queues: list[str]) -> None:
         """Serve metrics (with ``metrics_port``), publish this worker and its profiles in
         Redis, then start the sweeper."""
@@ -324,6 +348,10 @@ class WorkerRuntime:
         on the loop, and arms the process's exit deadline (:mod:`._shutdown`)."""
         s = self.settings
         self._warm_shutdown = True
+        # The pool drops the jobs it has not started: conversations waiting in this
+        # process's line go to the broker for other workers (a thread: this is a handler).
+        self.backlog.detach()
+        threading.Thread(target=self.backlog.flush, name="convoq-flush", daemon=True).start()
         arm_exit_deadline(s.shutdown_grace_s + 2 * s.lease_ms / 1000 + _CLOSE_TIMEOUT_S + 5)
         if self._state is not None:
             self._loop.loop.call_soon_threadsafe(self._state[2].begin_shutdown)
