@@ -1,6 +1,7 @@
 """Window loads by plain reads: one MULTI/EXEC of HGET + LRANGE + LRANGE on a kept
 connection, no script, falling back to the ``load`` script where plain reads cannot
-answer, and to redis-py's pipeline where the connection fails."""
+answer, and to redis-py's pipeline where the connection fails; script calls sent the
+same direct way, with redis-py where they must (NOSCRIPT, arguments it encodes)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 from redis.asyncio.connection import Connection
+from redis.exceptions import ResponseError
 
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import connect
-from convoq.redis._pipelined import pack
+from convoq.redis._pipelined import FALLBACK, AsyncDirect, pack
 from convoq.summary import SUMMARY_PREFIX, Summary
 from convoq.window import Window
 from tests.support.redis_proxy import LossyProxy
@@ -176,5 +178,24 @@ async def test_a_small_pool_keeps_no_idle_connection_for_plain_reads(
         assert await asyncio.wait_for(second, timeout=5) == (second_key.encode(), b"x")
         redis_client.rpush(first_key, "y")
         assert await asyncio.wait_for(first, timeout=5) == (first_key.encode(), b"y")
+    finally:
+        await client.aclose()
+
+
+async def test_script_calls_go_direct_and_fall_back_to_redis_py_where_they_must(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    client = connect(redis_url)
+    direct = AsyncDirect(client)
+    echo = redis_client.script_load("return {ARGV[1], #KEYS}")
+    broken = redis_client.script_load("return redis.call('NOSUCHCOMMAND')")
+    try:
+        assert await direct.script(echo, ["k1", "k2"], ["é"]) == ["é".encode(), 2]
+        assert await direct.script("0" * 40, [], []) is FALLBACK  # NOSCRIPT: redis-py loads it
+        assert await direct.script(echo, [], [0.5]) is FALLBACK  # redis-py encodes floats
+        with pytest.raises(ResponseError, match="Unknown Redis command"):
+            await direct.script(broken, [], [])
+        # The connection that carried the error reply serves the next call as usual.
+        assert await direct.script(echo, [], [b"again"]) == [b"again", 0]
     finally:
         await client.aclose()

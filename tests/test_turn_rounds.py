@@ -36,18 +36,30 @@ NEVER_MS = 600_000  # events wait for the next write, however slow the machine
 
 
 class CountingConnection(aioredis.Connection):
-    """A connection that logs the command names of each round trip it sends."""
+    """A connection that logs the command names of each round trip it sends (read from
+    the bytes sent, whoever packed them: redis-py or convoq's direct calls)."""
 
     rounds: ClassVar[list[list[str]]] = []
 
-    def pack_command(self, *args: Any) -> list[bytes]:
-        self.__dict__.setdefault("_names", []).append(str(args[0]).split()[0].upper())
-        return super().pack_command(*args)
-
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        names, self.__dict__["_names"] = self.__dict__.get("_names", []), []
-        CountingConnection.rounds.append(names)
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        CountingConnection.rounds.append(command_names(packed))
         await super().send_packed_command(command, check_health)
+
+
+def command_names(packed: bytes) -> list[str]:
+    """The command name of each RESP array in ``packed``."""
+    names, at = [], 0
+    while at < len(packed):
+        end = packed.index(b"\r\n", at)
+        count, at = int(packed[at + 1 : end]), end + 2  # "*N"
+        for n in range(count):
+            end = packed.index(b"\r\n", at)
+            size, at = int(packed[at + 1 : end]), end + 2  # "$len"
+            if n == 0:
+                names.append(packed[at : at + size].decode().upper())
+            at += size + 2
+    return names
 
 
 @pytest.fixture

@@ -1,16 +1,19 @@
-"""Plain reads sent on one pooled connection, without redis-py's ``Pipeline`` object.
+"""Hot commands sent on kept pooled connections, without redis-py's per-call machinery.
 
-A window load is a few plain reads (``HGET``, ``LRANGE``) in one MULTI/EXEC. redis-py's
-``Pipeline`` costs more Python per call than the whole round trip of those reads (its
-command stack, callbacks and retries are built for any command); the hot reads need none
-of it, since their raw replies are already what its callbacks would return. So a batch
-made only of such reads is packed and sent here on a connection from the client's own pool
-and its replies are read back in order; anything else, a cluster client, or a connection
-that fails on the way, goes through redis-py's pipeline as before (reads are safe to send
-twice, and that path reconnects and retries).
+A window load is a few plain reads (``HGET``, ``LRANGE``) in one MULTI/EXEC; a turn is a
+few script calls. redis-py spends more Python per call than the whole round trip of such
+a command (``Pipeline``'s command stack, per-argument packing, a task per bounded write,
+a pool checkout with a condition variable, response callbacks); these commands need none
+of it: the raw replies of the plain reads are already what its callbacks return, and an
+``EVALSHA`` has no callback. So they are packed and sent here on a connection the reader
+keeps from the client's own pool, and their replies read back in order. Anything else, a
+cluster client, a script Redis does not know yet (NOSCRIPT), or a connection that fails
+on the way goes through redis-py as before: it reconnects, retries and loads scripts.
+Sending again after a failure is what redis-py's retry does too: reads are safe to send
+twice and every write script is a no-op when replayed (see :mod:`convoq.redis.scripts`).
 
-Error replies come back as ``ResponseError`` values in their place, as
-``pipeline.execute(raise_on_error=False)`` gives them.
+Error replies of a batch come back as ``ResponseError`` values in their place, as
+``pipeline.execute(raise_on_error=False)`` gives them; a script's error is raised.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import NoScriptError, ResponseError
 
 # Reads whose raw RESP2 reply equals what redis-py's response callback returns for them.
 _PLAIN_READS = frozenset({"GET", "HGET", "HMGET", "LINDEX", "LLEN", "LRANGE"})
 _MULTI, _EXEC = ("MULTI",), ("EXEC",)
+# What AsyncDirect.script answers when redis-py should send the call instead.
+FALLBACK = object()
 
 
 def plain(commands: Sequence[tuple[Any, ...]]) -> bool:
@@ -51,7 +57,9 @@ def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
             elif isinstance(arg, int) and not isinstance(arg, bool):
                 arg = b"%d" % arg
             elif not isinstance(arg, bytes):
-                raise TypeError(f"a plain read takes str, bytes or int arguments, not {arg!r}")
+                # Floats, memoryviews...: redis-py's encoder decides (and refuses what it
+                # refuses) on the fallback path.
+                raise TypeError(f"only str, bytes and int arguments are packed here: {arg!r}")
             out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
     return b"".join(out)
 
@@ -72,8 +80,8 @@ def _replies(raw: list[Any], transaction: bool) -> list[Any]:
 _KEEP = 4
 
 
-class AsyncReads:
-    """Plain reads on one async client (see the module docstring)."""
+class AsyncDirect:
+    """Plain reads and script calls on one async client (see the module docstring)."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._pool = client.connection_pool
@@ -87,12 +95,13 @@ class AsyncReads:
         """The replies of ``commands``, or None when the caller should send them through
         redis-py instead (the connection failed; reading changed nothing)."""
         sent = _framed(commands, transaction)
+        packed = pack(sent)  # TypeError before any I/O
         connection = await self._take()
         try:
             # One bound (the connection's socket timeout) for the write and all the replies:
             # redis-py bounds each write with wait_for, which starts a task per call.
             async with asyncio.timeout(connection.socket_timeout):
-                await _send(connection, pack(sent))
+                await _send(connection, packed)
                 raw = [await _reply(connection) for _ in sent]
         except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
             await self._drop(connection)
@@ -108,6 +117,21 @@ class AsyncReads:
             await self._pool.release(connection)
         return _replies(raw, transaction)
 
+    async def script(self, sha: str, keys: list[str], args: list[Any]) -> Any:
+        """The reply of ``EVALSHA sha``, or :data:`FALLBACK` when redis-py should send it
+        (Redis does not know the script yet, an argument it must encode, or the connection
+        failed). A script's error reply is raised, as redis-py raises it."""
+        command = ("EVALSHA", sha, len(keys), *keys, *args)
+        try:
+            replies = await self.read([command], transaction=False)
+        except TypeError:
+            return FALLBACK
+        if replies is None or isinstance(replies[0], NoScriptError):
+            return FALLBACK
+        if isinstance(replies[0], ResponseError):
+            raise replies[0]
+        return replies[0]
+
     async def _take(self) -> Any:
         if self._pid != os.getpid():  # a forked child: those are the parent's sockets
             self._idle, self._pid = [], os.getpid()
@@ -122,8 +146,11 @@ class AsyncReads:
 
 async def _send(connection: Any, packed: bytes) -> None:
     writer = getattr(connection, "_writer", None)
-    if writer is None or not connection.is_connected:
-        await connection.send_packed_command(packed, check_health=False)  # connects first
+    own = type(connection).send_packed_command is AbstractConnection.send_packed_command
+    if writer is None or not connection.is_connected or not own:
+        # Not connected yet (redis-py connects first), or a connection class that sends
+        # its own way (instrumentation): redis-py's send, bounded by our timeout anyway.
+        await connection.send_packed_command(packed, check_health=False)
         return
     writer.write(packed)
     await writer.drain()

@@ -114,12 +114,19 @@ class Scripts:
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(source(name)) for name in NAMES
         }
-        # Plain reads skip redis-py's pipeline (a cluster client keeps it: it routes).
-        self._reads = _pipelined.AsyncReads(client) if isinstance(client, aioredis.Redis) else None
+        # Hot calls skip redis-py's machinery (a cluster client keeps it: it routes).
+        self._direct = (
+            _pipelined.AsyncDirect(client) if isinstance(client, aioredis.Redis) else None
+        )
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is always a list whose first item is a status."""
-        return with_status(await self._scripts[name](keys=keys, args=args))
+        script = self._scripts[name]
+        if self._direct is not None:
+            reply = await self._direct.script(script.sha, keys, args)
+            if reply is not _pipelined.FALLBACK:
+                return with_status(reply)
+        return with_status(await script(keys=keys, args=args))
 
     async def run_acked(
         self, name: str, keys: list[str], args: list[Any], acks: Acks, probe: str
@@ -146,8 +153,8 @@ class Scripts:
         """The reply to one request of a step function."""
         if isinstance(request, ScriptCall):
             return await self.run(request.name, request.keys, request.args)
-        if self._reads is not None and _pipelined.plain(request.commands):
-            replies = await self._reads.read(request.commands, request.transaction)
+        if self._direct is not None and _pipelined.plain(request.commands):
+            replies = await self._direct.read(request.commands, request.transaction)
             if replies is not None:
                 return replies
         async with self.client.pipeline(transaction=request.transaction) as pipe:
