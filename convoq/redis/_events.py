@@ -12,6 +12,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast, get_args
 
+from redis.exceptions import ResponseError
+
 from convoq.errors import CorruptDataError, UnknownTurnError
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
@@ -52,12 +54,22 @@ class EventsMixin(ProtocolBase):
         (its status, result, error, attempts and times are read after the events: never
         older than them). UnknownTurnError if the record is gone."""
         cid, turn_id = record.conversation_id, record.turn_id
-        key = self.keys.turn(cid, turn_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            block = block_ms if block_ms > 0 else None
-            pipe.xread({self.keys.events(cid, turn_id): after}, count=count, block=block)
-            pipe.hmget(key, _LIVE_FIELDS)
-            reply, live = await pipe.execute()
+        key, stream = self.keys.turn(cid, turn_id), self.keys.events(cid, turn_id)
+        block = block_ms if block_ms > 0 else None
+        # Sent directly where it can be (a waiter wakes up at least twice a turn).
+        blocking = ("BLOCK", block) if block is not None else ()
+        xread = ("XREAD", "COUNT", count, *blocking, "STREAMS", stream, after)
+        replies = await self.scripts.direct([xread, ("HMGET", key, *_LIVE_FIELDS)])
+        if replies is not None:
+            for reply in replies:
+                if isinstance(reply, ResponseError):
+                    raise reply
+            reply, live = replies
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xread({stream: after}, count=count, block=block)
+                pipe.hmget(key, _LIVE_FIELDS)
+                reply, live = await pipe.execute()
         if live[0] is None:
             raise _unknown_turn(cid, turn_id)
         return _events(reply), _refreshed(record, dict(zip(_LIVE_FIELDS, live, strict=True)), key)
@@ -147,13 +159,21 @@ def _refreshed(record: TurnRecord, live: dict[str, bytes | None], key: str) -> T
 
 
 def _events(reply: Any) -> list[tuple[str, TurnEvent]]:
-    """``(stream id, event)`` pairs of an XREAD reply."""
+    """``(stream id, event)`` pairs of an XREAD reply: redis-py's (each entry's fields as
+    a dict), or the raw one (fields as a flat list; streams as a list of pairs in RESP2, a
+    map in RESP3)."""
     events: list[tuple[str, TurnEvent]] = []
-    for _stream, entries in reply or []:
-        for entry_id, fields in entries:
+    streams = reply.items() if isinstance(reply, dict) else reply or []
+    for _stream, entries in streams:
+        for entry_id, raw_fields in entries:
+            fields = raw_fields if isinstance(raw_fields, dict) else _pairs(raw_fields)
             data = json.loads(fields.get(b"data", b"{}"))
             events.append((text(entry_id), TurnEvent(type=text(fields[b"type"]), data=data)))
     return events
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def join_text_deltas(events: Sequence[TurnEvent]) -> list[TurnEvent]:

@@ -149,6 +149,14 @@ class Scripts:
             command = ("EVALSHA", script.sha, len(keys), *keys, *args)
             return with_status(await replicated(self.client, acks, probe, command))
 
+    async def direct(self, commands: list[tuple[Any, ...]]) -> list[Any] | None:
+        """The raw RESP2 replies of ``commands`` sent directly (no redis-py callbacks:
+        the caller reads them raw), or None: send them through redis-py instead (a cluster
+        client, or the connection failed; only for commands safe to send twice)."""
+        if self._direct is None:
+            return None
+        return await self._direct.read(commands, transaction=False)
+
     async def perform(self, request: Request) -> Any:
         """The reply to one request of a step function."""
         if isinstance(request, ScriptCall):
