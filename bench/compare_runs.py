@@ -39,6 +39,21 @@ async def _median_ms(samples: int, call: Callable[[], Awaitable[object]]) -> flo
     return statistics.median(times) * 1000
 
 
+async def _interleaved_ms(
+    rounds: int, per_round: int, *calls: Callable[[], Awaitable[object]]
+) -> list[float]:
+    """Median ms of each call, measured in alternating rounds so that each meets the same
+    conditions (an AOF fsync, another process's burst) as often as the others."""
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        for samples, call in zip(times, calls, strict=True):
+            for _ in range(per_round):
+                start = time.perf_counter()
+                await call()
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) * 1000 for samples in times]
+
+
 def _items(n: int) -> list[dict[str, str]]:
     user, assistant = a_turn(n)
     return [
@@ -108,8 +123,12 @@ async def _loads(url: str, table: Table, populated: set[str]) -> None:
             populated.add(cid)
         session = RedisSession(cid, redis_client=client, key_prefix="bench:session")
         what = f"load last {WINDOW} turns of {size:,}"
-        ours = await _median_ms(200, lambda c=cid: memory.aload(c, last_turns=WINDOW))  # type: ignore[misc]
-        theirs = await _median_ms(200, lambda s=session: s.get_items(limit=2 * WINDOW))  # type: ignore[misc]
+        ours, theirs = await _interleaved_ms(
+            10,
+            20,
+            lambda c=cid: memory.aload(c, last_turns=WINDOW),  # type: ignore[misc]
+            lambda s=session: s.get_items(limit=2 * WINDOW),  # type: ignore[misc]
+        )
         table.add(f"w{size}", "1", f"{what}: convoq", "ms", ours)
         table.add(f"w{size}s", "1", f"{what}: {name}", "ms", theirs)
     cid = f"load-{BIG}"

@@ -17,6 +17,7 @@ from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import connect
 from convoq.redis._pipelined import FALLBACK, AsyncDirect, pack
+from convoq.redis._pipelined import script as direct_script
 from convoq.summary import SUMMARY_PREFIX, Summary
 from convoq.window import Window
 from tests.support.redis_proxy import LossyProxy
@@ -199,3 +200,14 @@ async def test_script_calls_go_direct_and_fall_back_to_redis_py_where_they_must(
         assert await direct.script(echo, [], [b"again"]) == [b"again", 0]
     finally:
         await client.aclose()
+
+
+def test_sync_script_calls_go_direct_and_fall_back_the_same_way(redis_client: redis.Redis) -> None:
+    echo = redis_client.script_load("return {ARGV[1], #KEYS}")
+    broken = redis_client.script_load("return redis.call('NOSUCHCOMMAND')")
+    assert direct_script(redis_client, echo, ["k"], [b"x"]) == [b"x", 1]
+    assert direct_script(redis_client, "0" * 40, [], []) is FALLBACK
+    assert direct_script(redis_client, echo, [], [0.5]) is FALLBACK
+    with pytest.raises(ResponseError, match="Unknown Redis command"):
+        direct_script(redis_client, broken, [], [])
+    assert direct_script(redis_client, echo, [], ["again"]) == [b"again", 0]

@@ -62,7 +62,12 @@ class BlockingScripts:
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is a list whose first item is a str status."""
-        return with_status(self._scripts[name](keys=keys, args=args))
+        script = self._scripts[name]
+        if isinstance(self.client, redis.Redis):  # sent directly (a cluster client routes)
+            reply = _pipelined.script(self.client, script.sha, keys, args)
+            if reply is not _pipelined.FALLBACK:
+                return with_status(reply)
+        return with_status(script(keys=keys, args=args))
 
     def perform(self, request: Request) -> Any:
         """The reply to one request of a step function."""

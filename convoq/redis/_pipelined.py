@@ -126,11 +126,7 @@ class AsyncDirect:
             replies = await self.read([command], transaction=False)
         except TypeError:
             return FALLBACK
-        if replies is None or isinstance(replies[0], NoScriptError):
-            return FALLBACK
-        if isinstance(replies[0], ResponseError):
-            raise replies[0]
-        return replies[0]
+        return _script_reply(replies)
 
     async def _take(self) -> Any:
         if self._pid != os.getpid():  # a forked child: those are the parent's sockets
@@ -167,12 +163,14 @@ async def _reply(connection: Any) -> Any:
 def read(
     client: redis.Redis, commands: Sequence[tuple[Any, ...]], transaction: bool
 ) -> list[Any] | None:
-    """:func:`aread` on a sync client (the caller's thread does the I/O)."""
+    """:meth:`AsyncDirect.read` on a sync client (the caller's thread does the I/O; a
+    connection from the pool for each call, the pool being thread-safe)."""
     pool = client.connection_pool
     sent = _framed(commands, transaction)
+    packed = pack(sent)  # TypeError before any I/O
     connection: Any = pool.get_connection()  # redis-py leaves the sync connection untyped
     try:
-        connection.send_packed_command([pack(sent)], check_health=False)
+        connection.send_packed_command([packed], check_health=False)
         raw = [_sync_reply(connection) for _ in sent]
     except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
         connection.disconnect()
@@ -183,6 +181,24 @@ def read(
     finally:
         pool.release(connection)
     return _replies(raw, transaction)
+
+
+def script(client: redis.Redis, sha: str, keys: list[str], args: list[Any]) -> Any:
+    """:meth:`AsyncDirect.script` on a sync client."""
+    try:
+        replies = read(client, [("EVALSHA", sha, len(keys), *keys, *args)], transaction=False)
+    except TypeError:
+        return FALLBACK
+    return _script_reply(replies)
+
+
+def _script_reply(replies: list[Any] | None) -> Any:
+    """A script call's reply, FALLBACK, or its error raised (see AsyncDirect.script)."""
+    if replies is None or isinstance(replies[0], NoScriptError):
+        return FALLBACK
+    if isinstance(replies[0], ResponseError):
+        raise replies[0]
+    return replies[0]
 
 
 def _sync_reply(connection: Any) -> Any:
