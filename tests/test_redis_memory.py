@@ -14,6 +14,7 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from convoq._sync import run_sync
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import KeySchema, _history, embedded
@@ -91,6 +92,8 @@ def test_windowed_loads_match_the_window_rules_for_any_appends(
         assert memory.load(CID) == everything
         for keep in range(1, len(everything) + 2):
             assert memory.load(CID, last_turns=keep) == last_turns(everything, keep)
+            # The async read is not trimmed again after it: it must be exact by itself.
+            assert run_sync(memory.aload(CID, last_turns=keep)) == last_turns(everything, keep)
     finally:
         memory.clear(CID)
         memory.close()

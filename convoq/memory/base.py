@@ -79,6 +79,10 @@ class StoredConversationMemory(ConversationMemory, ABC):
     ``_delete``. Their sync twins (``_read_blocking``...) run the async ones on the bridge
     loop unless a backend can do its I/O on the caller's thread, which skips the hop."""
 
+    # True in a backend whose async ``_read`` answers a new list of exactly the window's
+    # messages (the window is then not applied again here).
+    _reads_exact_windows = False
+
     async def aload(
         self,
         conversation_id: str,
@@ -107,10 +111,12 @@ class StoredConversationMemory(ConversationMemory, ABC):
 
     async def aload_window(self, conversation_id: str, window: Window) -> list[Message]:
         check_conversation_id(conversation_id)
-        # Backends may window at the source; this guarantees the contract for all of them.
+        # Backends may window at the source; this guarantees the contract for all of them
+        # (but those that read exactly the window: see _reads_exact_windows).
         if window.with_summary:
             return window.apply(await self._read_sent(conversation_id, window))
-        return window.apply(await self._read(conversation_id, window))
+        read = await self._read(conversation_id, window)
+        return read if self._reads_exact_windows else window.apply(read)
 
     # -- the rolling summary (see convoq.summary and convoq.compaction) ------------------
     async def asummary(self, conversation_id: str) -> Summary | None:

@@ -57,6 +57,9 @@ _STARTS, _CONTINUES = b"T", b"C"
 _BLOBS_FIELD = b"b="
 _TOKENS_FIELD = b"t="
 _WINDOW_FIELD = b"w="
+# What plain_bodies looks for: a header's first byte, and its attachments field.
+_STARTS_ONLY, _ANY_KIND = frozenset(_STARTS), frozenset(_STARTS + _CONTINUES)
+_BLOBS_MARK = b" " + _BLOBS_FIELD
 
 
 @dataclass
@@ -199,24 +202,22 @@ def decode_elements(
     return messages
 
 
-def plain_bodies(elements: list[bytes], *, starts_only: bool) -> list[memoryview] | None:
+def plain_bodies(elements: list[bytes], *, starts_only: bool) -> list[bytes] | None:
     """The JSON bodies (array brackets stripped; empty arrays left out) of elements that
     refer to no attachment, read from their header lines alone; None if an element refers
     to one, has no header, or (with ``starts_only``) does not start a turn."""
-    bodies: list[memoryview] = []
+    bodies: list[bytes] = []
+    kinds = _STARTS_ONLY if starts_only else _ANY_KIND
     for element in elements:
         newline = element.find(b"\n")
-        kind = element[:1]
-        if newline < 1 or (kind != _STARTS and (starts_only or kind != _CONTINUES)):
-            return None
-        if element.find(b" " + _BLOBS_FIELD, 1, newline) != -1:
+        if newline < 1 or element[0] not in kinds or element.find(_BLOBS_MARK, 1, newline) >= 0:
             return None
         if len(element) - newline > 3:  # more than "[]" after the header line
-            bodies.append(memoryview(element)[newline + 2 : -1])
+            bodies.append(element[newline + 2 : -1])
     return bodies
 
 
-def decode_bodies(bodies: list[memoryview]) -> list[Message]:
+def decode_bodies(bodies: list[bytes]) -> list[Message]:
     """The messages of :func:`plain_bodies`, validated in one compiled ``validate_json``.
 
     Raises:
@@ -228,7 +229,7 @@ def decode_bodies(bodies: list[memoryview]) -> list[Message]:
         raise _corrupt("the history", type(exc).__name__) from exc
 
 
-def _validate_run(bodies: list[memoryview]) -> list[Message]:
+def _validate_run(bodies: list[memoryview] | list[bytes]) -> list[Message]:
     if not bodies:
         return []
     return MessageList.validate_json(b"[" + b",".join(bodies) + b"]")

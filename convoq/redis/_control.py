@@ -134,9 +134,8 @@ class ControlMixin(ProtocolBase):
         if window.max_tokens is not None:  # a counter of the caller's own
             counted = counted_steps(self.keys, cid, window)
             return window.apply(await adrive(counted, self.scripts.perform))
-        return window.apply(
-            await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
-        )
+        # Exactly the window already: the last N whole turns (callers apply it anyway).
+        return await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
 
     async def sweep_candidates(
         self, *, approval_expiry: bool = True, expired: list[tuple[str, str]] | None = None
