@@ -5,7 +5,7 @@ the commands a plain turn and a waiter send, counted by the server."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis
@@ -36,6 +36,21 @@ def break_key(client: redis.Redis, key: str) -> None:
         client.hset(key, "not", "a string")
     else:
         client.set(key, "not what convoq stored here")
+
+
+async def refused_naming(
+    redis_client: redis.Redis,
+    proto: TurnProtocol,
+    key: str,
+    call: Callable[[], Awaitable[object]],
+) -> None:
+    """With ``key`` of another type, ``call`` fails naming it and changes nothing."""
+    break_key(redis_client, key)
+    before = snapshot(redis_client, proto.keys.prefix)
+    with pytest.raises(CorruptDataError) as caught:
+        await call()
+    assert caught.value.details["key"] == key
+    assert snapshot(redis_client, proto.keys.prefix) == before
 
 
 def with_file() -> list[Message]:
@@ -77,12 +92,9 @@ async def test_acquire_names_a_key_of_another_type_and_writes_nothing(
 ) -> None:
     await submit_all(proto, CID, "t1")
     key = ACQUIRE[name](proto.keys)
-    break_key(redis_client, key)
-    before = snapshot(redis_client, proto.keys.prefix)
-    with pytest.raises(CorruptDataError) as caught:
-        await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
-    assert caught.value.details["key"] == key
-    assert snapshot(redis_client, proto.keys.prefix) == before
+    await refused_naming(
+        redis_client, proto, key, lambda: proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SAVED_STATE))
@@ -94,12 +106,9 @@ async def test_acquire_of_a_turn_that_ran_before_names_its_saved_state_of_anothe
     assert first is not None
     assert await proto.release(CID, "t1", fence=first.fence)  # handed back unfinished
     key = SAVED_STATE[name](proto.keys)
-    break_key(redis_client, key)
-    before = snapshot(redis_client, proto.keys.prefix)
-    with pytest.raises(CorruptDataError) as caught:
-        await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
-    assert caught.value.details["key"] == key
-    assert snapshot(redis_client, proto.keys.prefix) == before
+    await refused_naming(
+        redis_client, proto, key, lambda: proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SAVED_STATE))
@@ -125,12 +134,7 @@ async def test_submit_names_a_key_of_another_type_and_writes_nothing(
     proto: TurnProtocol, redis_client: redis.Redis, name: str
 ) -> None:
     key = SUBMIT[name](proto.keys)
-    break_key(redis_client, key)
-    before = snapshot(redis_client, proto.keys.prefix)
-    with pytest.raises(CorruptDataError) as caught:
-        await submit_all(proto, CID, "t1")
-    assert caught.value.details["key"] == key
-    assert snapshot(redis_client, proto.keys.prefix) == before
+    await refused_naming(redis_client, proto, key, lambda: submit_all(proto, CID, "t1"))
 
 
 COMMIT = {
@@ -150,12 +154,14 @@ async def test_commit_names_a_key_of_another_type_and_writes_nothing(
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
     assert acquired is not None
     key = COMMIT[name](proto.keys)
-    break_key(redis_client, key)
-    before = snapshot(redis_client, proto.keys.prefix)
-    with pytest.raises(CorruptDataError) as caught:
-        await proto.commit(CID, "t1", with_file(), TurnEnding(fence=acquired.fence, lease_ms=LEASE))
-    assert caught.value.details["key"] == key
-    assert snapshot(redis_client, proto.keys.prefix) == before
+    await refused_naming(
+        redis_client,
+        proto,
+        key,
+        lambda: proto.commit(
+            CID, "t1", with_file(), TurnEnding(fence=acquired.fence, lease_ms=LEASE)
+        ),
+    )
 
 
 def _calls(client: redis.Redis) -> dict[str, int]:
