@@ -243,8 +243,15 @@ def test_a_resumed_turn_joins_its_submit_trace_and_errors_are_recorded(
     # resume kick started (another trace).
     (resume,) = [s for s in spans.get_finished_spans() if s.name == "convoq.resume"]
     resume_trace = f"{resume.context.trace_id:032x}"
-    drains = [s for s in file_spans(trace_file) if s["trace_id"] == resume_trace]
-    (drain,) = [s for s in drains if s["name"] == "convoq.drain"]
+
+    def drains() -> list[dict[str, Any]]:
+        spans_now = file_spans(trace_file)
+        return [
+            s for s in spans_now if s["trace_id"] == resume_trace and s["name"] == "convoq.drain"
+        ]
+
+    # A span is written when it ends, and the drain ends after the turn it ran.
+    (drain,) = wait_until(drains, what="the resume kick's drain span")
     resumed = park_runs[-1]
     assert [link["context"]["span_id"].removeprefix("0x") for link in resumed["links"]] == [
         drain["span_id"]
