@@ -24,7 +24,6 @@ from convoq.redis._codec import (
 )
 from convoq.redis._history import (
     CHUNK,
-    PLAIN_WINDOW_MAX,
     _blobs_steps,
     _raise_stored_errors,
     plain_window_steps,
@@ -77,7 +76,7 @@ def budget_steps(
     """The lead (then, ``with_summary``, the summary) plus the newest whole turns (at most
     ``keep``, 0: any number; never one the summary covers) that fit ``budget`` tokens by
     the counts stored with each element (None: any number)."""
-    if budget is None and with_summary and 0 < keep <= PLAIN_WINDOW_MAX:
+    if budget is None and with_summary:
         plain = yield from plain_window_steps(keys, cid, keep, with_summary=True)
         if plain is not None:  # no summary stored: the last turns, as without one
             return plain

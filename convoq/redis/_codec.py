@@ -57,7 +57,7 @@ _STARTS, _CONTINUES = b"T", b"C"
 _BLOBS_FIELD = b"b="
 _TOKENS_FIELD = b"t="
 _WINDOW_FIELD = b"w="
-# What plain_bodies looks for: a header's first byte, and its attachments field.
+# What plain_messages looks for: a header's first byte, and its attachments field.
 _STARTS_ONLY, _ANY_KIND = frozenset(_STARTS), frozenset(_STARTS + _CONTINUES)
 _BLOBS_MARK = b" " + _BLOBS_FIELD
 
@@ -202,12 +202,28 @@ def decode_elements(
     return messages
 
 
-def plain_bodies(elements: list[bytes], *, starts_only: bool) -> list[bytes] | None:
-    """The JSON bodies (array brackets stripped; empty arrays left out) of elements that
-    refer to no attachment, read from their header lines alone; None if an element refers
-    to one, has no header, or (with ``starts_only``) does not start a turn."""
+def plain_messages(
+    lead: list[bytes], elements: list[bytes], *, starts_only: bool
+) -> list[Message] | None:
+    """The messages of ``lead`` then ``elements``, validated in one compiled
+    ``validate_json``, read from their header lines alone when none refers to an
+    attachment; None if one does, one has no header, (with ``starts_only``) one of
+    ``elements`` does not start a turn, or they do not parse (the caller then reads them
+    the way that names the key at fault)."""
+    lead_bodies = _plain_bodies(lead, _ANY_KIND)
+    bodies = _plain_bodies(elements, _STARTS_ONLY if starts_only else _ANY_KIND)
+    if lead_bodies is None or bodies is None:
+        return None
+    try:
+        return _validate_run(lead_bodies + bodies)
+    except (ValueError, ValidationError):
+        return None
+
+
+def _plain_bodies(elements: list[bytes], kinds: frozenset[int]) -> list[bytes] | None:
+    """The JSON bodies (array brackets stripped; empty arrays left out) of elements whose
+    header's first byte is in ``kinds`` and which refer to no attachment, else None."""
     bodies: list[bytes] = []
-    kinds = _STARTS_ONLY if starts_only else _ANY_KIND
     for element in elements:
         newline = element.find(b"\n")
         if newline < 1 or element[0] not in kinds or element.find(_BLOBS_MARK, 1, newline) >= 0:
@@ -215,18 +231,6 @@ def plain_bodies(elements: list[bytes], *, starts_only: bool) -> list[bytes] | N
         if len(element) - newline > 3:  # more than "[]" after the header line
             bodies.append(element[newline + 2 : -1])
     return bodies
-
-
-def decode_bodies(bodies: list[bytes]) -> list[Message]:
-    """The messages of :func:`plain_bodies`, validated in one compiled ``validate_json``.
-
-    Raises:
-        CorruptDataError: they do not parse as messages (no key named: the caller knows).
-    """
-    try:
-        return _validate_run(bodies)
-    except (ValueError, ValidationError) as exc:
-        raise _corrupt("the history", type(exc).__name__) from exc
 
 
 def _validate_run(bodies: list[memoryview] | list[bytes]) -> list[Message]:

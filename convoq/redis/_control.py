@@ -134,7 +134,7 @@ class ControlMixin(ProtocolBase):
         if window.max_tokens is not None:  # a counter of the caller's own
             counted = counted_steps(self.keys, cid, window)
             return window.apply(await adrive(counted, self.scripts.perform))
-        # Exactly the window already: the last N whole turns (callers apply it anyway).
+        # Exactly the window already: the last N whole turns, nothing to trim.
         return await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
 
     async def sweep_candidates(

@@ -36,12 +36,11 @@ from convoq.redis._codec import (
     check_turn_size,
     collector_paused,
     counters_arg,
-    decode_bodies,
     decode_elements,
     encode_element,
     pairs_to_dict,
     parse_header,
-    plain_bodies,
+    plain_messages,
     text,
     usage_of,
 )
@@ -112,9 +111,7 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
     a window in one round trip, a whole history in bounded chunks."""
     window = last_turns or 0
     if window > 0:
-        plain = None
-        if window <= PLAIN_WINDOW_MAX:
-            plain = yield from plain_window_steps(keys, cid, window)
+        plain = yield from plain_window_steps(keys, cid, window)
         if plain is not None:
             return plain
         reply = yield ScriptCall("load", keys.history_keys(cid), [window])
@@ -134,7 +131,10 @@ def plain_window_steps(
     case: every element read starts a turn (or the whole list was read) and none refers to
     an attachment; ``with_summary``, also only while no summary is stored. Anything else
     (attachments, a turn stored in several elements, a summary, a malformed element) ends
-    with None: a script then reads it."""
+    with None: a script then reads it. So does a window of more than
+    :data:`PLAIN_WINDOW_MAX` turns, without reading anything here."""
+    if not 0 < window <= PLAIN_WINDOW_MAX:
+        return None
     meta, lead_key, turns_key = keys.meta(cid), keys.lead(cid), keys.turns(cid)
     commands: list[tuple[Any, ...]] = [
         ("HGET", meta, "format_version"),
@@ -150,15 +150,8 @@ def plain_window_steps(
         raise version_error(keys, cid, text(version))
     if with_summary and replies[3] is not None:
         return None
-    whole_list = len(elements) < window
-    bodies = plain_bodies(lead, starts_only=False)
-    turn_bodies = plain_bodies(elements, starts_only=not whole_list)
-    if bodies is None or turn_bodies is None:
-        return None
-    try:
-        return decode_bodies(bodies + turn_bodies)
-    except CorruptDataError:
-        return None  # the script names the key that holds it
+    # Fewer elements than asked for: the whole list, whatever its first element starts.
+    return plain_messages(lead, elements, starts_only=len(elements) == window)
 
 
 async def load_history(
@@ -177,7 +170,7 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
         lead, elements = read
         lead_key, turns_key = keys.lead(cid), keys.turns(cid)
         with collector_paused(len(elements)):
-            plain = _plain_messages([*lead, *elements])
+            plain = plain_messages(lead, elements, starts_only=False)
             if plain is not None:
                 return window_last_turns(plain, window or None)
             headers = [parse_header(e, key=turns_key) for e in elements]
@@ -191,18 +184,6 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
     raise ConversationMemoryError(
         f"the history of conversation {cid!r} kept being cleared while it was read; try again"
     )
-
-
-def _plain_messages(elements: list[bytes]) -> list[Message] | None:
-    """The messages of elements without attachments, decoded in one call; None when one
-    has attachments or does not parse (the header-by-header path then names the key)."""
-    bodies = plain_bodies(elements, starts_only=False)
-    if bodies is None:
-        return None
-    try:
-        return decode_bodies(bodies)
-    except CorruptDataError:
-        return None
 
 
 async def read_chunked(scripts: Scripts, keys: KeySchema, cid: str, window: int) -> list[Message]:
