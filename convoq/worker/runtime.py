@@ -145,19 +145,22 @@ class WorkerRuntime:
         if self._halted is not None:
             raise self._halted
         head, fence = _hints()
-        drain = self.runner.drain(conversation_id, head=head, fence=fence)
-        traced = _observed.traced_drain(drain, conversation_id, _kick_header(tracing.HEADER))
-        with self.backlog.slot():
-            return self.run(traced)
+        return self._run_drain(conversation_id, head, fence, _kick_header(tracing.HEADER))
 
     def _drain_kept(self, kept: Kept) -> None:
         """Run a conversation this process sent back in its own line (on a pool thread)."""
         if self._halted is not None or self._warm_shutdown:
             self._requeue(*kept)  # for another worker, at once
             return
-        drain = self.runner.drain(kept.conversation_id, head=kept.head, fence=kept.fence)
+        self._run_drain(kept.conversation_id, kept.head, kept.fence, None)
+
+    def _run_drain(
+        self, cid: str, head: str | None, fence: int, trace_header: str | None
+    ) -> DrainReport:
+        """A drain on the process's loop, holding a slot while it runs."""
+        drain = self.runner.drain(cid, head=head, fence=fence)
         with self.backlog.slot():
-            self.run(_observed.traced_drain(drain, kept.conversation_id, None))
+            return self.run(_observed.traced_drain(drain, cid, trace_header))
 
     def compact(self, conversation_id: str, agent: str) -> Summary | None:
         """Summarise the conversation if ``agent``'s compaction policy says so."""
