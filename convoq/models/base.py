@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from convoq.messages import Message
 
@@ -20,12 +20,51 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
+ToolChoice = Literal["auto", "required", "none"] | str
+"""``auto``, ``required``, ``none``, or the name of the one tool the model must call."""
+
+
+class ModelSettings(BaseModel):
+    """Sampling and tool-use settings of a request; ``None`` leaves the server's default.
+
+    Every model API maps these to its own fields (``max_tokens`` is Chat Completions'
+    ``max_completion_tokens``, Responses' ``max_output_tokens``, Anthropic's
+    ``max_tokens``); ``extra_body`` is merged into the request body last, for the rest.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop: list[str] | None = Field(default=None, max_length=4)
+    seed: int | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    extra_body: dict[str, Any] | None = None
+
+
+class OutputSpec(BaseModel):
+    """The shape the final answer must have: a JSON schema with a name. A model that
+    supports structured output is asked for it (``strict`` where the API has it); one that
+    does not gets it in its instructions; the engine validates the answer either way."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    json_schema: dict[str, Any]
+    strict: bool = True
+
+
 class ModelRequest(BaseModel):
     """Exactly what is sent: instructions as a leading system message, the history window,
-    the current turn so far; and the tools on offer."""
+    the current turn so far; the tools on offer; the settings and the output shape asked
+    for (``None``: the model's own defaults, free text)."""
 
     messages: list[Message]
     tools: list[ToolSpec] = Field(default_factory=list)
+    settings: ModelSettings | None = None
+    output: OutputSpec | None = None
 
 
 @runtime_checkable
