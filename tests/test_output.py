@@ -1,0 +1,216 @@
+"""Typed outputs in process: the shape asked of the model, the answer validated and typed,
+retried with the errors, then OutputValidationError; sync, async and streamed alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from convoq import Agent, Message, ToolCall, tool
+from convoq.errors import InvalidOutputTypeError, OutputValidationError, error_from_data
+from convoq.memory import InMemoryConversationMemory
+from convoq.messages import MessageRole
+from convoq.models import ModelRequest, OutputSpec, ScriptedModel
+from convoq.output import output_shape
+
+
+class City(BaseModel):
+    name: str
+    population: int
+
+
+@dataclass
+class Point:
+    x: float
+    y: float
+
+
+CITY_SCHEMA: dict[str, Any] = {
+    "title": "City",
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "population": {"type": "integer", "minimum": 0}},
+    "required": ["name", "population"],
+    "additionalProperties": False,
+}
+
+
+def answers(*replies: Any) -> tuple[ScriptedModel, list[ModelRequest]]:
+    """A scripted model giving ``replies`` in order, and the requests it saw."""
+    seen: list[ModelRequest] = []
+    pending = list(replies)
+
+    def fn(request: ModelRequest) -> Any:
+        seen.append(request)
+        return pending.pop(0)
+
+    return ScriptedModel(fn), seen
+
+
+def test_a_pydantic_output_is_asked_for_validated_and_typed() -> None:
+    model, seen = answers({"name": "Oslo", "population": 700000})
+    response = Agent(model, output_type=City).generate("Which city?")
+    assert response.output == City(name="Oslo", population=700000)
+    assert response.output_data == {"name": "Oslo", "population": 700000}
+    assert response.text == '{"name":"Oslo","population":700000}'  # as the model sent it
+    spec = seen[0].output
+    assert spec is not None and spec.name == "City" and spec.strict is True
+    assert spec.json_schema["additionalProperties"] is False
+    assert spec.json_schema["required"] == ["name", "population"]
+
+
+def test_a_dataclass_and_a_json_schema_are_output_types_too() -> None:
+    model, _ = answers(Point(1.5, 2))
+    assert Agent(model, output_type=Point).generate("Where?").output == Point(1.5, 2.0)
+    model, seen = answers('{"name": "Bergen", "population": 285000}')
+    response = Agent(model, output_type=CITY_SCHEMA).generate("Which city?")
+    assert response.output == {"name": "Bergen", "population": 285000}
+    assert seen[0].output == OutputSpec(name="City", json_schema=CITY_SCHEMA, strict=True)
+
+
+def test_optional_fields_make_the_request_non_strict() -> None:
+    class Maybe(BaseModel):
+        name: str
+        note: str | None = None
+
+    shape = output_shape(Maybe)
+    assert shape is not None and shape.spec.strict is False
+    assert output_shape({"type": "object", "properties": {"a": {"type": "string"}}}) is not None
+
+
+def test_a_bad_answer_goes_back_with_its_errors_and_the_retry_is_stored() -> None:
+    memory = InMemoryConversationMemory()
+    model, seen = answers({"name": "Oslo"}, "```json\n" + '{"name": "Oslo", "population": 7}\n```')
+    agent = Agent(model, output_type=City, memory=memory, conversation_id="c")
+    response = agent.generate("Which city?")
+    assert response.output == City(name="Oslo", population=7)
+    retry = seen[1].messages[-1]
+    assert retry.role == MessageRole.SYSTEM
+    assert "$.population: Field required" in retry.text
+    assert seen[1].messages[-2].text == '{"name":"Oslo"}'  # the rejected answer, as sent
+    stored = memory.load("c")
+    # What was really exchanged, in one turn: the user message is still the only one.
+    roles = [m.role.value for m in stored]
+    assert roles == ["user", "assistant", "system", "assistant"]
+    assert response.usage.requests == 2
+
+
+def test_retries_are_bounded_then_output_validation_error_carries_the_last_answer() -> None:
+    memory = InMemoryConversationMemory()
+    model, seen = answers("not json", '{"name": 3}', "never sent")
+    agent = Agent(model, output_type=City, output_retries=1, memory=memory, conversation_id="c")
+    with pytest.raises(OutputValidationError) as raised:
+        agent.generate("Which city?")
+    err = raised.value
+    assert err.answer == '{"name": 3}'
+    assert "$.name: Input should be a valid string" in err.errors
+    assert "output_retries" in err.message
+    assert len(seen) == 2  # one answer, one retry
+    assert memory.load("c") == []  # a failed turn stores nothing
+    # The error survives the trips errors take between processes.
+    back = error_from_data(err.to_data())
+    assert isinstance(back, OutputValidationError) and back.answer == '{"name": 3}'
+    assert pickle.loads(pickle.dumps(err)).errors == err.errors
+
+
+def test_zero_retries_fail_at_the_first_bad_answer() -> None:
+    model, seen = answers("{}")
+    with pytest.raises(OutputValidationError, match="after 0 retries"):
+        Agent(model, output_type=City, output_retries=0).generate("Which city?")
+    assert len(seen) == 1
+
+
+def test_a_model_without_structured_output_gets_the_schema_in_its_instructions() -> None:
+    seen: list[ModelRequest] = []
+
+    def fn(request: ModelRequest) -> str:
+        seen.append(request)
+        return '{"name": "Oslo", "population": 1}'
+
+    model = ScriptedModel(fn, structured_output=False)
+    Agent(model, "Be brief.", output_type=City).generate("Which city?")
+    lead = seen[0].messages[0]
+    assert lead.role == MessageRole.SYSTEM and lead.text.startswith("Be brief.\n\n")
+    assert '"population"' in lead.text and "JSON" in lead.text
+    # A model that declares structured output gets the instructions as they are.
+    model, seen = answers({"name": "Oslo", "population": 1})
+    Agent(model, "Be brief.", output_type=City).generate("Which city?")
+    assert seen[0].messages[0].text == "Be brief."
+
+
+def test_a_call_overrides_the_agents_output_type() -> None:
+    model, seen = answers({"x": 1, "y": 2}, "free text")
+    agent = Agent(model, output_type=City)
+    assert agent.generate("Where?", output_type=Point).output == Point(1, 2)
+    assert seen[0].output is not None and seen[0].output.name == "Point"
+    plain = Agent(answers("free text")[0])
+    assert plain.generate("hi").output is None
+
+
+def test_async_and_stream_give_the_typed_output() -> None:
+    model, _ = answers({"name": "A", "population": 1}, {"name": "B", "population": 2})
+    agent = Agent(model, output_type=City)
+    response = asyncio.run(agent.agenerate("one"))
+    assert response.output == City(name="A", population=1)
+    events = list(agent.stream("two"))
+    done = events[-1]
+    assert done.type == "done" and done.data["output"] == {"name": "B", "population": 2}
+
+
+def test_tool_calls_come_first_and_only_the_final_answer_is_validated() -> None:
+    @tool
+    def census(city: str) -> str:
+        """Population of a city."""
+        return "700000"
+
+    call = Message.assistant("", [ToolCall(id="c1", name="census", arguments={"city": "Oslo"})])
+    model, seen = answers(call, {"name": "Oslo", "population": 700000})
+    response = Agent(model, output_type=City, tools=[census]).generate("Which city?")
+    assert response.output == City(name="Oslo", population=700000)
+    assert all(r.output is not None for r in seen)
+
+
+def test_a_resumed_turn_keeps_its_output_type() -> None:
+    @tool(requires_approval=True)
+    def book(city: str) -> str:
+        """Book a trip."""
+        return "booked"
+
+    call = Message.assistant("", [ToolCall(id="c1", name="book", arguments={"city": "Oslo"})])
+    model, seen = answers(call, {"x": 0, "y": 1})
+    agent = Agent(model, tools=[book])
+    paused = agent.generate("Book it", output_type=Point)
+    assert paused.status == "awaiting_approval"
+    cont = json.loads(paused.continuation.model_dump_json())  # type: ignore[union-attr]
+    # Resumed from JSON: the spec came along; the type given back makes it typed.
+    assert agent.resume(cont, {"c1": True}, output_type=Point).output == Point(0, 1)
+    assert seen[1].output is not None and seen[1].output.name == "Point"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        int,
+        str,
+        City(name="a", population=1),  # an instance, not a type
+        {"type": "string"},  # the answer's top level is an object
+        {"type": "object", "patternProperties": {"^a": {}}},  # not checked: refused
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)"}}},
+        {"type": "object", "properties": {"a": {"type": "strange"}}},
+        {"type": "object", "properties": {"a": {"$ref": "https://example.test/s.json"}}},
+        {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5000)}},
+    ],
+)
+def test_bad_output_types_are_refused_before_any_model_call(bad: Any) -> None:
+    model, seen = answers("unused")
+    with pytest.raises(InvalidOutputTypeError) as raised:
+        Agent(model, output_type=bad)
+    assert str(raised.value)
+    with pytest.raises(InvalidOutputTypeError):
+        Agent(model).generate("hi", output_type=bad)
+    assert seen == []
