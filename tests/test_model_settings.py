@@ -11,10 +11,10 @@ from pydantic import BaseModel
 
 from convoq import Agent, tool
 from convoq.errors import InvalidModelSettingsError
+from convoq.messages import Message
 from convoq.model_settings import coerce_settings, merge_settings
 from convoq.models import ModelRequest, ModelSettings, OutputSpec, ScriptedModel, openai
 from convoq.models._openai_wire import build_body
-from convoq.messages import Message
 from tests.support.openai_server import OpenAIServer
 
 
@@ -96,7 +96,7 @@ def test_bad_settings_are_refused_before_any_model_call(bad: Any) -> None:
 
 def test_a_named_tool_choice_must_name_a_tool_of_the_agent() -> None:
     model, seen = recording()
-    with pytest.raises(InvalidModelSettingsError, match="'search'.*lookup"):
+    with pytest.raises(InvalidModelSettingsError, match=r"'search'.*lookup"):
         Agent(model, tools=[lookup], model_settings={"tool_choice": "search"})
     agent = Agent(model, tools=[lookup])
     with pytest.raises(InvalidModelSettingsError, match="search"):
