@@ -153,9 +153,11 @@ def test_bad_settings_and_schemas_are_refused_and_nothing_is_queued(
     redis_url: str, redis_client: redis.Redis, key_prefix: str,
     options: dict[str, Any], error: type[Exception],
 ) -> None:  # fmt: skip
-    with Client(redis_url, prefix=key_prefix, partitions=4, agents=["chat"]) as c:
-        with pytest.raises(error) as raised:
-            c.submit("c1", "hello", agent="chat", **options)
+    with (
+        Client(redis_url, prefix=key_prefix, partitions=4, agents=["chat"]) as c,
+        pytest.raises(error) as raised,
+    ):
+        c.submit("c1", "hello", agent="chat", **options)
     assert str(raised.value)
     _nothing_queued(redis_client, key_prefix)
 
