@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from convoq.cli import app
 from convoq.client import Client
 from convoq.errors import InvalidModelSettingsError, InvalidOutputTypeError, OutputValidationError
+from tests.support.gateway import GatewayProcess, module_gateway
 from tests.support.openai_server import OpenAIServer
 from tests.support.output_agents import City
 from tests.support.redis_server import RedisServer
@@ -173,3 +176,72 @@ def test_submit_keeps_settings_and_the_output_spec_in_the_record(
     assert options["model_settings"] == {"temperature": 0.5}
     assert options["output"]["name"] == "City"
     assert options["output"]["json_schema"]["required"] == ["name", "population"]
+
+
+# -- the gateway and the command line -----------------------------------------------------
+gateway = module_gateway()
+
+
+def test_the_gateway_takes_settings_and_a_schema_and_shows_the_output(
+    gateway: GatewayProcess, server: OpenAIServer, pool: WorkerPool, redis_client: redis.Redis
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    server.reply_text('{"ok": true}')
+    start = len(server.requests)
+    cid = _cid("http")
+    with gateway.client() as http:
+        body = {"message": "OK?", "agent": "chat", "output_schema": schema,
+                "model_settings": {"top_p": 0.25}}  # fmt: skip
+        accepted = http.post(f"/v1/conversations/{cid}/turns", json=body)
+        assert accepted.status_code == 202, accepted.text
+        tid = accepted.json()["turn_id"]
+        view = http.get(f"/v1/conversations/{cid}/turns/{tid}", params={"wait": 30}).json()
+        assert view["status"] == "succeeded" and view["output"] == {"ok": True}
+        assert server.requests[start].json["top_p"] == 0.25
+        # Bad settings or schema: problem+json naming the error, nothing written.
+        bad_cid = _cid("http-bad")
+        for bad in ({"model_settings": {"top_p": 3}}, {"output_schema": {"type": "string"}}):
+            refused = http.post(
+                f"/v1/conversations/{bad_cid}/turns", json={"message": "x", "agent": "chat", **bad}
+            )
+            assert refused.status_code == 422, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["error"]["type"] in (
+                "InvalidModelSettingsError", "InvalidOutputTypeError",
+            )  # fmt: skip
+    assert list(redis_client.scan_iter(match=f"{pool.prefix}:{{{bad_cid}}}*")) == []
+
+
+def test_convoq_submit_takes_settings_and_a_schema(
+    pool: WorkerPool, server: OpenAIServer, redis_client: redis.Redis
+) -> None:
+    runner = CliRunner()
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}})
+    server.reply_text('{"n": 7}')
+    start = len(server.requests)
+    cid = _cid("cli")
+    args = ["submit", cid, "A number?", "--agent", "chat", "--temperature", "0.5",
+            "--model-settings", '{"seed": 5, "temperature": 1.0}', "--output-schema", schema,
+            "--wait"]  # fmt: skip
+    result = runner.invoke(app, args, env=pool.env)
+    assert result.exit_code == 0, result.output
+    assert "succeeded" in result.output and '{"n": 7}' in result.output
+    body = server.requests[start].json
+    # --temperature wins over the same key in --model-settings.
+    assert (body["temperature"], body["seed"]) == (0.5, 5)
+    assert body["response_format"]["json_schema"]["schema"] == json.loads(schema)
+    bad_cid = _cid("cli-bad")
+    for bad in (["--temperature", "7"], ["--model-settings", "{nope"],
+                ["--model-settings", "[1]"], ["--output-schema", '{"type": "array"}']):  # fmt: skip
+        refused = runner.invoke(app, ["submit", bad_cid, "x", "--agent", "chat", *bad],
+                                env=pool.env)  # fmt: skip
+        assert refused.exit_code == 1
+        message = refused.output + (refused.stderr if refused.stderr_bytes is not None else "")
+        assert "Traceback" not in message and ("model-settings" in message or "schema" in message
+                                               or "model_settings" in message)  # fmt: skip
+    assert list(redis_client.scan_iter(match=f"{pool.prefix}:{{{bad_cid}}}*")) == []
