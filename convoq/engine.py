@@ -147,7 +147,7 @@ class TurnLoop:
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(
                 "the model stopped at its token limit (finish_reason 'length'), its answer"
-                " cut off; raise the model's max_completion_tokens, shorten the input, or"
+                " cut off; raise max_tokens (model_settings), shorten the input, or"
                 " keep such answers with fail_on_length=False",
                 finish_reason="length",
                 usage=reply.usage.model_dump() if reply.usage else None,

@@ -243,7 +243,7 @@ def assemble(
         if finish == "length":
             raise TruncatedAnswerError(
                 "the model hit its token limit before answering; raise max_tokens"
-                " (extra_body={'max_completion_tokens': ...}) or shorten the input",
+                " (model_settings={'max_tokens': ...}) or shorten the input",
                 finish_reason=finish,
             )
         raise ModelError(
