@@ -38,7 +38,7 @@ from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, check_tool_choice, coerce_settings, merge_settings
 from convoq.models.base import Model, ModelSettings, OutputSpec
-from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape
+from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape, shape_for
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
@@ -484,12 +484,7 @@ class Agent:
 
     def _resumed_shape(self, cont: Continuation, given: OutputShape | None) -> OutputShape | None:
         """The output shape a resumed turn started with, typed where a type is known."""
-        if cont.output is None:
-            return None
-        for shape in (given, self.output):
-            if shape is not None and shape.spec == cont.output:
-                return shape
-        return output_shape(cont.output)
+        return None if cont.output is None else shape_for(cont.output, given, self.output)
 
 
 class _Asked(NamedTuple):

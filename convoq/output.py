@@ -181,6 +181,15 @@ def spec_from_data(data: Any) -> OutputShape:
     return shape
 
 
+def shape_for(spec: OutputSpec, *known: OutputShape | None) -> OutputShape:
+    """The shape of ``spec`` (kept as JSON with a turn): the first of ``known`` with that
+    very spec, so the answer comes back typed; else one checking the spec's schema."""
+    for shape in known:
+        if shape is not None and shape.spec == spec:
+            return shape
+    return spec_from_data(spec.model_dump(mode="json"))
+
+
 def typed(value: Any, output_type: OutputType | None) -> Any:
     """A turn's output JSON (``value``) as ``output_type`` (None or a schema: unchanged).
 

@@ -13,11 +13,19 @@ import pytest
 from pydantic import BaseModel
 
 from convoq import Agent, Message, ToolCall, tool
-from convoq.errors import InvalidOutputTypeError, OutputValidationError, error_from_data
+from convoq.engine import Completed, TurnLoop
+from convoq.errors import (
+    ConvoqError,
+    InvalidOutputTypeError,
+    OutputValidationError,
+    error_from_data,
+)
 from convoq.memory import InMemoryConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, OutputSpec, ScriptedModel
 from convoq.output import output_shape
+from convoq.tools import ToolRegistry
+from convoq.turn_state import TurnState
 
 
 class City(BaseModel):
@@ -214,3 +222,72 @@ def test_bad_output_types_are_refused_before_any_model_call(bad: Any) -> None:
     with pytest.raises(InvalidOutputTypeError):
         Agent(model).generate("hi", output_type=bad)
     assert seen == []
+
+
+def test_a_turn_run_again_from_its_journal_goes_on_where_it_was() -> None:
+    # The journal holds the rejected answer and the retry prompt: a rerun asks once more,
+    # it does not start the retries over nor re-ask the first question.
+    shape = output_shape(City)
+    assert shape is not None
+    first = Message.assistant('{"name": "Oslo"}')
+    journaled = TurnState(messages=[Message.user("Which city?"), first], steps=1)
+    journaled.messages.append(shape.judge(journaled.messages, 1))  # type: ignore[arg-type]
+    model, seen = answers({"name": "Oslo", "population": 1})
+    loop = TurnLoop(model=model, tools=ToolRegistry(), history=[], output=shape, output_retries=1)
+    outcome = asyncio.run(loop.run(journaled.model_copy(deep=True)))
+    assert isinstance(outcome, Completed) and outcome.output is not None
+    assert outcome.output.value == City(name="Oslo", population=1) and len(seen) == 1
+    # Journaled with the retry spent and a second bad answer: it fails without a call.
+    spent = journaled.model_copy(deep=True)
+    spent.messages.append(Message.assistant("{}"))
+    model, seen = answers()
+    loop = TurnLoop(model=model, tools=ToolRegistry(), history=[], output=shape, output_retries=1)
+    with pytest.raises(OutputValidationError, match="after 1 retries"):
+        asyncio.run(loop.run(spent))
+    assert seen == []
+
+
+class _PlainModel:
+    """A model of the user's own that says nothing about structured output."""
+
+    name = "plain"
+
+    def __init__(self) -> None:
+        self.requests: list[ModelRequest] = []
+
+    async def request(self, request: ModelRequest, *, on_text_delta: Any = None) -> Message:
+        self.requests.append(request)
+        return Message.assistant('{"x": 1, "y": 2}')
+
+
+def test_a_model_that_declares_nothing_gets_the_schema_in_its_instructions() -> None:
+    model = _PlainModel()
+    assert Agent(model, output_type=Point).generate("Where?").output == Point(1, 2)
+    lead = model.requests[0].messages[0]
+    assert lead.role == MessageRole.SYSTEM and '"x"' in lead.text
+
+
+def test_a_resumed_turn_is_typed_by_the_agents_type_or_comes_back_as_json() -> None:
+    @tool(requires_approval=True)
+    def book(city: str) -> str:
+        """Book a trip."""
+        return "booked"
+
+    def paused(agent: Agent, **call: Any) -> dict[str, Any]:
+        response = agent.generate("Book it", **call)
+        assert response.continuation is not None
+        return json.loads(response.continuation.model_dump_json())
+
+    call = Message.assistant("", [ToolCall(id="c1", name="book", arguments={"city": "Oslo"})])
+    model, _ = answers(call, {"x": 0, "y": 1}, call, {"x": 2, "y": 3})
+    typed_agent = Agent(model, tools=[book], output_type=Point)
+    assert typed_agent.resume(paused(typed_agent), {"c1": True}).output == Point(0, 1)
+    # A call's own type that the resuming side does not give: the output is its JSON.
+    plain = Agent(model, tools=[book])
+    assert plain.resume(paused(plain, output_type=Point), {"c1": True}).output == {"x": 2, "y": 3}
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
+def test_bad_output_retries_are_refused(bad: Any) -> None:
+    with pytest.raises(ConvoqError, match="output_retries"):
+        Agent(ScriptedModel(lambda _r: "x"), output_retries=bad)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from convoq.cli import app
 from convoq.client import Client
 from convoq.errors import InvalidModelSettingsError, InvalidOutputTypeError, OutputValidationError
+from convoq.queue.signing import MAX_TEXT_CHARS, build_payload
 from tests.support.gateway import GatewayProcess, module_gateway
 from tests.support.openai_server import OpenAIServer
 from tests.support.output_agents import City
@@ -129,6 +130,33 @@ def test_a_resumed_turn_still_answers_in_its_output_type(client: Client) -> None
     assert parked.status == "awaiting_approval"
     handle.approve(parked.pending_approvals[0].id)
     assert handle.wait(30, output_type=City).output == City(name="Oslo", population=1)
+
+
+def test_wait_types_the_text_of_a_turn_that_had_no_output_type(
+    client: Client, server: OpenAIServer
+) -> None:
+    server.reply_text('{"name": "Bergen", "population": 285000}')
+    server.reply_text("Bergen, I think.")
+    first = client.submit(_cid("plain"), "Which city?", agent="chat")
+    assert first.wait(30).output is None  # no output type: no output
+    assert first.wait(30, output_type=City).output == City(name="Bergen", population=285000)
+    second = client.submit(_cid("plain"), "Which city?", agent="chat")
+    with pytest.raises(OutputValidationError):
+        second.wait(30, output_type=City)
+
+
+def test_the_webhook_leaves_out_an_output_larger_than_its_text_limit() -> None:
+    small = json.loads(build_payload(**_FINISHED, output={"a": 1}))
+    assert (small["output"], small["output_truncated"]) == ({"a": 1}, False)
+    big = json.loads(build_payload(**_FINISHED, output={"a": "x" * MAX_TEXT_CHARS}))
+    assert (big["output"], big["output_truncated"]) == (None, True)
+    assert "output" not in json.loads(build_payload(**_FINISHED))  # a turn without one
+
+
+_FINISHED: dict[str, Any] = {
+    "conversation_id": "c", "turn_id": "t", "status": "succeeded", "agent": "a",
+    "text": "", "error": None, "finished_ms": 1,
+}  # fmt: skip
 
 
 def _nothing_queued(r: redis.Redis, prefix: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from convoq.agent import Agent
 from convoq.model_settings import check_tool_choice, coerce_settings, merge_settings
 from convoq.models.base import ModelSettings
-from convoq.output import OutputShape, spec_from_data
+from convoq.output import OutputShape, shape_for, spec_from_data
 
 
 def asked_of(
@@ -28,7 +28,5 @@ def asked_of(
     data = options.get("output")
     if data is None:
         return settings, profile.output
-    shape = spec_from_data(data)
-    if profile.output is not None and profile.output.spec == shape.spec:
-        return settings, profile.output  # the profile's own type: validated by its class
-    return settings, shape
+    # The profile's own type when the spec is its own: validated by its class.
+    return settings, shape_for(spec_from_data(data).spec, profile.output)
