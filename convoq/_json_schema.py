@@ -44,8 +44,13 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 _MAX_DEPTH = 64
 
 
-def check_schema(schema: Any, path: str = "#") -> None:
-    """Refuse a schema this module cannot check in full (the keyword and place named)."""
+def check_schema(schema: Any, path: str = "#", depth: int = 0) -> None:
+    """Refuse a schema this module cannot check in full (the keyword and place named), or
+    nested deeper than it checks values."""
+    if depth > _MAX_DEPTH:
+        raise InvalidOutputTypeError(
+            f"the JSON schema is nested deeper than {_MAX_DEPTH} at {path[:200]}"
+        )
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
@@ -75,7 +80,7 @@ def check_schema(schema: Any, path: str = "#") -> None:
             )
         _pattern(schema["pattern"], path)
     for key, sub in _subschemas(schema):
-        check_schema(sub, f"{path}/{key}")
+        check_schema(sub, f"{path}/{key}", depth + 1)
 
 
 def _subschemas(schema: dict[str, Any]) -> list[tuple[str, Any]]:

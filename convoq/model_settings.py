@@ -23,6 +23,7 @@ SettingsLike = ModelSettings | Mapping[str, Any]
 """A :class:`ModelSettings`, or a dict of its fields (as JSON gives them)."""
 
 MAX_EXTRA_BODY_BYTES = 16 * 1024
+MAX_STOP_CHARS = 256
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CHOICES = ("auto", "required", "none")
 
@@ -57,6 +58,11 @@ def coerce_settings(value: SettingsLike | None) -> ModelSettings | None:
         ) from None
     _check_tool_choice_form(settings.tool_choice)
     _check_extra_body(settings.extra_body)
+    if any(not 0 < len(stop) <= MAX_STOP_CHARS for stop in settings.stop or []):
+        raise InvalidModelSettingsError(
+            f"model_settings.stop: each stop sequence has 1 to {MAX_STOP_CHARS} characters",
+            field="stop",
+        )
     return settings
 
 
@@ -76,7 +82,7 @@ def _check_extra_body(extra: dict[str, Any] | None) -> None:
         return
     try:
         size = len(json.dumps(extra, allow_nan=False).encode())
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidModelSettingsError(
             f"model_settings.extra_body must be plain JSON (it travels with the turn): {exc}",
             field="extra_body",

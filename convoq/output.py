@@ -208,17 +208,27 @@ def _checked_spec(name: str, schema: Any) -> OutputSpec:
             "an output JSON schema must describe an object ({'type': 'object', ...}): the"
             " answer's top level is a JSON object"
         )
+    _check_size(schema)  # first: a huge or deeply nested schema is not walked
     _json_schema.check_schema(schema)
     return _spec(name, schema)
 
 
 def _spec(name: str, schema: dict[str, Any]) -> OutputSpec:
-    size = len(json.dumps(schema).encode())
+    _check_size(schema)
+    return OutputSpec(name=name, json_schema=schema, strict=_strict_ready(schema))
+
+
+def _check_size(schema: dict[str, Any]) -> None:
+    try:
+        size = len(json.dumps(schema, allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidOutputTypeError(
+            f"the output schema is not plain JSON ({type(exc).__name__})"
+        ) from None
     if size > MAX_OUTPUT_SCHEMA_BYTES:
         raise InvalidOutputTypeError(
             f"the output schema is {size} bytes as JSON; at most {MAX_OUTPUT_SCHEMA_BYTES}"
         )
-    return OutputSpec(name=name, json_schema=schema, strict=_strict_ready(schema))
 
 
 def _spec_name(name: str) -> str:

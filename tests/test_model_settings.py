@@ -64,6 +64,13 @@ def test_merge_keeps_the_base_where_the_override_says_nothing() -> None:
     assert merged == ModelSettings(temperature=0.1, stop=["y"], tool_choice="none")
 
 
+def _deep(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 BAD_SETTINGS: list[Any] = [
     {"temperature": 2.5},
     {"temperature": "hot"},
@@ -73,17 +80,20 @@ BAD_SETTINGS: list[Any] = [
     {"seed": 1.5},
     {"stop": "end"},  # a list of strings
     {"stop": ["a", "b", "c", "d", "e"]},  # at most 4
+    {"stop": ["x" * 257]},  # each bounded
+    {"stop": [""]},
     {"tool_choice": "call me!"},  # not a tool name
     {"tool_choice": 3},
     {"parallel_tool_calls": "yes"},
     {"extra_body": {"x": float("nan")}},  # not JSON
     {"extra_body": {"x": "y" * 20000}},  # over MAX_EXTRA_BODY_BYTES
+    {"extra_body": _deep(5000)},  # deeper than JSON encodes
     {"temprature": 0.5},  # unknown field (typo)
     "temperature=0.5",
 ]
 
 
-@pytest.mark.parametrize("bad", BAD_SETTINGS, ids=repr)
+@pytest.mark.parametrize("bad", BAD_SETTINGS)
 def test_bad_settings_are_refused_before_any_model_call(bad: Any) -> None:
     model, seen = recording()
     with pytest.raises(InvalidModelSettingsError) as raised:

@@ -200,6 +200,13 @@ def test_a_resumed_turn_keeps_its_output_type() -> None:
     assert seen[1].output is not None and seen[1].output.name == "Point"
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -212,6 +219,8 @@ def test_a_resumed_turn_keeps_its_output_type() -> None:
         {"type": "object", "properties": {"a": {"type": "strange"}}},
         {"type": "object", "properties": {"a": {"$ref": "https://example.test/s.json"}}},
         {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5000)}},
+        _nested(100),  # deeper than values are checked
+        _nested(5000),  # deeper than JSON encodes: still a clear error
     ],
 )
 def test_bad_output_types_are_refused_before_any_model_call(bad: Any) -> None:
