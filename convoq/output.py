@@ -35,6 +35,7 @@ OutputType = type[Any] | dict[str, Any]
 DEFAULT_OUTPUT_RETRIES = 1
 MAX_OUTPUT_SCHEMA_BYTES = 64 * 1024
 _MAX_ERRORS = 20
+_MAX_ERROR_CHARS = 300
 # The last answer an OutputValidationError carries travels in the turn's record: bounded.
 MAX_ANSWER_CHARS = 64 * 1024
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n```$", re.DOTALL)
@@ -97,7 +98,8 @@ class OutputShape:
             if spent >= retries:
                 raise OutputValidationError(
                     f"the model's answer does not fit the output type {self.spec.name!r}"
-                    f" after {spent} retries: {'; '.join(exc.errors[:3])}; raise"
+                    f" after {spent} {'retry' if spent == 1 else 'retries'}:"
+                    f" {'; '.join(exc.errors[:3])}; raise"
                     " output_retries, loosen the type, or use a model that supports"
                     " structured output",
                     answer=answer.text[:MAX_ANSWER_CHARS],
@@ -288,5 +290,5 @@ def _invalid(text: str, errors: list[str]) -> OutputValidationError:
     return OutputValidationError(
         f"the answer does not fit the output type: {'; '.join(errors[:3])}",
         answer=text[:MAX_ANSWER_CHARS],
-        errors=errors[:_MAX_ERRORS],
+        errors=[e[:_MAX_ERROR_CHARS] for e in errors[:_MAX_ERRORS]],
     )

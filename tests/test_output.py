@@ -23,7 +23,7 @@ from convoq.errors import (
 from convoq.memory import InMemoryConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, OutputSpec, ScriptedModel
-from convoq.output import output_shape
+from convoq.output import MAX_ANSWER_CHARS, output_shape
 from convoq.tools import ToolRegistry
 from convoq.turn_state import TurnState
 
@@ -251,7 +251,7 @@ def test_a_turn_run_again_from_its_journal_goes_on_where_it_was() -> None:
     spent.messages.append(Message.assistant("{}"))
     model, seen = answers()
     loop = TurnLoop(model=model, tools=ToolRegistry(), history=[], output=shape, output_retries=1)
-    with pytest.raises(OutputValidationError, match="after 1 retries"):
+    with pytest.raises(OutputValidationError, match="after 1 retry:"):
         asyncio.run(loop.run(spent))
     assert seen == []
 
@@ -300,3 +300,13 @@ def test_a_resumed_turn_is_typed_by_the_agents_type_or_comes_back_as_json() -> N
 def test_bad_output_retries_are_refused(bad: Any) -> None:
     with pytest.raises(ConvoqError, match="output_retries"):
         Agent(ScriptedModel(lambda _r: "x"), output_retries=bad)
+
+
+def test_the_error_of_a_huge_answer_is_bounded() -> None:
+    huge = '{"name": "' + "x" * 100_000 + '"}'
+    model, _ = answers(huge)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}}}
+    with pytest.raises(OutputValidationError) as raised:
+        Agent(model, output_type=schema, output_retries=0).generate("Name?")
+    assert len(raised.value.answer) == MAX_ANSWER_CHARS
+    assert raised.value.errors and all(len(e) <= 300 for e in raised.value.errors)
