@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,12 +22,13 @@ from convoq.errors import (
     OutputValidationError,
     error_from_data,
 )
-from convoq.memory import InMemoryConversationMemory
+from convoq.memory import ConversationMemory, InMemoryConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, OutputSpec, ScriptedModel
 from convoq.output import MAX_ANSWER_CHARS, output_shape
 from convoq.tools import ToolRegistry
 from convoq.turn_state import TurnState
+from tests.support.memory_backends import backend_url, close_memory, make_memory
 
 
 class City(BaseModel):
@@ -310,3 +313,33 @@ def test_the_error_of_a_huge_answer_is_bounded() -> None:
         Agent(model, output_type=schema, output_retries=0).generate("Name?")
     assert len(raised.value.answer) == MAX_ANSWER_CHARS
     assert raised.value.errors and all(len(e) <= 300 for e in raised.value.errors)
+
+
+@pytest.fixture(params=["in_memory", "file", "redis"])
+def memory(
+    request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str
+) -> Iterator[ConversationMemory]:
+    url = backend_url(request, request.param)
+    memory = make_memory(request.param, tmp_path, url, key_prefix)
+    yield memory
+    close_memory(memory)
+
+
+def test_a_retried_turn_is_stored_and_windowed_as_one_turn(memory: ConversationMemory) -> None:
+    model, seen = answers(
+        {"x": 1}, {"x": 1, "y": 2},  # the first turn: rejected once, then fits
+        {"x": 3, "y": 4}, {"x": 5, "y": 6}, {"x": 7, "y": 8},
+    )  # fmt: skip
+    agent = Agent(model, output_type=Point, memory=memory, conversation_id="c")
+    agent.generate("first")
+    agent.generate("second")
+    roles = [m.role.value for m in memory.load("c")]
+    assert roles == ["user", "assistant", "system", "assistant", "user", "assistant"]
+    # The retry prompt did not open a turn: the last two turns are all six messages.
+    agent.generate("third", keep_last_turns=2)
+    assert [m.text for m in seen[-1].messages if m.role == MessageRole.USER] == [
+        "first", "second", "third",
+    ]  # fmt: skip
+    assert len(seen[-1].messages) == 7
+    agent.generate("fourth", keep_last_turns=1)
+    assert [m.text for m in seen[-1].messages] == ["third", '{"x":5,"y":6}', "fourth"]
