@@ -153,7 +153,9 @@ def output_shape(output_type: OutputType | OutputSpec | OutputShape | None) -> O
     if output_type is None or isinstance(output_type, OutputShape):
         return output_type
     if isinstance(output_type, OutputSpec):
-        return OutputShape(_checked_spec(output_type.name, output_type.json_schema))
+        # Checked like any schema, but sent as given (its own ``strict`` included).
+        _checked_spec(output_type.name, output_type.json_schema)
+        return OutputShape(output_type)
     if isinstance(output_type, dict):
         name = output_type.get("title") if isinstance(output_type.get("title"), str) else None
         return OutputShape(_checked_spec(_spec_name(name or "output"), output_type))

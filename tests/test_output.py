@@ -91,6 +91,10 @@ def test_optional_fields_make_the_request_non_strict() -> None:
 
     shape = output_shape(Maybe)
     assert shape is not None and shape.spec.strict is False
+    # An OutputSpec given as is keeps its own strict flag.
+    spec = OutputSpec(name="m", json_schema=shape.spec.json_schema, strict=True)
+    given = output_shape(spec)
+    assert given is not None and given.spec is spec
     assert output_shape({"type": "object", "properties": {"a": {"type": "string"}}}) is not None
 
 
