@@ -114,6 +114,18 @@ def test_an_output_schema_given_at_submit_is_asked_for_and_checked(
     assert [m.role.value for m in result.turn] == ["user", "assistant", "system", "assistant"]
 
 
+def test_a_pydantic_type_given_at_submit_comes_back_typed(
+    client: Client, server: OpenAIServer
+) -> None:
+    server.reply_text('{"name": "Tromso", "population": 77000, "extra": 1}')
+    server.reply_text('{"name": "Tromso", "population": 77000}')
+    handle = client.submit(_cid("class"), "Which city?", agent="chat", output_schema=City)
+    # The worker knows no City: it checks the class's schema, closed to extra keys.
+    result = handle.wait(30, output_type=City)
+    assert result.output == City(name="Tromso", population=77000)
+    assert "property 'extra' is not allowed" in result.turn[2].text
+
+
 def test_a_turn_whose_answer_never_fits_fails_with_the_last_answer(client: Client) -> None:
     cid = _cid("stubborn")
     handle = client.submit(cid, "Which city?", agent="stubborn")
