@@ -18,7 +18,8 @@ Layers, top down (a module imports only from layers below; checked by import-lin
     agent                                       the in-process Agent
     engine | compaction                         THE turn loop; rolling summaries
     memory                                      ConversationMemory backends
-    redis | tools | loaders | queue | responses store, tools, the queue contract
+    redis | tools | loaders | queue |           store, tools, the queue contract,
+      responses | output | model_settings      what a call asks and answers
     models                                      Model protocol, OpenAI wire, scripted
     turn_state | window | limits | summary      the data model ...
     tokens, messages

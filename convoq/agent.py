@@ -36,7 +36,9 @@ from convoq.memory._reservations import now_ms
 from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
-from convoq.models.base import Model
+from convoq.model_settings import SettingsLike, check_tool_choice, coerce_settings, merge_settings
+from convoq.models.base import Model, ModelSettings, OutputSpec
+from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape, shape_for
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
@@ -81,6 +83,13 @@ class Agent:
             the summary and the turns after it.
         approval_ttl_s: how long a turn awaiting approval keeps its conversation; after
             that its continuation is refused (default ``defaults.APPROVAL_TTL_S``).
+        output_type: the shape of the final answer (a pydantic model, a dataclass or an
+            object JSON schema; see :mod:`convoq.output`): the model is asked for it, the
+            answer is validated and ``Response.output`` holds it typed. None: free text.
+        output_retries: answers that do not fit ``output_type`` sent back to the model
+            with the errors before OutputValidationError.
+        model_settings: :class:`ModelSettings` (or a dict of its fields) sent with every
+            model request; a call's own are merged over them.
     """
 
     def __init__(
@@ -101,6 +110,9 @@ class Agent:
         busy_timeout_s: float = 30.0,
         approval_ttl_s: float = defaults.APPROVAL_TTL_S,
         compaction: CompactionPolicy | None = None,
+        output_type: OutputType | None = None,
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
+        model_settings: SettingsLike | None = None,
     ) -> None:
         if if_busy not in ("reject", "wait"):
             raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
@@ -110,6 +122,10 @@ class Agent:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
         if max_steps < 1:
             raise ConvoqError("max_steps must be >= 1")
+        if isinstance(output_retries, bool) or not isinstance(output_retries, int):
+            raise ConvoqError("output_retries must be an int >= 0")
+        if output_retries < 0:
+            raise ConvoqError("output_retries must be >= 0 (0: no retry)")
         self.model = model
         self.instructions = instructions
         self.memory = as_memory(memory) if memory is not None else None
@@ -117,6 +133,10 @@ class Agent:
             check_conversation_id(conversation_id) if conversation_id is not None else None
         )
         self.tools = ToolRegistry(tools)
+        self.output = output_shape(output_type)
+        self.output_retries = output_retries
+        self.model_settings = coerce_settings(model_settings)
+        check_tool_choice(self.model_settings, [t.name for t in self.tools.specs()])
         self.keep_last_turns = keep_last_turns
         self.max_history_tokens = check_budget(max_history_tokens)
         self.token_counter = token_counter
@@ -136,11 +156,15 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        output_type: OutputType | None = None,
+        model_settings: SettingsLike | None = None,
     ) -> Response:
-        """Run one turn and return its response (see :class:`Response`); ``keep_last_turns``
-        and ``max_history_tokens`` override the agent's for this call."""
+        """Run one turn and return its response (see :class:`Response`); ``keep_last_turns``,
+        ``max_history_tokens`` and ``output_type`` override the agent's for this call,
+        ``model_settings`` are merged over the agent's."""
         window = _Limits(keep_last_turns, max_history_tokens)
-        return await self._start(input, conversation_id, window, ignore_event)
+        asked = self._asked(output_type, model_settings)
+        return await self._start(input, conversation_id, window, ignore_event, asked)
 
     async def astream(
         self,
@@ -149,8 +173,13 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        output_type: OutputType | None = None,
+        model_settings: SettingsLike | None = None,
     ) -> AsyncIterator[TurnEvent]:
-        """Run one turn, yielding its events; the last one is ``done`` with the status."""
+        """Run one turn, yielding its events; the last one is ``done`` with the status
+        (and ``output``, the validated answer as JSON, with an output type). Arguments
+        as :meth:`agenerate`."""
+        asked = self._asked(output_type, model_settings)
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
 
         async def emit(event: TurnEvent) -> None:
@@ -159,7 +188,7 @@ class Agent:
         async def run() -> Response:
             try:
                 window = _Limits(keep_last_turns, max_history_tokens)
-                return await self._start(input, conversation_id, window, emit)
+                return await self._start(input, conversation_id, window, emit, asked)
             finally:
                 await queue.put(None)
 
@@ -175,14 +204,24 @@ class Agent:
                 await asyncio.gather(task, return_exceptions=True)
         done: dict[str, Any] = {"status": response.status, "text": response.text}
         done |= {"usage": response.usage.model_dump(), "finish_reason": response.finish_reason}
+        if response.output_data is not None:
+            done["output"] = response.output_data
         yield TurnEvent(type="done", data=done)
 
     async def aresume(
-        self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]
+        self,
+        continuation: Continuation | dict[str, Any] | str,
+        decisions: dict[str, Any],
+        *,
+        output_type: OutputType | None = None,
     ) -> Response:
         """Go on with a paused turn: ``{call_id: True}`` approves, ``False`` (or a
-        :class:`Decision` with a reason) denies. The completed turn is stored once."""
+        :class:`Decision` with a reason) denies. The completed turn is stored once. The
+        turn keeps the output spec and settings it started with; ``output_type`` gives
+        its output back typed (else the agent's type when the spec is the agent's, else
+        JSON)."""
         cont = parse_continuation(continuation)
+        shape = self._resumed_shape(cont, output_shape(output_type))
         for call_id, value in decisions.items():
             cont.state.decide(call_id, *parse_decision(value))
         if cont.expires_ms is not None and now_ms() >= cont.expires_ms:
@@ -197,7 +236,7 @@ class Agent:
         except BaseException:
             await self._release(cont)
             raise
-        return await self._finish(cont, history, cont.state, ignore_event)
+        return await self._finish(cont, history, cont.state, ignore_event, shape)
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
@@ -214,6 +253,8 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        output_type: OutputType | None = None,
+        model_settings: SettingsLike | None = None,
     ) -> Response:
         """Blocking :meth:`agenerate`."""
         return run_sync(
@@ -222,6 +263,8 @@ class Agent:
                 conversation_id=conversation_id,
                 keep_last_turns=keep_last_turns,
                 max_history_tokens=max_history_tokens,
+                output_type=output_type,
+                model_settings=model_settings,
             )
         )
 
@@ -232,6 +275,8 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        output_type: OutputType | None = None,
+        model_settings: SettingsLike | None = None,
     ) -> Iterator[TurnEvent]:
         """Blocking :meth:`astream`."""
         return iterate_sync(
@@ -240,14 +285,20 @@ class Agent:
                 conversation_id=conversation_id,
                 keep_last_turns=keep_last_turns,
                 max_history_tokens=max_history_tokens,
+                output_type=output_type,
+                model_settings=model_settings,
             )
         )
 
     def resume(
-        self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]
+        self,
+        continuation: Continuation | dict[str, Any] | str,
+        decisions: dict[str, Any],
+        *,
+        output_type: OutputType | None = None,
     ) -> Response:
         """Blocking :meth:`aresume`."""
-        return run_sync(self.aresume(continuation, decisions))
+        return run_sync(self.aresume(continuation, decisions, output_type=output_type))
 
     def discard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Blocking :meth:`adiscard`."""
@@ -260,6 +311,7 @@ class Agent:
         conversation_id: str | None,
         limits: _Limits,
         emit: EventSink,
+        asked: _Asked,
     ) -> Response:
         keep = self.keep_last_turns if limits.keep_last_turns is None else limits.keep_last_turns
         if keep < 0:
@@ -273,8 +325,9 @@ class Agent:
             cont = Continuation(
                 token=_token(), uses_memory=False, history=input.messages[:-1],
                 state=TurnState.start(input.messages[-1]), agent=self.name,
+                output=asked.spec, model_settings=asked.settings,
             )  # fmt: skip
-            return await self._finish(cont, cont.history, cont.state, emit)
+            return await self._finish(cont, cont.history, cont.state, emit, asked.shape)
         if not isinstance(input, str | Message):
             raise InvalidMessageError(
                 f"expected a str, a user Message or a GenerationRequest, got"
@@ -288,7 +341,7 @@ class Agent:
         cont = Continuation(
             token=_token(), conversation_id=cid, agent=self.name, keep_last_turns=keep,
             max_history_tokens=budget, uses_memory=self.memory is not None and cid is not None,
-            state=TurnState.start(message),
+            state=TurnState.start(message), output=asked.spec, model_settings=asked.settings,
         )  # fmt: skip
         await self._claim(cont, resume=False)
         try:
@@ -297,7 +350,7 @@ class Agent:
         except BaseException:
             await self._release(cont)
             raise
-        return await self._finish(cont, history, cont.state, emit)
+        return await self._finish(cont, history, cont.state, emit, asked.shape)
 
     async def _load_history(self, cont: Continuation) -> list[Message]:
         stored = self._memory_of(cont)
@@ -325,12 +378,14 @@ class Agent:
         history: list[Message],
         state: TurnState,
         emit: EventSink,
+        shape: OutputShape | None,
     ) -> Response:
         """Run the loop under the turn's reservation, then park, store or release."""
         loop = TurnLoop(
             model=self.model, tools=self.tools, history=history,
             instructions=self.instructions, max_steps=self.max_steps, emit=emit,
-            fail_on_length=self.fail_on_length,
+            fail_on_length=self.fail_on_length, settings=cont.model_settings, output=shape,
+            output_retries=self.output_retries,
         )  # fmt: skip
         try:
             outcome: Outcome = await loop.run(state)
@@ -352,6 +407,8 @@ class Agent:
             text=outcome.text, turn=outcome.messages, status="completed",
             conversation_id=cont.conversation_id, usage=outcome.usage,
             finish_reason=outcome.finish_reason, refusal=outcome.refusal,
+            output=outcome.output.value if outcome.output else None,
+            output_data=outcome.output.data if outcome.output else None,
         )  # fmt: skip
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)
@@ -417,6 +474,28 @@ class Agent:
         if cont.expires_ms is not None:
             return cont.expires_ms
         return now_ms() + int(self.approval_ttl_s * 1000)
+
+    def _asked(self, output_type: OutputType | None, settings: SettingsLike | None) -> _Asked:
+        """A call's output shape and settings (checked before anything runs)."""
+        shape = output_shape(output_type) if output_type is not None else self.output
+        merged = merge_settings(self.model_settings, coerce_settings(settings))
+        check_tool_choice(merged, [t.name for t in self.tools.specs()])
+        return _Asked(shape, merged)
+
+    def _resumed_shape(self, cont: Continuation, given: OutputShape | None) -> OutputShape | None:
+        """The output shape a resumed turn started with, typed where a type is known."""
+        return None if cont.output is None else shape_for(cont.output, given, self.output)
+
+
+class _Asked(NamedTuple):
+    """What a call asks of the model: the answer's shape and the settings."""
+
+    shape: OutputShape | None
+    settings: ModelSettings | None
+
+    @property
+    def spec(self) -> OutputSpec | None:
+        return self.shape.spec if self.shape is not None else None
 
 
 class _Limits(NamedTuple):

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from convoq import _cli_transfer
+from convoq._cli_asks import submit_asks
 from convoq._cli_render import (
     console,
     err_console,
@@ -181,10 +182,19 @@ def submit(
     max_history_tokens: Annotated[
         int | None, typer.Option(help="Send the newest whole turns that fit this many tokens.")
     ] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Tokens the answer may use.")] = None,
+    model_settings: Annotated[
+        str | None, typer.Option(help="Model settings as JSON, e.g. '{\"seed\": 7}'.")
+    ] = None,
+    output_schema: Annotated[
+        str | None, typer.Option(help="JSON schema of the object the answer must fit.")
+    ] = None,
 ) -> None:
     """Queue a turn; print its id (and with --wait, its result)."""
     s = _settings()
-    with reported():  # attachments are checked before any connection is made
+    with reported():  # attachments and settings are checked before any connection is made
+        asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -197,6 +207,7 @@ def submit(
             keep_last_turns=keep_last_turns,
             callback_url=callback_url,
             max_history_tokens=max_history_tokens,
+            **asked,
         )
         console.print(f"turn [bold]{handle.turn_id}[/bold] queued for {conversation_id}")
         if wait:

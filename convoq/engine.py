@@ -17,8 +17,9 @@ from typing import Any
 
 from convoq.errors import MaxStepsExceededError, TruncatedAnswerError, TurnCancelledError
 from convoq.messages import Message, MessageRole, ToolCall
-from convoq.models.base import Model, ModelRequest
+from convoq.models.base import Model, ModelRequest, ModelSettings
 from convoq.observe import metrics, tracing
+from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
 from convoq.tools import ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.usage import Usage, turn_usage
@@ -33,6 +34,7 @@ class Completed:
 
     messages: list[Message]
     steps: int = 0
+    output: TypedOutput | None = None  # the validated answer, when the turn has an output type
 
     @property
     def text(self) -> str:
@@ -88,7 +90,9 @@ async def _never_stop() -> bool:
 class TurnLoop:
     """Everything a turn needs besides its state. One object per turn run.
     ``fail_on_length``: a model answer cut off at its token limit fails the turn
-    (TruncatedAnswerError) instead of being kept with ``finish_reason == "length"``."""
+    (TruncatedAnswerError) instead of being kept with ``finish_reason == "length"``.
+    ``settings`` go with every model request; with ``output`` the final answer is
+    validated (:mod:`convoq.output`), retried ``output_retries`` times with the errors."""
 
     model: Model
     tools: ToolRegistry
@@ -99,6 +103,9 @@ class TurnLoop:
     emit: EventSink = ignore_event
     checkpoint: Checkpoint = _no_checkpoint
     should_stop: StopCheck = _never_stop
+    settings: ModelSettings | None = None
+    output: OutputShape | None = None
+    output_retries: int = DEFAULT_OUTPUT_RETRIES
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
@@ -114,7 +121,8 @@ class TurnLoop:
             elif last.role == MessageRole.ASSISTANT and state.steps > 0:
                 # An assistant message the turn did not produce (the end of a
                 # GenerationRequest) is input: the model still has to answer.
-                return Completed(list(state.messages), state.steps)
+                if (completed := await self._final(state)) is not None:
+                    return completed
             else:
                 await self._call_model(state)
 
@@ -125,8 +133,12 @@ class TurnLoop:
                 " raise max_steps or check the tools",
                 max_steps=self.max_steps,
             )
-        lead = [Message.system(self.instructions)] if self.instructions else []
-        request = ModelRequest(messages=lead + self.history + state.messages, tools=self._specs)
+        instructions = instructions_for(self.instructions, self.output, self.model)
+        lead = [Message.system(instructions)] if instructions else []
+        request = ModelRequest(
+            messages=lead + self.history + state.messages, tools=self._specs,
+            settings=self.settings, output=self.output.spec if self.output else None,
+        )  # fmt: skip
 
         async def on_delta(text: str) -> None:
             await self.emit(TurnEvent(type="text_delta", data={"text": text}))
@@ -135,7 +147,7 @@ class TurnLoop:
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(
                 "the model stopped at its token limit (finish_reason 'length'), its answer"
-                " cut off; raise the model's max_completion_tokens, shorten the input, or"
+                " cut off; raise max_tokens (model_settings), shorten the input, or"
                 " keep such answers with fail_on_length=False",
                 finish_reason="length",
                 usage=reply.usage.model_dump() if reply.usage else None,
@@ -144,6 +156,18 @@ class TurnLoop:
         state.messages.append(reply)
         await self.checkpoint(state)
         await self.emit(TurnEvent(type="assistant", data=_assistant_data(reply)))
+
+    async def _final(self, state: TurnState) -> Completed | None:
+        """The turn's end, or None when an answer that does not fit the output type was
+        answered with a retry prompt (journaled: a rerun goes on from there)."""
+        if self.output is None:
+            return Completed(list(state.messages), state.steps)
+        verdict = self.output.judge(state.messages, self.output_retries)
+        if isinstance(verdict, TypedOutput):
+            return Completed(list(state.messages), state.steps, verdict)
+        state.messages.append(verdict)
+        await self.checkpoint(state)
+        return None
 
     async def _ask(
         self, request: ModelRequest, on_delta: Callable[[str], Awaitable[None]], step: int

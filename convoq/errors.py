@@ -15,7 +15,10 @@
     ├── ModelError                     the model call failed or answered nonsense
     │   ├── ModelHTTPError             the model endpoint answered an HTTP error
     │   ├── ModelTimeoutError          the model call ran past its deadline
-    │   └── TruncatedAnswerError       the model stopped at its token limit (finish "length")
+    │   ├── TruncatedAnswerError       the model stopped at its token limit (finish "length")
+    │   └── OutputValidationError      the answer did not fit the output type, retries spent
+    ├── InvalidModelSettingsError      model settings that cannot be sent (the field is named)
+    ├── InvalidOutputTypeError         an output type that is no model, dataclass or schema
     ├── ToolError                      a tool is unknown or its arguments are invalid
     ├── MaxStepsExceededError          the model/tool loop did not finish in max_steps
     ├── ProtocolError                  a turn-protocol script refused a transition
@@ -126,6 +129,37 @@ class ModelTimeoutError(ModelError):
 class TruncatedAnswerError(ModelError):
     """The model stopped at its token limit (``finish_reason == "length"``): the answer is
     cut off, or there is none."""
+
+
+class OutputValidationError(ModelError):
+    """The model's final answer did not fit the turn's output type, also after
+    ``output_retries`` retries with the errors; ``answer`` is its last answer as sent,
+    ``errors`` what was wrong with it."""
+
+    def __init__(
+        self, message: str, *, answer: str = "", errors: list[str] | None = None, **details: Any
+    ) -> None:
+        super().__init__(message, answer=answer, errors=list(errors or []), **details)
+
+    # Read from details, so the fields survive to_data()/error_from_data() and pickling
+    # with nothing to restore.
+    @property
+    def answer(self) -> str:
+        return str(self.details.get("answer", ""))
+
+    @property
+    def errors(self) -> list[str]:
+        return [str(e) for e in self.details.get("errors") or []]
+
+
+class InvalidModelSettingsError(ConvoqError):
+    """Model settings that cannot be sent: an unknown field, a value out of range, a
+    tool_choice naming no tool; ``field`` names it."""
+
+
+class InvalidOutputTypeError(ConvoqError):
+    """An output type that is not a pydantic model, a dataclass or an object JSON schema
+    convoq can check."""
 
 
 class ToolError(ConvoqError):

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from convoq.errors import ConvoqError
 from convoq.messages import Message, ToolCall
+from convoq.models.base import ModelSettings, OutputSpec
 from convoq.turn_state import Decision, TurnState
 from convoq.usage import Usage
 
@@ -28,6 +29,9 @@ class Continuation(BaseModel):
     history: list[Message] = Field(default_factory=list)
     state: TurnState
     expires_ms: int | None = None
+    # What the turn asks of the model, kept so a resumed turn asks the same.
+    output: OutputSpec | None = None
+    model_settings: ModelSettings | None = None
 
     @property
     def pending(self) -> list[ToolCall]:
@@ -41,7 +45,10 @@ class Response(BaseModel):
     made; all counts 0 when the server reports none). ``finish_reason``: why the final
     model call stopped (``"length"``: the answer was cut off at the token limit).
     ``refusal``: the model's refusal text when it refused instead of answering (``text``
-    is then usually empty).
+    is then usually empty). ``output``: with an output type, the validated answer as that
+    type gives it (a model instance, a dataclass, a dict for a JSON schema); ``text`` is
+    the answer as the model sent it, which is also what is stored. ``output_data``: the
+    same as JSON.
     """
 
     text: str
@@ -53,6 +60,8 @@ class Response(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
     refusal: str | None = None
+    output: Any = None
+    output_data: Any = None
 
 
 def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:

@@ -23,6 +23,8 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
 from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import GenerationRequest, Message, coerce_user_message
+from convoq.model_settings import SettingsLike, coerce_settings, settings_to_data
+from convoq.output import OutputType, output_shape, spec_from_data
 from convoq.window import check_budget
 
 IfBusy = Literal["queue", "reject"]
@@ -56,6 +58,8 @@ def build_submission(
     callback_url: str | None = None,
     if_busy: str = "queue",
     max_history_tokens: int | None = None,
+    model_settings: SettingsLike | None = None,
+    output_schema: OutputType | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
 
@@ -88,6 +92,7 @@ def build_submission(
         options["max_history_tokens"] = max_history_tokens
     if callback_url is not None:
         options["callback_url"] = check_callback_url(callback_url)
+    options.update(asked_options(model_settings, output_schema))
     return Submission(
         conversation_id=cid,
         turn_id=new_turn_id(),
@@ -97,6 +102,26 @@ def build_submission(
         idempotency_key=check_idempotency_key(idempotency_key),
         if_busy=check_if_busy(if_busy),
     )
+
+
+def asked_options(settings: SettingsLike | None, output: OutputType | None) -> dict[str, Any]:
+    """What a turn asks of the model, as the JSON its record keeps: ``model_settings``
+    and ``output`` (an OutputSpec; a worker checks answers against its JSON schema, so
+    the schema is checked here as a worker will, before anything is queued).
+
+    Raises:
+        InvalidModelSettingsError, InvalidOutputTypeError: nothing is queued.
+    """
+    options: dict[str, Any] = {}
+    checked = settings_to_data(coerce_settings(settings))
+    if checked:
+        options["model_settings"] = checked
+    shape = output_shape(output)
+    if shape is not None:
+        options["output"] = spec_from_data(shape.spec.model_dump(mode="json")).spec.model_dump(
+            mode="json"
+        )
+    return options
 
 
 def check_attachments(message: Message, limits: Limits) -> None:

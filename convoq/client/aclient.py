@@ -39,8 +39,10 @@ from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits, queue_limits
 from convoq.messages import Message
+from convoq.model_settings import SettingsLike
 from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
+from convoq.output import OutputType
 from convoq.queue import routing
 from convoq.queue.signing import verify_signature
 from convoq.queue.transport import (
@@ -240,6 +242,8 @@ class AsyncClient:
         on_done: OnDone | None = None,
         if_busy: Literal["queue", "reject"] = "queue",
         max_history_tokens: int | None = None,
+        model_settings: SettingsLike | None = None,
+        output_schema: OutputType | None = None,
     ) -> AsyncTurnHandle:
         """Queue a turn and return its handle at once.
 
@@ -254,11 +258,18 @@ class AsyncClient:
             if_busy: ``"reject"`` raises ConversationBusyError while a turn is in progress.
             max_history_tokens: send only the newest whole turns that fit this many tokens
                 (overrides the profile; see :class:`convoq.window.Window`).
+            model_settings: :class:`ModelSettings` or a dict of its fields, merged over
+                the profile's for this turn.
+            output_schema: the answer's shape for this turn (a pydantic model, a dataclass
+                or an object JSON schema; overrides the profile's output type): workers
+                validate the answer against its JSON schema and the result carries it as
+                JSON (``wait(output_type=...)`` gives it back typed).
 
         Raises:
             InvalidConversationIdError, InvalidMessageError, AttachmentError,
             InvalidCallbackUrlError (also for a loopback, private or other non-public
-            address), UnknownAgentError, ConversationBusyError, QueueFullError (a limit
+            address), UnknownAgentError, InvalidModelSettingsError,
+            InvalidOutputTypeError, ConversationBusyError, QueueFullError (a limit
             on queued turns: ``CONVOQ_MAX_QUEUED_*``): nothing was queued.
         """
         sub = build_submission(
@@ -272,6 +283,8 @@ class AsyncClient:
             callback_url=callback_url,
             if_busy=if_busy,
             max_history_tokens=max_history_tokens,
+            model_settings=model_settings,
+            output_schema=output_schema,
         )
         if "callback_url" in sub.options:
             await self._callback_policy.check_url(sub.options["callback_url"])

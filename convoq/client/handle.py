@@ -7,6 +7,8 @@ BLOCK``), not by polling, and re-raises a failed turn's error on the caller's si
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
+from convoq.output import OutputType, output_shape
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
 from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
@@ -45,6 +48,8 @@ class TurnResult:
         usage: tokens the turn's model calls reported, summed (when succeeded).
         finish_reason: why the final model call stopped (``"length"``: cut off).
         refusal: the model's refusal text, when it refused instead of answering.
+        output: with an output type, the validated answer as JSON (typed when it comes
+            from ``wait(output_type=...)``).
     """
 
     conversation_id: str
@@ -58,6 +63,7 @@ class TurnResult:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     refusal: str | None = None
+    output: Any = None
 
     @property
     def ok(self) -> bool:
@@ -90,7 +96,22 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         usage=Usage.model_validate(data["usage"]) if data.get("usage") else Usage(),
         finish_reason=data.get("finish_reason"),
         refusal=data.get("refusal"),
+        output=data.get("output"),
     )
+
+
+def typed_result(result: TurnResult, output_type: OutputType) -> TurnResult:
+    """``result`` with its output as ``output_type`` (a turn that had none: its text,
+    parsed). Only a succeeded turn has an output; others are returned as they are.
+
+    Raises:
+        OutputValidationError: the output does not fit ``output_type``.
+    """
+    shape = output_shape(output_type)
+    if shape is None or not result.ok:
+        return result
+    text = result.text if result.output is None else json.dumps(result.output)
+    return dataclasses.replace(result, output=shape.parse(text).value)
 
 
 def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
@@ -155,13 +176,17 @@ class AsyncTurnHandle:
         *,
         raise_on_error: bool = True,
         return_on_approval: bool = False,
+        output_type: OutputType | None = None,
     ) -> TurnResult:
         """Block until the turn is final (or parked, with ``return_on_approval``).
+        ``output_type``: the succeeded turn's ``output`` comes back as that type (a
+        pydantic model or a dataclass) instead of JSON.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
             the turn's error (rebuilt from its record) if it failed or was cancelled and
             ``raise_on_error`` is true.
+            OutputValidationError: the output does not fit ``output_type``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
@@ -170,6 +195,8 @@ class AsyncTurnHandle:
             if not protocol.acks.enabled or await self._replicated(record):
                 break
         result = result_from_record(record)
+        if output_type is not None:
+            result = typed_result(result, output_type)
         return result.raise_for_error() if raise_on_error else result
 
     async def _replicated(self, record: TurnRecord) -> bool:

@@ -37,6 +37,16 @@ class TurnRequest(BaseModel):
     callback_url: str | None = Field(
         default=None, description="Gets one signed POST when the turn is final."
     )
+    model_settings: dict[str, Any] | None = Field(
+        default=None,
+        description="temperature, max_tokens, top_p, stop, seed, tool_choice,"
+        " parallel_tool_calls, extra_body: merged over the profile's (JSON body only).",
+    )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="The JSON schema of an object the answer must fit; the result's"
+        " output holds it validated (JSON body only).",
+    )
 
 
 class TurnLinks(BaseModel):
@@ -69,6 +79,7 @@ class TurnView(BaseModel):
     usage: Usage = Field(default_factory=Usage, description="Tokens its model calls reported.")
     finish_reason: str | None = Field(default=None, description='"length": cut off.')
     refusal: str | None = Field(default=None, description="The model's refusal, if it refused.")
+    output: Any = Field(default=None, description="The validated answer (with an output type).")
     created_ms: int
     started_ms: int | None = None
     finished_ms: int | None = None
@@ -96,6 +107,7 @@ class TurnView(BaseModel):
             usage=Usage.model_validate(data["usage"]) if done and data.get("usage") else Usage(),
             finish_reason=data.get("finish_reason") if done else None,
             refusal=data.get("refusal") if done else None,
+            output=data.get("output") if done else None,
             created_ms=record.created_ms,
             started_ms=record.started_ms,
             finished_ms=record.finished_ms,

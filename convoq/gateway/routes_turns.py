@@ -100,6 +100,8 @@ async def submit_turn(
         max_history_tokens=body.max_history_tokens,
         callback_url=body.callback_url,
         if_busy=body.if_busy,
+        model_settings=body.model_settings,
+        output_schema=body.output_schema,
     )
     links = _links(request, handle.conversation_id, handle.turn_id)
     response.headers["Location"] = links.self

@@ -16,7 +16,7 @@ from typing import Any
 
 from convoq.errors import ModelError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
-from convoq.models.base import ModelRequest, ToolSpec
+from convoq.models.base import ModelRequest, ModelSettings, OutputSpec, ToolSpec
 from convoq.usage import Usage
 
 Json = dict[str, Any]
@@ -24,17 +24,61 @@ _EXCERPT = 200
 
 
 def build_body(
-    model: str, request: ModelRequest, *, stream: bool, extra_body: Mapping[str, Any] | None
+    model: str,
+    request: ModelRequest,
+    *,
+    stream: bool,
+    extra_body: Mapping[str, Any] | None,
+    structured_output: bool = True,
 ) -> Json:
-    """The JSON body of ``POST /chat/completions``; ``extra_body`` keys win."""
+    """The JSON body of ``POST /chat/completions``: the request's settings as their wire
+    fields, its output spec as ``response_format`` (unless ``structured_output`` is False:
+    the server cannot take one), then ``extra_body`` (the model's), then the settings'
+    own ``extra_body``: the keys merged last win."""
     body: Json = {"model": model, "messages": [wire_message(m) for m in request.messages]}
     if request.tools:
         body["tools"] = [wire_tool(t) for t in request.tools]
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+    if request.output is not None and structured_output:
+        body["response_format"] = wire_output(request.output)
+    body.update(wire_settings(request.settings, has_tools=bool(request.tools)))
     body.update(extra_body or {})
+    if request.settings is not None:
+        body.update(request.settings.extra_body or {})
     return body
+
+
+def wire_settings(settings: ModelSettings | None, *, has_tools: bool) -> Json:
+    """Chat Completions fields for ``settings`` (unset ones are left to the server).
+    ``tool_choice`` and ``parallel_tool_calls`` go only with tools: the API refuses them
+    on a request without any."""
+    if settings is None:
+        return {}
+    fields: Json = {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_completion_tokens": settings.max_tokens,
+        "stop": settings.stop,
+        "seed": settings.seed,
+    }
+    if has_tools:
+        fields["tool_choice"] = _wire_tool_choice(settings.tool_choice)
+        fields["parallel_tool_calls"] = settings.parallel_tool_calls
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _wire_tool_choice(choice: str | None) -> str | Json | None:
+    if choice is None or choice in ("auto", "required", "none"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def wire_output(spec: OutputSpec) -> Json:
+    """``response_format`` asking for ``spec``'s JSON schema."""
+    schema: Json = {"name": spec.name, "schema": spec.json_schema, "strict": spec.strict}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def wire_tool(spec: ToolSpec) -> Json:
@@ -199,7 +243,7 @@ def assemble(
         if finish == "length":
             raise TruncatedAnswerError(
                 "the model hit its token limit before answering; raise max_tokens"
-                " (extra_body={'max_completion_tokens': ...}) or shorten the input",
+                " (model_settings={'max_tokens': ...}) or shorten the input",
                 finish_reason=finish,
             )
         raise ModelError(

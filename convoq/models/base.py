@@ -69,7 +69,13 @@ class ModelRequest(BaseModel):
 
 @runtime_checkable
 class Model(Protocol):
-    """A chat model. ``on_text_delta``, when given, receives text as it streams."""
+    """A chat model. ``on_text_delta``, when given, receives text as it streams.
+
+    A model whose API takes ``request.output`` (a JSON schema to answer in) says so with
+    an attribute ``structured_output = True``; for any other model the engine puts the
+    schema in the instructions. Within a turn, a system message after the user message is
+    the engine asking again for an answer that did not fit the output type.
+    """
 
     name: str
 

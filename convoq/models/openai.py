@@ -48,13 +48,20 @@ class OpenAIChatModel:
             None: no limit. ModelTimeoutError when either runs out.
         max_retries: further attempts after a retryable status (408, 409, 429, 5xx, or
             ``x-should-retry: true``), a timeout or a dropped connection.
-        extra_body: keys merged into every request body (``temperature``, ``max_tokens``...).
+        extra_body: keys merged into every request body (for what ModelSettings lacks;
+            a request's ``settings.extra_body`` is merged after it).
         headers: extra HTTP headers for every request.
         http_client: an ``httpx.AsyncClient`` to use; its owner closes it. Without one, a
             client per event loop is created on first use; :meth:`aclose` closes them.
         retry_base_delay: first backoff in seconds, doubled each retry (capped at 8 s).
         max_response_bytes: a non-streamed answer larger than this is refused (ModelError)
             instead of being read into memory whole.
+        structured_output: the server takes ``response_format`` with a JSON schema (OpenAI,
+            vLLM, Ollama do); False: an output type is asked for in the instructions.
+
+    A request's :class:`ModelSettings` map to their Chat Completions fields (``max_tokens``
+    is sent as ``max_completion_tokens``; a named ``tool_choice`` as
+    ``{"type": "function", "function": {"name": ...}}``).
     """
 
     def __init__(
@@ -72,6 +79,7 @@ class OpenAIChatModel:
         http_client: httpx.AsyncClient | None = None,
         retry_base_delay: float = 0.5,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        structured_output: bool = True,
     ) -> None:
         if max_retries < 0:
             raise ModelError(f"max_retries must be 0 or more, not {max_retries}")
@@ -89,6 +97,7 @@ class OpenAIChatModel:
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
         self.max_response_bytes = max_response_bytes
+        self.structured_output = structured_output
         self.extra_body = dict(extra_body or {})
         self.headers = dict(headers or {})
         self._http_client = http_client
@@ -113,7 +122,10 @@ class OpenAIChatModel:
                 response that cannot be used (not JSON, no choices, bad tool arguments...).
         """
         stream = on_text_delta is not None
-        body = build_body(self.model, request, stream=stream, extra_body=self.extra_body)
+        body = build_body(
+            self.model, request, stream=stream, extra_body=self.extra_body,
+            structured_output=self.structured_output,
+        )  # fmt: skip
         headers = self._request_headers(stream)
         started = time.monotonic()
         total_end = None if self.total_timeout is None else started + self.total_timeout

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
 
 from convoq._sync import call_maybe_async
 from convoq.errors import ModelError
@@ -15,7 +18,11 @@ ScriptFn = Callable[[ModelRequest], Any]
 
 
 class ScriptedModel:
-    """A model answered by ``fn(request)``: a ``str`` (final text) or an assistant ``Message``.
+    """A model answered by ``fn(request)``: a ``str`` (final text), an assistant ``Message``,
+    or a dict, list, pydantic model or dataclass (sent as its JSON text, as a model asked
+    for structured output answers). ``fn`` sees the whole request: its ``settings`` and
+    ``output`` (the shape asked for) too. ``structured_output=False`` plays a model that
+    cannot be asked for a shape: the engine then puts the schema in its instructions.
 
     ``fn`` may be sync (it then runs in a worker thread) or async. Text answers are streamed
     word by word to ``on_text_delta`` so streaming paths are exercised offline too. An
@@ -23,9 +30,12 @@ class ScriptedModel:
     that reports them (``Message.assistant("...", usage=Usage(...), finish_reason="length")``).
     """
 
-    def __init__(self, fn: ScriptFn, *, name: str = "scripted") -> None:
+    def __init__(
+        self, fn: ScriptFn, *, name: str = "scripted", structured_output: bool = True
+    ) -> None:
         self._fn = fn
         self.name = name
+        self.structured_output = structured_output
         self.calls: list[ModelRequest] = []
 
     @classmethod
@@ -60,7 +70,14 @@ def _as_assistant(answer: Any) -> Message:
         return Message.assistant(answer)
     if isinstance(answer, Message) and answer.role == MessageRole.ASSISTANT:
         return answer
+    if (
+        isinstance(answer, dict | list)
+        or (isinstance(answer, BaseModel) and not isinstance(answer, Message))
+        or (dataclasses.is_dataclass(answer) and not isinstance(answer, type))
+    ):
+        return Message.assistant(TypeAdapter(Any).dump_json(answer).decode())
     raise ModelError(
-        "a ScriptedModel function must return a str or an assistant Message,"
+        "a ScriptedModel function must return a str, an assistant Message or JSON data"
+        " (a dict, list, pydantic model or dataclass),"
         f" got {type(answer).__name__}"
     )

@@ -76,6 +76,7 @@ def build_payload(
     finished_ms: int | None,
     usage: dict[str, Any] | None = None,
     finish_reason: str | None = None,
+    output: Any = None,
 ) -> bytes:
     """The JSON body of a callback: small and bounded (long text is cut and flagged).
     ``usage``: the turn's token counts (from its result), ``finish_reason`` its final
@@ -93,8 +94,20 @@ def build_payload(
         "finished_ms": finished_ms,
         "usage": _bounded_usage(usage),
         "finish_reason": str(finish_reason)[:64] if finish_reason is not None else None,
+        **_bounded_output(output),
     }
     return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _bounded_output(output: Any) -> dict[str, Any]:
+    """The validated output of a turn with an output type, as bounded as its text: one
+    larger than MAX_TEXT_CHARS as JSON is left out and flagged (the turn record has it)."""
+    if output is None:
+        return {}
+    size = len(json.dumps(output, separators=(",", ":")))
+    if size > MAX_TEXT_CHARS:
+        return {"output": None, "output_truncated": True}
+    return {"output": output, "output_truncated": False}
 
 
 def _bounded_usage(usage: dict[str, Any] | None) -> dict[str, int] | None:

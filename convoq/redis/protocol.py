@@ -201,6 +201,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         ending: TurnEnding,
         *,
         stop_if_cancelled: bool = False,
+        output: Any = None,
     ) -> Acquired | None:
         """Append the whole turn (user message first) exactly once, mark it succeeded with
         ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
@@ -208,6 +209,8 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         next queued turn under the same fence, or None with the lease freed. Turns failed
         on the way to the next one are appended to ``ending.failed`` (as :meth:`acquire`).
         When ``ending.next_turn_id`` is the next turn, it comes back in this same round trip.
+        ``output``: a turn with an output type, its validated answer (JSON), kept in the
+        result as ``"output"``.
 
         Raises:
             StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
@@ -216,7 +219,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
             turn as cancelled).
         """
         keys, args = self.commit_call(
-            cid, turn_id, messages, ending, stop_if_cancelled=stop_if_cancelled
+            cid, turn_id, messages, ending, stop_if_cancelled=stop_if_cancelled, output=output
         )
         reply = await self.run_acked("commit", cid, keys, args)
         if reply[0] != "OK":
@@ -231,9 +234,10 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         ending: TurnEnding,
         *,
         stop_if_cancelled: bool = False,
+        output: Any = None,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
-        element, result, counters, encoded = self._stored_turn(messages)
+        element, result, counters, encoded = self._stored_turn(messages, output)
         following = self.next_turn_keys(cid, ending.expected_next)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
@@ -243,7 +247,9 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         args.append(counters)
         return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
 
-    def _stored_turn(self, messages: list[Message]) -> tuple[bytes, str, str, Encoded]:
+    def _stored_turn(
+        self, messages: list[Message], output: Any = None
+    ) -> tuple[bytes, str, str, Encoded]:
         """The history element of a committed turn, its result JSON, the usage counters to
         add to the conversation's and its blobs."""
         if not messages or messages[0].role != MessageRole.USER:
@@ -261,6 +267,8 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         }
         if final.refusal is not None:
             result["refusal"] = final.refusal
+        if output is not None:
+            result["output"] = output
         return element, self.json_arg(result, "result"), counters_arg(usage), encoded
 
     async def usage(self, cid: str) -> Usage:

@@ -51,6 +51,7 @@ from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState
 from convoq.window import Window, last_turns
 from convoq.worker import _observed
+from convoq.worker._asked import asked_of
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
@@ -242,6 +243,7 @@ class Runner:
     async def _execute(self, run: TurnRun) -> Outcome:
         turn = run.acq.turn
         profile = self._profiles.get_profile(turn.agent)
+        settings, output = asked_of(profile, turn.options)
         loop = TurnLoop(
             model=profile.model,
             tools=profile.tools,
@@ -252,6 +254,9 @@ class Runner:
             emit=run.events.add,
             checkpoint=run.checkpoint,
             should_stop=run.should_stop,
+            settings=settings,
+            output=output,
+            output_retries=profile.output_retries,
         )
         state = run.acq.state or TurnState.start(turn.input)
         return await loop.run(state)
@@ -289,6 +294,7 @@ class Runner:
                     outcome.messages,
                     ending,
                     stop_if_cancelled=True,
+                    output=outcome.output.data if outcome.output else None,
                 ),
                 done=report.succeeded,
                 replayed=report.succeeded,

@@ -254,6 +254,7 @@ class WorkerRuntime:
             finished_ms=record.finished_ms,
             usage=(record.result or {}).get("usage"),
             finish_reason=(record.result or {}).get("finish_reason"),
+            output=(record.result or {}).get("output"),
         )
         return await webhooks.post_once(
             str(url),
