@@ -183,7 +183,10 @@ async def _read_stream(
         if text:
             attempt.delivered = True
             await on_text_delta(text)
-    return decoder.finish()
+    message = decoder.finish()
+    if not attempt.delivered and message.text:
+        await on_text_delta(message.text)  # text no delta carried (an output tool's JSON)
+    return message
 
 
 async def _check_status(response: httpx.Response) -> None:

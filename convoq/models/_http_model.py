@@ -3,7 +3,7 @@
 :class:`HTTPModel` is the template: a wire format subclasses it and says only where to
 POST (:meth:`HTTPModel._url`), with which auth headers (:meth:`HTTPModel._auth_headers`),
 what body (:meth:`HTTPModel._build_body`) and how to read the answer
-(:attr:`HTTPModel.codec`). Requests are retried as the official OpenAI and Anthropic SDKs
+(:attr:`HTTPModel.codec`, or :meth:`HTTPModel._codec` when that depends on the request). Requests are retried as the official OpenAI and Anthropic SDKs
 retry them (408, 409, 429, 5xx including Anthropic's 529 "overloaded", or whatever
 ``x-should-retry: true|false`` says; timeouts and dropped connections) with exponential
 backoff and jitter, honouring ``Retry-After`` / ``retry-after-ms``. Each attempt, and the
@@ -123,6 +123,9 @@ class HTTPModel:
         """The auth headers; ModelError (before any I/O) when a required key is missing."""
         raise NotImplementedError
 
+    def _codec(self, request: ModelRequest) -> WireCodec:
+        return self.codec
+
     def _build_body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body, ``extra_body`` merged in; ModelError for what the API cannot take."""
         raise NotImplementedError
@@ -144,6 +147,7 @@ class HTTPModel:
         """
         stream = on_text_delta is not None
         body = self._build_body(request, stream=stream)
+        codec = self._codec(request)
         headers = {"Accept": "text/event-stream" if stream else "application/json"}
         headers.update(self._auth_headers())
         headers.update(self.headers)
@@ -152,7 +156,8 @@ class HTTPModel:
         attempt = 0
         while True:
             try:
-                return await run_attempt(self._attempt(body, headers, total_end), on_text_delta)
+                an_attempt = self._attempt(body, headers, total_end, codec)
+                return await run_attempt(an_attempt, on_text_delta)
             except RetryableError as failure:
                 delay = self._delay(attempt, failure.delay)
                 out_of_time = total_end is not None and time.monotonic() + delay >= total_end
@@ -163,7 +168,11 @@ class HTTPModel:
                 attempt += 1
 
     def _attempt(
-        self, body: dict[str, Any], headers: dict[str, str], total_end: float | None
+        self,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        total_end: float | None,
+        codec: WireCodec,
     ) -> Attempt:
         now = time.monotonic()
         ends: list[tuple[float, str]] = []
@@ -179,7 +188,7 @@ class HTTPModel:
         return Attempt(
             client=self._client(), url=self._url(), body=body, headers=headers,
             timeout=self.timeout, stop_at=stop_at, why=why,
-            max_response_bytes=self.max_response_bytes, codec=self.codec, params=self.query,
+            max_response_bytes=self.max_response_bytes, codec=codec, params=self.query,
         )  # fmt: skip
 
     def _delay(self, attempt: int, asked: float | None) -> float:
