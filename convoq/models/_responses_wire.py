@@ -55,9 +55,9 @@ def build_body(
     if request.settings is not None:
         body.update(_settings(request.settings))
     if request.output is not None:
-        output = request.output
-        body["text"] = {"format": {"type": "json_schema", "name": output.name,
-                                   "schema": output.json_schema, "strict": output.strict}}  # fmt: skip
+        out = request.output
+        schema = {"type": "json_schema", "name": out.name, "schema": out.json_schema}
+        body["text"] = {"format": {**schema, "strict": out.strict}}
     return merge_extra(body, extra_body, request)
 
 
