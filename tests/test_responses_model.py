@@ -90,8 +90,8 @@ async def test_text_round_trip(server: OpenAIServer, model: OpenAIResponsesModel
                                  total_tokens=52, cached_tokens=30, reasoning_tokens=8)  # fmt: skip
     sent = server.requests[0]
     assert (sent.path, sent.headers["authorization"]) == ("/v1/responses", "Bearer sk-test")
-    assert sent.json == {"model": "gpt-x", "store": False,
-                         "input": [{"type": "message", "role": "user", "content": "hello"}]}  # fmt: skip
+    said = {"type": "message", "role": "user", "content": "hello"}
+    assert sent.json == {"model": "gpt-x", "store": False, "input": [said]}
 
 
 async def test_history_instructions_attachments_and_tools_on_the_wire(
@@ -128,8 +128,8 @@ async def test_history_instructions_attachments_and_tools_on_the_wire(
         {"type": "message", "role": "assistant", "content": "It is sunny."},
         {"type": "message", "role": "user", "content": "thanks"},
     ]  # fmt: skip
-    assert body["tools"] == [{"type": "function", "name": "get_weather", "strict": True,
-                              "parameters": STRICT, "description": "Weather for a city."}]  # fmt: skip
+    tool = {"type": "function", "name": "get_weather", "strict": True, "parameters": STRICT}
+    assert body["tools"] == [tool | {"description": "Weather for a city."}]
 
 
 @pytest.mark.parametrize(
@@ -242,7 +242,7 @@ async def test_a_stream_cut_before_its_final_event_is_an_error(
 ) -> None:
     events = w.responses_events(w.response([w.text_item("Hello")]))
     server.reply_raw(w.sse(events[:-1]), content_type="text/event-stream")
-    with pytest.raises(ModelError, match="ended before response.completed"):
+    with pytest.raises(ModelError, match=r"ended before response\.completed"):
         await streamed(model, ask())
 
 

@@ -4,10 +4,11 @@
 POST (:meth:`HTTPModel._url`), with which auth headers (:meth:`HTTPModel._auth_headers`),
 what body (:meth:`HTTPModel._build_body`) and how to read the answer
 (:attr:`HTTPModel.codec`, or :meth:`HTTPModel._codec` when that depends on the request).
-Requests are retried as the official OpenAI and Anthropic SDKs retry them (408, 409, 429, 5xx including Anthropic's 529 "overloaded", or whatever
-``x-should-retry: true|false`` says; timeouts and dropped connections) with exponential
-backoff and jitter, honouring ``Retry-After`` / ``retry-after-ms``. Each attempt, and the
-call as a whole, has a deadline (:mod:`convoq.models._http_attempt`).
+Requests are retried as the official OpenAI and Anthropic SDKs retry them (408, 409, 429,
+5xx including Anthropic's 529 "overloaded", or whatever ``x-should-retry: true|false``
+says; timeouts and dropped connections) with exponential backoff and jitter, honouring
+``Retry-After`` / ``retry-after-ms``. Each attempt, and the call as a whole, has a
+deadline (:mod:`convoq.models._http_attempt`).
 """
 
 from __future__ import annotations
