@@ -33,10 +33,17 @@ from tests.support.openai_server import OpenAIServer
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
 PDF = b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj<<>>endobj\n%%EOF\n"
 RECORDED = Path(__file__).parent / "fixtures" / "responses_stream.sse"
-STRICT = {"type": "object", "properties": {"city": {"type": "string"}},
-          "required": ["city"], "additionalProperties": False}  # fmt: skip
-LOOSE = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-         "required": ["city"]}  # fmt: skip
+STRICT = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+LOOSE = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
 WEATHER = ToolSpec(name="get_weather", description="Weather for a city.", parameters=STRICT)
 
 
@@ -86,8 +93,14 @@ async def test_text_round_trip(server: OpenAIServer, model: OpenAIResponsesModel
         "Hi there.",
         "stop",
     )
-    assert answer.usage == Usage(requests=1, prompt_tokens=40, completion_tokens=12,
-                                 total_tokens=52, cached_tokens=30, reasoning_tokens=8)  # fmt: skip
+    assert answer.usage == Usage(
+        requests=1,
+        prompt_tokens=40,
+        completion_tokens=12,
+        total_tokens=52,
+        cached_tokens=30,
+        reasoning_tokens=8,
+    )
     sent = server.requests[0]
     assert (sent.path, sent.headers["authorization"]) == ("/v1/responses", "Bearer sk-test")
     said = {"type": "message", "role": "user", "content": "hello"}
@@ -98,17 +111,22 @@ async def test_history_instructions_attachments_and_tools_on_the_wire(
     server: OpenAIServer, model: OpenAIResponsesModel
 ) -> None:
     call = ToolCall(id="call_7", name="get_weather", arguments={"city": "Oslo"})
-    user = Message(content=[
-        TextPart(text="What is in these?"),
-        ImagePart(data=PNG, mime_type="image/png", provider_options={"detail": "low"}),
-        FilePart(data=PDF, mime_type="application/pdf", filename="report.pdf"),
-    ])  # fmt: skip
+    user = Message(
+        content=[
+            TextPart(text="What is in these?"),
+            ImagePart(data=PNG, mime_type="image/png", provider_options={"detail": "low"}),
+            FilePart(data=PDF, mime_type="application/pdf", filename="report.pdf"),
+        ]
+    )
     history = [
         Message.system("Be brief."),
         Message(role=MessageRole.DEVELOPER, content=[TextPart(text="Use tools.")]),
-        user, Message.assistant("Looking.", [call]), Message.tool_result(call, "sunny"),
-        Message.assistant("It is sunny."), Message.user("thanks"),
-    ]  # fmt: skip
+        user,
+        Message.assistant("Looking.", [call]),
+        Message.tool_result(call, "sunny"),
+        Message.assistant("It is sunny."),
+        Message.user("thanks"),
+    ]
     answer_json(server, w.text_item("ok"))
     await model.request(ModelRequest(messages=history, tools=[WEATHER]))
     body = server.requests[0].json
@@ -117,17 +135,26 @@ async def test_history_instructions_attachments_and_tools_on_the_wire(
     assert body["input"] == [
         {"type": "message", "role": "system", "content": "Be brief."},
         {"type": "message", "role": "developer", "content": "Use tools."},
-        {"type": "message", "role": "user", "content": [
-            {"type": "input_text", "text": "What is in these?"},
-            {"type": "input_image", "image_url": png, "detail": "low"},
-            {"type": "input_file", "file_data": pdf, "filename": "report.pdf"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is in these?"},
+                {"type": "input_image", "image_url": png, "detail": "low"},
+                {"type": "input_file", "file_data": pdf, "filename": "report.pdf"},
+            ],
+        },
         {"type": "message", "role": "assistant", "content": "Looking."},
-        {"type": "function_call", "call_id": "call_7", "name": "get_weather",
-         "arguments": '{"city": "Oslo"}'},
+        {
+            "type": "function_call",
+            "call_id": "call_7",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+        },
         {"type": "function_call_output", "call_id": "call_7", "output": "sunny"},
         {"type": "message", "role": "assistant", "content": "It is sunny."},
         {"type": "message", "role": "user", "content": "thanks"},
-    ]  # fmt: skip
+    ]
     tool = {"type": "function", "name": "get_weather", "strict": True, "parameters": STRICT}
     assert body["tools"] == [tool | {"description": "Weather for a city."}]
 
@@ -150,8 +177,11 @@ async def test_strict_is_always_sent_and_true_only_where_the_schema_qualifies(
 async def test_parallel_tool_calls(
     server: OpenAIServer, model: OpenAIResponsesModel, stream: bool
 ) -> None:
-    items = (w.reasoning_item(), w.call_item("c1", "get_weather", {"city": "Oslo"}),
-             w.call_item("c2", "get_weather", {"city": "Rome"}))  # fmt: skip
+    items = (
+        w.reasoning_item(),
+        w.call_item("c1", "get_weather", {"city": "Oslo"}),
+        w.call_item("c2", "get_weather", {"city": "Rome"}),
+    )
     (answer_stream if stream else answer_json)(server, *items)
     answer = (await streamed(model, ask()))[0] if stream else await model.request(ask())
     assert answer.tool_calls == [
@@ -168,7 +198,10 @@ async def test_streamed_text_arrives_in_deltas(
     answer, deltas = await streamed(model, ask())
     assert deltas == ["Hell", "o, w", "orld", "!"]
     assert (answer.text, answer.finish_reason, answer.usage and answer.usage.cached_tokens) == (
-        "Hello, world!", "stop", 30)  # fmt: skip
+        "Hello, world!",
+        "stop",
+        30,
+    )
     sent = server.requests[0]
     assert sent.json["stream"] is True and sent.headers["accept"] == "text/event-stream"
 
@@ -183,8 +216,11 @@ async def test_a_refusal_is_kept_apart(
     # Sent back later as what the assistant said.
     answer_json(server, w.text_item("ok"))
     await model.request(ModelRequest(messages=[Message.user("x"), answer, Message.user("y")]))
-    assert server.requests[1].json["input"][1] == {"type": "message", "role": "assistant",
-                                                   "content": "I can't help."}  # fmt: skip
+    assert server.requests[1].json["input"][1] == {
+        "type": "message",
+        "role": "assistant",
+        "content": "I can't help.",
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -210,9 +246,20 @@ async def test_a_failed_response_is_a_model_error(
     answer_stream(server, status="failed", error=error)
     with pytest.raises(ModelError, match="the model broke"):
         await streamed(model, ask())
-    server.reply_raw(w.sse([{"type": "error", "code": "rate_limit", "message": "slow down",
-                             "param": None, "sequence_number": 0}]),
-                     content_type="text/event-stream")  # fmt: skip
+    server.reply_raw(
+        w.sse(
+            [
+                {
+                    "type": "error",
+                    "code": "rate_limit",
+                    "message": "slow down",
+                    "param": None,
+                    "sequence_number": 0,
+                }
+            ]
+        ),
+        content_type="text/event-stream",
+    )
     with pytest.raises(ModelError, match="slow down"):
         await streamed(model, ask())
 
@@ -263,21 +310,41 @@ async def test_a_recorded_stream_replays(server: OpenAIServer, model: OpenAIResp
 async def test_settings_and_typed_output_on_the_wire(
     server: OpenAIServer, model: OpenAIResponsesModel
 ) -> None:
-    settings = ModelSettings(temperature=0.2, top_p=0.9, max_tokens=300, tool_choice="get_weather",
-                             parallel_tool_calls=False, extra_body={"user": "u-1"})  # fmt: skip
+    settings = ModelSettings(
+        temperature=0.2,
+        top_p=0.9,
+        max_tokens=300,
+        tool_choice="get_weather",
+        parallel_tool_calls=False,
+        extra_body={"user": "u-1"},
+    )
     output = OutputSpec(name="City", json_schema=STRICT)
     answer_json(server, w.text_item('{"city": "Oslo"}'))
     answer = await model.request(ask(tools=[WEATHER], settings=settings, output=output))
     assert answer.text == '{"city": "Oslo"}'
     body = server.requests[0].json
-    assert {k: body[k] for k in ("temperature", "top_p", "max_output_tokens", "tool_choice",
-                                 "parallel_tool_calls", "user", "text")} == {
-        "temperature": 0.2, "top_p": 0.9, "max_output_tokens": 300,
+    assert {
+        k: body[k]
+        for k in (
+            "temperature",
+            "top_p",
+            "max_output_tokens",
+            "tool_choice",
+            "parallel_tool_calls",
+            "user",
+            "text",
+        )
+    } == {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "max_output_tokens": 300,
         "tool_choice": {"type": "function", "name": "get_weather"},
-        "parallel_tool_calls": False, "user": "u-1",
-        "text": {"format": {"type": "json_schema", "name": "City", "schema": STRICT,
-                            "strict": True}},
-    }  # fmt: skip
+        "parallel_tool_calls": False,
+        "user": "u-1",
+        "text": {
+            "format": {"type": "json_schema", "name": "City", "schema": STRICT, "strict": True}
+        },
+    }
 
 
 @pytest.mark.parametrize("setting", [{"seed": 1}, {"stop": ["END"]}])
@@ -319,8 +386,7 @@ async def test_key_and_base_url_from_the_environment(
 async def test_an_attachment_outside_a_user_message_is_refused(
     server: OpenAIServer, model: OpenAIResponsesModel
 ) -> None:
-    system = Message(role=MessageRole.SYSTEM,
-                     content=[ImagePart(data=PNG, mime_type="image/png")])  # fmt: skip
+    system = Message(role=MessageRole.SYSTEM, content=[ImagePart(data=PNG, mime_type="image/png")])
     with pytest.raises(ModelError, match="put attachments in a user message"):
         await model.request(ModelRequest(messages=[system, Message.user("hi")]))
     assert server.requests == []

@@ -35,9 +35,8 @@ def build_body(
 ) -> Json:
     """The JSON body of ``POST /v1/messages``."""
     settings = request.settings or ModelSettings()
-    refuse_settings(settings, API, "seed")
-    if settings.temperature is not None and settings.temperature > 1:
-        raise ModelError(f"the {API} takes a temperature from 0 to 1, not {settings.temperature}")
+    # The API's current request types have no sampling fields (the official SDK dropped them).
+    refuse_settings(settings, API, "seed", "temperature", "top_p")
     system = [_text_block(m) for m in request.messages if _is_instruction(m)]
     turns = [m for m in request.messages if not _is_instruction(m)]
     body: Json = {"model": model, "max_tokens": settings.max_tokens or max_tokens,
@@ -52,10 +51,8 @@ def build_body(
         body["tools"] = tools
     if choice is not None:
         body["tool_choice"] = choice
-    for name, field in (("temperature", "temperature"), ("top_p", "top_p"),
-                        ("stop", "stop_sequences")):  # fmt: skip
-        if getattr(settings, name) is not None:
-            body[field] = getattr(settings, name)
+    if settings.stop is not None:
+        body["stop_sequences"] = settings.stop
     if stream:
         body["stream"] = True
     return merge_extra(body, extra_body, request)

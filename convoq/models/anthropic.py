@@ -28,9 +28,10 @@ class AnthropicModel(HTTPModel):
     """A Claude model behind ``POST {base_url}/v1/messages``.
 
     Settings map to ``max_tokens`` (required by the API: ``max_tokens`` here when the
-    settings leave it unset), ``temperature`` (0 to 1), ``top_p``, ``stop_sequences`` and
-    ``tool_choice`` (``required`` is ``any``; ``parallel_tool_calls=False`` is
-    ``disable_parallel_tool_use``); the API has no ``seed`` (a ModelError says so).
+    settings leave it unset), ``stop_sequences`` and ``tool_choice`` (``required`` is
+    ``any``; ``parallel_tool_calls=False`` is ``disable_parallel_tool_use``). The API's
+    request types have no ``seed``, ``temperature`` or ``top_p``: a ModelError says so
+    before anything is sent (``settings.extra_body`` reaches a server that takes them).
 
     A typed output (``ModelRequest.output``) is asked for, by default, as a tool the model
     must call (``output_mode="tool"``): its input is the answer, and becomes the reply's

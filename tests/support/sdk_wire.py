@@ -110,27 +110,46 @@ def sse(events: Iterable[BaseModel | Json], *, named: bool = True) -> str:
 # -- OpenAI Responses ----------------------------------------------------------------------
 
 RESPONSES_USAGE: Json = {
-    "input_tokens": 40, "input_tokens_details": {"cached_tokens": 30, "cache_write_tokens": 0},
-    "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 8}, "total_tokens": 52,
-}  # fmt: skip
+    "input_tokens": 40,
+    "input_tokens_details": {"cached_tokens": 30, "cache_write_tokens": 0},
+    "output_tokens": 12,
+    "output_tokens_details": {"reasoning_tokens": 8},
+    "total_tokens": 52,
+}
 
 
 def text_item(text: str, *, id: str = "msg_1") -> Json:
     part = {"type": "output_text", "text": text, "annotations": []}
-    return {"type": "message", "id": id, "role": "assistant", "status": "completed",
-            "content": [part]}  # fmt: skip
+    return {
+        "type": "message",
+        "id": id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [part],
+    }
 
 
 def refusal_item(refusal: str, *, id: str = "msg_1") -> Json:
     part = {"type": "refusal", "refusal": refusal}
-    return {"type": "message", "id": id, "role": "assistant", "status": "completed",
-            "content": [part]}  # fmt: skip
+    return {
+        "type": "message",
+        "id": id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [part],
+    }
 
 
 def call_item(call_id: str, name: str, arguments: Mapping[str, Any] | str) -> Json:
     raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
-            "arguments": raw, "status": "completed"}  # fmt: skip
+    return {
+        "type": "function_call",
+        "id": f"fc_{call_id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": raw,
+        "status": "completed",
+    }
 
 
 def reasoning_item() -> Json:
@@ -146,12 +165,22 @@ def response(
     error: Json | None = None,
 ) -> Response:
     """A ``Response`` of the openai SDK."""
-    return Response.model_validate({
-        "id": "resp_1", "created_at": 0, "model": "gpt-x", "object": "response",
-        "output": list(output), "parallel_tool_calls": True, "tool_choice": "auto",
-        "tools": [], "status": status, "usage": usage, "error": error,
-        "incomplete_details": None if incomplete is None else {"reason": incomplete},
-    })  # fmt: skip
+    return Response.model_validate(
+        {
+            "id": "resp_1",
+            "created_at": 0,
+            "model": "gpt-x",
+            "object": "response",
+            "output": list(output),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "status": status,
+            "usage": usage,
+            "error": error,
+            "incomplete_details": None if incomplete is None else {"reason": incomplete},
+        }
+    )
 
 
 def responses_events(final: Response, *, piece: int = 4) -> list[BaseModel]:
@@ -163,59 +192,109 @@ def responses_events(final: Response, *, piece: int = 4) -> list[BaseModel]:
     for index, item in enumerate(final.output):
         data = item.model_dump(mode="json")
         events += _item_events(index, data, piece)
-    terminal = {"completed": "response.completed", "incomplete": "response.incomplete",
-                "failed": "response.failed"}[final.status or "completed"]  # fmt: skip
+    terminal = {
+        "completed": "response.completed",
+        "incomplete": "response.incomplete",
+        "failed": "response.failed",
+    }[final.status or "completed"]
     events.append({"type": terminal, "response": final.model_dump(mode="json")})
     return [responses_event({**e, "sequence_number": next(seq)}) for e in events]
 
 
 def _item_events(index: int, item: Json, piece: int) -> list[Json]:
     head = {"output_index": index, "item_id": item.get("id", "")}
-    out: list[Json] = [{"type": "response.output_item.added", "output_index": index,
-                        "item": {**item, "status": "in_progress"}}]  # fmt: skip
+    out: list[Json] = [
+        {
+            "type": "response.output_item.added",
+            "output_index": index,
+            "item": {**item, "status": "in_progress"},
+        }
+    ]
     if item["type"] == "message":
         for c, part in enumerate(item["content"]):
-            out.append({"type": "response.content_part.added", **head, "content_index": c,
-                        "part": {**part, "text": ""} if "text" in part else part})  # fmt: skip
+            out.append(
+                {
+                    "type": "response.content_part.added",
+                    **head,
+                    "content_index": c,
+                    "part": {**part, "text": ""} if "text" in part else part,
+                }
+            )
             if part["type"] == "output_text":
                 text = part["text"]
                 for start in range(0, len(text), piece):
-                    out.append({"type": "response.output_text.delta", **head,
-                                "content_index": c, "delta": text[start : start + piece],
-                                "logprobs": []})  # fmt: skip
-                out.append({"type": "response.output_text.done", **head, "content_index": c,
-                            "text": text, "logprobs": []})  # fmt: skip
+                    out.append(
+                        {
+                            "type": "response.output_text.delta",
+                            **head,
+                            "content_index": c,
+                            "delta": text[start : start + piece],
+                            "logprobs": [],
+                        }
+                    )
+                out.append(
+                    {
+                        "type": "response.output_text.done",
+                        **head,
+                        "content_index": c,
+                        "text": text,
+                        "logprobs": [],
+                    }
+                )
             else:
-                out.append({"type": "response.refusal.delta", **head, "content_index": c,
-                            "delta": part["refusal"]})  # fmt: skip
-            out.append({"type": "response.content_part.done", **head, "content_index": c,
-                        "part": part})  # fmt: skip
+                out.append(
+                    {
+                        "type": "response.refusal.delta",
+                        **head,
+                        "content_index": c,
+                        "delta": part["refusal"],
+                    }
+                )
+            out.append(
+                {"type": "response.content_part.done", **head, "content_index": c, "part": part}
+            )
     elif item["type"] == "function_call":
         half = len(item["arguments"]) // 2
         for chunk in (item["arguments"][:half], item["arguments"][half:]):
-            out.append({"type": "response.function_call_arguments.delta", **head,
-                        "delta": chunk})  # fmt: skip
-        out.append({"type": "response.function_call_arguments.done", **head,
-                    "arguments": item["arguments"], "name": item["name"]})  # fmt: skip
+            out.append({"type": "response.function_call_arguments.delta", **head, "delta": chunk})
+        out.append(
+            {
+                "type": "response.function_call_arguments.done",
+                **head,
+                "arguments": item["arguments"],
+                "name": item["name"],
+            }
+        )
     out.append({"type": "response.output_item.done", "output_index": index, "item": item})
     return out
 
 
 # -- Anthropic Messages --------------------------------------------------------------------
 
-ANTHROPIC_USAGE: Json = {"input_tokens": 25, "output_tokens": 9, "cache_read_input_tokens": 100,
-                         "cache_creation_input_tokens": 5}  # fmt: skip
+ANTHROPIC_USAGE: Json = {
+    "input_tokens": 25,
+    "output_tokens": 9,
+    "cache_read_input_tokens": 100,
+    "cache_creation_input_tokens": 5,
+}
 
 
 def anthropic_message(
     content: Sequence[Json], *, stop_reason: str = "end_turn", usage: Json = ANTHROPIC_USAGE
 ) -> AnthropicMessage:
     """A ``Message`` of the anthropic SDK."""
-    return AnthropicMessage.model_validate({
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
-        "content": list(content), "stop_reason": stop_reason, "stop_sequence": None,
-        "usage": usage,
-    })  # fmt: skip
+    return AnthropicMessage.model_validate(
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-x",
+            "content": list(content),
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+    )
 
 
 def text_block(text: str) -> Json:
@@ -230,8 +309,11 @@ def anthropic_events(final: AnthropicMessage, *, piece: int = 4) -> list[BaseMod
     """The stream a server sends for ``final``: message_start, a ping, each block (text in
     deltas of ``piece`` characters, tool input in two halves), message_delta, message_stop."""
     usage = final.usage.model_dump(mode="json")
-    start = final.model_dump(mode="json") | {"content": [], "stop_reason": None,
-                                             "usage": usage | {"output_tokens": 1}}  # fmt: skip
+    start = final.model_dump(mode="json") | {
+        "content": [],
+        "stop_reason": None,
+        "usage": usage | {"output_tokens": 1},
+    }
     events: list[Json] = [{"type": "message_start", "message": start}]
     for index, block in enumerate(final.content):
         data = block.model_dump(mode="json")
@@ -239,18 +321,25 @@ def anthropic_events(final: AnthropicMessage, *, piece: int = 4) -> list[BaseMod
         if index == 0:
             events.append({"type": "ping"})
     delta = {"stop_reason": final.stop_reason, "stop_sequence": None}
-    events.append({"type": "message_delta", "delta": delta,
-                   "usage": {"output_tokens": final.usage.output_tokens}})  # fmt: skip
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": delta,
+            "usage": {"output_tokens": final.usage.output_tokens},
+        }
+    )
     events.append({"type": "message_stop"})
-    return [e if e["type"] == "ping" else ANTHROPIC_EVENTS[e["type"]].model_validate(e)
-            for e in events]  # fmt: skip
+    return [
+        e if e["type"] == "ping" else ANTHROPIC_EVENTS[e["type"]].model_validate(e) for e in events
+    ]
 
 
 def _block_events(index: int, block: Json, piece: int) -> list[Json]:
     out: list[Json] = []
     if block["type"] == "text":
-        out.append({"type": "content_block_start", "index": index,
-                    "content_block": {**block, "text": ""}})  # fmt: skip
+        out.append(
+            {"type": "content_block_start", "index": index, "content_block": {**block, "text": ""}}
+        )
         text = block["text"]
         for start in range(0, len(text), piece):
             out.append(
@@ -261,8 +350,9 @@ def _block_events(index: int, block: Json, piece: int) -> list[Json]:
                 }
             )
     else:
-        out.append({"type": "content_block_start", "index": index,
-                    "content_block": {**block, "input": {}}})  # fmt: skip
+        out.append(
+            {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+        )
         raw = json.dumps(block["input"])
         for chunk in (raw[: len(raw) // 2], raw[len(raw) // 2 :]):
             out.append(
