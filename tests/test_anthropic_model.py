@@ -445,3 +445,18 @@ def test_bad_options_are_refused() -> None:
         anthropic("claude-x", api_key="k", output_mode="json")  # type: ignore[arg-type]
     with pytest.raises(ModelError, match="max_tokens"):
         anthropic("claude-x", api_key="k", max_tokens=0)
+
+
+async def test_thinking_tokens_count_as_reasoning(
+    server: OpenAIServer, model: AnthropicModel
+) -> None:
+    usage = {
+        "input_tokens": 10,
+        "output_tokens": 50,
+        "output_tokens_details": {"thinking_tokens": 40},
+    }
+    answer_json(server, w.text_block("42"), usage=usage)
+    answer = await model.request(ask())
+    assert answer.usage == Usage(
+        requests=1, prompt_tokens=10, completion_tokens=50, total_tokens=60, reasoning_tokens=40
+    )

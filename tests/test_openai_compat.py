@@ -45,8 +45,12 @@ async def test_azure_takes_its_key_in_api_key_and_a_version_in_the_query(
 ) -> None:
     server.reply_text("ok")
     server.reply_raw(w.response([w.text_item("ok")]).model_dump_json())
-    options = {"base_url": server.url, "api_key": "az-key", "api_key_header": "api-key",
-               "query": {"api-version": "2025-04-01-preview"}}  # fmt: skip
+    options = {
+        "base_url": server.url,
+        "api_key": "az-key",
+        "api_key_header": "api-key",
+        "query": {"api-version": "2025-04-01-preview"},
+    }
     for model in (openai("my-deployment", **options), responses("my-deployment", **options)):
         async with model:
             await model.request(ask())
@@ -59,8 +63,9 @@ async def test_azure_takes_its_key_in_api_key_and_a_version_in_the_query(
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_server_that_reports_no_usage(server: OpenAIServer, stream: bool) -> None:
     server.reply_text("no counts", usage=None)
-    agent = Agent(openai("m", base_url=server.url), memory=InMemoryConversationMemory(),
-                  conversation_id="c")  # fmt: skip
+    agent = Agent(
+        openai("m", base_url=server.url), memory=InMemoryConversationMemory(), conversation_id="c"
+    )
     if stream:
         events = [e async for e in agent.astream("hi")]
         assert events[-1].data["usage"]["total_tokens"] == 0
@@ -100,3 +105,12 @@ async def test_a_server_that_ignores_stream_true(server: OpenAIServer) -> None:
     async with openai("m", base_url=server.url) as chat:
         assert (await chat.request(ask(), on_text_delta=on_delta)).text == "whole"
     assert deltas == ["whole"]
+
+
+async def test_headers_given_win_over_the_key_header(server: OpenAIServer) -> None:
+    # e.g. Azure with a Microsoft Entra ID token instead of a key
+    server.reply_text("ok")
+    entra = {"Authorization": "Bearer entra-token"}
+    async with openai("my-deployment", base_url=server.url, api_key="k", headers=entra) as chat:
+        await chat.request(ask())
+    assert server.requests[0].headers["authorization"] == "Bearer entra-token"

@@ -26,6 +26,7 @@ from convoq.models import (
     responses,
 )
 from convoq.models._responses_wire import HANDLED_EVENTS
+from convoq.models._wire_common import is_strict_schema
 from convoq.usage import Usage
 from tests.support import sdk_wire as w
 from tests.support.openai_server import OpenAIServer
@@ -401,3 +402,65 @@ async def test_nonsense_answers_are_model_errors(
     for expected in ("not JSON", "output is not a list", "not a JSON object"):
         with pytest.raises(ModelError, match=expected):
             await model.request(ask())
+
+
+NESTED_OPEN = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["where"],
+    "properties": {
+        "where": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "strict"),
+    [
+        (STRICT, True),
+        (LOOSE, False),
+        (NESTED_OPEN, False),
+        ({**NESTED_OPEN, "properties": {"where": STRICT}}, True),
+        (
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["xs"],
+                "properties": {"xs": {"type": "array", "items": LOOSE}},
+            },
+            False,
+        ),
+    ],
+)
+def test_strict_needs_every_object_closed_and_fully_required_all_the_way_down(
+    schema: dict[str, Any], strict: bool
+) -> None:
+    assert is_strict_schema(schema) is strict
+
+
+SSE_CASES = {
+    "comments, ids and retry fields are skipped": (": keep-alive\nid: 7\nretry: 100\n", None),
+    "a line that is not SSE": ("<html>\n", "not SSE"),
+    "data that is not JSON": ("data: {oops\n\n", "not JSON"),
+    "data that is not an object": ("data: [1]\n\n", "not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SSE_CASES))
+async def test_event_stream_framing(
+    server: OpenAIServer, model: OpenAIResponsesModel, case: str
+) -> None:
+    noise, error = SSE_CASES[case]
+    events = w.responses_events(w.response([w.text_item("Hi")]))
+    # One event's data split over two data: lines is joined back with a newline.
+    first = w.sse(events[:1]).replace('{"response"', '{\ndata: "response"', 1)
+    server.reply_raw(first + noise + w.sse(events[1:]), content_type="text/event-stream")
+    if error is None:
+        assert (await streamed(model, ask()))[0].text == "Hi"
+    else:
+        with pytest.raises(ModelError, match=error):
+            await streamed(model, ask())
