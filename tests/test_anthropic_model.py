@@ -309,15 +309,20 @@ async def test_unknown_and_unhandled_events_are_ignored(
     assert (answer.text, deltas) == ("Hi", ["Hi"])
 
 
-async def test_stream_errors(server: OpenAIServer, model: AnthropicModel) -> None:
-    error = ErrorResponse.model_validate(
-        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+def error_event(kind: str, message: str) -> ErrorResponse:
+    return ErrorResponse.model_validate(
+        {"type": "error", "error": {"type": kind, "message": message}}
     )
+
+
+async def test_stream_errors(server: OpenAIServer, model: AnthropicModel) -> None:
     events = w.anthropic_events(w.anthropic_message([w.text_block("Hello")]))
-    server.reply_raw(w.sse([events[0], error]), content_type="text/event-stream")
+    bad = error_event("invalid_request_error", "no such thing")
+    server.reply_raw(w.sse([events[0], bad]), content_type="text/event-stream")
     server.reply_raw(w.sse(events[:-1]), content_type="text/event-stream")
-    with pytest.raises(ModelError, match="Overloaded"):
+    with pytest.raises(ModelError, match="no such thing") as caught:
         await streamed(model, ask())
+    assert not isinstance(caught.value, ModelHTTPError)
     with pytest.raises(ModelError, match="ended before message_stop"):
         await streamed(model, ask())
 
@@ -460,3 +465,20 @@ async def test_thinking_tokens_count_as_reasoning(
     assert answer.usage == Usage(
         requests=1, prompt_tokens=10, completion_tokens=50, total_tokens=60, reasoning_tokens=40
     )
+
+
+async def test_overloaded_in_the_stream_is_retried_until_text_went_out(
+    server: OpenAIServer, model: AnthropicModel
+) -> None:
+    events = w.anthropic_events(w.anthropic_message([w.text_block("Hello there")]))
+    overloaded = error_event("overloaded_error", "Overloaded")
+    server.reply_raw(w.sse([events[0], overloaded]), content_type="text/event-stream")
+    server.reply_raw(w.sse(events), content_type="text/event-stream")
+    answer, deltas = await streamed(model, ask())
+    assert (answer.text, "".join(deltas), len(server.requests)) == ("Hello there", "Hello there", 2)
+    # Once text was handed out, a retry would repeat it: the error ends the call.
+    server.reply_raw(w.sse([*events[:3], overloaded]), content_type="text/event-stream")
+    with pytest.raises(ModelHTTPError, match="Overloaded") as caught:
+        await streamed(model, ask())
+    assert caught.value.status_code == 529
+    assert len(server.requests) == 3

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from convoq.errors import ModelError
+from convoq.errors import ModelError, ModelHTTPError
 from convoq.messages import Message
+from convoq.models._http_attempt import RetryableError
 from convoq.models._openai_wire import assemble
 from convoq.models._sse import SSEBuffer, event_object, excerpt
 from convoq.models._wire_common import Json, count, get, load_json
@@ -22,6 +23,7 @@ from convoq.usage import Usage
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop",
           "max_tokens": "length", "model_context_window_exceeded": "length",
           "tool_use": "tool_calls", "refusal": "content_filter"}  # fmt: skip
+STREAM_ERROR_STATUS = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429}
 REFUSED = "the model declined to answer (stop_reason 'refusal')"
 
 
@@ -58,6 +60,18 @@ def _reported(data: Json) -> ModelError:
     error = data.get("error")
     detail = get(error, "message") or error or excerpt(data)
     return ModelError(f"the model endpoint reported an error: {detail}", code=get(error, "type"))
+
+
+def _stream_error(event: Json) -> Exception:
+    """An ``error`` event after the 200: an overloaded, failing or rate-limited API is
+    retried like the HTTP status it stands for (unless text went out already)."""
+    error = _reported(event)
+    status = STREAM_ERROR_STATUS.get(get(event, "error", "type"))
+    if status is None:
+        return error
+    http = ModelHTTPError(f"{error.message} (in the stream, as HTTP {status})",
+                          status_code=status, body=json.dumps(event))  # fmt: skip
+    return RetryableError(http)
 
 
 def parse_usage(data: Any) -> Usage | None:
@@ -97,7 +111,9 @@ class AnthropicStream:
       ``input_json_delta`` (a tool's input, in pieces); other deltas are ignored;
     - ``message_delta``: the stop reason and the usage so far;
     - ``message_stop``: the end; without it the answer is cut off (ModelError);
-    - ``error``: ModelError with the server's message.
+    - ``error``: ModelError with the server's message; ``overloaded_error``,
+      ``api_error`` and ``rate_limit_error`` are retried as HTTP 529, 500 and 429 would be,
+      as long as no text was handed out yet.
     """
 
     def __init__(self, output_tool: str | None = None) -> None:
@@ -130,7 +146,7 @@ class AnthropicStream:
         elif kind == "message_stop":
             self._stopped = True
         elif kind == "error":
-            raise _reported(event)
+            raise _stream_error(event)
         return None
 
     def _delta(self, index: int, delta: Any) -> str | None:

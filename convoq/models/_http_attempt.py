@@ -177,12 +177,17 @@ async def _read_stream(
     response: httpx.Response, attempt: Attempt, on_text_delta: TextDeltaHandler
 ) -> Message:
     decoder = attempt.codec.stream()
-    async for line in response.aiter_lines():
-        attempt.left()  # keep-alive comments must not keep the call open past its deadline
-        text = decoder.feed(line)
-        if text:
-            attempt.delivered = True
-            await on_text_delta(text)
+    try:
+        async for line in response.aiter_lines():
+            attempt.left()  # keep-alive comments must not keep the call open past its deadline
+            text = decoder.feed(line)
+            if text:
+                attempt.delivered = True
+                await on_text_delta(text)
+    except RetryableError as failure:  # the stream itself said "overloaded", say
+        if attempt.delivered:  # a retry would repeat text already handed out
+            raise failure.error from failure
+        raise
     message = decoder.finish()
     if not attempt.delivered and message.text:
         await on_text_delta(message.text)  # text no delta carried (an output tool's JSON)
