@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from anthropic.types import ErrorResponse, RawMessageStreamEvent
 
-from convoq.errors import ModelError, ModelHTTPError, TruncatedAnswerError
+from convoq.errors import ModelError, ModelHTTPError, ModelTimeoutError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.models import (
     AnthropicModel,
@@ -482,3 +482,15 @@ async def test_overloaded_in_the_stream_is_retried_until_text_went_out(
         await streamed(model, ask())
     assert caught.value.status_code == 529
     assert len(server.requests) == 3
+
+
+async def test_keep_alive_comments_do_not_stretch_the_attempt_deadline(
+    server: OpenAIServer,
+) -> None:
+    server.reply_keepalive(every=0.2)
+    claude = anthropic(
+        "claude-x", base_url=base(server), api_key="k", attempt_timeout=1.0, max_retries=0
+    )
+    async with claude:
+        with pytest.raises(ModelTimeoutError, match="attempt_timeout=1 s"):
+            await streamed(claude, ask())

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from openai.types.responses import ResponseStreamEvent
 
-from convoq.errors import ModelError, ModelHTTPError, TruncatedAnswerError
+from convoq.errors import ModelError, ModelHTTPError, ModelTimeoutError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.models import (
     Model,
@@ -464,3 +464,13 @@ async def test_event_stream_framing(
     else:
         with pytest.raises(ModelError, match=error):
             await streamed(model, ask())
+
+
+async def test_keep_alive_comments_do_not_stretch_the_attempt_deadline(
+    server: OpenAIServer,
+) -> None:
+    server.reply_keepalive(every=0.2)
+    chat = responses("gpt-x", base_url=server.url, attempt_timeout=1.0, max_retries=0)
+    async with chat:
+        with pytest.raises(ModelTimeoutError, match="attempt_timeout=1 s"):
+            await streamed(chat, ask())
