@@ -474,3 +474,18 @@ async def test_keep_alive_comments_do_not_stretch_the_attempt_deadline(
     async with chat:
         with pytest.raises(ModelTimeoutError, match="attempt_timeout=1 s"):
             await streamed(chat, ask())
+
+
+async def test_an_image_without_options_and_a_nameless_pdf(
+    server: OpenAIServer, model: OpenAIResponsesModel
+) -> None:
+    user = Message(
+        content=[
+            ImagePart(data=PNG, mime_type="image/png"),
+            FilePart(data=PDF, mime_type="application/pdf"),
+        ]
+    )
+    answer_json(server, w.text_item("ok"))
+    await model.request(ModelRequest(messages=[user]))
+    image, pdf = server.requests[0].json["input"][0]["content"]
+    assert (image["detail"], pdf["filename"]) == ("auto", "attachment.pdf")
