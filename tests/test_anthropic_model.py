@@ -268,7 +268,7 @@ async def test_cut_off_before_any_text_is_a_truncated_answer(
     server: OpenAIServer, model: AnthropicModel
 ) -> None:
     answer_json(server, stop_reason="max_tokens")
-    with pytest.raises(TruncatedAnswerError):
+    with pytest.raises(TruncatedAnswerError, match=r"ModelSettings\(max_tokens"):
         await model.request(ask())
 
 

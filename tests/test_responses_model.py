@@ -236,7 +236,7 @@ async def test_incomplete_answers_map_to_finish_reasons(
     for text, reason in (("Once upon", "length"), ("Half", "content_filter")):
         answer = (await ask_it())[0] if ask_it else await model.request(ask())
         assert (answer.text, answer.finish_reason) == (text, reason)
-    with pytest.raises(TruncatedAnswerError):
+    with pytest.raises(TruncatedAnswerError, match=r"ModelSettings\(max_tokens"):
         await (ask_it() if ask_it else model.request(ask()))
 
 

@@ -15,9 +15,8 @@ from typing import Any
 from convoq.errors import ModelError, ModelHTTPError
 from convoq.messages import Message
 from convoq.models._http_attempt import RetryableError
-from convoq.models._openai_wire import assemble
 from convoq.models._sse import SSEBuffer, event_object, excerpt
-from convoq.models._wire_common import Json, count, get, load_json
+from convoq.models._wire_common import Json, answer, count, get, load_json
 from convoq.usage import Usage
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop",
@@ -41,15 +40,15 @@ def message_of(data: Any, output_tool: str | None) -> Message:
     stop = data.get("stop_reason")
     finish = FINISH.get(stop, stop) if isinstance(stop, str) else None
     usage = parse_usage(data.get("usage"))
-    answer = [c for c in calls if c.get("name") == output_tool]
-    if output_tool is not None and answer and len(answer) == len(calls):
+    typed = [c for c in calls if c.get("name") == output_tool]
+    if output_tool is not None and typed and len(typed) == len(calls):
         # The typed answer, given as the output tool's input: that is the final text.
-        return assemble(json.dumps(answer[0].get("input")), [], "stop", usage=usage)
+        return answer(json.dumps(typed[0].get("input")), [], "stop", usage=usage)
     calls = [c for c in calls if c.get("name") != output_tool]  # other tools run first
     triples = [(c.get("id"), c.get("name"), _arguments(c.get("input"))) for c in calls]
     if stop == "refusal":
-        return assemble("", [], finish, refusal=text or REFUSED, usage=usage)
-    return assemble(text, triples, finish, usage=usage)
+        return answer("", [], finish, refusal=text or REFUSED, usage=usage)
+    return answer(text, triples, finish, usage=usage)
 
 
 def _arguments(value: Any) -> Any:

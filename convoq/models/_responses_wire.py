@@ -14,10 +14,10 @@ from typing import Any
 
 from convoq.errors import ModelError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart
-from convoq.models._openai_wire import assemble
 from convoq.models._sse import SSEBuffer, event_object, excerpt
 from convoq.models._wire_common import (
     Json,
+    answer,
     count,
     data_url,
     file_name,
@@ -158,7 +158,7 @@ def message_of(response: Json, fallback: list[Any] | None = None) -> Message:
         elif kind == "function_call":
             calls.append((get(item, "call_id"), get(item, "name"), get(item, "arguments")))
         # reasoning and built-in tool items carry nothing convoq keeps
-    return assemble(
+    return answer(
         "".join(text), calls, finish_reason(response, bool(calls)),
         refusal="".join(refusal) or None, usage=parse_usage(response.get("usage")),
     )  # fmt: skip

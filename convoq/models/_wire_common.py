@@ -10,8 +10,9 @@ import mimetypes
 from collections.abc import Mapping
 from typing import Any
 
-from convoq.errors import ModelError
-from convoq.messages import FilePart, ImagePart
+from convoq.errors import ModelError, TruncatedAnswerError
+from convoq.messages import FilePart, ImagePart, Message
+from convoq.models._openai_wire import assemble
 from convoq.models._sse import excerpt
 from convoq.models.base import ModelRequest, ModelSettings
 
@@ -89,3 +90,24 @@ def is_strict_schema(schema: Any) -> bool:
     nested += list((schema.get("properties") or {}).values())
     nested += list((schema.get("$defs") or {}).values())
     return all(is_strict_schema(s) for s in nested if s is not None)
+
+
+def answer(
+    text: str,
+    calls: list[tuple[Any, Any, Any]],
+    finish_reason: str | None,
+    *,
+    refusal: str | None = None,
+    usage: Any = None,
+) -> Message:
+    """The assistant message from text and ``(id, name, arguments)`` triples, as
+    :func:`convoq.models._openai_wire.assemble` builds it, with advice in the settings'
+    terms when the token limit cut the answer off before it began."""
+    try:
+        return assemble(text, calls, finish_reason, refusal=refusal, usage=usage)
+    except TruncatedAnswerError as exc:
+        raise TruncatedAnswerError(
+            "the model hit its token limit before answering; raise"
+            " ModelSettings(max_tokens=...) or shorten the input",
+            finish_reason="length",
+        ) from exc
