@@ -17,7 +17,7 @@ import pytest
 from convoq.errors import ModelError, ModelHTTPError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.models import Model, ModelRequest, OpenAIChatModel, ToolSpec, openai
-from convoq.models._openai_http import retry_after
+from convoq.models._http_attempt import retry_after
 from convoq.models._openai_wire import StreamAssembler
 from tests.support.openai_server import OpenAIServer, tool_call_chunk
 

@@ -11,6 +11,7 @@ from convoq import Agent, GenerationRequest, Message
 from convoq.client._base import build_submission
 from convoq.errors import (
     InvalidMessageError,
+    ModelError,
     ModelHTTPError,
     ModelTimeoutError,
     TruncatedAnswerError,
@@ -338,3 +339,34 @@ def test_submit_refuses_a_generation_request_saying_why_and_what_to_use() -> Non
     assert "Agent.generate(GenerationRequest" in message
     assert "expected" not in message
     assert caught.value.details["rule"] == "generation_request"
+
+
+# -- a connection that drops mid-answer ---------------------------------------------------
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_connection_dropped_mid_answer_says_the_server_answered(
+    server: OpenAIServer, streaming: bool
+) -> None:
+    chunk = '{"choices": [{"index": 0, "delta": {"content": "Hel"}}]}'
+    body = f"data: {chunk}\n\n" * 3 if streaming else '{"choices": [{"message": {"content": "x"}}]}'
+    content_type = "text/event-stream" if streaming else "application/json"
+    server.reply_cut(body, cut_at=len(body) - 5, content_type=content_type)
+    chat = openai("gpt-x", base_url=server.url, api_key="k", max_retries=0)
+    async with chat:
+        with pytest.raises(ModelError) as caught:
+            await (collect(chat, ask()) if streaming else chat.request(ask()))
+    message = caught.value.message
+    assert "answered HTTP 200, then the connection dropped" in message
+    assert "could not reach" not in message and "check base_url" not in message
+    assert caught.value.details["answered_status"] == 200
+
+
+async def test_a_dropped_answer_is_retried_when_nothing_was_streamed(server: OpenAIServer) -> None:
+    body = '{"choices": [{"message": {"content": "x"}}]}'
+    server.reply_cut(body, cut_at=10)
+    server.reply_text("whole")
+    chat = openai("gpt-x", base_url=server.url, api_key="k", max_retries=1, retry_base_delay=0)
+    async with chat:
+        assert (await chat.request(ask())).text == "whole"
+    assert len(server.requests) == 2

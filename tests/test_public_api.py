@@ -63,7 +63,8 @@ def test_contract_names() -> None:
     assert expected <= set(convoq.__all__)
     assert {"ConversationMemory", "InMemoryConversationMemory", "FileConversationMemory",
             "RedisConversationMemory"} <= set(convoq.memory.__all__)  # fmt: skip
-    assert {"ScriptedModel", "OpenAIChatModel", "openai"} <= set(convoq.models.__all__)
+    assert {"ScriptedModel", "OpenAIChatModel", "OpenAIResponsesModel", "AnthropicModel",
+            "openai", "responses", "anthropic"} <= set(convoq.models.__all__)  # fmt: skip
 
 
 def test_every_error_is_a_convoq_error_and_documented_in_the_tree() -> None:

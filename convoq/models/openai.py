@@ -1,68 +1,46 @@
 """A model that speaks the OpenAI Chat Completions API over httpx.
 
 Any server of that wire format works: OpenAI, Azure OpenAI, vLLM, Ollama, llama.cpp
-server. Requests are retried as the official OpenAI SDK retries them (408, 409, 429, 5xx,
-or whatever ``x-should-retry: true|false`` says; timeouts and dropped connections) with
-exponential backoff and jitter, honouring ``Retry-After`` / ``retry-after-ms``. Each
-attempt, and the call as a whole, has a deadline (:mod:`convoq.models._openai_http`).
+server, LM Studio. Retries, deadlines and HTTP clients are those of every model over HTTP
+(:mod:`convoq.models._http_model`); the body and the answer are
+:mod:`convoq.models._openai_wire`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
-import time
-import weakref
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
-import httpx
-
-from convoq import defaults
-from convoq.errors import ModelError, ModelTimeoutError
-from convoq.messages import Message
-from convoq.models._openai_http import Attempt, RetryableError, run_attempt
-from convoq.models._openai_wire import build_body
-from convoq.models.base import ModelRequest, TextDeltaHandler
-from convoq.observe import metrics
+from convoq.errors import ModelError
+from convoq.models._http_attempt import WireCodec
+from convoq.models._http_model import HTTPModel, HTTPOptions, key_headers
+from convoq.models._openai_wire import StreamAssembler, build_body, parse_completion
+from convoq.models.base import ModelRequest
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-MAX_BACKOFF = 8.0
-DEFAULT_MAX_RESPONSE_BYTES = 16 * defaults.MiB
-DEFAULT_ATTEMPT_TIMEOUT = 600.0
-DEFAULT_TOTAL_TIMEOUT = 900.0
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(HTTPModel):
     """A chat model behind ``POST {base_url}/chat/completions``.
 
     Args:
         model: the model name sent to the server, e.g. ``"gpt-4.1-mini"``.
-        api_key: bearer token; ``None`` reads ``OPENAI_API_KEY``. Local servers need none.
+        api_key: the key; ``None`` reads ``OPENAI_API_KEY``. Local servers need none.
         base_url: ``None`` reads ``OPENAI_BASE_URL``, else ``https://api.openai.com/v1``.
-        timeout: seconds allowed for each of connect, write, pool wait and every read.
-        attempt_timeout: seconds one attempt may take from start to last byte, however
-            the server trickles (keep-alive comments do not extend it); None: no limit.
-        total_timeout: seconds the whole call may take, retries and backoff included;
-            None: no limit. ModelTimeoutError when either runs out.
-        max_retries: further attempts after a retryable status (408, 409, 429, 5xx, or
-            ``x-should-retry: true``), a timeout or a dropped connection.
-        extra_body: keys merged into every request body (for what ModelSettings lacks;
-            a request's ``settings.extra_body`` is merged after it).
-        headers: extra HTTP headers for every request.
-        http_client: an ``httpx.AsyncClient`` to use; its owner closes it. Without one, a
-            client per event loop is created on first use; :meth:`aclose` closes them.
-        retry_base_delay: first backoff in seconds, doubled each retry (capped at 8 s).
-        max_response_bytes: a non-streamed answer larger than this is refused (ModelError)
-            instead of being read into memory whole.
+        api_key_header: the header that carries the key: ``Authorization`` (as
+            ``Bearer KEY``, the default) or e.g. Azure OpenAI's ``api-key`` (the key alone).
         structured_output: the server takes ``response_format`` with a JSON schema (OpenAI,
             vLLM, Ollama do); False: an output type is asked for in the instructions.
+        **options: as :class:`~convoq.models._http_model.HTTPModel` (timeouts, retries,
+            ``extra_body``, ``headers``, ``query``, ``http_client``...); a request's
+            ``settings.extra_body`` is merged after ``extra_body``.
 
     A request's :class:`ModelSettings` map to their Chat Completions fields (``max_tokens``
     is sent as ``max_completion_tokens``; a named ``tool_choice`` as
     ``{"type": "function", "function": {"name": ...}}``).
     """
+
+    codec = WireCodec(parse_completion, StreamAssembler)
 
     def __init__(
         self,
@@ -70,146 +48,37 @@ class OpenAIChatModel:
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        timeout: float = 60.0,
-        attempt_timeout: float | None = DEFAULT_ATTEMPT_TIMEOUT,
-        total_timeout: float | None = DEFAULT_TOTAL_TIMEOUT,
-        max_retries: int = 3,
-        extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        http_client: httpx.AsyncClient | None = None,
-        retry_base_delay: float = 0.5,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        api_key_header: str = "Authorization",
         structured_output: bool = True,
+        **options: Unpack[HTTPOptions],
     ) -> None:
-        if max_retries < 0:
-            raise ModelError(f"max_retries must be 0 or more, not {max_retries}")
-        for name, value in (("attempt_timeout", attempt_timeout), ("total_timeout", total_timeout)):
-            if value is not None and not value > 0:
-                raise ModelError(f"{name} must be a number of seconds > 0 or None, not {value}")
-        self.name = model
-        self.model = model
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         url = base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL")
-        self.base_url = (url or DEFAULT_BASE_URL).rstrip("/")
-        self.timeout = httpx.Timeout(timeout)
-        self.attempt_timeout = attempt_timeout
-        self.total_timeout = total_timeout
-        self.max_retries = max_retries
-        self.retry_base_delay = retry_base_delay
-        self.max_response_bytes = max_response_bytes
+        super().__init__(model, url or DEFAULT_BASE_URL, **options)
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.api_key_header = api_key_header
         self.structured_output = structured_output
-        self.extra_body = dict(extra_body or {})
-        self.headers = dict(headers or {})
-        self._http_client = http_client
-        # httpx clients belong to the loop they first ran on: one per loop, dropped with it.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
-        self._clients = weakref.WeakKeyDictionary()
 
-    def __repr__(self) -> str:
-        return f"OpenAIChatModel({self.model!r}, base_url={self.base_url!r})"
+    def _url(self) -> str:
+        return f"{self.base_url}/chat/completions"
 
-    async def request(
-        self, request: ModelRequest, *, on_text_delta: TextDeltaHandler | None = None
-    ) -> Message:
-        """Send ``request``; stream text to ``on_text_delta`` when given.
+    def _auth_headers(self) -> dict[str, str]:
+        return openai_auth(self.api_key, self.api_key_header, self.base_url)
 
-        Raises:
-            ModelHTTPError: the server answered an error status (after retries when the
-                status is retryable).
-            ModelTimeoutError: an attempt or the whole call ran past its deadline.
-            TruncatedAnswerError: the model hit its token limit before answering anything.
-            ModelError: no API key for OpenAI, a transport failure after retries, or a
-                response that cannot be used (not JSON, no choices, bad tool arguments...).
-        """
-        stream = on_text_delta is not None
-        body = build_body(
+    def _build_body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
+        return build_body(
             self.model, request, stream=stream, extra_body=self.extra_body,
             structured_output=self.structured_output,
         )  # fmt: skip
-        headers = self._request_headers(stream)
-        started = time.monotonic()
-        total_end = None if self.total_timeout is None else started + self.total_timeout
-        attempt = 0
-        while True:
-            try:
-                return await run_attempt(self._attempt(body, headers, total_end), on_text_delta)
-            except RetryableError as failure:
-                delay = self._delay(attempt, failure.delay)
-                out_of_time = total_end is not None and time.monotonic() + delay >= total_end
-                if attempt >= self.max_retries or out_of_time:
-                    raise failure.error from failure.__cause__
-                metrics.model_retry(self.model, metrics.error_status(failure.error))
-                await asyncio.sleep(delay)
-                attempt += 1
 
-    def _attempt(
-        self, body: dict[str, Any], headers: dict[str, str], total_end: float | None
-    ) -> Attempt:
-        now = time.monotonic()
-        ends: list[tuple[float, str]] = []
-        if self.attempt_timeout is not None:
-            ends.append((now + self.attempt_timeout, f"attempt_timeout={self.attempt_timeout:g} s"))
-        if total_end is not None:
-            ends.append((total_end, f"total_timeout={self.total_timeout:g} s"))
-        stop_at, why = min(ends) if ends else (float("inf"), "no deadline")
-        if stop_at <= now:
-            raise ModelTimeoutError(
-                f"the model call ran out of time before another attempt ({why})", deadline=why
-            )
-        return Attempt(
-            client=self._client(), url=f"{self.base_url}/chat/completions", body=body,
-            headers=headers, timeout=self.timeout, stop_at=stop_at, why=why,
-            max_response_bytes=self.max_response_bytes,
-        )  # fmt: skip
 
-    def _request_headers(self, stream: bool) -> dict[str, str]:
-        headers = {"Accept": "text/event-stream" if stream else "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        elif self.base_url == DEFAULT_BASE_URL:
-            raise ModelError(
-                "no OpenAI API key: set the OPENAI_API_KEY environment variable or pass"
-                " api_key=...; for a local server (vLLM, Ollama) pass base_url=..."
-            )
-        headers.update(self.headers)
-        return headers
-
-    def _delay(self, attempt: int, asked: float | None) -> float:
-        if asked is not None:
-            return asked
-        backoff = min(MAX_BACKOFF, self.retry_base_delay * 2.0**attempt)
-        return backoff * random.uniform(0.5, 1.0)  # jitter: retries of many turns spread out
-
-    def _client(self) -> httpx.AsyncClient:
-        if self._http_client is not None:
-            return self._http_client
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None or client.is_closed:
-            client = httpx.AsyncClient(timeout=self.timeout)
-            self._clients[loop] = client
-        return client
-
-    async def aclose(self) -> None:
-        """Close the HTTP clients this model created (not one passed as ``http_client``).
-
-        The model stays usable: a later request opens a new client.
-        """
-        current = asyncio.get_running_loop()
-        clients = list(self._clients.items())
-        self._clients.clear()
-        for loop, client in clients:
-            if loop is current:
-                await client.aclose()
-            elif loop.is_running():  # e.g. the sync bridge's loop thread
-                future = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
-                await asyncio.wrap_future(future)
-
-    async def __aenter__(self) -> OpenAIChatModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+def openai_auth(api_key: str | None, header: str, base_url: str) -> dict[str, str]:
+    """The key header of the OpenAI wire formats; ModelError for OpenAI itself without a key."""
+    if not api_key and base_url == DEFAULT_BASE_URL:
+        raise ModelError(
+            "no OpenAI API key: set the OPENAI_API_KEY environment variable or pass"
+            " api_key=...; for a local server (vLLM, Ollama) pass base_url=..."
+        )
+    return key_headers(api_key, header)
 
 
 def openai(model_name: str, **kwargs: Any) -> OpenAIChatModel:

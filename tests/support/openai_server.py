@@ -65,6 +65,7 @@ class _Reply:
     delay: float = 0.0
     usage: Json | None = field(default_factory=lambda: dict(_USAGE))
     keepalive: float | None = None  # send ": keep-alive" this often, and nothing else
+    cut_at: int | None = None  # send only this many bytes of the body, then hang up
 
 
 def text_chunk(text: str, *, index: int = 0) -> Json:
@@ -110,11 +111,14 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.chunks is not None or (reply.message is not None and stream):
             self._send_sse(reply, _model_of(body))
         else:
-            self._send(reply.status, reply.headers, _render_body(reply, _model_of(body)))
+            body = _render_body(reply, _model_of(body))
+            self._send(reply.status, reply.headers, body, cut_at=reply.cut_at)
 
     do_GET = do_POST
 
-    def _send(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+    def _send(
+        self, status: int, headers: Mapping[str, str], body: bytes, *, cut_at: int | None = None
+    ) -> None:
         self.send_response(status)
         lowered = {k.lower() for k in headers}
         if "content-type" not in lowered:
@@ -123,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body if cut_at is None else body[:cut_at])
 
     def _send_sse(self, reply: _Reply, model: str) -> None:
         self.send_response(reply.status)
@@ -301,6 +305,15 @@ class OpenAIServer:
         data = body.encode() if isinstance(body, str) else body
         headers = {"Content-Type": content_type}
         self._push(_Reply(status=status, headers=headers, body=data, delay=delay))
+
+    def reply_cut(
+        self, body: bytes | str, *, cut_at: int, content_type: str = "application/json"
+    ) -> None:
+        """Announce the whole ``body`` (its Content-Length), send its first ``cut_at`` bytes
+        and hang up: a connection that drops mid-answer."""
+        data = body.encode() if isinstance(body, str) else body
+        headers = {"Content-Type": content_type}
+        self._push(_Reply(headers=headers, body=data, cut_at=cut_at))
 
     def _push(self, reply: _Reply) -> None:
         with self._lock:

@@ -1,7 +1,9 @@
-"""One attempt of a Chat Completions call over httpx, bounded by a deadline.
+"""One attempt of a model call over httpx, bounded by a deadline, for every wire format.
 
-:class:`convoq.models.openai.OpenAIChatModel` decides on retries; this module runs a single
-attempt and says whether a failure is worth another one (:class:`RetryableError`).
+:class:`convoq.models._http_model.HTTPModel` decides on retries; this module runs a single
+attempt and says whether a failure is worth another one (:class:`RetryableError`). What
+the bytes mean is the wire format's business (:class:`WireCodec`): a whole JSON answer is
+parsed at once, a server-sent-event stream is fed line by line to a :class:`StreamDecoder`.
 
 The deadline is kept two ways, so neither has to be trusted alone: the attempt runs under
 ``asyncio.timeout`` (which cancels it), and every httpx timeout is cut to the time left
@@ -13,17 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from convoq.errors import ModelError, ModelHTTPError, ModelTimeoutError
 from convoq.messages import Message
-from convoq.models._openai_wire import StreamAssembler, parse_completion
 from convoq.models.base import TextDeltaHandler
 
 MAX_RETRY_AFTER = 60.0
@@ -39,6 +40,27 @@ class RetryableError(Exception):
         self.delay = delay
 
 
+class StreamDecoder(Protocol):
+    """Turns the lines of one event stream into one assistant message."""
+
+    def feed(self, line: str) -> str | None:
+        """Take one line (without its newline); return the text delta it carries, if any."""
+        ...
+
+    def finish(self) -> Message:
+        """The assembled message, once the stream has ended; ModelError if it is cut off."""
+        ...
+
+
+@dataclass(frozen=True)
+class WireCodec:
+    """How one wire format reads an answer: ``parse`` a whole JSON body, or feed a
+    ``stream()`` decoder (a new one per attempt) with the lines of an event stream."""
+
+    parse: Callable[[bytes], Message]
+    stream: Callable[[], StreamDecoder]
+
+
 @dataclass
 class Attempt:
     """One POST: where, what, and until when (``time.monotonic()``)."""
@@ -51,6 +73,9 @@ class Attempt:
     stop_at: float
     why: str  # which setting set the deadline, for the error message
     max_response_bytes: int
+    codec: WireCodec
+    params: dict[str, str] = field(default_factory=dict)
+    answered: int | None = None  # the HTTP status, once the server has answered
     delivered: bool = False
 
     def left(self) -> float:
@@ -106,12 +131,14 @@ async def _send(attempt: Attempt, on_text_delta: TextDeltaHandler | None) -> Mes
             attempt.url,
             json=attempt.body,
             headers=attempt.headers,
+            params=attempt.params,
             timeout=attempt.bounded_timeout(),
         ) as response:
+            attempt.answered = response.status_code
             await _check_status(response)
             if on_text_delta is None or not _is_event_stream(response):
                 raw = await _read_bounded(response, attempt)
-                message = parse_completion(raw)
+                message = attempt.codec.parse(raw)
                 if on_text_delta is not None and message.text:
                     await on_text_delta(message.text)  # the server did not stream
                 return message
@@ -149,14 +176,22 @@ async def _read_bounded(response: httpx.Response, attempt: Attempt) -> bytes:
 async def _read_stream(
     response: httpx.Response, attempt: Attempt, on_text_delta: TextDeltaHandler
 ) -> Message:
-    assembler = StreamAssembler()
-    async for line in response.aiter_lines():
-        attempt.left()  # keep-alive comments must not keep the call open past its deadline
-        text = assembler.feed(line)
-        if text:
-            attempt.delivered = True
-            await on_text_delta(text)
-    return assembler.finish()
+    decoder = attempt.codec.stream()
+    try:
+        async for line in response.aiter_lines():
+            attempt.left()  # keep-alive comments must not keep the call open past its deadline
+            text = decoder.feed(line)
+            if text:
+                attempt.delivered = True
+                await on_text_delta(text)
+    except RetryableError as failure:  # the stream itself said "overloaded", say
+        if attempt.delivered:  # a retry would repeat text already handed out
+            raise failure.error from failure
+        raise
+    message = decoder.finish()
+    if not attempt.delivered and message.text:
+        await on_text_delta(message.text)  # text no delta carried (an output tool's JSON)
+    return message
 
 
 async def _check_status(response: httpx.Response) -> None:
@@ -198,6 +233,14 @@ def _transport_error(exc: httpx.HTTPError, attempt: Attempt) -> ModelError:
             f"the model endpoint {attempt.url} did not answer within {attempt.timeout.read} s"
             f" ({type(exc).__name__}); raise timeout=... or check the server",
             deadline="timeout",
+        )
+    if attempt.answered is not None:
+        # The server was reached and answered: base_url is right, the answer broke off.
+        return ModelError(
+            f"the model endpoint {attempt.url} answered HTTP {attempt.answered}, then the"
+            f" connection dropped before the answer was complete ({type(exc).__name__}:"
+            f" {exc}); look for a proxy or server limit that cuts long answers",
+            answered_status=attempt.answered,
         )
     return ModelError(
         f"could not reach the model endpoint {attempt.url}: {type(exc).__name__}: {exc};"
