@@ -79,8 +79,7 @@ def checked_json(value: Any, what: str) -> Any:
         raise InvalidMessageError(f"{what} must be JSON data ({exc})", rule="json") from None
     if again != value:
         raise InvalidMessageError(
-            f"{what} must be JSON data that reads back as itself (str keys, lists, not"
-            " tuples)",
+            f"{what} must be JSON data that reads back as itself (str keys, lists, not tuples)",
             rule="json",
         )
     return value
@@ -132,9 +131,9 @@ def original_of(message: Message, *, framework: str) -> Any | None:
 def view_content(message: Message) -> list[Part]:
     """The message's parts without a kept original."""
     content = list(message.content)
-    if content and isinstance(content[-1], FilePart):
-        if content[-1].mime_type == ORIGINAL_MIME_TYPE:
-            content.pop()
+    last = content[-1] if content else None
+    if isinstance(last, FilePart) and last.mime_type == ORIGINAL_MIME_TYPE:
+        content.pop()
     return content
 
 

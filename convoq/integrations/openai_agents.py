@@ -152,7 +152,6 @@ class ConvoqSession:
                 await self._write(chunk)
 
 
-
 if TYPE_CHECKING:  # mypy checks that ConvoqSession satisfies the SDK's Session protocol.
     from agents.memory import Session
 
