@@ -64,7 +64,7 @@ def every_kind_of_item() -> list[dict[str, Any]]:
                     "type": "input_file",
                     "file_data": url_of("application/pdf", PDF),
                     "filename": "report.pdf",
-                },  # fmt: skip
+                },
                 {
                     "type": "input_image",
                     "image_url": "https://example.com/cat.png",
@@ -80,7 +80,7 @@ def every_kind_of_item() -> list[dict[str, Any]]:
             "name": "lookup",
             "arguments": '{"q":"cat","n":2}',
             "status": "completed",
-        },  # fmt: skip
+        },
         {"type": "function_call_output", "call_id": "call_1", "output": "a tabby cat"},
         {
             "id": "msg_1",
@@ -90,13 +90,13 @@ def every_kind_of_item() -> list[dict[str, Any]]:
             "content": [
                 {"type": "output_text", "text": "Un chat.", "annotations": [], "logprobs": []}
             ],
-        },  # fmt: skip
+        },
         {
             "type": "web_search_call",
             "id": "ws_1",
             "status": "completed",
             "action": {"type": "search", "query": "cats"},
-        },  # fmt: skip
+        },
         {
             "type": "function_call_output",
             "call_id": "call_2",
@@ -104,7 +104,7 @@ def every_kind_of_item() -> list[dict[str, Any]]:
                 {"type": "input_text", "text": "ok"},
                 {"type": "input_image", "image_url": url_of("image/png", PNG), "detail": "auto"},
             ],
-        },  # fmt: skip
+        },
         {"role": "user", "content": 'Merci, unicode ✓ \u00e9 and "quotes"'},
     ]
 
@@ -123,16 +123,25 @@ async def test_items_are_stored_as_convoq_messages(memory: ConversationMemory) -
     await ConvoqSession("chat-1", memory).add_items(items)
     stored = await memory.aload("chat-1")
     roles = [m.role for m in stored]
-    assert roles == [MessageRole.DEVELOPER, MessageRole.USER, MessageRole.USER,
-                     MessageRole.ASSISTANT, MessageRole.ASSISTANT, MessageRole.TOOL,
-                     MessageRole.ASSISTANT, MessageRole.ASSISTANT, MessageRole.TOOL,
-                     MessageRole.USER]  # fmt: skip
+    assert roles == [
+        MessageRole.DEVELOPER,
+        MessageRole.USER,
+        MessageRole.USER,
+        MessageRole.ASSISTANT,
+        MessageRole.ASSISTANT,
+        MessageRole.TOOL,
+        MessageRole.ASSISTANT,
+        MessageRole.ASSISTANT,
+        MessageRole.TOOL,
+        MessageRole.USER,
+    ]
     # Plain items are stored as plain messages: nothing kept beside them.
     assert stored[0] == Message(
         role=MessageRole.DEVELOPER, content=[TextPart(text="Answer in French.")]
     )
-    assert stored[5] == Message(role=MessageRole.TOOL, content=[TextPart(text="a tabby cat")],
-                                tool_call_id="call_1")  # fmt: skip
+    assert stored[5] == Message(
+        role=MessageRole.TOOL, content=[TextPart(text="a tabby cat")], tool_call_id="call_1"
+    )
     picture = stored[2]
     assert [type(p) for p in picture.content] == [TextPart, ImagePart, FilePart, FilePart]
     image, pdf, original = picture.content[1:]
@@ -184,8 +193,14 @@ async def test_pop_item_removes_and_returns_the_newest(memory: ConversationMemor
 
 async def test_a_turn_convoq_wrote_reads_as_items(memory: ConversationMemory) -> None:
     call = ToolCall(id="call_9", name="lookup", arguments={"q": "x"})
-    memory.append("chat-1", [Message.user("hi"), Message.assistant("Let me look.", [call]),
-                             Message.tool_result(call, "found")])  # fmt: skip
+    memory.append(
+        "chat-1",
+        [
+            Message.user("hi"),
+            Message.assistant("Let me look.", [call]),
+            Message.tool_result(call, "found"),
+        ],
+    )
     session = ConvoqSession("chat-1", memory)
     assert await session.get_items() == [
         {"role": "user", "content": "hi"},
@@ -195,8 +210,12 @@ async def test_a_turn_convoq_wrote_reads_as_items(memory: ConversationMemory) ->
     ]
     await session.pop_item()
     popped = await session.pop_item()
-    assert popped == {"type": "function_call", "call_id": "call_9", "name": "lookup",
-                      "arguments": '{"q": "x"}'}  # fmt: skip
+    assert popped == {
+        "type": "function_call",
+        "call_id": "call_9",
+        "name": "lookup",
+        "arguments": '{"q": "x"}',
+    }
     assert await session.get_items() == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "Let me look."},
@@ -247,8 +266,12 @@ async def test_attachments_are_stored_once_per_conversation_on_redis(
     try:
         session = ConvoqSession("chat-1", memory)
         for n in range(3):
-            await session.add_items([{"role": "user", "content": [image]},
-                                     {"role": "assistant", "content": f"seen {n}"}])  # fmt: skip
+            await session.add_items(
+                [
+                    {"role": "user", "content": [image]},
+                    {"role": "assistant", "content": f"seen {n}"},
+                ]
+            )
         blobs = redis_client.hgetall(KeySchema(key_prefix).blobs("chat-1"))
         assert list(blobs.values()) == [PNG]
         assert len(await session.get_items()) == 6
@@ -297,17 +320,21 @@ def weather(city: str) -> str:
 
 
 async def test_runner_run_keeps_the_conversation_in_convoq(memory: ConversationMemory) -> None:
-    model = ScriptedModel([
-        [function_call("weather", {"city": "Paris"}, call_id="call_1")],
-        [assistant_message("It is sunny in Paris.", item_id="msg_1")],
-        [assistant_message("You asked about Paris.", item_id="msg_2")],
-    ])  # fmt: skip
+    model = ScriptedModel(
+        [
+            [function_call("weather", {"city": "Paris"}, call_id="call_1")],
+            [assistant_message("It is sunny in Paris.", item_id="msg_1")],
+            [assistant_message("You asked about Paris.", item_id="msg_2")],
+        ]
+    )
     agent = Agent(name="assistant", model=model, tools=[weather])
-    first = await Runner.run(agent, "Weather in Paris?", session=ConvoqSession("c", memory),
-                             run_config=NO_TRACING)  # fmt: skip
+    first = await Runner.run(
+        agent, "Weather in Paris?", session=ConvoqSession("c", memory), run_config=NO_TRACING
+    )
     assert first.final_output == "It is sunny in Paris."
-    second = await Runner.run(agent, "What did I ask?", session=ConvoqSession("c", memory),
-                              run_config=NO_TRACING)  # fmt: skip
+    second = await Runner.run(
+        agent, "What did I ask?", session=ConvoqSession("c", memory), run_config=NO_TRACING
+    )
     assert second.final_output == "You asked about Paris."
     call = model.last_call
     assert call is not None
@@ -316,11 +343,23 @@ async def test_runner_run_keeps_the_conversation_in_convoq(memory: ConversationM
     stored = await ConvoqSession("c", memory).get_items()
     # The second run sent the whole stored first run, then its own input.
     assert sent == stored[:-1]
-    assert [i.get("type", "message") for i in stored] == ["message", "function_call",
-        "function_call_output", "message", "message", "message"]  # fmt: skip
+    assert [i.get("type", "message") for i in stored] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+        "message",
+        "message",
+    ]
     assert stored[2]["output"] == "sunny in Paris"
-    assert [m.role for m in await memory.aload("c")] == [MessageRole.USER, MessageRole.ASSISTANT,
-        MessageRole.TOOL, MessageRole.ASSISTANT, MessageRole.USER, MessageRole.ASSISTANT]  # fmt: skip
+    assert [m.role for m in await memory.aload("c")] == [
+        MessageRole.USER,
+        MessageRole.ASSISTANT,
+        MessageRole.TOOL,
+        MessageRole.ASSISTANT,
+        MessageRole.USER,
+        MessageRole.ASSISTANT,
+    ]
 
 
 def run_in_process(redis_url: str, prefix: str, text: str, answer: str) -> dict[str, Any]:
@@ -328,8 +367,12 @@ def run_in_process(redis_url: str, prefix: str, text: str, answer: str) -> dict[
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
         [sys.executable, str(RUN_DRIVER), redis_url, prefix, "chat-x", text, answer],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
