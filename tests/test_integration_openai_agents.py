@@ -3,6 +3,7 @@ on every backend, with the SDK's own ScriptedModel and a real redis-server."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -249,8 +250,6 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ConvoqError, match="busy_timeout_s"):
         ConvoqSession("chat-1", memory, busy_timeout_s=-1)
     with pytest.raises(ConvoqError, match="limit"):
-        import asyncio
-
         asyncio.run(ConvoqSession("chat-1", memory).get_items("3"))  # type: ignore[arg-type]
 
 
@@ -401,3 +400,48 @@ def test_runner_run_across_two_processes_on_one_redis(redis_url: str, key_prefix
         ]
     finally:
         memory.close()
+
+
+def run_sync_on_a_loop_of_its_own(agent: Agent[Any], text: str, session: ConvoqSession) -> Any:
+    """``Runner.run_sync`` as a script calls it, on a thread whose loop is closed after."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return Runner.run_sync(agent, text, session=session, run_config=NO_TRACING)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+async def run_agent(how: str, agent: Agent[Any], text: str, session: ConvoqSession) -> Any:
+    """``Runner.run``, ``Runner.run_sync`` (on a thread of its own) or ``run_streamed``."""
+    if how == "run":
+        return await Runner.run(agent, text, session=session, run_config=NO_TRACING)
+    if how == "run_sync":
+        return await asyncio.to_thread(run_sync_on_a_loop_of_its_own, agent, text, session)
+    streamed = Runner.run_streamed(agent, text, session=session, run_config=NO_TRACING)
+    async for _event in streamed.stream_events():
+        pass
+    return streamed
+
+
+@pytest.mark.parametrize("how", ["run", "run_sync", "run_streamed"])
+async def test_every_runner_entry_point_keeps_sessions_apart(
+    memory: ConversationMemory, how: str
+) -> None:
+    model = ScriptedModel([
+        [assistant_message("Cats, noted.")],
+        [assistant_message("Dogs, noted.")],
+        [assistant_message("You like cats.")],
+    ])  # fmt: skip
+    agent = Agent(name="assistant", model=model)
+    cats, dogs = ConvoqSession("cats", memory), ConvoqSession("dogs", memory)
+    assert (await run_agent(how, agent, "I like cats.", cats)).final_output == "Cats, noted."
+    assert (await run_agent(how, agent, "I like dogs.", dogs)).final_output == "Dogs, noted."
+    result = await run_agent(how, agent, "What do I like?", ConvoqSession("cats", memory))
+    assert result.final_output == "You like cats."
+    call = model.last_call
+    assert call is not None and isinstance(call.input, list)
+    assert [item.get("role") for item in call.input] == ["user", "assistant", "user"]
+    assert "dogs" not in json.dumps(call.input)
+    assert len(await dogs.get_items()) == 2
