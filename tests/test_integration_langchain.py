@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.language_models.fake_chat_models import (
     FakeListChatModel,
@@ -31,6 +32,7 @@ from convoq.integrations.langchain import ConvoqChatMessageHistory
 from convoq.memory import ConversationMemory, InMemoryConversationMemory
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
+from convoq.redis.keys import KeySchema
 from convoq.window import Window
 from tests.support.memory_backends import backend_url, close_memory, make_memory
 
@@ -297,3 +299,50 @@ async def test_a_running_convoq_turn_keeps_writes_out(redis_url: str, key_prefix
     finally:
         await memory.aclose()
         await other.aclose()
+
+
+async def test_clear_is_refused_while_a_turn_runs(redis_url: str, key_prefix: str) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    try:
+        history = ConvoqChatMessageHistory("chat-1", memory)
+        await history.aadd_messages([HumanMessage("kept")])
+        await memory.areserve("chat-1", "a-running-turn")
+        with pytest.raises(ConversationBusyError):
+            await history.aclear()
+        await memory.arelease("chat-1", "a-running-turn")
+        assert await history.aget_messages() == [HumanMessage("kept")]
+        history.clear()
+        assert history.messages == []
+    finally:
+        await memory.aclose()
+
+
+def test_without_a_memory_it_uses_redis_from_the_settings(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVOQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("CONVOQ_PREFIX", key_prefix)
+    history = ConvoqChatMessageHistory("chat-1")
+    history.add_messages([HumanMessage("hi")])
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    try:
+        assert memory.load("chat-1") == [Message.user("hi")]
+    finally:
+        memory.close()
+        assert isinstance(history.memory, RedisConversationMemory)
+        history.memory.close()
+
+
+def test_images_are_stored_once_per_conversation_on_redis(redis_url: str, key_prefix: str) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    client = redis.Redis.from_url(redis_url)
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64_PNG}"}}
+    try:
+        history = ConvoqChatMessageHistory("chat-1", memory)
+        for n in range(3):
+            history.add_messages([HumanMessage(content=[image]), AIMessage(f"seen {n}")])
+        assert list(client.hgetall(KeySchema(key_prefix).blobs("chat-1")).values()) == [PNG]
+        assert len(history.messages) == 6
+    finally:
+        client.close()
+        memory.close()

@@ -19,13 +19,23 @@ from agents import Agent, RunConfig, Runner, function_tool
 from agents.memory import Session, SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
+from convoq.errors import (
+    ConversationBusyError,
+    ConvoqError,
+    CorruptDataError,
+    InvalidMessageError,
+)
 from convoq.integrations._originals import ORIGINAL_MIME_TYPE
 from convoq.integrations.openai_agents import ConvoqSession
-from convoq.memory import ConversationMemory, InMemoryConversationMemory
+from convoq.memory import (
+    ConversationMemory,
+    InMemoryConversationMemory,
+    StoredConversationMemory,
+)
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.redis.keys import KeySchema
+from convoq.summary import Summary
 from convoq.window import Window
 from tests.support.memory_backends import backend_url, close_memory, make_memory
 
@@ -445,3 +455,113 @@ async def test_every_runner_entry_point_keeps_sessions_apart(
     assert [item.get("role") for item in call.input] == ["user", "assistant", "user"]
     assert "dogs" not in json.dumps(call.input)
     assert len(await dogs.get_items()) == 2
+
+
+WRITES_DRIVER = ROOT / "tests" / "support" / "agents_session_writes.py"
+
+
+def test_two_processes_writing_one_session_interleave_whole_batches(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
+    env["PYTHONPATH"] = str(ROOT)
+    writers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WRITES_DRIVER),
+                redis_url,
+                key_prefix,
+                "shared",
+                tag,
+                "15",
+                str(go),
+            ],
+            env=env,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("a", "b")
+    ]
+    go.touch()
+    for writer in writers:
+        _, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err[-3000:]
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    try:
+        items = asyncio.run(ConvoqSession("shared", memory).get_items())
+    finally:
+        memory.close()
+    assert len(items) == 60
+    # Every batch is stored whole: a user item is always followed by its own answer.
+    for asked, answered in zip(items[::2], items[1::2], strict=True):
+        assert answered == {"role": "assistant", "content": f"{asked['content']} answered"}
+    for tag in ("a", "b"):
+        mine = [i["content"] for i in items[::2] if i["content"].startswith(f"{tag}-")]
+        assert mine == [f"{tag}-{n}" for n in range(15)]
+
+
+def test_without_a_memory_it_uses_redis_from_the_settings(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVOQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("CONVOQ_PREFIX", key_prefix)
+    session = ConvoqSession("chat-1")
+    asyncio.run(session.add_items([{"role": "user", "content": "hi"}]))
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    try:
+        assert memory.load("chat-1") == [Message.user("hi")]
+    finally:
+        memory.close()
+        assert isinstance(session.memory, RedisConversationMemory)
+        session.memory.close()
+
+
+async def test_clear_session_is_refused_while_a_turn_runs(redis_url: str, key_prefix: str) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    try:
+        session = ConvoqSession("chat-1", memory)
+        await session.add_items([{"role": "user", "content": "kept"}])
+        await memory.areserve("chat-1", "a-running-turn")
+        with pytest.raises(ConversationBusyError):
+            await session.clear_session()
+        await memory.arelease("chat-1", "a-running-turn")
+        assert await session.get_items() == [{"role": "user", "content": "kept"}]
+        await session.clear_session()
+        assert await session.get_items() == []
+    finally:
+        await memory.aclose()
+
+
+async def test_a_damaged_original_is_reported() -> None:
+    memory = InMemoryConversationMemory()
+    session = ConvoqSession("chat-1", memory)
+    await session.add_items([{"type": "reasoning", "id": "rs_1", "summary": []}])
+    [stored] = memory.load("chat-1")
+    original = stored.content[-1]
+    assert isinstance(original, FilePart)
+    for damaged in (b"not json", original.data.replace(b'"version":1', b'"version":2')):
+        memory.clear("chat-1")
+        broken = FilePart(data=damaged, mime_type=ORIGINAL_MIME_TYPE)
+        memory.append("chat-1", [stored.model_copy(update={"content": [broken]})])
+        with pytest.raises(CorruptDataError):
+            await session.get_items()
+
+
+async def test_pop_item_rewrites_the_conversation_and_drops_its_summary(
+    memory: ConversationMemory,
+) -> None:
+    assert isinstance(memory, StoredConversationMemory)
+    session = ConvoqSession("chat-1", memory)
+    for n in range(3):
+        await session.add_items(
+            [{"role": "user", "content": f"q{n}"}, {"role": "assistant", "content": f"a{n}"}]
+        )
+    _, _, basis = await memory.asummary_state("chat-1")
+    await memory.acommit_summary("chat-1", Summary.of("q0 and q1", watermark=2, version=1), basis)
+    assert await memory.asummary("chat-1") is not None
+    assert await session.pop_item() == {"role": "assistant", "content": "a2"}
+    assert await memory.asummary("chat-1") is None
+    assert [i["content"] for i in await session.get_items()] == ["q0", "a0", "q1", "a1", "q2"]
