@@ -117,6 +117,9 @@ def every_kind_of_item() -> list[dict[str, Any]]:
             ],
         },
         {"role": "user", "content": 'Merci, unicode ✓ \u00e9 and "quotes"'},
+        {"role": "user", "content": ""},
+        {"role": "user", "content": []},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
     ]
 
 
@@ -145,6 +148,9 @@ async def test_items_are_stored_as_convoq_messages(memory: ConversationMemory) -
         MessageRole.ASSISTANT,
         MessageRole.TOOL,
         MessageRole.USER,
+        MessageRole.USER,
+        MessageRole.USER,
+        MessageRole.ASSISTANT,
     ]
     # Plain items are stored as plain messages: nothing kept beside them.
     assert stored[0] == Message(
