@@ -19,6 +19,7 @@ from agents import Agent, RunConfig, Runner, function_tool
 from agents.memory import Session, SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
+from convoq.client import AsyncClient
 from convoq.errors import (
     ConversationBusyError,
     ConvoqError,
@@ -571,3 +572,27 @@ async def test_pop_item_rewrites_the_conversation_and_drops_its_summary(
     assert await session.pop_item() == {"role": "assistant", "content": "a2"}
     assert await memory.asummary("chat-1") is None
     assert [i["content"] for i in await session.get_items()] == ["q0", "a0", "q1", "a1", "q2"]
+
+
+async def test_a_queued_worker_turn_keeps_writes_and_pops_out(
+    redis_url: str, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    session = ConvoqSession("chat-1", memory, busy_timeout_s=0)
+    try:
+        await session.add_items([{"role": "user", "content": "kept"}])
+        # No worker runs: the submitted turn stays queued in the conversation's inbox.
+        async with AsyncClient(redis_url, prefix=key_prefix, agents=["echo"]) as client:
+            handle = await client.submit("chat-1", "a queued turn", agent="echo")
+            assert await handle.status() == "queued"
+            for write in (
+                session.add_items([{"role": "user", "content": "too early"}]),
+                session.pop_item(),
+                session.clear_session(),
+            ):
+                with pytest.raises(ConversationBusyError):
+                    await write
+            await client.cancel(handle)
+        assert await session.get_items() == [{"role": "user", "content": "kept"}]
+    finally:
+        await memory.aclose()
