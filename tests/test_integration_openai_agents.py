@@ -596,3 +596,22 @@ async def test_a_queued_worker_turn_keeps_writes_and_pops_out(
         assert await session.get_items() == [{"role": "user", "content": "kept"}]
     finally:
         await memory.aclose()
+
+
+async def test_a_refused_write_stores_nothing_and_frees_the_conversation(
+    redis_url: str, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix, max_turn_bytes=4096)
+    try:
+        session = ConvoqSession("chat-1", memory, busy_timeout_s=0)
+        await session.add_items([{"role": "user", "content": "kept"}])
+        with pytest.raises(InvalidMessageError):
+            await session.add_items([{"role": "user", "content": "x" * 10_000}])
+        # The refused write held the conversation's lease; it is free again at once.
+        await session.add_items([{"role": "assistant", "content": "next"}])
+        assert await session.get_items() == [
+            {"role": "user", "content": "kept"},
+            {"role": "assistant", "content": "next"},
+        ]
+    finally:
+        await memory.aclose()

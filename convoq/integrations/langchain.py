@@ -10,7 +10,6 @@ hold those messages, never the whole conversation.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 
 from convoq.integrations import missing_extra
@@ -27,6 +26,7 @@ from convoq._sync import run_sync
 from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.integrations._langchain_messages import from_convoq, to_convoq
+from convoq.integrations._writes import append_as_a_turn
 from convoq.memory import ConversationMemory, MemoryLike, as_memory
 from convoq.window import Window
 
@@ -97,12 +97,8 @@ class ConvoqChatMessageHistory(BaseChatMessageHistory):
         if isinstance(messages, BaseMessage | str | bytes) or not isinstance(messages, Sequence):
             raise ConvoqError("add_messages takes a sequence of LangChain messages")
         stored = [to_convoq(message) for message in messages]
-        if not stored:
-            return
-        token = secrets.token_hex(16)
-        await self.memory.areserve(self.conversation_id, token, wait_s=self.busy_timeout_s)
-        # acommit_turn frees the conversation whether it stores or raises.
-        await self.memory.acommit_turn(self.conversation_id, token, stored)
+        if stored:
+            await append_as_a_turn(self.memory, self.conversation_id, stored, self.busy_timeout_s)
 
     def clear(self) -> None:
         run_sync(self.aclear())

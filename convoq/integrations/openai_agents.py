@@ -28,6 +28,7 @@ except ImportError as exc:  # the extra is not installed
 from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.integrations._responses_items import item_to_message, message_to_items
+from convoq.integrations._writes import append_as_a_turn
 from convoq.memory import ConversationMemory, MemoryLike, as_memory
 from convoq.messages import Message
 from convoq.window import Window, split_turns
@@ -128,10 +129,7 @@ class ConvoqSession:
         await self.memory.aclear(self.session_id)
 
     async def _write(self, messages: list[Message]) -> None:
-        token = secrets.token_hex(16)
-        await self.memory.areserve(self.session_id, token, wait_s=self.busy_timeout_s)
-        # acommit_turn frees the conversation whether it stores or raises.
-        await self.memory.acommit_turn(self.session_id, token, messages)
+        await append_as_a_turn(self.memory, self.session_id, messages, self.busy_timeout_s)
 
     async def _rewrite(self, messages: list[Message], before: list[Message]) -> None:
         await self.memory.aclear(self.session_id)
