@@ -7,12 +7,15 @@ as if it were not installed."""
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from convoq.integrations import MissingExtraError, missing_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,3 +97,10 @@ def test_the_core_install_does_not_pull_a_framework_in() -> None:
     extras = project["optional-dependencies"]
     assert any(d.startswith("openai-agents") for d in extras["openai-agents"])
     assert any(d.startswith("langchain-core") for d in extras["langchain"])
+
+
+def test_the_missing_extra_error_pickles_with_its_fields() -> None:
+    err = missing_extra("agents", extra="openai-agents", integration="x")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is MissingExtraError and isinstance(back, ImportError)
+    assert str(back) == str(err) and back.details == {"extra": "openai-agents", "missing": "agents"}

@@ -66,6 +66,7 @@ class ConvoqChatMessageHistory(BaseChatMessageHistory):
             raise ConvoqError("last_n_messages must be an int >= 1 or None (None: every message)")
         if not busy_timeout_s >= 0:
             raise ConvoqError("busy_timeout_s must be a number of seconds >= 0")
+        super().__init__()
         self.conversation_id = check_conversation_id(conversation_id)
         if memory is None:
             from convoq.memory.redis import RedisConversationMemory
