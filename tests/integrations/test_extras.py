@@ -17,7 +17,7 @@ import pytest
 
 from convoq.integrations import MissingExtraError, missing_extra
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HIDE = """
 import importlib.abc, sys

@@ -4,8 +4,6 @@ every backend, with langchain-core's own fake chat models and a real redis-serve
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,20 +32,7 @@ from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.redis.keys import KeySchema
 from convoq.window import Window
-from tests.support.memory_backends import backend_url, close_memory, make_memory
-
-PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
-PDF = b"%PDF-1.7\n" + bytes(range(255, -1, -1)) * 3
-B64_PNG = base64.b64encode(PNG).decode()
-
-
-@pytest.fixture(params=["in_memory", "file", "redis"])
-def memory(
-    request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str
-) -> Iterator[ConversationMemory]:
-    made = make_memory(request.param, tmp_path, backend_url(request, request.param), key_prefix)
-    yield made
-    close_memory(made)
+from tests.integrations.samples import B64_PNG, PDF, PNG
 
 
 def a_conversation() -> list[BaseMessage]:
