@@ -20,9 +20,11 @@ from convoq.integrations._originals import ORIGINAL_MIME_TYPE
 from convoq.integrations.openai_agents import ConvoqSession
 from convoq.memory import (
     ConversationMemory,
+    FileConversationMemory,
     InMemoryConversationMemory,
     StoredConversationMemory,
 )
+from convoq.memory.transfer import aexport_conversation, aimport_conversation
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.summary import Summary
 from convoq.window import Window
@@ -209,3 +211,14 @@ async def test_pop_item_rewrites_the_conversation_and_drops_its_summary(
     assert await session.pop_item() == {"role": "assistant", "content": "a2"}
     assert await memory.asummary("chat-1") is None
     assert [i["content"] for i in await session.get_items()] == ["q0", "a0", "q1", "a1", "q2"]
+
+
+async def test_a_session_moves_between_backends_by_export_and_import(
+    memory: ConversationMemory, tmp_path: Path
+) -> None:
+    items = every_kind_of_item()
+    await ConvoqSession("chat-1", memory).add_items(items)
+    document = (await aexport_conversation(memory, "chat-1")).to_json()
+    elsewhere = FileConversationMemory(tmp_path / "elsewhere")
+    await aimport_conversation(elsewhere, document, conversation_id="moved")
+    assert await ConvoqSession("moved", elsewhere).get_items() == items
