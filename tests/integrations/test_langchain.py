@@ -44,6 +44,7 @@ def a_conversation() -> list[BaseMessage]:
             content=[
                 {"type": "text", "text": "What is this?"},
                 {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64_PNG}"}},
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
             ]
         ),
         AIMessage(
@@ -114,12 +115,11 @@ def test_messages_are_stored_as_convoq_messages(memory: ConversationMemory) -> N
         role=MessageRole.TOOL, content=[TextPart(text="a tabby cat")], tool_call_id="call_1"
     )
     assert stored[4] == Message.assistant("A cat.")
-    text, image = stored[1].content
-    assert (
-        isinstance(image, ImagePart)
-        and image.data == PNG
-        and text == TextPart(text="What is this?")
-    )
+    # The image given by URL stays a URL, inside the kept original.
+    text, image, original = stored[1].content
+    assert text == TextPart(text="What is this?")
+    assert isinstance(image, ImagePart) and image.data == PNG
+    assert isinstance(original, FilePart) and b"https://example.com/cat.png" in original.data
     assert stored[2].tool_calls == [ToolCall(id="call_1", name="look", arguments={"zoom": 2})]
     image, pdf, original = stored[5].content
     assert isinstance(image, ImagePart) and image.data == PNG
