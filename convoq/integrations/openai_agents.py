@@ -5,7 +5,7 @@ items in any convoq memory: in process, in files, or in Redis, where every proce
 worker sees the same conversation. Each item is stored as one convoq message (see
 :mod:`convoq.integrations._responses_items`): items come back exactly as they were added,
 images and files given as ``data:`` URLs are stored as attachments (once per conversation
-on Redis), and convoq's windows, exports, retention and CLI work on the conversation.
+on Redis), and convoq's windows, exports and retention work on the conversation.
 """
 
 from __future__ import annotations
