@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 # socket timeout; one given in the URL (?socket_timeout=) caps the block at half of it,
 # so a block never looks like a dead connection (which the client would retry, blocked).
 _BLOCK_MS = 2_000
+
+WaitUntil = Literal["settled", "final"]
+"""What a wait waits for: ``"settled"``, final or parked awaiting approval (a parked turn
+waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed or
+cancelled only. The HTTP gateway's ``?wait=N&until=`` takes the same two values."""
 
 
 @dataclass(frozen=True)
@@ -154,19 +159,24 @@ class AsyncTurnHandle:
         timeout: float | None = None,
         *,
         raise_on_error: bool = True,
-        return_on_approval: bool = False,
+        until: WaitUntil = "settled",
     ) -> TurnResult:
-        """Block until the turn is final (or parked, with ``return_on_approval``).
+        """Block until the turn settles: it is final, or parked awaiting approval
+        (``result.status == "awaiting_approval"``, the calls in
+        ``result.pending_approvals``); with ``until="final"`` only once it is final.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
             the turn's error (rebuilt from its record) if it failed or was cancelled and
             ``raise_on_error`` is true.
+            ConvoqError: ``until`` is neither ``"settled"`` nor ``"final"``.
         """
+        if until not in ("settled", "final"):
+            raise ConvoqError(f"until must be 'settled' or 'final', not {until!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
         while True:
-            record = await self._settle(deadline, timeout, return_on_approval)
+            record = await self._settle(deadline, timeout, until)
             if not protocol.acks.enabled or await self._replicated(record):
                 break
         result = result_from_record(record)
@@ -183,9 +193,9 @@ class AsyncTurnHandle:
         return status == record.status
 
     async def _settle(
-        self, deadline: float | None, timeout: float | None, return_on_approval: bool
+        self, deadline: float | None, timeout: float | None, until: WaitUntil
     ) -> TurnRecord:
-        """The record once the turn is final (or parked, with ``return_on_approval``)."""
+        """The record once the turn is final (or parked, unless ``until="final"``)."""
         protocol = self._client.protocol
         start, self._start = self._start, None
         if start is not None:
@@ -196,7 +206,7 @@ class AsyncTurnHandle:
             record, after = await protocol.get_turn_and_last_event(
                 self.conversation_id, self.turn_id
             )
-        while not _settled(record, return_on_approval):
+        while not _settled(record, until):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
                 raise TurnTimeoutError(
@@ -272,10 +282,10 @@ class AsyncTurnHandle:
         await self._client.discard(self)
 
 
-def _settled(record: TurnRecord, return_on_approval: bool) -> bool:
+def _settled(record: TurnRecord, until: WaitUntil) -> bool:
     if record.status in FINAL_STATUSES:
         return True
-    return return_on_approval and record.status == "awaiting_approval"
+    return until == "settled" and record.status == "awaiting_approval"
 
 
 class TurnHandle:
