@@ -57,9 +57,7 @@ def _http_wait(http: httpx.Client) -> Wait:
 
 
 @pytest.fixture(params=["python", "http"])
-def wait(
-    request: pytest.FixtureRequest, client: Client, gateway: GatewayProcess
-) -> Iterator[Wait]:
+def wait(request: pytest.FixtureRequest, client: Client, gateway: GatewayProcess) -> Iterator[Wait]:
     if request.param == "python":
         yield _python_wait(client)
         return
