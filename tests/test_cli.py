@@ -341,6 +341,7 @@ def _until_line(process: subprocess.Popen[str], wanted: str, timeout: float = 60
     [
         (["worker"], "Cannot connect to redis://"),
         (["gateway", "--port", str(free_port())], "Uvicorn running"),
+        (["flower", "--port", str(free_port())], "Failed to enable events"),
     ],
 )
 def test_servers_keep_trying_an_unreachable_redis_without_a_traceback(
