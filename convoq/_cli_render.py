@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import typer
 from kombu.exceptions import OperationalError as BrokerUnreachable
+from redis.exceptions import InvalidResponse, RedisError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -45,8 +46,8 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 @contextmanager
 def reported() -> Iterator[None]:
-    """A ConvoqError inside, or a Redis or broker that cannot be reached, becomes one line
-    on stderr and exit code 1."""
+    """A ConvoqError inside, or a Redis or broker that cannot be reached or answers an
+    error, becomes one line on stderr and exit code 1."""
     try:
         yield
     except ConvoqError as exc:
@@ -56,6 +57,13 @@ def reported() -> Iterator[None]:
             f"Redis does not answer ({str(exc).rstrip('.')}); start it, or point"
             " CONVOQ_REDIS_URL at one that runs"
         ) from None
+    except InvalidResponse as exc:
+        raise fail(
+            f"the server at CONVOQ_REDIS_URL does not speak the Redis protocol ({exc});"
+            " point CONVOQ_REDIS_URL at a Redis server"
+        ) from None
+    except RedisError as exc:
+        raise fail(f"Redis refused the command ({exc}); check CONVOQ_REDIS_URL") from None
     except BrokerUnreachable as exc:
         raise fail(
             f"the broker does not answer ({str(exc).rstrip('.')}); start it, or point"

@@ -7,8 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -287,12 +290,30 @@ def _wrong(case: Case, code: int, stdout: str, stderr: str) -> list[str]:
     return [w for w in wrong if w]
 
 
+@pytest.fixture
+def not_redis() -> Iterator[str]:
+    """A Redis URL to a loopback HTTP server: something answers, but not Redis."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"redis://127.0.0.1:{server.server_address[1]}/0"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_misuse_is_one_line_and_an_exit_code_never_a_traceback(
-    pool: WorkerPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pool: WorkerPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, not_redis: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
     failures = []
-    for case in _misuses(tmp_path, {**pool.env, "COLUMNS": "200"}):
+    env = {**pool.env, "COLUMNS": "200"}
+    wrong_server = {**env, "CONVOQ_REDIS_URL": not_redis}
+    cases = [
+        *_misuses(tmp_path, env),
+        (["history", "c1"], wrong_server, 1, "does not speak the Redis protocol"),
+    ]
+    for case in cases:
         args, env, _, _ = case
         result = CliRunner().invoke(app, args, env=env)
         # An exception escaping the command is what prints a traceback in a terminal.
