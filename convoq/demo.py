@@ -166,7 +166,7 @@ def _approval(console: Console, client: Client) -> None:
     for call in parked.pending_approvals:
         client.approve(handle, call.id)
         console.print(f"  approved {call.id}; the turn resumes on a worker")
-    console.print(f"  result: [green]{handle.wait(30, until='final').text}[/green]")
+    console.print(f"  result: [green]{handle.wait(30).text}[/green]")
     console.print(f"  then the later turn ran: {later.wait(30).text}")
 
 

@@ -97,7 +97,7 @@ def test_worker_endpoint_counts_turns_by_agent_and_outcome(
     parked = client.submit(_cid("m-park"), "pay", agent="approver")
     (call,) = parked.wait(30).pending_approvals
     client.approve(parked, call.id)
-    assert "after tool" in parked.wait(30, until="final").text
+    assert "after tool" in parked.wait(30).text
     # Two model calls reporting usage (tests.support.worker_agents.metered).
     assert client.submit(_cid("m-usage"), "count", agent="metered").wait(30).text
     after = scrape(port)
@@ -217,7 +217,7 @@ def test_a_resumed_turn_joins_its_submit_trace_and_errors_are_recorded(
     failing = client.submit(_cid("t-fail"), "boom", agent="failer")
     (call,) = parked.wait(30).pending_approvals
     client.approve(parked, call.id)  # resumed by a task that carries no submit context
-    parked.wait(30, until="final")
+    parked.wait(30)
     with pytest.raises(ModelError):
         failing.wait(30)
     submits = {

@@ -5,6 +5,7 @@ a real gateway process."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -97,3 +98,24 @@ def test_an_unknown_until_is_refused(client: Client, gateway: GatewayProcess) ->
     with gateway.client() as http:
         url = f"/v1/conversations/{handle.conversation_id}/turns/{handle.turn_id}"
         assert http.get(url, params={"wait": 1, "until": "soon"}).status_code == 422
+
+
+def test_a_wait_after_every_call_is_decided_waits_for_the_resumed_turn(
+    client: Client, pool: WorkerPool, wait: Wait
+) -> None:
+    cid = f"wait-{uuid.uuid4().hex[:8]}"
+    handle = client.submit(cid, "pay", agent="approver")
+    _, pending = wait(cid, handle.turn_id, None, 30)
+    pool.stop_all()  # nobody resumes the turn until the wait below has begun
+    starter = threading.Thread(target=pool.start, args=(1,))
+    try:
+        client.approve(handle, pending[0])
+        assert handle.status() == "awaiting_approval"  # the record, until a worker takes it
+        starter.start()
+        # Decided calls wait for a worker, not a person: the wait goes on to the end.
+        assert wait(cid, handle.turn_id, None, 60) == ("succeeded", [])
+    finally:
+        if starter.is_alive():
+            starter.join(90)
+        if not pool.workers:
+            pool.start(1)

@@ -237,7 +237,7 @@ def test_approval_from_another_process_resumes_on_another_worker(
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
-        result = handle.wait(30, until="final")
+        result = handle.wait(30)
         assert result.text.startswith("after tool: transferred 5 in pid")
         assert int(r.lrange(_tkey(pool, "resumed_pid"), -1, -1)[0]) != parked_pid
         assert later.wait(30).text == "seen: pay | later"
@@ -251,7 +251,7 @@ def test_deny_and_discard(client: Client, pool: WorkerPool, r: redis.Redis) -> N
     transfers = r.llen(_tkey(pool, "transfers"))
     handle, parked = _parked(client, cid, "pay")
     client.deny(handle, parked.pending_approvals[0].id, reason="too much")
-    denied = handle.wait(30, until="final")
+    denied = handle.wait(30)
     assert "denied" in denied.text and "too much" in denied.text
 
     second, _ = _parked(client, cid, "pay again")

@@ -18,7 +18,7 @@ from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, err
 from convoq.messages import Message, ToolCall
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
-from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
+from convoq.redis._records import DECISION_FIELD, FINAL_STATUSES, TurnRecord, TurnStatus
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
 
@@ -161,9 +161,11 @@ class AsyncTurnHandle:
         raise_on_error: bool = True,
         until: WaitUntil = "settled",
     ) -> TurnResult:
-        """Block until the turn settles: it is final, or parked awaiting approval
-        (``result.status == "awaiting_approval"``, the calls in
-        ``result.pending_approvals``); with ``until="final"`` only once it is final.
+        """Block until the turn settles: it is final, or parked awaiting a person's
+        approval (``result.status == "awaiting_approval"``, the calls in
+        ``result.pending_approvals``); with ``until="final"`` only once it is final. A
+        turn whose every pending call is decided is waited for until it ends (or parks
+        again): it waits for a worker, not for a person.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
@@ -206,7 +208,7 @@ class AsyncTurnHandle:
             record, after = await protocol.get_turn_and_last_event(
                 self.conversation_id, self.turn_id
             )
-        while not _settled(record, until):
+        while not await self._settled(record, until):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
                 raise TurnTimeoutError(
@@ -223,6 +225,25 @@ class AsyncTurnHandle:
             if batch:
                 after = batch[-1][0]
         return record
+
+    async def _settled(self, record: TurnRecord, until: WaitUntil) -> bool:
+        if record.status in FINAL_STATUSES:
+            return True
+        if until != "settled" or record.status != "awaiting_approval":
+            return False
+        return not await self._all_decided(record)
+
+    async def _all_decided(self, record: TurnRecord) -> bool:
+        """Whether every call the parked turn waits on is decided: then it waits for a
+        worker to resume it, not for a person, and a settled wait goes on. (The record
+        says awaiting_approval until a worker takes the resumed turn.)"""
+        calls = (record.result or {}).get("pending_approvals") or []
+        if not calls:
+            return False
+        protocol = self._client.protocol
+        key = protocol.keys.turn(self.conversation_id, self.turn_id)
+        decided = await protocol.redis.hmget(key, [DECISION_FIELD + c["id"] for c in calls])
+        return all(value is not None for value in decided)
 
     async def events(
         self, *, after: str = "0", timeout: float | None = None
@@ -280,12 +301,6 @@ class AsyncTurnHandle:
 
     async def discard(self) -> None:
         await self._client.discard(self)
-
-
-def _settled(record: TurnRecord, until: WaitUntil) -> bool:
-    if record.status in FINAL_STATUSES:
-        return True
-    return until == "settled" and record.status == "awaiting_approval"
 
 
 class TurnHandle:
