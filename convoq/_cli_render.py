@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
+from kombu.exceptions import OperationalError as BrokerUnreachable
+from redis.exceptions import InvalidResponse, RedisError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -14,6 +16,7 @@ from rich.table import Table
 from convoq.client import TurnResult
 from convoq.errors import ConvoqError
 from convoq.messages import Message
+from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
 
@@ -30,14 +33,42 @@ STATUS_STYLE = {
 }
 
 
+def print_error(message: str) -> None:
+    """``error: message`` on one line of stderr."""
+    err_console.print(f"[red]error:[/red] {escape(' '.join(message.split()))}", soft_wrap=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``message`` as an error; return the Exit to raise (1: runtime, 2: usage)."""
+    print_error(message)
+    return typer.Exit(code)
+
+
 @contextmanager
 def reported() -> Iterator[None]:
-    """A ConvoqError inside becomes its message on stderr and exit code 1."""
+    """A ConvoqError inside, or a Redis or broker that cannot be reached or answers an
+    error, becomes one line on stderr and exit code 1."""
     try:
         yield
     except ConvoqError as exc:
-        err_console.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise fail(exc.message) from None
+    except REDIS_UNAVAILABLE as exc:
+        raise fail(
+            f"Redis does not answer ({str(exc).rstrip('.')}); start it, or point"
+            " CONVOQ_REDIS_URL at one that runs"
+        ) from None
+    except InvalidResponse as exc:
+        raise fail(
+            f"the server at CONVOQ_REDIS_URL does not speak the Redis protocol ({exc});"
+            " point CONVOQ_REDIS_URL at a Redis server"
+        ) from None
+    except RedisError as exc:
+        raise fail(f"Redis refused the command ({exc}); check CONVOQ_REDIS_URL") from None
+    except BrokerUnreachable as exc:
+        raise fail(
+            f"the broker does not answer ({str(exc).rstrip('.')}); start it, or point"
+            " CONVOQ_BROKER_URL at one that runs"
+        ) from None
 
 
 def describe_message(message: Message) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from convoq._cli_render import console, reported
+from convoq._cli_render import console, err_console, fail, reported
 from convoq.memory.base import StoredConversationMemory
 from convoq.memory.file import FileConversationMemory
 from convoq.memory.transfer import export_conversation, import_conversation
@@ -38,6 +38,8 @@ def register(app: typer.Typer, settings: typer.models.CommandFunctionType) -> No
         directory: DirOption = None,
     ) -> None:
         """Print (or write) a conversation as one versioned JSON document."""
+        if out is not None:
+            _check_out(out)  # before anything is read
         with reported():
             memory = _memory(directory, settings())
             try:
@@ -46,9 +48,12 @@ def register(app: typer.Typer, settings: typer.models.CommandFunctionType) -> No
                 _close(memory)
         if out is None:
             sys.stdout.write(raw + "\n")
-        else:
+            return
+        try:
             out.write_text(raw, encoding="utf-8")
-            console.print(f"exported {conversation_id} to {out}")
+        except OSError as exc:
+            raise fail(f"could not write {out}: {exc.strerror or exc}") from None
+        err_console.print(f"exported {conversation_id} to {out}")
 
     @app.command("import")
     def import_command(
@@ -60,8 +65,8 @@ def register(app: typer.Typer, settings: typer.models.CommandFunctionType) -> No
         directory: DirOption = None,
     ) -> None:
         """Store a conversation exported with ``convoq export``."""
+        raw = _read_export(file)
         with reported():
-            raw = file.read_bytes()
             memory = _memory(directory, settings())
             try:
                 cid = import_conversation(
@@ -70,6 +75,28 @@ def register(app: typer.Typer, settings: typer.models.CommandFunctionType) -> No
             finally:
                 _close(memory)
         console.print(f"imported {cid}")
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be written as a file (exit code 2)."""
+    if out.is_dir():
+        raise fail(
+            f"--out {out} is a directory; give a file path, e.g. {out / 'conversation.json'}", 2
+        )
+    if not out.parent.is_dir():
+        raise fail(f"--out {out}: the directory {out.parent} does not exist; create it first", 2)
+
+
+def _read_export(file: Path) -> bytes:
+    """The bytes of an export file (exit code 2 when the path names no file)."""
+    if file.is_dir():
+        raise fail(f"{file} is a directory; give the file convoq export wrote", 2)
+    if not file.exists():
+        raise fail(f"no file at {file}; give the path of a file convoq export wrote", 2)
+    try:
+        return file.read_bytes()
+    except OSError as exc:
+        raise fail(f"could not read {file}: {exc.strerror or exc}") from None
 
 
 def _close(memory: StoredConversationMemory) -> None:

@@ -19,13 +19,15 @@ from convoq._cli_asks import submit_asks
 from convoq._cli_render import (
     console,
     err_console,
+    fail,
+    print_error,
     print_event,
     print_history,
     print_result,
     reported,
 )
 from convoq.client import Client
-from convoq.errors import ConfigurationError
+from convoq.errors import ConfigurationError, ConversationBusyError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import Message, MessageRole, TextPart
 from convoq.settings import ConvoqSettings
@@ -44,9 +46,10 @@ def _settings(**overrides: Any) -> ConvoqSettings:
         return ConvoqSettings.resolve(**overrides)
     except ConfigurationError as exc:
         # A bad CONVOQ_* value is a configuration error, not a traceback.
-        for problem in exc.details.get("problems", [exc.message]):
-            err_console.print(f"[red]error:[/red] {problem}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        problems = exc.details.get("problems", [exc.message])
+        for problem in problems[:-1]:
+            print_error(problem)
+        raise fail(problems[-1], 2) from None
 
 
 @contextmanager
@@ -143,14 +146,33 @@ def flower(
     raise typer.Exit(celery_app.start(argv) or 0)
 
 
-@app.command()
-def redis(
-    home: Annotated[Path | None, typer.Option(help="Data directory (CONVOQ_HOME).")] = None,
-) -> None:
-    """Run the embedded redis-server in the foreground (AOF on), until Ctrl-C."""
+redis_app = typer.Typer()
+app.add_typer(redis_app, name="redis")
+HomeOption = Annotated[Path | None, typer.Option(help="Data directory (CONVOQ_HOME).")]
+
+
+@redis_app.callback(invoke_without_command=True)
+def redis(ctx: typer.Context, home: HomeOption = None) -> None:
+    """Run the embedded redis-server in the foreground (AOF on) until Ctrl-C or SIGTERM;
+    `convoq redis stop` stops one left running by a client, worker or command."""
+    if ctx.invoked_subcommand is not None:
+        return
     from convoq.redis import embedded
 
-    embedded.run_foreground(home or _settings().home)
+    with reported():
+        embedded.run_foreground(home or _settings().home)
+
+
+@redis_app.command("stop")
+def redis_stop(home: HomeOption = None) -> None:
+    """Stop the embedded redis-server under CONVOQ_HOME (its data stays on disk)."""
+    from convoq.redis import embedded
+
+    where = Path(home or _settings().home).resolve()
+    with reported():
+        stopped = embedded.stop(where)
+    shown = f"the embedded redis-server under {where}"
+    err_console.print(f"stopped {shown}" if stopped else f"{shown} was not running")
 
 
 @app.command()
@@ -163,7 +185,10 @@ def demo(
     and the HTTP gateway with its approvals inbox."""
     from convoq.demo import run_demo
 
-    raise typer.Exit(run_demo(console, serve=serve))
+    _settings()  # a bad CONVOQ_* value is one line here, not a traceback from the client
+    with reported():
+        code = run_demo(console, serve=serve)
+    raise typer.Exit(code)
 
 
 # -- turns --------------------------------------------------------------------------------
@@ -191,7 +216,8 @@ def submit(
         str | None, typer.Option(help="JSON schema of the object the answer must fit.")
     ] = None,
 ) -> None:
-    """Queue a turn; print its id (and with --wait, its result)."""
+    """Queue a turn; print its id on stdout (and with --wait, its result: final, or parked
+    awaiting approval)."""
     s = _settings()
     with reported():  # attachments and settings are checked before any connection is made
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
@@ -209,10 +235,12 @@ def submit(
             max_history_tokens=max_history_tokens,
             **asked,
         )
-        console.print(f"turn [bold]{handle.turn_id}[/bold] queued for {conversation_id}")
+        # The bare id on stdout, so TID=$(convoq submit ...) works; the note goes to stderr.
+        print(handle.turn_id, flush=True)
+        err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
         if wait:
-            with console.status(f"waiting for turn {handle.turn_id}..."):
-                result = handle.wait(timeout, raise_on_error=False, return_on_approval=True)
+            with err_console.status(f"waiting for turn {handle.turn_id}..."):
+                result = handle.wait(timeout, raise_on_error=False)
             print_result(result)
             if result.status in ("failed", "cancelled"):
                 raise typer.Exit(1)
@@ -287,7 +315,14 @@ def clear(
 ) -> None:
     """Delete a conversation's history and turns."""
     with _connected() as client:
-        client.clear(conversation_id, force=force)
+        try:
+            client.clear(conversation_id, force=force)
+        except ConversationBusyError:
+            # The library's message names its own keyword; here the option is --force.
+            raise fail(
+                f"conversation {conversation_id!r} has turns queued, running or awaiting"
+                " approval; wait, cancel them (convoq cancel), or pass --force"
+            ) from None
     console.print(f"cleared {conversation_id}")
 
 

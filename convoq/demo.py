@@ -158,7 +158,7 @@ def _events(console: Console, client: Client) -> None:
 def _approval(console: Console, client: Client) -> None:
     console.rule("[bold]3. A tool call parked for approval, approved from the client")
     handle = client.submit("treasury", "Send 20 EUR to Carol", agent="banker")
-    parked = handle.wait(30, return_on_approval=True)
+    parked = handle.wait(30)
     for call in parked.pending_approvals:
         console.print(f"  [magenta]{parked.status}[/magenta]: {call.name}({call.arguments})")
     later = client.submit("treasury", "My name is Dave.", agent="assistant")

@@ -7,11 +7,12 @@ go through it, so a client and a worker started in one environment agree.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from convoq import defaults
 from convoq.errors import ConfigurationError
@@ -187,6 +188,15 @@ class ConvoqSettings(BaseSettings):
             raise ConfigurationError(
                 "invalid settings: " + "; ".join(problems), problems=problems
             ) from None
+        except SettingsError as exc:
+            # A list or object setting whose variable is not JSON fails while it is read,
+            # before validation: name the variable all the same.
+            found = re.search(r'field "(\w+)"', str(exc))
+            variable = _variable((found.group(1),)) if found else "a CONVOQ_* variable"
+            problem = (
+                f"{variable}: not valid JSON ({exc.__cause__}); give lists and objects as JSON"
+            )
+            raise ConfigurationError(f"invalid settings: {problem}", problems=[problem]) from None
 
     @property
     def effective_broker_url(self) -> str | None:

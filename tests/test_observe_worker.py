@@ -95,7 +95,7 @@ def test_worker_endpoint_counts_turns_by_agent_and_outcome(
     with pytest.raises(ModelError):
         client.submit(_cid("m-fail"), "boom", agent="failer").wait(30)
     parked = client.submit(_cid("m-park"), "pay", agent="approver")
-    (call,) = parked.wait(30, return_on_approval=True).pending_approvals
+    (call,) = parked.wait(30).pending_approvals
     client.approve(parked, call.id)
     assert "after tool" in parked.wait(30).text
     # Two model calls reporting usage (tests.support.worker_agents.metered).
@@ -215,7 +215,7 @@ def test_a_resumed_turn_joins_its_submit_trace_and_errors_are_recorded(
     spans.clear()
     parked = client.submit(_cid("t-park"), "pay", agent="approver")
     failing = client.submit(_cid("t-fail"), "boom", agent="failer")
-    (call,) = parked.wait(30, return_on_approval=True).pending_approvals
+    (call,) = parked.wait(30).pending_approvals
     client.approve(parked, call.id)  # resumed by a task that carries no submit context
     parked.wait(30)
     with pytest.raises(ModelError):

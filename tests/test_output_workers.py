@@ -138,7 +138,7 @@ def test_a_turn_whose_answer_never_fits_fails_with_the_last_answer(client: Clien
 
 def test_a_resumed_turn_still_answers_in_its_output_type(client: Client) -> None:
     handle = client.submit(_cid("resume"), "Publish Oslo", agent="publisher")
-    parked = handle.wait(30, return_on_approval=True)
+    parked = handle.wait(30)
     assert parked.status == "awaiting_approval"
     handle.approve(parked.pending_approvals[0].id)
     assert handle.wait(30, output_type=City).output == City(name="Oslo", population=1)

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
+from convoq.errors import ConfigurationError
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol, embedded
 from convoq.redis._history import append_history
@@ -158,3 +160,37 @@ def test_run_foreground_prints_the_url_and_stops_on_ctrl_c(tmp_path: Path) -> No
             if process.poll() is None:
                 process.kill()
             embedded.stop(home)
+
+
+def test_run_foreground_stops_its_server_on_sighup(tmp_path: Path) -> None:
+    """A closed terminal (SIGHUP) stops the server as Ctrl-C does; SIGTERM is covered by
+    the ``convoq redis`` command's test."""
+    home = tmp_path / "hup"
+    code = "import sys; from convoq.redis import embedded; embedded.run_foreground(sys.argv[1])"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, env=env
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().decode().startswith("convoq redis: unix://")
+            process.send_signal(signal.SIGHUP)
+            assert process.wait(30) == 0
+            assert embedded.running_url(home) is None
+        finally:
+            if process.poll() is None:
+                process.kill()
+            embedded.stop(home)
+
+
+def test_stop_of_a_home_where_nothing_ran_changes_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "never"
+    assert not embedded.stop(home)
+    assert not home.exists()
+
+
+def test_a_home_that_cannot_be_made_is_a_configuration_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigurationError, match="set CONVOQ_HOME to a writable directory"):
+        embedded.embedded_url(blocker / "home")

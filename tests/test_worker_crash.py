@@ -109,9 +109,9 @@ def test_unanswered_approval_expires_and_the_conversation_moves_on(  # type: ign
     cid = f"expire-{uuid.uuid4().hex[:8]}"
     with pool.client() as client, webhook_receiver() as hooks:
         parked = client.submit(cid, "pay", agent="approver", callback_url=f"{hooks.url}/expired")
-        assert parked.wait(30, return_on_approval=True).status == "awaiting_approval"
+        assert parked.wait(30).status == "awaiting_approval"
         later = client.submit(cid, "later", agent="echo", callback_url=f"{hooks.url}/later")
-        result = parked.wait(30, raise_on_error=False)
+        result = parked.wait(30, raise_on_error=False, until="final")
         assert result.status == "failed"
         assert isinstance(result.error, TurnFailedError)
         assert result.error.remote_type == "ApprovalExpiredError"

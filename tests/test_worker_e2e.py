@@ -208,7 +208,7 @@ def test_turns_of_a_conversation_run_one_at_a_time_in_order(
 # 4 ---------------------------------------------------------------------------------------
 def _parked(client: Client, cid: str, text: str) -> tuple[Any, TurnResult]:
     handle = client.submit(cid, text, agent="approver")
-    parked = handle.wait(30, return_on_approval=True)
+    parked = handle.wait(30)
     assert parked.status == "awaiting_approval"
     assert [c.name for c in parked.pending_approvals] == ["transfer"]
     return handle, parked

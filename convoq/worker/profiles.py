@@ -2,12 +2,16 @@
 
 A profile module is any importable module (``CONVOQ_AGENTS=myapp.agents`` or
 ``convoq worker --agents myapp.agents``); every ``Agent`` instance with a ``name`` among its
-attributes is a profile. Several modules may be given, separated by commas.
+attributes is a profile. Several modules may be given, separated by commas. As with
+``celery -A``, the working directory is on the import path: ``myapp/`` beside where the
+worker starts imports without setting ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 
 from convoq.agent import Agent
@@ -75,6 +79,7 @@ def load_profiles(modules: str | None) -> Profiles:
         raise ConfigurationError(
             "no agent profiles: set CONVOQ_AGENTS=myapp.agents or pass --agents myapp.agents"
         )
+    _import_from_working_directory()
     found: list[Agent] = []
     for name in names:
         try:
@@ -93,3 +98,11 @@ def load_profiles(modules: str | None) -> Profiles:
             f"no named Agent in {names}: define e.g. assistant = Agent(model, name='assistant')"
         )
     return Profiles(found)
+
+
+def _import_from_working_directory() -> None:
+    # An installed console script puts only its own bin/ on sys.path; celery -A and
+    # python -m put the working directory first, so a worker does the same.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
