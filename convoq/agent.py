@@ -21,7 +21,9 @@ from typing import Any, Literal, NamedTuple
 
 from convoq import defaults
 from convoq._sync import iterate_sync, run_sync
+from convoq.approvals import ApprovalRule, check_rule
 from convoq.compaction import CompactionPolicy, compact_idle
+from convoq.context import DepsHolder, Instructions, TurnScope, check_metadata
 from convoq.engine import (
     DEFAULT_MAX_STEPS,
     Completed,
@@ -56,7 +58,9 @@ class Agent:
 
     Args:
         model: any :class:`convoq.models.Model` (``openai(...)``, ``ScriptedModel(...)``).
-        instructions: sent as a leading system message on every call (never stored).
+        instructions: sent as a leading system message on every call (never stored); a
+            str, or a function of the :class:`~convoq.context.RunContext` (sync or async)
+            returning one, called before each model call.
         memory: where conversations live; without it nothing is loaded or stored.
         conversation_id: the default conversation for calls that name none.
         tools: ``@tool`` functions (plain functions are wrapped).
@@ -81,12 +85,19 @@ class Agent:
             the summary and the turns after it.
         approval_ttl_s: how long a turn awaiting approval keeps its conversation; after
             that its continuation is refused (default ``defaults.APPROVAL_TTL_S``).
+        deps: application objects every tool and instructions function reads as
+            ``ctx.deps`` (never serialised).
+        deps_factory: instead of ``deps``, a function (no arguments) that makes them; it
+            is called once per process, at the first turn there (each worker process
+            makes its own database pool, say).
+        approval_policy: ``(ctx, arguments) -> bool`` (sync or async) over every tool:
+            a call waits for approval when it or the tool's ``requires_approval`` says so.
     """
 
     def __init__(
         self,
         model: Model,
-        instructions: str | None = None,
+        instructions: Instructions | None = None,
         *,
         memory: ConversationMemory | MemoryLike | None = None,
         conversation_id: str | None = None,
@@ -101,6 +112,9 @@ class Agent:
         busy_timeout_s: float = 30.0,
         approval_ttl_s: float = defaults.APPROVAL_TTL_S,
         compaction: CompactionPolicy | None = None,
+        deps: Any = None,
+        deps_factory: Callable[[], Any] | None = None,
+        approval_policy: ApprovalRule = False,
     ) -> None:
         if if_busy not in ("reject", "wait"):
             raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
@@ -127,6 +141,8 @@ class Agent:
         self.if_busy = if_busy
         self.busy_timeout_s = busy_timeout_s
         self.approval_ttl_s = approval_ttl_s
+        self.approval_policy = check_rule(approval_policy, "approval_policy")
+        self._deps = DepsHolder(deps, deps_factory)
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(
@@ -136,10 +152,12 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Response:
         """Run one turn and return its response (see :class:`Response`); ``keep_last_turns``
-        and ``max_history_tokens`` override the agent's for this call."""
-        window = _Limits(keep_last_turns, max_history_tokens)
+        and ``max_history_tokens`` override the agent's for this call; ``metadata`` (a
+        JSON object) is what every tool of the turn sees as ``ctx.metadata``."""
+        window = _Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         return await self._start(input, conversation_id, window, ignore_event)
 
     async def astream(
@@ -149,8 +167,10 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """Run one turn, yielding its events; the last one is ``done`` with the status."""
+        limits = _Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
 
         async def emit(event: TurnEvent) -> None:
@@ -158,8 +178,7 @@ class Agent:
 
         async def run() -> Response:
             try:
-                window = _Limits(keep_last_turns, max_history_tokens)
-                return await self._start(input, conversation_id, window, emit)
+                return await self._start(input, conversation_id, limits, emit)
             finally:
                 await queue.put(None)
 
@@ -178,13 +197,21 @@ class Agent:
         yield TurnEvent(type="done", data=done)
 
     async def aresume(
-        self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]
+        self,
+        continuation: Continuation | dict[str, Any] | str,
+        decisions: dict[str, Any],
+        *,
+        by: str | None = None,
     ) -> Response:
         """Go on with a paused turn: ``{call_id: True}`` approves, ``False`` (or a
-        :class:`Decision` with a reason) denies. The completed turn is stored once."""
+        :class:`Decision` with a reason) denies; ``by`` names who decided (kept with the
+        stored tool results, with the time). The completed turn is stored once."""
         cont = parse_continuation(continuation)
+        if by is not None and (not isinstance(by, str) or not 0 < len(by) <= 200):
+            raise ConvoqError("by must name who decided: a str of 1 to 200 characters")
+        at_ms = now_ms()
         for call_id, value in decisions.items():
-            cont.state.decide(call_id, *parse_decision(value))
+            cont.state.decide(call_id, parse_decision(value, by=by, at_ms=at_ms))
         if cont.expires_ms is not None and now_ms() >= cont.expires_ms:
             raise ConvoqError(
                 "this continuation's approval expired (approval_ttl_s); nothing of its turn"
@@ -214,6 +241,7 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Response:
         """Blocking :meth:`agenerate`."""
         return run_sync(
@@ -222,6 +250,7 @@ class Agent:
                 conversation_id=conversation_id,
                 keep_last_turns=keep_last_turns,
                 max_history_tokens=max_history_tokens,
+                metadata=metadata,
             )
         )
 
@@ -232,6 +261,7 @@ class Agent:
         conversation_id: str | None = None,
         keep_last_turns: int | None = None,
         max_history_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Iterator[TurnEvent]:
         """Blocking :meth:`astream`."""
         return iterate_sync(
@@ -240,14 +270,19 @@ class Agent:
                 conversation_id=conversation_id,
                 keep_last_turns=keep_last_turns,
                 max_history_tokens=max_history_tokens,
+                metadata=metadata,
             )
         )
 
     def resume(
-        self, continuation: Continuation | dict[str, Any] | str, decisions: dict[str, Any]
+        self,
+        continuation: Continuation | dict[str, Any] | str,
+        decisions: dict[str, Any],
+        *,
+        by: str | None = None,
     ) -> Response:
         """Blocking :meth:`aresume`."""
-        return run_sync(self.aresume(continuation, decisions))
+        return run_sync(self.aresume(continuation, decisions, by=by))
 
     def discard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Blocking :meth:`adiscard`."""
@@ -273,6 +308,7 @@ class Agent:
             cont = Continuation(
                 token=_token(), uses_memory=False, history=input.messages[:-1],
                 state=TurnState.start(input.messages[-1]), agent=self.name,
+                metadata=limits.metadata,
             )  # fmt: skip
             return await self._finish(cont, cont.history, cont.state, emit)
         if not isinstance(input, str | Message):
@@ -288,7 +324,7 @@ class Agent:
         cont = Continuation(
             token=_token(), conversation_id=cid, agent=self.name, keep_last_turns=keep,
             max_history_tokens=budget, uses_memory=self.memory is not None and cid is not None,
-            state=TurnState.start(message),
+            state=TurnState.start(message), metadata=limits.metadata,
         )  # fmt: skip
         await self._claim(cont, resume=False)
         try:
@@ -327,12 +363,17 @@ class Agent:
         emit: EventSink,
     ) -> Response:
         """Run the loop under the turn's reservation, then park, store or release."""
-        loop = TurnLoop(
-            model=self.model, tools=self.tools, history=history,
-            instructions=self.instructions, max_steps=self.max_steps, emit=emit,
-            fail_on_length=self.fail_on_length,
-        )  # fmt: skip
         try:
+            scope = TurnScope(
+                cont.conversation_id, cont.token, self.name, await self.provided_deps(),
+                cont.metadata,
+            )  # fmt: skip
+            loop = TurnLoop(
+                model=self.model, tools=self.tools, history=history,
+                instructions=self.instructions, max_steps=self.max_steps, emit=emit,
+                fail_on_length=self.fail_on_length, scope=scope,
+                approval_policy=self.approval_policy,
+            )  # fmt: skip
             outcome: Outcome = await loop.run(state)
         except BaseException:
             await self._release(cont)
@@ -356,6 +397,10 @@ class Agent:
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)
         return response
+
+    async def provided_deps(self) -> Any:
+        """``deps``, or what ``deps_factory`` made in this process (made at first use)."""
+        return await self._deps.get()
 
     async def _compact(self, cont: Continuation) -> None:
         """Inline compaction after a stored turn: its failure never fails the turn."""
@@ -420,10 +465,11 @@ class Agent:
 
 
 class _Limits(NamedTuple):
-    """A call's overrides of the agent's window (None: the agent's)."""
+    """A call's overrides of the agent's window (None: the agent's), and its metadata."""
 
     keep_last_turns: int | None
     max_history_tokens: int | None
+    metadata: dict[str, Any]
 
 
 def _token() -> str:

@@ -15,7 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from convoq.errors import MaxStepsExceededError, TruncatedAnswerError, TurnCancelledError
+from convoq._sync import call_maybe_async
+from convoq.approvals import ApprovalRule, refused_result, rule_says
+from convoq.context import Instructions, RunContext, TurnScope
+from convoq.errors import (
+    ConvoqError,
+    MaxStepsExceededError,
+    TruncatedAnswerError,
+    TurnCancelledError,
+)
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest
 from convoq.observe import metrics, tracing
@@ -88,17 +96,22 @@ async def _never_stop() -> bool:
 class TurnLoop:
     """Everything a turn needs besides its state. One object per turn run.
     ``fail_on_length``: a model answer cut off at its token limit fails the turn
-    (TruncatedAnswerError) instead of being kept with ``finish_reason == "length"``."""
+    (TruncatedAnswerError) instead of being kept with ``finish_reason == "length"``.
+    ``scope``: the turn's identity, metadata and deps, from which each tool call (and
+    instructions given as a function) gets its :class:`~convoq.context.RunContext`.
+    ``approval_policy``: the agent's rule over every tool, besides each tool's own."""
 
     model: Model
     tools: ToolRegistry
     history: list[Message]
-    instructions: str | None = None
+    instructions: Instructions | None = None
     max_steps: int = DEFAULT_MAX_STEPS
     fail_on_length: bool = False
     emit: EventSink = ignore_event
     checkpoint: Checkpoint = _no_checkpoint
     should_stop: StopCheck = _never_stop
+    scope: TurnScope = field(default_factory=lambda: TurnScope(None, ""))
+    approval_policy: ApprovalRule = False
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
@@ -125,7 +138,8 @@ class TurnLoop:
                 " raise max_steps or check the tools",
                 max_steps=self.max_steps,
             )
-        lead = [Message.system(self.instructions)] if self.instructions else []
+        instructions = await self._instructions(state)
+        lead = [Message.system(instructions)] if instructions else []
         request = ModelRequest(messages=lead + self.history + state.messages, tools=self._specs)
 
         async def on_delta(text: str) -> None:
@@ -162,19 +176,35 @@ class TurnLoop:
             metrics.tokens_used(name, _token_counts(reply.usage))
         return reply
 
+    async def _instructions(self, state: TurnState) -> str | None:
+        """The system prompt: as given, or what the instructions function returns now."""
+        if self.instructions is None or isinstance(self.instructions, str):
+            return self.instructions
+        ctx = self.scope.context(state.steps, _usage_so_far(state))
+        text = await call_maybe_async(self.instructions, ctx)
+        if text is not None and not isinstance(text, str):
+            raise ConvoqError(
+                f"instructions function returned {type(text).__name__}, not str (or None)"
+            )
+        return text or None
+
+    def _context(self, state: TurnState, call: ToolCall) -> RunContext[Any]:
+        return self.scope.for_call(state.steps, _usage_so_far(state), call.id, call.name)
+
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run what may run; return False when some calls still wait for a decision."""
         waiting: list[ToolCall] = []
         for call in calls:
             decision = state.decisions.get(call.id)
-            if decision is None and self._needs_approval(call):
+            ctx = self._context(state, call)
+            if decision is None and await self._needs_approval(ctx, call):
                 waiting.append(call)
                 continue
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
             attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
             with tracing.span("convoq.tool", attributes):
-                result = await self._result_for(call, decision)
-            state.messages.append(Message.tool_result(call, result))
+                result = await self._result_for(call, decision, ctx)
+            state.messages.append(Message.tool_result(call, result, decision))
             await self.checkpoint(state)
             await self.emit(
                 TurnEvent(
@@ -191,24 +221,35 @@ class TurnLoop:
             return False
         return True
 
-    def _needs_approval(self, call: ToolCall) -> bool:
-        return call.name in self.tools and self.tools.get(call.name).requires_approval
+    async def _needs_approval(self, ctx: RunContext[Any], call: ToolCall) -> bool:
+        """The tool's rule or the agent's policy asks for a human (unknown tools run into
+        their error instead)."""
+        if call.name not in self.tools:
+            return False
+        if await self.tools.get(call.name).needs_approval(ctx, call.arguments):
+            return True
+        return await rule_says(self.approval_policy, ctx, call.arguments, "approval_policy")
 
-    async def _result_for(self, call: ToolCall, decision: Decision | None) -> str:
+    async def _result_for(
+        self, call: ToolCall, decision: Decision | None, ctx: RunContext[Any]
+    ) -> str:
         # A name the model made up is no label: labels must stay few.
         label = call.name if call.name in self.tools else "(unknown)"
         if decision is not None and not decision.approved:
             metrics.tool_called(label, "denied")
-            reason = f": {decision.reason}" if decision.reason else ""
-            return f"The user denied this tool call{reason}. Do not retry it."
+            return refused_result(decision)
         try:
-            result = await self.tools.get(call.name).call(call.arguments)
+            result = await self.tools.get(call.name).call(call.arguments, ctx)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             metrics.tool_called(label, "error")
             tracing.record_error(exc)
             return f"Error: {type(exc).__name__}: {exc}"
         metrics.tool_called(label, "ok")
         return result
+
+
+def _usage_so_far(state: TurnState) -> Usage:
+    return turn_usage(state.messages[1:], requests=state.steps)
 
 
 def _token_counts(usage: Usage) -> dict[str, int]:

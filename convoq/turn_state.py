@@ -11,10 +11,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from convoq.errors import ConvoqError
-from convoq.messages import Message, MessageRole, ToolCall
+from convoq.messages import Decision, Message, MessageRole, ToolCall
+
+__all__ = ["Decision", "TurnEvent", "TurnState", "answered"]
 
 EventType = Literal[
-    "status", "text_delta", "assistant", "tool_call", "tool_result", "approval_required", "done"
+    "status",
+    "text_delta",
+    "assistant",
+    "tool_call",
+    "tool_result",
+    "approval_required",
+    "decision",
+    "done",
 ]
 
 
@@ -23,13 +32,6 @@ class TurnEvent(BaseModel):
 
     type: EventType
     data: dict[str, Any] = Field(default_factory=dict)
-
-
-class Decision(BaseModel):
-    """A human's answer to a tool call that needs approval."""
-
-    approved: bool
-    reason: str | None = None
 
 
 class TurnState(BaseModel):
@@ -45,13 +47,16 @@ class TurnState(BaseModel):
     def start(cls, message: Message) -> TurnState:
         return cls(messages=[message])
 
-    def decide(self, call_id: str, approved: bool, reason: str | None = None) -> None:
+    def decide(self, call_id: str, decision: Decision | bool, reason: str | None = None) -> None:
+        """Record the decision on a pending call (a bool: approved or not, with ``reason``)."""
+        if isinstance(decision, bool):
+            decision = Decision(approved=decision, reason=reason)
         if call_id not in {c.id for c in self.pending}:
             raise ConvoqError(
                 f"no pending tool call {call_id!r}; pending: {[c.id for c in self.pending]}",
                 call_id=call_id,
             )
-        self.decisions[call_id] = Decision(approved=approved, reason=reason)
+        self.decisions[call_id] = decision
 
     @property
     def undecided(self) -> list[ToolCall]:

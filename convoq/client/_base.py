@@ -2,8 +2,8 @@
 
 Everything a client can refuse is refused here, before anything is queued: the
 conversation id, the message (a ``str`` or a user :class:`Message`), attachment sizes, the
-agent name (against a known set), ``keep_last_turns``, ``callback_url``, ``if_busy`` and
-the idempotency key.
+agent name (against a known set), ``keep_last_turns``, ``callback_url``, ``if_busy``,
+the idempotency key and the metadata.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
+from convoq.context import check_metadata
 from convoq.errors import (
     AttachmentError,
     ConvoqError,
@@ -56,6 +57,7 @@ def build_submission(
     callback_url: str | None = None,
     if_busy: str = "queue",
     max_history_tokens: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
 
@@ -88,6 +90,8 @@ def build_submission(
         options["max_history_tokens"] = max_history_tokens
     if callback_url is not None:
         options["callback_url"] = check_callback_url(callback_url)
+    if meta := check_metadata(metadata):
+        options["metadata"] = meta
     return Submission(
         conversation_id=cid,
         turn_id=new_turn_id(),
@@ -186,6 +190,35 @@ def check_if_busy(value: object) -> IfBusy:
 def check_turn_ref(conversation_id: object, turn_id: object) -> tuple[str, str]:
     """Both ids of a turn, checked."""
     return check_conversation_id(conversation_id), check_turn_id(turn_id)
+
+
+MAX_DECIDER_CHARS = 200
+
+
+MAX_REASON_CHARS = 2000
+
+
+def check_decision_note(reason: object, by: object) -> tuple[str | None, str | None]:
+    """Why and who of an approval decision: ``reason`` None or a str of at most
+    MAX_REASON_CHARS; ``by`` None or a str of 1 to MAX_DECIDER_CHARS characters without
+    control characters (it is shown on the inbox page and in the history)."""
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS):
+        raise ConvoqError(
+            f"reason must be a str of at most {MAX_REASON_CHARS} characters", field="reason"
+        )
+    if by is None:
+        return reason, None
+    if (
+        not isinstance(by, str)
+        or not 0 < len(by) <= MAX_DECIDER_CHARS
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in by)
+    ):
+        raise ConvoqError(
+            f"by must name who decided: a str of 1 to {MAX_DECIDER_CHARS} characters"
+            " without control characters",
+            field="by",
+        )
+    return reason, by
 
 
 def check_call_id(call_id: object) -> str:

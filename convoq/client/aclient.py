@@ -32,6 +32,7 @@ from convoq.client._base import (
     Submission,
     build_submission,
     check_call_id,
+    check_decision_note,
     check_turn_ref,
 )
 from convoq.client.handle import AsyncTurnHandle, TurnResult
@@ -240,6 +241,7 @@ class AsyncClient:
         on_done: OnDone | None = None,
         if_busy: Literal["queue", "reject"] = "queue",
         max_history_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AsyncTurnHandle:
         """Queue a turn and return its handle at once.
 
@@ -254,6 +256,8 @@ class AsyncClient:
             if_busy: ``"reject"`` raises ConversationBusyError while a turn is in progress.
             max_history_tokens: send only the newest whole turns that fit this many tokens
                 (overrides the profile; see :class:`convoq.window.Window`).
+            metadata: a JSON object (at most ``convoq.context.MAX_METADATA_BYTES``)
+                stored with the turn and seen by its tools as ``ctx.metadata``.
 
         Raises:
             InvalidConversationIdError, InvalidMessageError, AttachmentError,
@@ -272,6 +276,7 @@ class AsyncClient:
             callback_url=callback_url,
             if_busy=if_busy,
             max_history_tokens=max_history_tokens,
+            metadata=metadata,
         )
         if "callback_url" in sub.options:
             await self._callback_policy.check_url(sub.options["callback_url"])
@@ -330,25 +335,29 @@ class AsyncClient:
         cid, tid = check_turn_ref(conversation_id, turn_id)
         return AsyncTurnHandle(self, cid, tid)
 
-    async def approve(self, turn: TurnRef, call_id: str) -> Literal["resume", "pending"]:
+    async def approve(
+        self, turn: TurnRef, call_id: str, *, by: str | None = None, reason: str | None = None
+    ) -> Literal["resume", "pending"]:
         """Approve a parked tool call; when all are decided the turn resumes on a worker.
+        ``by`` (who decided) and ``reason`` are kept with the decision, its time too.
         Returns "resume" when this was the last call to decide, else "pending"."""
-        return await self._decide(turn, call_id, approved=True, reason=None)
+        return await self._decide(turn, call_id, approved=True, reason=reason, by=by)
 
     async def deny(
-        self, turn: TurnRef, call_id: str, *, reason: str | None = None
+        self, turn: TurnRef, call_id: str, *, reason: str | None = None, by: str | None = None
     ) -> Literal["resume", "pending"]:
-        """Deny a parked tool call; the model is told (with ``reason``) and goes on.
-        Returns as :meth:`approve`."""
-        return await self._decide(turn, call_id, approved=False, reason=reason)
+        """Deny a parked tool call; the model is told (with ``reason`` and ``by``) and goes
+        on. Returns as :meth:`approve`."""
+        return await self._decide(turn, call_id, approved=False, reason=reason, by=by)
 
     async def _decide(
-        self, turn: TurnRef, call_id: str, *, approved: bool, reason: str | None
+        self, turn: TurnRef, call_id: str, *, approved: bool, reason: str | None, by: str | None
     ) -> Literal["resume", "pending"]:
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         check_call_id(call_id)
+        reason, by = check_decision_note(reason, by)
         outcome = await self.protocol.decide(
-            cid, tid, call_id=call_id, approved=approved, reason=reason
+            cid, tid, call_id=call_id, approved=approved, reason=reason, by=by
         )
         if outcome == "resume":
             attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
-from convoq.messages import Message, ToolCall
+from convoq.messages import Decision, Message, ToolCall
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
 from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
@@ -45,6 +45,9 @@ class TurnResult:
         usage: tokens the turn's model calls reported, summed (when succeeded).
         finish_reason: why the final model call stopped (``"length"``: cut off).
         refusal: the model's refusal text, when it refused instead of answering.
+        metadata: the JSON object given at submit (``{}`` if none).
+        decisions: the approval decisions on the turn's tool calls, by call id: who
+            decided, when, why (or that the approval expired).
     """
 
     conversation_id: str
@@ -58,6 +61,8 @@ class TurnResult:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     refusal: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    decisions: dict[str, Decision] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +95,8 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         usage=Usage.model_validate(data["usage"]) if data.get("usage") else Usage(),
         finish_reason=data.get("finish_reason"),
         refusal=data.get("refusal"),
+        metadata=record.metadata,
+        decisions=record.decisions,
     )
 
 
@@ -259,11 +266,13 @@ class AsyncTurnHandle:
             return min(longest, _BLOCK_MS)
         return min(longest, _BLOCK_MS, int((deadline - time.monotonic()) * 1000))
 
-    async def approve(self, call_id: str) -> None:
-        await self._client.approve(self, call_id)
+    async def approve(
+        self, call_id: str, *, by: str | None = None, reason: str | None = None
+    ) -> None:
+        await self._client.approve(self, call_id, by=by, reason=reason)
 
-    async def deny(self, call_id: str, reason: str | None = None) -> None:
-        await self._client.deny(self, call_id, reason=reason)
+    async def deny(self, call_id: str, reason: str | None = None, *, by: str | None = None) -> None:
+        await self._client.deny(self, call_id, reason=reason, by=by)
 
     async def cancel(self) -> str:
         return await self._client.cancel(self)

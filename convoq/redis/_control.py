@@ -32,18 +32,29 @@ class ControlMixin(ProtocolBase):
     """Approvals, cancellation, clear, history, sweeping, registry, epoch."""
 
     async def decide(
-        self, cid: str, turn_id: str, *, call_id: str, approved: bool, reason: str | None = None
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        call_id: str,
+        approved: bool,
+        reason: str | None = None,
+        by: str | None = None,
     ) -> Literal["resume", "pending"]:
-        """Record a decision on a pending tool call of a parked turn. "resume": all calls are
-        decided, send a kick for ``cid``. A repeated identical decision is a no-op.
+        """Record a decision on a pending tool call of a parked turn, with who decided
+        (``by``) and the server time; it is also a "decision" event of the turn. "resume":
+        all calls are decided, send a kick for ``cid``. Repeating a decision (same verdict
+        and reason) is a no-op.
 
         Raises:
             UnknownTurnError; ProtocolError when the turn is not awaiting approval, the call
             id is not pending, it was decided otherwise, or the approval expired.
         """
-        decision = Decision(approved=approved, reason=reason).model_dump_json()
+        decision = Decision(approved=approved, reason=reason, by=by)
+        raw = decision.model_dump_json(include={"approved", "reason", "by"})
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
-        reply = await self.scripts.run("decide", keys, [call_id, decision])
+        keys.append(self.keys.events(cid, turn_id))
+        reply = await self.scripts.run("decide", keys, [call_id, raw, self.events_maxlen])
         if reply[0] == "RESUME":
             return "resume"
         if reply[0] == "PENDING":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from pydantic import ValidationError
@@ -37,6 +37,13 @@ class TurnRecord:
     created_ms: int
     started_ms: int | None
     finished_ms: int | None
+    decisions: dict[str, Decision] = field(default_factory=dict)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The JSON object given at submit (``{}`` if none): every tool's ``ctx.metadata``."""
+        value = self.options.get("metadata")
+        return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,7 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             created_ms=_int(fields, "created_ms") or 0,
             started_ms=_int(fields, "started_ms"),
             finished_ms=_int(fields, "finished_ms"),
+            decisions=_decisions(fields),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(
@@ -186,6 +194,15 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             + "); cancel the turn or clear the conversation",
             key=key,
         ) from exc
+
+
+def _decisions(fields: dict[str, bytes]) -> dict[str, Decision]:
+    """The decisions recorded on the turn's pending calls, by call id (its audit trail)."""
+    return {
+        name[len(DECISION_FIELD) :]: Decision.model_validate_json(value)
+        for name, value in fields.items()
+        if name.startswith(DECISION_FIELD)
+    }
 
 
 def decode_state(

@@ -31,6 +31,7 @@ registry) and :mod:`convoq.redis._events` (events and turn records), over
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -129,9 +130,13 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         raw = check_message_limits(message, self.limits)
         args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
         args += [self.turn_ttl_ms, self.events_maxlen]
+        queued: dict[str, Any] = {"status": "queued"}
+        if options.get("metadata"):
+            queued["metadata"] = options["metadata"]
         return await self.admitted_submit(
-            cid, turn_id, agent, keys, args, kick=None if kick is None else kick[1]
-        )
+            cid, turn_id, agent, keys, args, kick=None if kick is None else kick[1],
+            queued_event=json.dumps(queued, separators=(",", ":")),
+        )  # fmt: skip
 
     async def renew(
         self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from convoq import defaults
 from convoq.agent import Agent
+from convoq.context import TurnScope
 from convoq.engine import Completed, Outcome, TurnLoop
 from convoq.errors import (
     AttachmentError,
@@ -242,6 +243,14 @@ class Runner:
     async def _execute(self, run: TurnRun) -> Outcome:
         turn = run.acq.turn
         profile = self._profiles.get_profile(turn.agent)
+        scope = TurnScope(
+            turn.conversation_id,
+            turn.turn_id,
+            turn.agent,
+            await profile.provided_deps(),
+            turn.metadata,
+            attempt=max(1, turn.attempts),
+        )
         loop = TurnLoop(
             model=profile.model,
             tools=profile.tools,
@@ -252,6 +261,8 @@ class Runner:
             emit=run.events.add,
             checkpoint=run.checkpoint,
             should_stop=run.should_stop,
+            scope=scope,
+            approval_policy=profile.approval_policy,
         )
         state = run.acq.state or TurnState.start(turn.input)
         return await loop.run(state)
