@@ -73,6 +73,16 @@ class Paused:
         return self.state.undecided
 
 
+@dataclass
+class Expired(Completed):
+    """The approval of some tool calls expired: ``messages`` end with their tool results,
+    which say so; the turn ends without another model call (and is stored)."""
+
+    @property
+    def text(self) -> str:
+        return ""
+
+
 Outcome = Completed | Paused
 EventSink = Callable[[TurnEvent], Awaitable[None]]
 Checkpoint = Callable[[TurnState], Awaitable[None]]
@@ -124,6 +134,8 @@ class TurnLoop:
             if open_calls:
                 if not await self._run_calls(state, open_calls):
                     return Paused(state)
+            elif state.expired:
+                return Expired(list(state.messages), state.steps)
             elif last.role == MessageRole.ASSISTANT and state.steps > 0:
                 # An assistant message the turn did not produce (the end of a
                 # GenerationRequest) is input: the model still has to answer.
@@ -200,6 +212,8 @@ class TurnLoop:
             if decision is None and await self._needs_approval(ctx, call):
                 waiting.append(call)
                 continue
+            if decision is not None and decision.expired:
+                state.expired = True  # journaled with the result: a rerun ends the same way
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
             attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
             with tracing.span("convoq.tool", attributes):

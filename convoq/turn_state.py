@@ -42,6 +42,8 @@ class TurnState(BaseModel):
     steps: int = 0
     pending: list[ToolCall] = Field(default_factory=list)
     decisions: dict[str, Decision] = Field(default_factory=dict)
+    # Some call's approval expired: once its calls are answered the turn ends (as expired).
+    expired: bool = False
 
     @classmethod
     def start(cls, message: Message) -> TurnState:

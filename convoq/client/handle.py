@@ -17,6 +17,7 @@ from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Decision, Message, ToolCall
 from convoq.redis._cluster import connection_option
+from convoq.redis._base import approval_expired_error
 from convoq.redis._durable import until_durable
 from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
 from convoq.turn_state import TurnEvent
@@ -35,12 +36,15 @@ _BLOCK_MS = 2_000
 
 @dataclass(frozen=True)
 class TurnResult:
-    """Where a turn stands: final (succeeded/failed/cancelled) or parked for approval.
+    """Where a turn stands: final (succeeded/failed/cancelled/expired) or parked for approval.
+    ``expired``: its approval ran out; the turn is stored, its tool results saying so, and
+    ``error`` says it expired.
 
     Attributes:
         text: the final answer ('' unless succeeded).
-        turn: the whole stored turn (user message first) when succeeded.
-        error: the turn's error rebuilt as a ConvoqError when failed or cancelled.
+        turn: the whole stored turn (user message first) when succeeded or expired.
+        error: the turn's error rebuilt as a ConvoqError when failed, cancelled or
+            expired.
         pending_approvals: tool calls waiting for approve/deny when parked.
         usage: tokens the turn's model calls reported, summed (when succeeded).
         finish_reason: why the final model call stopped (``"length"``: cut off).
@@ -83,6 +87,8 @@ def result_from_record(record: TurnRecord) -> TurnResult:
     error = error_from_data(record.error) if record.error else None
     if error is None and record.status == "cancelled":
         error = TurnCancelledError(f"turn {record.turn_id} was cancelled")
+    if error is None and record.status == "expired":
+        error = error_from_data(approval_expired_error())
     return TurnResult(
         conversation_id=record.conversation_id,
         turn_id=record.turn_id,
@@ -102,7 +108,7 @@ def result_from_record(record: TurnRecord) -> TurnResult:
 
 def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
     # The record keeps what the turn added after its user message; the input is separate.
-    if record.status != "succeeded":
+    if record.status not in ("succeeded", "expired"):
         return []
     return [record.input, *(Message.model_validate(m) for m in data.get("messages") or [])]
 
@@ -149,7 +155,7 @@ class AsyncTurnHandle:
         return await self._client.protocol.get_turn(self.conversation_id, self.turn_id)
 
     async def status(self) -> TurnStatus:
-        """queued | running | awaiting_approval | succeeded | failed | cancelled."""
+        """queued | running | awaiting_approval | succeeded | failed | cancelled | expired."""
         return (await self.record()).status
 
     async def result(self) -> TurnResult:

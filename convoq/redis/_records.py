@@ -15,9 +15,12 @@ from convoq.messages import Message
 from convoq.redis._codec import text
 from convoq.turn_state import Decision, TurnEvent, TurnState
 
-TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
+TurnStatus = Literal[
+    "queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled", "expired"
+]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
-FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# expired: the approval ran out; the turn is stored, its tool results saying so.
+FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 DECISION_FIELD = "decision:"
 
 

@@ -21,12 +21,12 @@ from convoq.ids import check_conversation_id, check_turn_id
 from convoq.redis._base import (
     REDIS_UNAVAILABLE,
     ProtocolBase,
-    approval_expired_error,
     max_attempts_error,
 )
 from convoq.redis._codec import pairs_to_dict, text
 from convoq.redis._history import decode_window, read_chunked
 from convoq.redis._records import Acquired, Taking, decode_record, decode_state
+from convoq.turn_state import Decision
 
 log = logging.getLogger("convoq.redis")
 
@@ -46,10 +46,12 @@ def valid_turn_id(value: bytes | str | None) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _take_errors(max_attempts: int) -> tuple[str, str]:
-    """The error JSON a take stores for a turn over ``max_attempts`` and for an expired
-    approval: the same for every call (built once, not per turn)."""
+    """The error JSON a take stores for a turn over ``max_attempts``, and the decision it
+    records on each undecided call of a turn whose approval expired (the script adds the
+    time): the same for every call (built once, not per turn)."""
     dump = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
-    return dump(max_attempts_error(max_attempts)), dump(approval_expired_error())
+    expired = Decision(approved=False, expired=True).model_dump(exclude={"at_ms"})
+    return dump(max_attempts_error(max_attempts)), dump(expired)
 
 
 class TakingMixin(ProtocolBase):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from convoq import defaults
 from convoq.agent import Agent
 from convoq.context import TurnScope
-from convoq.engine import Completed, Outcome, TurnLoop
+from convoq.engine import Completed, Expired, Outcome, TurnLoop
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
@@ -88,6 +88,8 @@ class DrainReport:
     conversation_id: str
     succeeded: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    # Stored with tool results saying their approval expired (see engine.Expired).
+    expired: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
     # Turns left queued for another drain because other conversations waited for a slot.
@@ -95,7 +97,9 @@ class DrainReport:
 
     @property
     def idle(self) -> bool:
-        return not (self.succeeded or self.failed or self.parked or self.abandoned)
+        return not (
+            self.succeeded or self.failed or self.expired or self.parked or self.abandoned
+        )
 
 
 class Runner:
@@ -300,8 +304,9 @@ class Runner:
                     outcome.messages,
                     ending,
                     stop_if_cancelled=True,
+                    expired=isinstance(outcome, Expired),
                 ),
-                done=report.succeeded,
+                done=report.expired if isinstance(outcome, Expired) else report.succeeded,
                 replayed=report.succeeded,
             )
         except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
@@ -340,7 +345,8 @@ class Runner:
         ended: list[str] = []
         config = self._config
         # Traced as one span: the script ends this turn and hands over the next.
-        end = _observed.in_span("convoq.commit" if done is report.succeeded else "convoq.fail", end)
+        stored = done is not report.failed
+        end = _observed.in_span("convoq.commit" if stored else "convoq.fail", end)
         requeued: list[str] | None = [] if await self._fair.others_waiting() else None
         try:
             async with run.events.pending() as events:
@@ -379,7 +385,7 @@ class Runner:
         done.append(tid)
         # The idle TTL of the conversation runs from its last turn.
         await self._protocol.touch(cid)
-        if done is report.succeeded:
+        if stored:
             await self._compact_later(cid, acq.turn.agent)
         await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
         await self._failed_on_the_way(cid, ended, report)
@@ -411,9 +417,9 @@ class Runner:
                 log.warning("could not queue compaction of %s: %s", cid, exc)
 
     async def _failed_on_the_way(self, cid: str, turn_ids: list[str], report: DrainReport) -> None:
-        """Turns acquire failed before they could run (over max attempts, approval
-        expired): finished like any other, so their callbacks go out too."""
+        """Turns acquire failed before they could run (over max attempts): finished like
+        any other, so their callbacks go out too."""
         for tid in turn_ids:
-            log.info("turn %s/%s failed before it ran (max attempts or approval expiry)", cid, tid)
+            log.info("turn %s/%s failed before it ran (over max attempts)", cid, tid)
             report.failed.append(tid)
             await after_turn(self._protocol, self._on_finished, cid, tid)

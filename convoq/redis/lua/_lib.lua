@@ -3,7 +3,7 @@
 -- Numbers reach redis.call as strings via istr(): Lua's default number format (%.14g)
 -- would mangle large integers.
 
-local TERMINAL = {succeeded = true, failed = true, cancelled = true}
+local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true}
 -- The stored layout this code reads and writes (FORMAT_VERSION in _codec.py).
 local FORMAT = '2'
 
@@ -361,8 +361,8 @@ end
 
 -- The options of handing out a turn, from ARGV[first .. first + 6]: turn ttl ms (records
 -- of turns failed on the way), events MAXLEN, lease ms, history window in turns (0 = all),
--- max attempts, error JSON for a turn over max attempts, error JSON for a parked turn
--- whose approval expired.
+-- max attempts, error JSON for a turn over max attempts, decision JSON (a JSON object)
+-- recorded on each call of a parked turn whose approval expired undecided.
 local function take_options(first)
   return {ttl = ARGV[first], maxlen = ARGV[first + 1], lease_ms = ARGV[first + 2],
     window = tonumber(ARGV[first + 3]), max_attempts = tonumber(ARGV[first + 4]),
@@ -392,6 +392,40 @@ local function saved_state(k)
     return 'cont', state
   end
   return false, false
+end
+
+-- A parked turn whose approval expired (its parked lease is gone, not every call decided):
+-- each undecided call is decided as expired (the decision `template` stamped with the
+-- time, recorded and emitted as a "decision" event) and the turn is marked for resumption,
+-- so it runs on: its tool results tell the model, and it ends as 'expired'. `rec` is
+-- updated. False (nothing written) when the events key holds another type.
+local function expire_undecided(k, rec, template, maxlen, now)
+  local ok, pending = pcall(cjson.decode, rec.pending or '[]')
+  if not ok or type(pending) ~= 'table' then
+    pending = {}
+  end
+  local first = true
+  for _, id in ipairs(pending) do
+    local field = 'decision:' .. id
+    if not rec[field] then
+      local decision = cjson.decode(template)
+      decision.at_ms = now
+      local stored = cjson.encode(decision)
+      decision.call_id = id
+      local event = cjson.encode(decision)
+      if first and not emit_first(k.events, maxlen, 'decision', event) then
+        return false
+      elseif not first then
+        emit(k.events, maxlen, 'decision', event)
+      end
+      first = false
+      redis.call('HSET', k.turn, field, stored)
+      rec[field] = stored
+    end
+  end
+  redis.call('HSET', k.turn, 'resume', '1')
+  rec.resume = '1'
+  return true
 end
 
 -- A new fence token for the conversation (its current one read by meta_refusal() when
@@ -450,8 +484,9 @@ end
 
 -- Hands out the inbox head tid with its history window, its saved state and the id of
 -- the turn queued behind it (`peek`, read by the caller: false when none). `fence`: the
--- lease the caller holds (kept), or false to take a new one. A head that cannot run is not handed out: dropped when its record is gone or
--- finished, failed when parked undecided (its approval expired) or over max attempts.
+-- lease the caller holds (kept), or false to take a new one. A head that cannot run is not
+-- handed out: dropped when its record is gone or finished, failed when over max attempts.
+-- A head parked undecided whose approval expired runs on (expire_undecided()).
 -- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
 -- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
 --      or {'DROPPED', id of the turn failed here or false} (the head moved on)
@@ -477,13 +512,8 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     redis.call('LREM', k.inbox, 1, tid)
     return {'DROPPED', false}
   end
-  if status == 'awaiting_approval' and rec.resume ~= '1' then
-    -- Parked, undecided and the parked lease is gone: the approval expired.
-    if not finish(k, tid, 'failed', 'error', o.expired, o.ttl, o.maxlen, now) then
-      return {'CORRUPT', k.events}
-    end
-    return {'DROPPED', tid}
-  end
+  -- Parked, undecided and the parked lease is gone: the approval expired.
+  local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
   local runs = tonumber(rec.runs or '0') + 1
   if runs > o.max_attempts then
     if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now) then
@@ -504,6 +534,9 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     if kind == nil then
       return {'CORRUPT', state}
     end
+  end
+  if expiring and not expire_undecided(k, rec, o.expired, o.maxlen, now) then
+    return {'CORRUPT', k.events}
   end
   fence = start_run(h, k, rec, runs, holder, fence, o, now)
   if not fence then

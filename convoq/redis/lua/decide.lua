@@ -2,7 +2,8 @@
 -- KEYS[2] = turn      {prefix}:{cid}:turn:{tid}
 -- KEYS[3] = events    {prefix}:{cid}:events:{tid}
 -- ARGV[1] = tool call id
--- ARGV[2] = decision JSON {"approved": bool, "reason": str|null, "by": str|null}
+-- ARGV[2] = decision JSON {"approved": bool, "reason": str|null, "by": str|null,
+--           "expired": false}
 -- ARGV[3] = events stream MAXLEN (approximate)
 -- Records a decision on a pending call of a parked turn, stamped with the server time
 -- (at_ms), and emits it as a "decision" event (the audit trail: who, when, why). Once
