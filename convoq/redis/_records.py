@@ -201,11 +201,26 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
 
 def _decisions(fields: dict[str, bytes]) -> dict[str, Decision]:
     """The decisions recorded on the turn's pending calls, by call id (its audit trail)."""
-    return {
+    found = {
         name[len(DECISION_FIELD) :]: Decision.model_validate_json(value)
         for name, value in fields.items()
         if name.startswith(DECISION_FIELD)
     }
+    return with_stored_decisions(found, _json(fields, "result"))
+
+
+def with_stored_decisions(
+    decisions: dict[str, Decision], result: dict[str, Any] | None
+) -> dict[str, Decision]:
+    """``decisions`` plus those the stored tool results of the turn's ``result`` carry (a
+    finished turn's record read without its decision fields still has them)."""
+    merged = dict(decisions)
+    for raw in (result or {}).get("messages") or []:
+        decision = raw.get("decision") if isinstance(raw, dict) else None
+        call_id = raw.get("tool_call_id") if isinstance(raw, dict) else None
+        if decision is not None and isinstance(call_id, str):
+            merged.setdefault(call_id, Decision.model_validate(decision))
+    return merged
 
 
 def decode_state(
