@@ -18,12 +18,15 @@ from convoq import _cli_transfer
 from convoq._cli_render import (
     console,
     err_console,
+    login_name,
+    parse_json_option,
     print_event,
     print_history,
     print_result,
     reported,
 )
 from convoq.client import Client
+from convoq.context import check_metadata
 from convoq.errors import ConfigurationError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import Message, MessageRole, TextPart
@@ -181,10 +184,15 @@ def submit(
     max_history_tokens: Annotated[
         int | None, typer.Option(help="Send the newest whole turns that fit this many tokens.")
     ] = None,
+    metadata: Annotated[
+        str | None,
+        typer.Option(help='A JSON object its tools see as ctx.metadata: {"user": "ada"}'),
+    ] = None,
 ) -> None:
     """Queue a turn; print its id (and with --wait, its result)."""
     s = _settings()
-    with reported():  # attachments are checked before any connection is made
+    with reported():  # attachments and metadata are checked before any connection is made
+        meta = check_metadata(parse_json_option("--metadata", metadata))
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -197,13 +205,14 @@ def submit(
             keep_last_turns=keep_last_turns,
             callback_url=callback_url,
             max_history_tokens=max_history_tokens,
+            metadata=meta,
         )
         console.print(f"turn [bold]{handle.turn_id}[/bold] queued for {conversation_id}")
         if wait:
             with console.status(f"waiting for turn {handle.turn_id}..."):
                 result = handle.wait(timeout, raise_on_error=False, return_on_approval=True)
             print_result(result)
-            if result.status in ("failed", "cancelled"):
+            if result.status in ("failed", "cancelled", "expired"):
                 raise typer.Exit(1)
 
 
@@ -240,11 +249,21 @@ def history(
         print_history(conversation_id, messages, client.usage(conversation_id) if usage else None)
 
 
+_BY_HELP = "Who decides (kept with the decision); default: your login name."
+
+
 @app.command()
-def approve(conversation_id: str, turn_id: str, call_id: str) -> None:
+def approve(
+    conversation_id: str,
+    turn_id: str,
+    call_id: str,
+    by: Annotated[str | None, typer.Option(help=_BY_HELP)] = None,
+    reason: Annotated[str | None, typer.Option(help="Why (kept with the decision).")] = None,
+) -> None:
     """Approve a parked tool call."""
     with _connected() as client:
-        client.approve(client.handle(conversation_id, turn_id), call_id)
+        handle = client.handle(conversation_id, turn_id)
+        client.approve(handle, call_id, by=by or login_name(), reason=reason)
     console.print(f"approved {call_id} of turn {turn_id}")
 
 
@@ -254,10 +273,12 @@ def deny(
     turn_id: str,
     call_id: str,
     reason: Annotated[str | None, typer.Option(help="Told to the model.")] = None,
+    by: Annotated[str | None, typer.Option(help=_BY_HELP)] = None,
 ) -> None:
     """Deny a parked tool call."""
     with _connected() as client:
-        client.deny(client.handle(conversation_id, turn_id), call_id, reason=reason)
+        handle = client.handle(conversation_id, turn_id)
+        client.deny(handle, call_id, reason=reason, by=by or login_name())
     console.print(f"denied {call_id} of turn {turn_id}")
 
 

@@ -137,8 +137,7 @@ def check_metadata(metadata: object) -> dict[str, Any]:
         raw = json.dumps(metadata, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConvoqError(
-            f"metadata must hold only JSON values (str, numbers, bools, None, lists, dicts):"
-            f" {exc}",
+            f"metadata must hold only JSON values (str, numbers, bools, None, lists, dicts): {exc}",
             field="metadata",
         ) from None
     if len(raw.encode()) > MAX_METADATA_BYTES:

@@ -16,8 +16,8 @@ from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Decision, Message, ToolCall
-from convoq.redis._cluster import connection_option
 from convoq.redis._base import approval_expired_error
+from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
 from convoq.redis._records import FINAL_STATUSES, TurnRecord, TurnStatus
 from convoq.turn_state import TurnEvent

@@ -15,7 +15,6 @@ from convoq.client import AsyncClient
 from convoq.errors import TurnTimeoutError
 from convoq.gateway.auth import Principal, requires
 from convoq.gateway.bodies import body_schema, invalid, json_body
-from convoq.gateway.problems import GatewayError
 from convoq.gateway.models import (
     CancelResult,
     DecisionRequest,
@@ -25,6 +24,7 @@ from convoq.gateway.models import (
     TurnRequest,
     TurnView,
 )
+from convoq.gateway.problems import GatewayError
 from convoq.gateway.sse import check_event_id, turn_events
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 

@@ -97,9 +97,7 @@ class DrainReport:
 
     @property
     def idle(self) -> bool:
-        return not (
-            self.succeeded or self.failed or self.expired or self.parked or self.abandoned
-        )
+        return not (self.succeeded or self.failed or self.expired or self.parked or self.abandoned)
 
 
 class Runner:

@@ -72,7 +72,9 @@ def payer_fn(request: ModelRequest) -> str | Message:
     if last.role == MessageRole.TOOL:
         return f"{system} {last.text}"
     test_redis().rpush(test_key("asked", last.text), str(os.getpid()))
-    call = ToolCall(id=f"pay-{len(request.messages)}", name="pay", arguments={"amount": int(last.text)})
+    call = ToolCall(
+        id=f"pay-{len(request.messages)}", name="pay", arguments={"amount": int(last.text)}
+    )
     return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
 
 
