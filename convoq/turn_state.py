@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from convoq.errors import ConvoqError
 from convoq.messages import Decision, Message, MessageRole, ToolCall
 
-__all__ = ["Decision", "TurnEvent", "TurnState", "answered"]
+__all__ = ["Decision", "TurnEvent", "TurnState", "answered", "expire_undecided"]
 
 EventType = Literal[
     "status",
@@ -63,6 +63,19 @@ class TurnState(BaseModel):
     @property
     def undecided(self) -> list[ToolCall]:
         return [c for c in self.pending if c.id not in self.decisions]
+
+
+def expire_undecided(state: TurnState, at_ms: int) -> list[TurnEvent]:
+    """Decide every pending call no one decided as expired (its approval ran out at
+    ``at_ms``); the "decision" events that say so."""
+    events = []
+    for call in state.undecided:
+        decision = Decision(approved=False, at_ms=at_ms, expired=True)
+        state.decisions[call.id] = decision
+        events.append(
+            TurnEvent(type="decision", data={"call_id": call.id, **decision.model_dump()})
+        )
+    return events
 
 
 def answered(state: TurnState) -> bool:

@@ -21,7 +21,7 @@ from convoq.errors import (
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import Acquired, TurnProtocol
 from convoq.redis.protocol import TurnEnding
-from convoq.turn_state import TurnEvent, TurnState
+from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
 CID = "conv-1"
@@ -406,20 +406,20 @@ async def test_sweep_finds_orphaned_inboxes_and_expired_approvals(
     assert await proto.sweep_candidates() == [CID]
     with pytest.raises(ProtocolError, match="expired"):
         await proto.decide(CID, "t1", call_id="c", approved=True)
-    # The next acquire records c as expired (a's approval stands) and runs the turn on.
+    # The next acquire runs the turn on, stamped as expired (a's approval stands); the
+    # runner decides c as expired from that stamp.
     again = await acquire(proto)
     assert again.turn.turn_id == "t1" and again.state is not None
+    assert again.turn.expired_ms is not None and again.turn.status == "running"
     decisions = again.state.decisions
     assert decisions["a"].approved and decisions["a"].by == "ann" and not decisions["a"].expired
-    assert decisions["c"].expired and not decisions["c"].approved and decisions["c"].at_ms
-    assert set(again.turn.decisions) == {"a", "c"}
-    events = [e for _, e in await proto.read_events(CID, "t1")]
-    decided = [e.data for e in events if e.type == "decision"]
-    assert [(d["call_id"], d["approved"], d["expired"]) for d in decided] == [
-        ("a", True, False),
-        ("c", False, True),
-    ]
-    assert decided[0]["by"] == "ann" and decided[1]["at_ms"] >= decided[0]["at_ms"]
+    assert [c.id for c in again.state.undecided] == ["c"]
+    [event] = expire_undecided(again.state, again.turn.expired_ms)
+    assert event.data["call_id"] == "c" and event.data["expired"] is True
+    assert again.state.decisions["c"].at_ms == again.turn.expired_ms
+    decided = [e.data for _, e in await proto.read_events(CID, "t1") if e.type == "decision"]
+    assert [(d["call_id"], d["approved"], d["by"]) for d in decided] == [("a", True, "ann")]
+    assert decided[0]["at_ms"] <= again.turn.expired_ms
 
 
 async def test_epoch_marker_detects_a_replaced_dataset(

@@ -41,6 +41,9 @@ class TurnRecord:
     started_ms: int | None
     finished_ms: int | None
     decisions: dict[str, Decision] = field(default_factory=dict)
+    # When a worker took the turn after its approval expired (its undecided calls are then
+    # decided as expired and it ends as "expired").
+    expired_ms: int | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -190,6 +193,7 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             started_ms=_int(fields, "started_ms"),
             finished_ms=_int(fields, "finished_ms"),
             decisions=_decisions(fields),
+            expired_ms=_int(fields, "expired_ms"),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(

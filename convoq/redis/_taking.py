@@ -26,7 +26,6 @@ from convoq.redis._base import (
 from convoq.redis._codec import pairs_to_dict, text
 from convoq.redis._history import decode_window, read_chunked
 from convoq.redis._records import Acquired, Taking, decode_record, decode_state
-from convoq.turn_state import Decision
 
 log = logging.getLogger("convoq.redis")
 
@@ -45,13 +44,10 @@ def valid_turn_id(value: bytes | str | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _take_errors(max_attempts: int) -> tuple[str, str]:
-    """The error JSON a take stores for a turn over ``max_attempts``, and the decision it
-    records on each undecided call of a turn whose approval expired (the script adds the
-    time): the same for every call (built once, not per turn)."""
-    dump = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
-    expired = Decision(approved=False, expired=True).model_dump(exclude={"at_ms"})
-    return dump(max_attempts_error(max_attempts)), dump(expired)
+def _over_attempts_error(max_attempts: int) -> str:
+    """The error JSON a take stores for a turn over ``max_attempts``: the same for every
+    call (built once, not per turn)."""
+    return json.dumps(max_attempts_error(max_attempts), separators=(",", ":"), ensure_ascii=False)
 
 
 class TakingMixin(ProtocolBase):
@@ -92,15 +88,13 @@ class TakingMixin(ProtocolBase):
 
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
-        over_attempts, expired = _take_errors(t.max_attempts)
         return [
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
             t.window,
             t.max_attempts,
-            over_attempts,
-            expired,
+            _over_attempts_error(t.max_attempts),
         ]
 
     def next_turn_keys(self, cid: str, next_turn_id: str | None) -> list[str]:

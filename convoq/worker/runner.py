@@ -49,7 +49,7 @@ from convoq.observe import tracing
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
-from convoq.turn_state import TurnState
+from convoq.turn_state import TurnState, expire_undecided
 from convoq.window import Window, last_turns
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
@@ -267,6 +267,9 @@ class Runner:
             approval_policy=profile.approval_policy,
         )
         state = run.acq.state or TurnState.start(turn.input)
+        if turn.expired_ms is not None:  # its approval ran out: told to the model, then ended
+            for event in expire_undecided(state, turn.expired_ms):
+                await run.events.add(event)
         return await loop.run(state)
 
     async def _history(self, acq: Acquired, profile: Agent) -> list[Message]:

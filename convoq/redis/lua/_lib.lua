@@ -359,14 +359,13 @@ end
 -- turn queued behind the one they end (so a busy conversation costs one round trip per
 -- turn). h = {meta, turns, blobs, lead}; k = turn_keys() of the turn handed out.
 
--- The options of handing out a turn, from ARGV[first .. first + 6]: turn ttl ms (records
+-- The options of handing out a turn, from ARGV[first .. first + 5]: turn ttl ms (records
 -- of turns failed on the way), events MAXLEN, lease ms, history window in turns (0 = all),
--- max attempts, error JSON for a turn over max attempts, decision JSON (a JSON object)
--- recorded on each call of a parked turn whose approval expired undecided.
+-- max attempts, error JSON for a turn over max attempts.
 local function take_options(first)
   return {ttl = ARGV[first], maxlen = ARGV[first + 1], lease_ms = ARGV[first + 2],
     window = tonumber(ARGV[first + 3]), max_attempts = tonumber(ARGV[first + 4]),
-    over_attempts = ARGV[first + 5], expired = ARGV[first + 6]}
+    over_attempts = ARGV[first + 5]}
 end
 
 -- Whether a counter field's value (false: not set) would take HINCRBY.
@@ -392,40 +391,6 @@ local function saved_state(k)
     return 'cont', state
   end
   return false, false
-end
-
--- A parked turn whose approval expired (its parked lease is gone, not every call decided):
--- each undecided call is decided as expired (the decision `template` stamped with the
--- time, recorded and emitted as a "decision" event) and the turn is marked for resumption,
--- so it runs on: its tool results tell the model, and it ends as 'expired'. `rec` is
--- updated. False (nothing written) when the events key holds another type.
-local function expire_undecided(k, rec, template, maxlen, now)
-  local ok, pending = pcall(cjson.decode, rec.pending or '[]')
-  if not ok or type(pending) ~= 'table' then
-    pending = {}
-  end
-  local first = true
-  for _, id in ipairs(pending) do
-    local field = 'decision:' .. id
-    if not rec[field] then
-      local decision = cjson.decode(template)
-      decision.at_ms = now
-      local stored = cjson.encode(decision)
-      decision.call_id = id
-      local event = cjson.encode(decision)
-      if first and not emit_first(k.events, maxlen, 'decision', event) then
-        return false
-      elseif not first then
-        emit(k.events, maxlen, 'decision', event)
-      end
-      first = false
-      redis.call('HSET', k.turn, field, stored)
-      rec[field] = stored
-    end
-  end
-  redis.call('HSET', k.turn, 'resume', '1')
-  rec.resume = '1'
-  return true
 end
 
 -- A new fence token for the conversation (its current one read by meta_refusal() when
@@ -486,7 +451,7 @@ end
 -- the turn queued behind it (`peek`, read by the caller: false when none). `fence`: the
 -- lease the caller holds (kept), or false to take a new one. A head that cannot run is not
 -- handed out: dropped when its record is gone or finished, failed when over max attempts.
--- A head parked undecided whose approval expired runs on (expire_undecided()).
+-- A head parked undecided whose approval expired runs on, stamped with expired_ms.
 -- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
 -- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
 --      or {'DROPPED', id of the turn failed here or false} (the head moved on)
@@ -535,12 +500,15 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
       return {'CORRUPT', state}
     end
   end
-  if expiring and not expire_undecided(k, rec, o.expired, o.maxlen, now) then
-    return {'CORRUPT', k.events}
-  end
   fence = start_run(h, k, rec, runs, holder, fence, o, now)
   if not fence then
     return {'CORRUPT', k.events}
+  end
+  if expiring then
+    -- The runner records its undecided calls as expired and ends it without another
+    -- model call: stored, its tool results saying so (engine.Expired).
+    rec.expired_ms = istr(now)
+    redis.call('HSET', k.turn, 'expired_ms', rec.expired_ms)
   end
   local fields = {}
   for name, value in pairs(rec) do

@@ -21,14 +21,13 @@
 -- ARGV[6] = the turn's final status: 'succeeded', or 'expired' (its approval expired and
 --           its tool results say so; it is stored all the same)
 -- ARGV[7] = next tid: the turn the caller expects next (acquire's peek), '' = none
--- ARGV[8 .. 14] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
---                 window, max attempts, error JSON over max attempts, decision JSON of an
---                 expired approval
--- ARGV[15] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
+-- ARGV[8 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
+--                 window, max attempts, error JSON over max attempts
+-- ARGV[14] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
 --           the conversation's counters ('{}': nothing reported)
--- ARGV[16] = n: events the turn emitted since its last write
--- ARGV[17 .. 16+2n] = type, data, type, data, ... (appended before "done")
--- ARGV[17+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
+-- ARGV[15] = n: events the turn emitted since its last write
+-- ARGV[16 .. 15+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[16+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
 -- turn. Then the hand-off (hand_over() in _lib.lua): the lease is freed when no turn
 -- waits, else kept with the same fence for the next one. When that next turn is the one
@@ -57,7 +56,7 @@ if ARGV[5] == '1' and where then  -- a cancel was requested
   return {'CANCELLED'}
 end
 k.cancel = where
-local usage = cjson.decode(ARGV[15])
+local usage = cjson.decode(ARGV[14])
 local counters = {'turns', 'bytes'}
 for field in pairs(usage) do
   counters[#counters + 1] = field
@@ -67,8 +66,8 @@ local refusal, values = meta_refusal(h.meta, unpack(counters))
 if refusal then
   return refusal
 end
-local n = tonumber(ARGV[16])
-local has_blobs = #ARGV >= 17 + 2 * n
+local n = tonumber(ARGV[15])
+local has_blobs = #ARGV >= 16 + 2 * n
 local bad_key = wrong_type('list', {h.turns}) or (has_blobs and wrong_type('hash', {h.blobs}))
 for i = 1, #counters do
   if not counter_ok(values[i]) then
@@ -80,10 +79,10 @@ if bad_key then
 end
 local now = now_ms()
 local status = ARGV[6] == 'expired' and 'expired' or 'succeeded'
-if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 17, n) then
+if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n) then
   return {'CORRUPT', k.events}
 end
-local added = store_blobs(h.blobs, 17 + 2 * n)
+local added = store_blobs(h.blobs, 16 + 2 * n)
 redis.call('RPUSH', h.turns, ARGV[3])
 local function plus(i, count)
   return istr(tonumber(values[i] or '0') + count)
