@@ -263,7 +263,7 @@ def approve(
     """Approve a parked tool call."""
     with _connected() as client:
         handle = client.handle(conversation_id, turn_id)
-        client.approve(handle, call_id, by=by or login_name(), reason=reason)
+        client.approve(handle, call_id, by=by if by is not None else login_name(), reason=reason)
     console.print(f"approved {call_id} of turn {turn_id}")
 
 
@@ -278,7 +278,7 @@ def deny(
     """Deny a parked tool call."""
     with _connected() as client:
         handle = client.handle(conversation_id, turn_id)
-        client.deny(handle, call_id, reason=reason, by=by or login_name())
+        client.deny(handle, call_id, reason=reason, by=by if by is not None else login_name())
     console.print(f"denied {call_id} of turn {turn_id}")
 
 

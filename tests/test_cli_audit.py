@@ -60,6 +60,8 @@ def test_decisions_with_who_and_why_show_in_history_and_watch(run) -> None:  # t
     out = run("submit", cid, "pay", "--agent", "double_approver", "--wait")
     tid = _turn_id(out)
     assert "call-a" in out and "call-b" in out
+    refused = run("approve", cid, tid, "call-a", "--by", "", code=1)
+    assert "by must name who decided" in refused and "Traceback" not in refused
     assert "approved" in run("approve", cid, tid, "call-a", "--by", "alice", "--reason", "ok")
     assert "denied" in run("deny", cid, tid, "call-b", "--by", "bob", "--reason", "too much")
     watched = run("watch", cid, tid, "--timeout", "30")

@@ -124,6 +124,9 @@ def test_an_approved_call_resumes_on_another_worker_with_its_context_and_audit(
         try:
             with pytest.raises(ConvoqError, match="by must name"):
                 client.approve(handle, call.id, by="")
+            with pytest.raises(ConvoqError, match="reason must be a str of at most"):
+                client.approve(handle, call.id, by="alice", reason="x" * 3000)
+            assert handle.status() == "awaiting_approval"  # the refusals changed nothing
             assert client.approve(handle, call.id, by="alice", reason="known payee") == "resume"
             result = handle.wait(30)
         finally:
