@@ -29,12 +29,12 @@ def _record_path() -> str:
 
 
 @tool
-def record(text: str) -> str:
-    """A side effect: one line per execution in the file CHAOS_TOOL_LOG names (not in
-    Redis, which the chaos test kills). Lines are short and appended (O_APPEND): writers
-    in several processes never interleave within a line."""
+def record(ctx: RunContext[None], text: str) -> str:
+    """A side effect: one line per execution (text, process, idempotency key) in the file
+    CHAOS_TOOL_LOG names (not in Redis, which the chaos test kills). Lines are short and
+    appended (O_APPEND): writers in several processes never interleave within a line."""
     with open(_record_path(), "a", encoding="utf-8") as log:
-        log.write(f"{text}\t{os.getpid()}\n")
+        log.write(f"{text}\t{os.getpid()}\t{ctx.idempotency_key}\n")
     return f"recorded {text}"
 
 
