@@ -176,3 +176,14 @@ def test_a_tool_rerun_after_its_worker_was_killed_has_the_same_context_and_key(
     assert second["idempotency_key"] == first["idempotency_key"]
     assert second["metadata"] == first["metadata"] == {"user": "cy", "stall": True}
     assert second["tool_call_id"] == first["tool_call_id"] and second["step"] == first["step"]
+
+
+def test_an_agent_policy_decides_on_workers_from_the_metadata(client: Client) -> None:
+    admin = client.submit(_cid(), "7", agent="guarded", metadata={"user": "di", "role": "admin"})
+    assert admin.wait(30).text == "Greet di. paid 7"
+    guest = client.submit(_cid(), "7", agent="guarded", metadata={"user": "ed"})
+    parked = guest.wait(30, return_on_approval=True)
+    assert parked.status == "awaiting_approval"
+    [call] = parked.pending_approvals
+    client.deny(guest, call.id, reason="guests may not pay")
+    assert "denied this tool call" in guest.wait(30).text

@@ -85,3 +85,18 @@ payer = Agent(
     tools=[pay],
     deps_factory=make_deps,
 )
+
+
+async def guests_ask(ctx: RunContext[PayDeps], arguments: dict[str, Any]) -> bool:
+    """The agent's policy over every tool: only an admin's turns run them unasked."""
+    return ctx.metadata.get("role") != "admin"
+
+
+guarded = Agent(
+    ScriptedModel(payer_fn),
+    greeting,
+    name="guarded",
+    tools=[pay],
+    deps_factory=make_deps,
+    approval_policy=guests_ask,
+)
