@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 from convoq import defaults
 from convoq._sync import iterate_sync, run_sync
-from convoq.approvals import ApprovalRule, check_rule
+from convoq.approvals import ApprovalRule, check_decision_note, check_rule
 from convoq.compaction import CompactionPolicy, compact_idle
 from convoq.context import DepsHolder, Instructions, TurnScope, check_metadata
 from convoq.engine import (
@@ -207,8 +207,7 @@ class Agent:
         :class:`Decision` with a reason) denies; ``by`` names who decided (kept with the
         stored tool results, with the time). The completed turn is stored once."""
         cont = parse_continuation(continuation)
-        if by is not None and (not isinstance(by, str) or not 0 < len(by) <= 200):
-            raise ConvoqError("by must name who decided: a str of 1 to 200 characters")
+        by = check_decision_note(None, by)[1]
         at_ms = now_ms()
         for call_id, value in decisions.items():
             cont.state.decide(call_id, parse_decision(value, by=by, at_ms=at_ms))

@@ -70,6 +70,35 @@ async def rule_says(
     return answer
 
 
+MAX_DECIDER_CHARS = 200
+
+
+MAX_REASON_CHARS = 2000
+
+
+def check_decision_note(reason: object, by: object) -> tuple[str | None, str | None]:
+    """Why and who of an approval decision: ``reason`` None or a str of at most
+    MAX_REASON_CHARS; ``by`` None or a str of 1 to MAX_DECIDER_CHARS characters without
+    control characters (it is shown on the inbox page and in the history)."""
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS):
+        raise ConvoqError(
+            f"reason must be a str of at most {MAX_REASON_CHARS} characters", field="reason"
+        )
+    if by is None:
+        return reason, None
+    if (
+        not isinstance(by, str)
+        or not 0 < len(by) <= MAX_DECIDER_CHARS
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in by)
+    ):
+        raise ConvoqError(
+            f"by must name who decided: a str of 1 to {MAX_DECIDER_CHARS} characters"
+            " without control characters",
+            field="by",
+        )
+    return reason, by
+
+
 def refused_result(decision: Decision) -> str:
     """The tool result the model reads for a call that was denied or whose approval
     expired: what happened, who decided and why."""

@@ -1,13 +1,14 @@
 """THE turn loop, shared by the in-process Agent and the workers.
 
-:class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and drives
-model calls and tool calls until the model answers without tool calls (``Completed``), a
-tool needs approval (``Paused``), or the calls whose approval expired got their answers
-(``Expired``: no further model call). Each tool call, each instructions function and each
-approval policy sees a :class:`~convoq.context.RunContext` made from the loop's ``scope``. Any error raised ends the turn as failed; the caller
-stores nothing then. The state after every step is handed to ``checkpoint`` so a worker can
-journal it, and running again from a journaled state repeats no finished step: the loop
-derives what is left to do from the messages alone.
+:class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and
+drives model calls and tool calls until the model answers without tool calls
+(``Completed``), a tool needs approval (``Paused``), or the calls whose approval expired
+got their answers (``Expired``: no further model call). Each tool call, each instructions
+function and each approval policy sees a :class:`~convoq.context.RunContext` made from the
+loop's ``scope``. Any error raised ends the turn as failed; the caller stores nothing
+then. The state after every step is handed to ``checkpoint`` so a worker can journal it,
+and running again from a journaled state repeats no finished step: the loop derives what
+is left to do from the messages alone.
 """
 
 from __future__ import annotations

@@ -28,11 +28,11 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from convoq._sync import call_maybe_async, left_in_parent
+from convoq.approvals import check_decision_note
 from convoq.client._base import (
     Submission,
     build_submission,
     check_call_id,
-    check_decision_note,
     check_turn_ref,
 )
 from convoq.client.handle import AsyncTurnHandle, TurnResult
