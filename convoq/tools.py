@@ -94,6 +94,8 @@ def _arguments_model(fn: Callable[..., Any], name: str, skip: int = 0) -> type[B
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolError(f"tool {name!r}: *args and **kwargs cannot be described to a model")
         annotation = hints.get(param.name, Any)
+        if annotation is RunContext or get_origin(annotation) is RunContext:
+            raise ToolError(f"tool {name!r}: a RunContext parameter must come first")
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     config = ConfigDict(extra="forbid")

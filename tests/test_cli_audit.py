@@ -10,7 +10,9 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
+from convoq._cli_render import print_history
 from convoq.cli import app
+from convoq.messages import Decision, Message, ToolCall
 from tests.support.workers import WorkerPool, module_pool
 
 pytestmark = pytest.mark.slow
@@ -73,3 +75,16 @@ def test_decisions_with_who_and_why_show_in_history_and_watch(run) -> None:  # t
     assert lines[0].endswith(" UTC: ok")
     assert lines[1].startswith("decision on call-b (transfer): denied by bob at ")
     assert lines[1].endswith(" UTC: too much") and len(lines) == 2
+
+
+def test_history_prints_an_expired_call_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    call = ToolCall(id="call-x", name="transfer", arguments={"amount": 5})
+    expired = Decision(approved=False, at_ms=1_764_600_000_000, expired=True)
+    messages = [
+        Message.user("pay"),
+        Message.assistant("", [call]),
+        Message.tool_result(call, "No one approved this tool call", expired),
+    ]
+    print_history("c", messages)
+    out = capsys.readouterr().out
+    assert "decision on call-x (transfer): approval expired at 2025-12-01 14:40:00 UTC" in out

@@ -196,6 +196,14 @@ def test_an_async_deps_factory_is_refused() -> None:
         agent(deps=None, deps_factory=factory)
 
 
+def test_a_context_parameter_that_is_not_first_is_refused() -> None:
+    def late(amount: int, ctx: RunContext[Bank]) -> str:
+        return "x"
+
+    with pytest.raises(ToolError, match="must come first"):
+        tool(late)
+
+
 def test_a_bad_tool_rule_is_refused() -> None:
     with pytest.raises(ConvoqError, match="tool 'x'"):
         tool(name="x", requires_approval=1)(lambda: "x")  # type: ignore[call-overload]
