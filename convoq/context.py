@@ -14,6 +14,7 @@ the same key: an API that dedupes on a key (payments, e-mail) performs the effec
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -97,13 +98,15 @@ class TurnScope:
     attempt: int = 1
 
     def context(self, step: int, usage: Usage) -> RunContext[Any]:
-        """The context at ``step``, outside any tool call (for instructions)."""
+        """The context at ``step``, outside any tool call (for instructions). Each gets its
+        own copy of the metadata: what one tool changes there, the next does not see (as
+        after a resume, where it comes from the turn record)."""
         return RunContext(
             conversation_id=self.conversation_id,
             turn_id=self.turn_id,
             agent=self.agent,
             deps=self.deps,
-            metadata=self.metadata,
+            metadata=copy.deepcopy(self.metadata),
             attempt=self.attempt,
             step=step,
             usage=usage,

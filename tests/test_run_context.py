@@ -99,6 +99,24 @@ async def test_async_instructions_and_an_async_tool_in_agenerate() -> None:
     assert seen[0].metadata == {"n": 1} and seen[0].conversation_id is None
 
 
+def test_a_tool_changing_its_metadata_changes_no_other_call() -> None:
+    seen: list[dict[str, Any]] = []
+
+    @tool
+    def meddle(ctx: RunContext[None]) -> str:
+        seen.append(dict(ctx.metadata))
+        ctx.metadata["user"] = "mallory"
+        return "ok"
+
+    def twice(request: ModelRequest) -> str | Message:
+        calls = [ToolCall(id=f"m{n}", name="meddle") for n in (1, 2)]
+        done = request.messages[-1].role == MessageRole.TOOL
+        return "done" if done else Message(role=MessageRole.ASSISTANT, tool_calls=calls)
+
+    Agent(ScriptedModel(twice), tools=[meddle]).generate("go", metadata={"user": "ada"})
+    assert seen == [{"user": "ada"}, {"user": "ada"}]
+
+
 def test_a_stream_carries_the_metadata_to_its_tools() -> None:
     bank = Bank()
     events = list(agent(deps=bank).stream("9", metadata={"user": "bo"}))
