@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from convoq._sync import set_blocking_threads
 from convoq.agent import Agent
+from convoq.context import RunContext
 from convoq.errors import ConvoqError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import (
@@ -89,6 +90,7 @@ __all__ = [
     "MessageRole",
     "RecordedTokenCounter",
     "Response",
+    "RunContext",
     "TextPart",
     "TokenCounter",
     "TokenizerCounter",

@@ -3,8 +3,12 @@ and errors, on one console for output and one for errors."""
 
 from __future__ import annotations
 
+import getpass
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
 
 import typer
 from kombu.exceptions import OperationalError as BrokerUnreachable
@@ -15,7 +19,7 @@ from rich.table import Table
 
 from convoq.client import TurnResult
 from convoq.errors import ConvoqError
-from convoq.messages import Message
+from convoq.messages import Decision, Message
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
@@ -30,6 +34,7 @@ STATUS_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "dim",
+    "expired": "red",
 }
 
 
@@ -71,6 +76,38 @@ def reported() -> Iterator[None]:
         ) from None
 
 
+def parse_json_option(option: str, raw: str | None) -> Any:
+    """The JSON value an option holds (None when not given); ConvoqError if not JSON."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ConvoqError(f'{option} must be JSON, e.g. \'{{"user": "ada"}}\' ({exc})') from None
+
+
+def login_name() -> str | None:
+    """Who runs this command, for the decisions it records (None when unknown)."""
+    try:
+        return getpass.getuser() or None
+    except (OSError, KeyError):
+        return None
+
+
+def describe_decision(decision: Decision) -> str:
+    """Who decided a tool call, when and why (or that its approval expired)."""
+    when = ""
+    if decision.at_ms is not None:
+        stamp = datetime.fromtimestamp(decision.at_ms / 1000, UTC)
+        when = f" at {stamp:%Y-%m-%d %H:%M:%S} UTC"
+    if decision.expired:
+        return f"approval expired{when}"
+    verb = "approved" if decision.approved else "denied"
+    who = f" by {decision.by}" if decision.by else ""
+    why = f": {decision.reason}" if decision.reason else ""
+    return f"{verb}{who}{when}{why}"
+
+
 def describe_message(message: Message) -> str:
     """One line for a message: text, tool calls, attachments (never their bytes)."""
     bits = [message.text] if message.text else []
@@ -82,8 +119,9 @@ def describe_message(message: Message) -> str:
 def print_history(
     conversation_id: str, messages: list[Message], usage: Usage | None = None
 ) -> None:
-    """A conversation's messages as a table of role and content; with ``usage`` (the
-    conversation's totals) each model answer shows the tokens its call reported."""
+    """A conversation's messages as a table of role and content, then who decided each
+    tool call that waited for approval; with ``usage`` (the conversation's totals) each
+    model answer shows the tokens its call reported."""
     console.print(f"{conversation_id}: {len(messages)} messages")
     if messages:
         table = Table("role", "content", *(["tokens"] if usage is not None else []))
@@ -93,6 +131,12 @@ def print_history(
                 row.append(describe_usage(message.usage) if message.usage else "")
             table.add_row(*row)
         console.print(table)
+    for message in messages:  # the audit trail of calls that waited for approval
+        if message.decision is not None:
+            call = f"{message.tool_call_id} ({message.name})"
+            console.print(
+                f"decision on {escape(call)}: {escape(describe_decision(message.decision))}"
+            )
     if usage is not None:
         console.print(f"usage: {usage.requests} model calls, {describe_usage(usage)}")
 
@@ -132,6 +176,9 @@ def print_event(event: TurnEvent) -> None:
     elif event.type in ("tool_call", "approval_required"):
         shown = escape(f"{data.get('id')} {data.get('name')}({data.get('arguments')})")
         console.print(f"\n[magenta]{event.type}[/magenta] {shown}")
+    elif event.type == "decision":
+        shown = escape(f"{data.get('call_id')}: {describe_decision(Decision.model_validate(data))}")
+        console.print(f"\n[magenta]decision[/magenta] {shown}")
     elif event.type == "tool_result":
         shown = escape(f"{data.get('name')}: {data.get('result')}")
         console.print(f"\n[blue]tool_result[/blue] {shown}")

@@ -21,7 +21,9 @@ from typing import Any, Literal, NamedTuple
 
 from convoq import defaults
 from convoq._sync import iterate_sync, run_sync
+from convoq.approvals import ApprovalRule, check_decision_note, check_rule
 from convoq.compaction import CompactionPolicy, compact_idle
+from convoq.context import DepsHolder, Instructions, TurnScope, check_metadata
 from convoq.engine import (
     DEFAULT_MAX_STEPS,
     Completed,
@@ -58,7 +60,9 @@ class Agent:
 
     Args:
         model: any :class:`convoq.models.Model` (``openai(...)``, ``ScriptedModel(...)``).
-        instructions: sent as a leading system message on every call (never stored).
+        instructions: sent as a leading system message on every call (never stored); a
+            str, or a function of the :class:`~convoq.context.RunContext` (sync or async)
+            returning one, called before each model call.
         memory: where conversations live; without it nothing is loaded or stored.
         conversation_id: the default conversation for calls that name none.
         tools: ``@tool`` functions (plain functions are wrapped).
@@ -90,12 +94,19 @@ class Agent:
             with the errors before OutputValidationError.
         model_settings: :class:`ModelSettings` (or a dict of its fields) sent with every
             model request; a call's own are merged over them.
+        deps: application objects every tool and instructions function reads as
+            ``ctx.deps`` (never serialised).
+        deps_factory: instead of ``deps``, a function (no arguments) that makes them; it
+            is called once per process, at the first turn there (each worker process
+            makes its own database pool, say).
+        approval_policy: ``(ctx, arguments) -> bool`` (sync or async) over every tool:
+            a call waits for approval when it or the tool's ``requires_approval`` says so.
     """
 
     def __init__(
         self,
         model: Model,
-        instructions: str | None = None,
+        instructions: Instructions | None = None,
         *,
         memory: ConversationMemory | MemoryLike | None = None,
         conversation_id: str | None = None,
@@ -113,6 +124,9 @@ class Agent:
         output_type: OutputType | None = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         model_settings: SettingsLike | None = None,
+        deps: Any = None,
+        deps_factory: Callable[[], Any] | None = None,
+        approval_policy: ApprovalRule = False,
     ) -> None:
         if if_busy not in ("reject", "wait"):
             raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
@@ -147,6 +161,8 @@ class Agent:
         self.if_busy = if_busy
         self.busy_timeout_s = busy_timeout_s
         self.approval_ttl_s = approval_ttl_s
+        self.approval_policy = check_rule(approval_policy, "approval_policy")
+        self._deps = DepsHolder(deps, deps_factory)
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(
@@ -158,11 +174,13 @@ class Agent:
         max_history_tokens: int | None = None,
         output_type: OutputType | None = None,
         model_settings: SettingsLike | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Response:
         """Run one turn and return its response (see :class:`Response`); ``keep_last_turns``,
         ``max_history_tokens`` and ``output_type`` override the agent's for this call,
-        ``model_settings`` are merged over the agent's."""
-        window = _Limits(keep_last_turns, max_history_tokens)
+        ``model_settings`` are merged over the agent's; ``metadata`` (a JSON object) is
+        what every tool of the turn sees as ``ctx.metadata``."""
+        window = _Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         asked = self._asked(output_type, model_settings)
         return await self._start(input, conversation_id, window, ignore_event, asked)
 
@@ -175,11 +193,13 @@ class Agent:
         max_history_tokens: int | None = None,
         output_type: OutputType | None = None,
         model_settings: SettingsLike | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """Run one turn, yielding its events; the last one is ``done`` with the status
         (and ``output``, the validated answer as JSON, with an output type). Arguments
         as :meth:`agenerate`."""
         asked = self._asked(output_type, model_settings)
+        limits = _Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
 
         async def emit(event: TurnEvent) -> None:
@@ -187,8 +207,7 @@ class Agent:
 
         async def run() -> Response:
             try:
-                window = _Limits(keep_last_turns, max_history_tokens)
-                return await self._start(input, conversation_id, window, emit, asked)
+                return await self._start(input, conversation_id, limits, emit, asked)
             finally:
                 await queue.put(None)
 
@@ -214,16 +233,20 @@ class Agent:
         decisions: dict[str, Any],
         *,
         output_type: OutputType | None = None,
+        by: str | None = None,
     ) -> Response:
         """Go on with a paused turn: ``{call_id: True}`` approves, ``False`` (or a
-        :class:`Decision` with a reason) denies. The completed turn is stored once. The
+        :class:`Decision` with a reason) denies; ``by`` names who decided (kept with the
+        stored tool results, with the time). The completed turn is stored once. The
         turn keeps the output spec and settings it started with; ``output_type`` gives
         its output back typed (else the agent's type when the spec is the agent's, else
         JSON)."""
         cont = parse_continuation(continuation)
         shape = self._resumed_shape(cont, output_shape(output_type))
+        by = check_decision_note(None, by)[1]
+        at_ms = now_ms()
         for call_id, value in decisions.items():
-            cont.state.decide(call_id, *parse_decision(value))
+            cont.state.decide(call_id, parse_decision(value, by=by, at_ms=at_ms))
         if cont.expires_ms is not None and now_ms() >= cont.expires_ms:
             raise ConvoqError(
                 "this continuation's approval expired (approval_ttl_s); nothing of its turn"
@@ -255,6 +278,7 @@ class Agent:
         max_history_tokens: int | None = None,
         output_type: OutputType | None = None,
         model_settings: SettingsLike | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Response:
         """Blocking :meth:`agenerate`."""
         return run_sync(
@@ -265,6 +289,7 @@ class Agent:
                 max_history_tokens=max_history_tokens,
                 output_type=output_type,
                 model_settings=model_settings,
+                metadata=metadata,
             )
         )
 
@@ -277,6 +302,7 @@ class Agent:
         max_history_tokens: int | None = None,
         output_type: OutputType | None = None,
         model_settings: SettingsLike | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Iterator[TurnEvent]:
         """Blocking :meth:`astream`."""
         return iterate_sync(
@@ -287,6 +313,7 @@ class Agent:
                 max_history_tokens=max_history_tokens,
                 output_type=output_type,
                 model_settings=model_settings,
+                metadata=metadata,
             )
         )
 
@@ -296,9 +323,10 @@ class Agent:
         decisions: dict[str, Any],
         *,
         output_type: OutputType | None = None,
+        by: str | None = None,
     ) -> Response:
         """Blocking :meth:`aresume`."""
-        return run_sync(self.aresume(continuation, decisions, output_type=output_type))
+        return run_sync(self.aresume(continuation, decisions, output_type=output_type, by=by))
 
     def discard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Blocking :meth:`adiscard`."""
@@ -325,7 +353,7 @@ class Agent:
             cont = Continuation(
                 token=_token(), uses_memory=False, history=input.messages[:-1],
                 state=TurnState.start(input.messages[-1]), agent=self.name,
-                output=asked.spec, model_settings=asked.settings,
+                output=asked.spec, model_settings=asked.settings, metadata=limits.metadata,
             )  # fmt: skip
             return await self._finish(cont, cont.history, cont.state, emit, asked.shape)
         if not isinstance(input, str | Message):
@@ -342,6 +370,7 @@ class Agent:
             token=_token(), conversation_id=cid, agent=self.name, keep_last_turns=keep,
             max_history_tokens=budget, uses_memory=self.memory is not None and cid is not None,
             state=TurnState.start(message), output=asked.spec, model_settings=asked.settings,
+            metadata=limits.metadata,
         )  # fmt: skip
         await self._claim(cont, resume=False)
         try:
@@ -381,13 +410,18 @@ class Agent:
         shape: OutputShape | None,
     ) -> Response:
         """Run the loop under the turn's reservation, then park, store or release."""
-        loop = TurnLoop(
-            model=self.model, tools=self.tools, history=history,
-            instructions=self.instructions, max_steps=self.max_steps, emit=emit,
-            fail_on_length=self.fail_on_length, settings=cont.model_settings, output=shape,
-            output_retries=self.output_retries,
-        )  # fmt: skip
         try:
+            scope = TurnScope(
+                cont.conversation_id, cont.token, self.name, await self.provided_deps(),
+                cont.metadata,
+            )  # fmt: skip
+            loop = TurnLoop(
+                model=self.model, tools=self.tools, history=history,
+                instructions=self.instructions, max_steps=self.max_steps, emit=emit,
+                fail_on_length=self.fail_on_length, scope=scope,
+                approval_policy=self.approval_policy, settings=cont.model_settings,
+                output=shape, output_retries=self.output_retries,
+            )  # fmt: skip
             outcome: Outcome = await loop.run(state)
         except BaseException:
             await self._release(cont)
@@ -413,6 +447,10 @@ class Agent:
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)
         return response
+
+    async def provided_deps(self) -> Any:
+        """``deps``, or what ``deps_factory`` made in this process (made at first use)."""
+        return await self._deps.get()
 
     async def _compact(self, cont: Continuation) -> None:
         """Inline compaction after a stored turn: its failure never fails the turn."""
@@ -499,10 +537,11 @@ class _Asked(NamedTuple):
 
 
 class _Limits(NamedTuple):
-    """A call's overrides of the agent's window (None: the agent's)."""
+    """A call's overrides of the agent's window (None: the agent's), and its metadata."""
 
     keep_last_turns: int | None
     max_history_tokens: int | None
+    metadata: dict[str, Any]
 
 
 def _token() -> str:

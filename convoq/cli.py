@@ -20,6 +20,8 @@ from convoq._cli_render import (
     console,
     err_console,
     fail,
+    login_name,
+    parse_json_option,
     print_error,
     print_event,
     print_history,
@@ -27,6 +29,7 @@ from convoq._cli_render import (
     reported,
 )
 from convoq.client import Client
+from convoq.context import check_metadata
 from convoq.errors import ConfigurationError, ConversationBusyError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import Message, MessageRole, TextPart
@@ -215,12 +218,17 @@ def submit(
     output_schema: Annotated[
         str | None, typer.Option(help="JSON schema of the object the answer must fit.")
     ] = None,
+    metadata: Annotated[
+        str | None,
+        typer.Option(help='A JSON object its tools see as ctx.metadata: {"user": "ada"}'),
+    ] = None,
 ) -> None:
     """Queue a turn; print its id on stdout (and with --wait, its result: final, or parked
     awaiting approval)."""
     s = _settings()
-    with reported():  # attachments and settings are checked before any connection is made
+    with reported():  # attachments, settings and metadata are checked before any connection
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
+        meta = check_metadata(parse_json_option("--metadata", metadata))
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -234,6 +242,7 @@ def submit(
             callback_url=callback_url,
             max_history_tokens=max_history_tokens,
             **asked,
+            metadata=meta,
         )
         # The bare id on stdout, so TID=$(convoq submit ...) works; the note goes to stderr.
         print(handle.turn_id, flush=True)
@@ -242,7 +251,7 @@ def submit(
             with err_console.status(f"waiting for turn {handle.turn_id}..."):
                 result = handle.wait(timeout, raise_on_error=False)
             print_result(result)
-            if result.status in ("failed", "cancelled"):
+            if result.status in ("failed", "cancelled", "expired"):
                 raise typer.Exit(1)
 
 
@@ -279,11 +288,21 @@ def history(
         print_history(conversation_id, messages, client.usage(conversation_id) if usage else None)
 
 
+_BY_HELP = "Who decides (kept with the decision); default: your login name."
+
+
 @app.command()
-def approve(conversation_id: str, turn_id: str, call_id: str) -> None:
+def approve(
+    conversation_id: str,
+    turn_id: str,
+    call_id: str,
+    by: Annotated[str | None, typer.Option(help=_BY_HELP)] = None,
+    reason: Annotated[str | None, typer.Option(help="Why (kept with the decision).")] = None,
+) -> None:
     """Approve a parked tool call."""
     with _connected() as client:
-        client.approve(client.handle(conversation_id, turn_id), call_id)
+        handle = client.handle(conversation_id, turn_id)
+        client.approve(handle, call_id, by=by if by is not None else login_name(), reason=reason)
     console.print(f"approved {call_id} of turn {turn_id}")
 
 
@@ -293,10 +312,12 @@ def deny(
     turn_id: str,
     call_id: str,
     reason: Annotated[str | None, typer.Option(help="Told to the model.")] = None,
+    by: Annotated[str | None, typer.Option(help=_BY_HELP)] = None,
 ) -> None:
     """Deny a parked tool call."""
     with _connected() as client:
-        client.deny(client.handle(conversation_id, turn_id), call_id, reason=reason)
+        handle = client.handle(conversation_id, turn_id)
+        client.deny(handle, call_id, reason=reason, by=by if by is not None else login_name())
     console.print(f"denied {call_id} of turn {turn_id}")
 
 

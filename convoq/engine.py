@@ -1,11 +1,14 @@
 """THE turn loop, shared by the in-process Agent and the workers.
 
-:class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and drives
-model calls and tool calls until the model answers without tool calls (``Completed``) or a
-tool needs approval (``Paused``). Any error raised ends the turn as failed; the caller
-stores nothing then. The state after every step is handed to ``checkpoint`` so a worker can
-journal it, and running again from a journaled state repeats no finished step: the loop
-derives what is left to do from the messages alone.
+:class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and
+drives model calls and tool calls until the model answers without tool calls
+(``Completed``), a tool needs approval (``Paused``), or the calls whose approval expired
+got their answers (``Expired``: no further model call). Each tool call, each instructions
+function and each approval policy sees a :class:`~convoq.context.RunContext` made from the
+loop's ``scope``. Any error raised ends the turn as failed; the caller stores nothing
+then. The state after every step is handed to ``checkpoint`` so a worker can journal it,
+and running again from a journaled state repeats no finished step: the loop derives what
+is left to do from the messages alone.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from convoq.errors import MaxStepsExceededError, TruncatedAnswerError, TurnCancelledError
+from convoq._sync import call_maybe_async
+from convoq.approvals import ApprovalRule, refused_result, rule_says
+from convoq.context import Instructions, RunContext, TurnScope
+from convoq.errors import (
+    ConvoqError,
+    MaxStepsExceededError,
+    TruncatedAnswerError,
+    TurnCancelledError,
+)
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest, ModelSettings
 from convoq.observe import metrics, tracing
@@ -67,6 +78,16 @@ class Paused:
         return self.state.undecided
 
 
+@dataclass
+class Expired(Completed):
+    """The approval of some tool calls expired: ``messages`` end with their tool results,
+    which say so; the turn ends without another model call (and is stored)."""
+
+    @property
+    def text(self) -> str:
+        return ""
+
+
 Outcome = Completed | Paused
 EventSink = Callable[[TurnEvent], Awaitable[None]]
 Checkpoint = Callable[[TurnState], Awaitable[None]]
@@ -92,12 +113,15 @@ class TurnLoop:
     ``fail_on_length``: a model answer cut off at its token limit fails the turn
     (TruncatedAnswerError) instead of being kept with ``finish_reason == "length"``.
     ``settings`` go with every model request; with ``output`` the final answer is
-    validated (:mod:`convoq.output`), retried ``output_retries`` times with the errors."""
+    validated (:mod:`convoq.output`), retried ``output_retries`` times with the errors.
+    ``scope``: the turn's identity, metadata and deps, from which each tool call (and
+    instructions given as a function) gets its :class:`~convoq.context.RunContext`.
+    ``approval_policy``: the agent's rule over every tool, besides each tool's own."""
 
     model: Model
     tools: ToolRegistry
     history: list[Message]
-    instructions: str | None = None
+    instructions: Instructions | None = None
     max_steps: int = DEFAULT_MAX_STEPS
     fail_on_length: bool = False
     emit: EventSink = ignore_event
@@ -106,6 +130,8 @@ class TurnLoop:
     settings: ModelSettings | None = None
     output: OutputShape | None = None
     output_retries: int = DEFAULT_OUTPUT_RETRIES
+    scope: TurnScope = field(default_factory=lambda: TurnScope(None, ""))
+    approval_policy: ApprovalRule = False
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
@@ -118,6 +144,8 @@ class TurnLoop:
             if open_calls:
                 if not await self._run_calls(state, open_calls):
                     return Paused(state)
+            elif state.expired:
+                return Expired(list(state.messages), state.steps)
             elif last.role == MessageRole.ASSISTANT and state.steps > 0:
                 # An assistant message the turn did not produce (the end of a
                 # GenerationRequest) is input: the model still has to answer.
@@ -133,7 +161,7 @@ class TurnLoop:
                 " raise max_steps or check the tools",
                 max_steps=self.max_steps,
             )
-        instructions = instructions_for(self.instructions, self.output, self.model)
+        instructions = instructions_for(await self._instructions(state), self.output, self.model)
         lead = [Message.system(instructions)] if instructions else []
         request = ModelRequest(
             messages=lead + self.history + state.messages, tools=self._specs,
@@ -186,19 +214,37 @@ class TurnLoop:
             metrics.tokens_used(name, _token_counts(reply.usage))
         return reply
 
+    async def _instructions(self, state: TurnState) -> str | None:
+        """The system prompt: as given, or what the instructions function returns now."""
+        if self.instructions is None or isinstance(self.instructions, str):
+            return self.instructions
+        ctx = self.scope.context(state.steps, _usage_so_far(state))
+        text = await call_maybe_async(self.instructions, ctx)
+        if text is not None and not isinstance(text, str):
+            raise ConvoqError(
+                f"instructions function returned {type(text).__name__}, not str (or None)"
+            )
+        return text or None
+
+    def _context(self, state: TurnState, call: ToolCall) -> RunContext[Any]:
+        return self.scope.for_call(state.steps, _usage_so_far(state), call.id, call.name)
+
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run what may run; return False when some calls still wait for a decision."""
         waiting: list[ToolCall] = []
         for call in calls:
             decision = state.decisions.get(call.id)
-            if decision is None and self._needs_approval(call):
+            ctx = self._context(state, call)
+            if decision is None and await self._needs_approval(ctx, call):
                 waiting.append(call)
                 continue
+            if decision is not None and decision.expired:
+                state.expired = True  # journaled with the result: a rerun ends the same way
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
             attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
             with tracing.span("convoq.tool", attributes):
-                result = await self._result_for(call, decision)
-            state.messages.append(Message.tool_result(call, result))
+                result = await self._result_for(call, decision, ctx)
+            state.messages.append(Message.tool_result(call, result, decision))
             await self.checkpoint(state)
             await self.emit(
                 TurnEvent(
@@ -215,24 +261,35 @@ class TurnLoop:
             return False
         return True
 
-    def _needs_approval(self, call: ToolCall) -> bool:
-        return call.name in self.tools and self.tools.get(call.name).requires_approval
+    async def _needs_approval(self, ctx: RunContext[Any], call: ToolCall) -> bool:
+        """The tool's rule or the agent's policy asks for a human (unknown tools run into
+        their error instead)."""
+        if call.name not in self.tools:
+            return False
+        if await self.tools.get(call.name).needs_approval(ctx, call.arguments):
+            return True
+        return await rule_says(self.approval_policy, ctx, call.arguments, "approval_policy")
 
-    async def _result_for(self, call: ToolCall, decision: Decision | None) -> str:
+    async def _result_for(
+        self, call: ToolCall, decision: Decision | None, ctx: RunContext[Any]
+    ) -> str:
         # A name the model made up is no label: labels must stay few.
         label = call.name if call.name in self.tools else "(unknown)"
         if decision is not None and not decision.approved:
             metrics.tool_called(label, "denied")
-            reason = f": {decision.reason}" if decision.reason else ""
-            return f"The user denied this tool call{reason}. Do not retry it."
+            return refused_result(decision)
         try:
-            result = await self.tools.get(call.name).call(call.arguments)
+            result = await self.tools.get(call.name).call(call.arguments, ctx)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             metrics.tool_called(label, "error")
             tracing.record_error(exc)
             return f"Error: {type(exc).__name__}: {exc}"
         metrics.tool_called(label, "ok")
         return result
+
+
+def _usage_so_far(state: TurnState) -> Usage:
+    return turn_usage(state.messages[1:], requests=state.steps)
 
 
 def _token_counts(usage: Usage) -> dict[str, int]:

@@ -86,9 +86,22 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-# Set only on assistant messages a model produced; left out of the JSON when unset, so
-# messages without them are stored exactly as before these fields existed.
-_MODEL_FIELDS = ("refusal", "usage", "finish_reason")
+# Set only on assistant messages a model produced (and, for decision, on the tool result
+# of a call that waited for approval); left out of the JSON when unset, so messages
+# without them are stored exactly as before these fields existed.
+_MODEL_FIELDS = ("refusal", "usage", "finish_reason", "decision")
+
+
+class Decision(BaseModel):
+    """A human's answer to a tool call that needs approval, for the audit trail: who
+    decided (``by``), when (``at_ms``, unix ms) and why (``reason``). ``expired``: no one
+    decided before the approval's time ran out (then ``approved`` is False)."""
+
+    approved: bool
+    reason: str | None = None
+    by: str | None = None
+    at_ms: int | None = None
+    expired: bool = False
 
 
 class Message(BaseModel):
@@ -109,6 +122,7 @@ class Message(BaseModel):
     refusal: str | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
+    decision: Decision | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset_model_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -154,12 +168,15 @@ class Message(BaseModel):
         )  # fmt: skip
 
     @classmethod
-    def tool_result(cls, call: ToolCall, text: str) -> Message:
+    def tool_result(cls, call: ToolCall, text: str, decision: Decision | None = None) -> Message:
+        """The result of ``call``; ``decision``: the approval it waited for, if any (kept
+        with the stored turn as its audit trail, never sent to a model)."""
         return cls(
             role=MessageRole.TOOL,
             content=[TextPart(text=text)],
             tool_call_id=call.id,
             name=call.name,
+            decision=decision,
         )
 
 

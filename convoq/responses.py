@@ -17,7 +17,9 @@ CONTINUATION_VERSION = 1
 
 class Continuation(BaseModel):
     """A paused turn, JSON-serialisable: pass it to :meth:`Agent.resume` or ``discard``.
-    ``expires_ms``: when its approval expires (unix ms); it is refused after that."""
+    ``expires_ms``: when its approval expires (unix ms); it is refused after that.
+    ``metadata``: the call's metadata, which the resumed turn's tools see again; ``token``
+    is the turn's id in its tools' contexts (so idempotency keys hold across a resume)."""
 
     version: int = CONTINUATION_VERSION
     token: str
@@ -32,6 +34,7 @@ class Continuation(BaseModel):
     # What the turn asks of the model, kept so a resumed turn asks the same.
     output: OutputSpec | None = None
     model_settings: ModelSettings | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def pending(self) -> list[ToolCall]:
@@ -85,9 +88,13 @@ def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuati
     return cont
 
 
-def parse_decision(value: Any) -> tuple[bool, str | None]:
+def parse_decision(value: Any, *, by: str | None, at_ms: int) -> Decision:
+    """``True``/``False`` or a :class:`Decision`, stamped with who (``by``, unless the
+    Decision names someone) and when (``at_ms``, unless it has a time)."""
     if isinstance(value, bool):
-        return value, None
+        return Decision(approved=value, by=by, at_ms=at_ms)
     if isinstance(value, Decision):
-        return value.approved, value.reason
+        return value.model_copy(
+            update={"by": value.by or by, "at_ms": value.at_ms or at_ms, "expired": False}
+        )
     raise ConvoqError("a decision is True (approve), False (deny) or a Decision with a reason")

@@ -31,6 +31,11 @@ class GatewayKey(BaseModel):
         default="", max_length=256, description="Only conversation ids starting with this."
     )
     name: str = Field(default="", max_length=100, description="Shown in logs, never the key.")
+    may_set_by: bool = Field(
+        default=False,
+        description="May name who decided an approval (`by`), for an app deciding for its"
+        " signed-in users; otherwise a decision records the key's name.",
+    )
 
 
 class ConvoqSettings(BaseSettings):

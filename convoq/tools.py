@@ -1,21 +1,31 @@
-"""``@tool``: a function the model may call, its JSON schema built from its signature."""
+"""``@tool``: a function the model may call, its JSON schema built from its signature.
+
+A tool whose first parameter is annotated :class:`~convoq.context.RunContext` receives the
+call's context there; that parameter is not part of the schema the model sees.
+"""
 
 from __future__ import annotations
 
 import inspect
 import json
 from collections.abc import Callable, Iterable
-from typing import Any, get_type_hints, overload
+from typing import Any, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from convoq._sync import call_maybe_async
+from convoq.approvals import ApprovalRule, check_rule, rule_says
+from convoq.context import RunContext
 from convoq.errors import ToolError
 from convoq.models.base import ToolSpec
 
 
 class Tool:
-    """A callable tool: name, description, argument model and approval policy."""
+    """A callable tool: name, description, argument model and approval policy.
+
+    ``requires_approval``: True, False, or a function ``(ctx, arguments) -> bool`` (sync
+    or async) deciding per call; ``arguments`` is the dict the model sent.
+    """
 
     def __init__(
         self,
@@ -23,13 +33,14 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
-        requires_approval: bool = False,
+        requires_approval: ApprovalRule = False,
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
         self.description = (description or inspect.getdoc(fn) or "").strip()
-        self.requires_approval = requires_approval
-        self.arguments_model = _arguments_model(fn, self.name)
+        self.requires_approval = check_rule(requires_approval, f"tool {self.name!r}")
+        self.takes_context = _takes_context(fn)
+        self.arguments_model = _arguments_model(fn, self.name, skip=int(self.takes_context))
 
     @property
     def spec(self) -> ToolSpec:
@@ -49,22 +60,42 @@ class Tool:
             raise ToolError(f"invalid arguments for tool {self.name!r}: {problems}") from exc
         return {field: getattr(parsed, field) for field in type(parsed).model_fields}
 
-    async def call(self, arguments: dict[str, Any]) -> str:
-        """Run the tool (sync tools in a worker thread) and render its result as text."""
-        result = await call_maybe_async(self.fn, **self.validate(arguments))
-        return _render(result)
+    async def call(self, arguments: dict[str, Any], ctx: RunContext[Any] | None = None) -> str:
+        """Run the tool (sync tools in a worker thread) and render its result as text.
+        A tool that takes a context gets ``ctx`` first (ToolError when there is none)."""
+        kwargs = self.validate(arguments)
+        if not self.takes_context:
+            return _render(await call_maybe_async(self.fn, **kwargs))
+        if ctx is None:
+            raise ToolError(f"tool {self.name!r} takes a RunContext; call it with one")
+        return _render(await call_maybe_async(self.fn, ctx, **kwargs))
+
+    async def needs_approval(self, ctx: RunContext[Any], arguments: dict[str, Any]) -> bool:
+        """Whether this call waits for a human (the tool's ``requires_approval``)."""
+        return await rule_says(self.requires_approval, ctx, arguments, f"tool {self.name!r}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
 
-def _arguments_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    """The first parameter is annotated ``RunContext`` (or ``RunContext[...]``)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        return False
+    hint = get_type_hints(fn).get(params[0].name)
+    return hint is RunContext or get_origin(hint) is RunContext
+
+
+def _arguments_model(fn: Callable[..., Any], name: str, skip: int = 0) -> type[BaseModel]:
     hints = get_type_hints(fn)
     fields: dict[str, Any] = {}
-    for param in inspect.signature(fn).parameters.values():
+    for param in list(inspect.signature(fn).parameters.values())[skip:]:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolError(f"tool {name!r}: *args and **kwargs cannot be described to a model")
         annotation = hints.get(param.name, Any)
+        if annotation is RunContext or get_origin(annotation) is RunContext:
+            raise ToolError(f"tool {name!r}: a RunContext parameter must come first")
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     config = ConfigDict(extra="forbid")
@@ -86,7 +117,10 @@ def _render(result: Any) -> str:
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, requires_approval: bool = False
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: ApprovalRule = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -96,9 +130,10 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    requires_approval: bool = False,
+    requires_approval: ApprovalRule = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a function a tool: ``@tool`` or ``@tool(requires_approval=True)``."""
+    """Make a function a tool: ``@tool``, ``@tool(requires_approval=True)`` or
+    ``@tool(requires_approval=lambda ctx, args: args["amount"] > 100)``."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(f, name=name, description=description, requires_approval=requires_approval)

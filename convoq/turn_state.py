@@ -11,10 +11,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from convoq.errors import ConvoqError
-from convoq.messages import Message, MessageRole, ToolCall
+from convoq.messages import Decision, Message, MessageRole, ToolCall
+
+__all__ = ["Decision", "TurnEvent", "TurnState", "answered", "expire_undecided"]
 
 EventType = Literal[
-    "status", "text_delta", "assistant", "tool_call", "tool_result", "approval_required", "done"
+    "status",
+    "text_delta",
+    "assistant",
+    "tool_call",
+    "tool_result",
+    "approval_required",
+    "decision",
+    "done",
 ]
 
 
@@ -25,13 +34,6 @@ class TurnEvent(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class Decision(BaseModel):
-    """A human's answer to a tool call that needs approval."""
-
-    approved: bool
-    reason: str | None = None
-
-
 class TurnState(BaseModel):
     """The turn so far, starting with its user message: what continuations and the step
     journal persist."""
@@ -40,22 +42,40 @@ class TurnState(BaseModel):
     steps: int = 0
     pending: list[ToolCall] = Field(default_factory=list)
     decisions: dict[str, Decision] = Field(default_factory=dict)
+    # Some call's approval expired: once its calls are answered the turn ends (as expired).
+    expired: bool = False
 
     @classmethod
     def start(cls, message: Message) -> TurnState:
         return cls(messages=[message])
 
-    def decide(self, call_id: str, approved: bool, reason: str | None = None) -> None:
+    def decide(self, call_id: str, decision: Decision | bool, reason: str | None = None) -> None:
+        """Record the decision on a pending call (a bool: approved or not, with ``reason``)."""
+        if isinstance(decision, bool):
+            decision = Decision(approved=decision, reason=reason)
         if call_id not in {c.id for c in self.pending}:
             raise ConvoqError(
                 f"no pending tool call {call_id!r}; pending: {[c.id for c in self.pending]}",
                 call_id=call_id,
             )
-        self.decisions[call_id] = Decision(approved=approved, reason=reason)
+        self.decisions[call_id] = decision
 
     @property
     def undecided(self) -> list[ToolCall]:
         return [c for c in self.pending if c.id not in self.decisions]
+
+
+def expire_undecided(state: TurnState, at_ms: int) -> list[TurnEvent]:
+    """Decide every pending call no one decided as expired (its approval ran out at
+    ``at_ms``); the "decision" events that say so."""
+    events = []
+    for call in state.undecided:
+        decision = Decision(approved=False, at_ms=at_ms, expired=True)
+        state.decisions[call.id] = decision
+        events.append(
+            TurnEvent(type="decision", data={"call_id": call.id, **decision.model_dump()})
+        )
+    return events
 
 
 def answered(state: TurnState) -> bool:

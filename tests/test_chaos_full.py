@@ -210,9 +210,11 @@ def _check(
         reordered += int(users != texts and sorted(set(users)) == sorted(texts))
         assert results[-1].text == "seen: " + " | ".join(texts), cid
     runs: dict[str, list[int]] = collections.defaultdict(list)
+    keys: dict[str, set[str]] = collections.defaultdict(set)
     for line in tool_log.read_text().splitlines():
-        text, pid = line.split("\t")
+        text, pid, key = line.split("\t")
         runs[text].append(int(pid))
+        keys[text].add(key)
     reran = {text: pids for text, pids in runs.items() if len(pids) > 1}
     turns = CONVERSATIONS * TURNS
     print(
@@ -226,6 +228,9 @@ def _check(
     )
     assert (failed, lost, duplicated, reordered) == (0, 0, 0, 0)
     assert all(runs.get(text) for texts in expected.values() for text in texts)
+    # Every run of a turn's tool call had the same idempotency key, and no two calls one.
+    assert all(len(found) == 1 for found in keys.values()), keys
+    assert len(set().union(*keys.values())) == turns
     # A tool runs again only when a run that ran it was cut off (killed, paused, gone)
     # before journaling it: at most one of a turn's executions is in a worker never cut
     # off. (Log order is not start order: a paused worker finishes its call on waking.)

@@ -32,4 +32,6 @@ def test_an_expired_approval_leaves_the_page(page: Any, gateway: GatewayProcess)
         assert "soon" in (item.locator(".expires").get_attribute("class") or "")
         item.wait_for(state="detached")
         final = http.get(f"{turns}/{tid}", params={"wait": 30, "until": "final"}).json()
-    assert final["status"] == "failed"
+    assert final["status"] == "expired"
+    [decision] = final["decisions"].values()
+    assert decision["expired"] and not decision["approved"]

@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 
-from convoq import Message, ToolCall, tool
+from convoq import Agent, Message, ToolCall, tool
 from convoq.engine import Completed, TurnLoop
 from convoq.errors import ModelHTTPError
 from convoq.models import ScriptedModel, openai
@@ -24,8 +24,9 @@ from convoq.queue.routing import partition_of
 from convoq.settings import ConvoqSettings
 from convoq.tools import ToolRegistry
 from convoq.turn_state import TurnState
-from convoq.worker._finished import no_hook
 from convoq.worker._observed import measure_inboxes, serve_metrics
+from convoq.worker.profiles import Profiles
+from convoq.worker.runner import Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper
 from tests.support.models import call_tool_then_answer
 from tests.support.openai_server import OpenAIServer
@@ -198,7 +199,7 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
             steps=1,
             pending=[call],
         )
-        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=30)
+        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=60_000)
         kicked: list[str] = []
 
         async def kick(conversation_id: str) -> None:
@@ -208,22 +209,22 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
             proto,
             kick,
             interval_s=0.05,
-            on_finished=no_hook,
             measure=lambda: measure_inboxes(proto.redis, proto.keys, 4),
         )
         before = sample("convoq_sweeper_kicks_total")
         part = str(partition_of(cid, 4))
         # The parked turn holds the conversation (all three queued) until its approval
-        # expires; then it is failed as expired and the conversation is kicked.
+        # expires; then the conversation is kicked, and the worker ends the turn expired.
         await sweeper.sweep_once()
-        assert sample("convoq_inbox_depth", partition=part) >= 3
-        for _ in range(200):  # bounded: the approval expires after 30 ms
-            if await sweeper.sweep_once():
-                break
-            await asyncio.sleep(0.02)
-    assert kicked == [cid]
+        assert sample("convoq_inbox_depth", partition=part) >= 3 and kicked == []
+        await proto.redis.delete(proto.keys.lease(cid))  # the approval's time ran out
+        assert await sweeper.sweep_once() == kicked == [cid]
+        assert sample("convoq_sweeper_kicks_total") == before + 1
+        echo = Agent(ScriptedModel(lambda request: "ok"), name=agent)
+        config = RunnerConfig(worker_id="w", lease_ms=60_000)
+        report = await Runner(proto, Profiles([echo]), config).drain(cid)
+    assert report.expired == ["t1"] and report.succeeded == ["t2", "t3"]
     assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
-    assert sample("convoq_sweeper_kicks_total") == before + 1
 
 
 async def test_the_asgi_app_answers_a_scrape() -> None:

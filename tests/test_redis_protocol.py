@@ -21,7 +21,7 @@ from convoq.errors import (
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import Acquired, TurnProtocol
 from convoq.redis.protocol import TurnEnding
-from convoq.turn_state import TurnEvent, TurnState
+from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
 CID = "conv-1"
@@ -389,7 +389,7 @@ async def test_events_are_emitted_and_read_in_order(proto: TurnProtocol) -> None
     assert await proto.read_events(CID, "t1", after=events[-1][0], block_ms=20) == []
 
 
-async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
+async def test_sweep_finds_orphaned_inboxes_and_expired_approvals(
     proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1", "t2")
@@ -397,17 +397,29 @@ async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
     acquired = await acquire(proto)
     assert await proto.sweep_candidates() == []
     await proto.park(
-        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=30
-    )
+        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "a", "c"),
+        approval_ttl_ms=30,
+    )  # fmt: skip
+    assert await proto.decide(CID, "t1", call_id="a", approved=True, by="ann") == "pending"
     await asyncio.sleep(0.1)
+    # The parked lease is gone: the conversation is kicked, and c can no longer be decided.
     assert await proto.sweep_candidates() == [CID]
-    record = await proto.get_turn(CID, "t1")
-    assert record.status == "failed"
-    assert record.error is not None
-    assert record.error["type"] == "ApprovalExpiredError"
-    with pytest.raises(ProtocolError, match="not awaiting approval"):
+    with pytest.raises(ProtocolError, match="expired"):
         await proto.decide(CID, "t1", call_id="c", approved=True)
-    assert (await acquire(proto)).turn.turn_id == "t2"
+    # The next acquire runs the turn on, stamped as expired (a's approval stands); the
+    # runner decides c as expired from that stamp.
+    again = await acquire(proto)
+    assert again.turn.turn_id == "t1" and again.state is not None
+    assert again.turn.expired_ms is not None and again.turn.status == "running"
+    decisions = again.state.decisions
+    assert decisions["a"].approved and decisions["a"].by == "ann" and not decisions["a"].expired
+    assert [c.id for c in again.state.undecided] == ["c"]
+    [event] = expire_undecided(again.state, again.turn.expired_ms)
+    assert event.data["call_id"] == "c" and event.data["expired"] is True
+    assert again.state.decisions["c"].at_ms == again.turn.expired_ms
+    decided = [e.data for _, e in await proto.read_events(CID, "t1") if e.type == "decision"]
+    assert [(d["call_id"], d["approved"], d["by"]) for d in decided] == [("a", True, "ann")]
+    assert decided[0]["at_ms"] <= again.turn.expired_ms
 
 
 async def test_epoch_marker_detects_a_replaced_dataset(

@@ -67,12 +67,11 @@ class Model:
         self.saved.pop(tid, None)
 
     def take(self, handoff: bool) -> str | None:
-        """The turn acquire hands out (failing heads on the way), or None."""
+        """The turn acquire hands out (failing heads over max attempts on the way), or None."""
         while self.queue:
             head = self.queue[0]
-            if self.status[head] == "awaiting_approval" and not self.resume:
-                self.end(head, "failed")  # the approval expired with its lease
-                continue
+            # A parked head whose approval expired with its lease runs on (its undecided
+            # calls recorded as expired), as a resumed one does.
             self.runs[head] = self.runs.get(head, 0) + 1
             if self.runs[head] > MAX_ATTEMPTS:
                 self.end(head, "failed")

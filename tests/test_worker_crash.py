@@ -112,21 +112,27 @@ def test_unanswered_approval_expires_and_the_conversation_moves_on(  # type: ign
         assert parked.wait(30).status == "awaiting_approval"
         later = client.submit(cid, "later", agent="echo", callback_url=f"{hooks.url}/later")
         result = parked.wait(30, raise_on_error=False, until="final")
-        assert result.status == "failed"
+        assert result.status == "expired" and result.text == ""
         assert isinstance(result.error, TurnFailedError)
         assert result.error.remote_type == "ApprovalExpiredError"
-        assert later.wait(30).text == "seen: later"
-        assert len(client.history(cid)) == 2
+        [(call_id, decision)] = result.decisions.items()
+        assert decision.expired and not decision.approved and decision.at_ms
+        assert later.wait(30).text == "seen: pay | later"
+        # The expired turn is stored: its tool result tells the model the call never ran.
+        history = client.history(cid)
+        assert [m.role.value for m in history] == ["user", "assistant", "tool", "user", "assistant"]
+        assert history[2].tool_call_id == call_id and "approval expired" in history[2].text
         events = list(parked.events(timeout=10))
-        assert events[-1].type == "done" and events[-1].data == {"status": "failed"}
+        assert events[-1].type == "done" and events[-1].data == {"status": "expired"}
+        assert [e.data["call_id"] for e in events if e.type == "decision"] == [call_id]
         # The expired turn gets its webhook like any finished turn, once: by the time both
         # webhooks arrived, it was not sent a second time.
         wait_until(lambda: hooks.posts("/later") and hooks.posts("/expired"), 30)
         [(_, _, headers, body)] = hooks.posts("/expired")
         assert verify_signature(WEBHOOK_SECRET, headers[SIGNATURE_HEADER], body)
         payload = json.loads(body)
-        assert payload["turn_id"] == parked.turn_id and payload["status"] == "failed"
-        assert payload["error"]["type"] == "ApprovalExpiredError"
+        assert payload["turn_id"] == parked.turn_id and payload["status"] == "expired"
+        assert payload["decisions"][call_id]["expired"] is True
 
 
 def test_worker_refuses_a_dataset_that_came_back_empty(make_pool, r: redis.Redis) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """The runner and the sweeper in this process, against a real redis-server: turns that a
-script fails before they run (over max attempts, approval expired) are finished like any
-other, so the after-turn hook (which sends callbacks) sees each of them once."""
+script fails before they run (over max attempts) and turns whose approval expired are
+finished like any other, so the after-turn hook (which sends callbacks) sees each of them
+once."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ async def last_event(proto: TurnProtocol, tid: str) -> tuple[str, Any]:
     return events[-1][1].type, events[-1][1].data
 
 
-async def test_expired_approval_failed_by_acquire_gets_the_finished_hook(
+async def test_an_expired_approval_ends_the_turn_as_expired_stored_and_announced(
     proto: TurnProtocol,
 ) -> None:
     hook = Finished()
@@ -90,12 +91,21 @@ async def test_expired_approval_failed_by_acquire_gets_the_finished_hook(
 
     report = await runner(proto, hook).drain(CID)
 
-    assert report.failed == ["t1"] and report.succeeded == ["t2"]
+    assert report.expired == ["t1"] and report.succeeded == ["t2"] and not report.failed
     assert hook.calls == [(CID, "t1", HOOK), (CID, "t2", {})]
     record = await proto.get_turn(CID, "t1")
-    assert record.status == "failed" and record.error is not None
-    assert record.error["type"] == "ApprovalExpiredError"
-    assert await last_event(proto, "t1") == ("done", {"status": "failed"})
+    assert record.status == "expired" and record.error is None
+    assert record.decisions["c1"].expired and record.decisions["c1"].at_ms
+    assert record.result is not None and record.result["text"] == ""
+    events = [e for _, e in await proto.read_events(CID, "t1")]
+    assert [e.data["call_id"] for e in events if e.type == "decision"] == ["c1"]
+    assert await last_event(proto, "t1") == ("done", {"status": "expired"})
+    # Stored: the model of the next turn reads that the call did not run, and why.
+    history = await proto.history(CID)
+    assert [m.role for m in history[:3]] == ["user", "assistant", "tool"]
+    assert "approval expired" in history[2].text and "did not run" in history[2].text
+    assert history[2].decision is not None and history[2].decision.expired
+    assert history[3].text == "text of t2"
     again = await runner(proto, hook).drain(CID)
     assert again.idle and len(hook.calls) == 2  # never again
 
@@ -118,9 +128,8 @@ async def test_turn_over_max_attempts_failed_by_acquire_gets_the_finished_hook(
     assert await last_event(proto, "t1") == ("done", {"status": "failed"})
 
 
-@pytest.mark.parametrize("queued_behind", [False, True])
-async def test_sweeper_reports_the_approvals_it_expires(
-    proto: TurnProtocol, queued_behind: bool
+async def test_sweeper_kicks_a_conversation_whose_approval_expired(
+    proto: TurnProtocol,
 ) -> None:
     hook, kicked = Finished(), []
 
@@ -128,16 +137,13 @@ async def test_sweeper_reports_the_approvals_it_expires(
         kicked.append(cid)
 
     await submit(proto, "t1", HOOK)
-    if queued_behind:
-        await submit(proto, "t2", {})
+    sweeper = Sweeper(proto, kick, interval_s=1.0)
     await park_until_expired(proto, "t1")
-    sweeper = Sweeper(proto, kick, interval_s=1.0, on_finished=hook)
 
-    assert await sweeper.sweep_once() == kicked == ([CID] if queued_behind else [])
+    assert await sweeper.sweep_once() == kicked == [CID]
+    assert (await runner(proto, hook).drain(CID)).expired == ["t1"]
     assert hook.calls == [(CID, "t1", HOOK)]
-    assert await last_event(proto, "t1") == ("done", {"status": "failed"})
-    await sweeper.sweep_once()
-    assert len(hook.calls) == 1  # reported once, by whichever script failed it
+    assert await sweeper.sweep_once() == []  # ended: nothing left to kick
 
 
 class ResentCommit:

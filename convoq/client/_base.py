@@ -2,8 +2,8 @@
 
 Everything a client can refuse is refused here, before anything is queued: the
 conversation id, the message (a ``str`` or a user :class:`Message`), attachment sizes, the
-agent name (against a known set), ``keep_last_turns``, ``callback_url``, ``if_busy`` and
-the idempotency key.
+agent name (against a known set), ``keep_last_turns``, ``callback_url``, ``if_busy``,
+the idempotency key and the metadata.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
+from convoq.context import check_metadata
 from convoq.errors import (
     AttachmentError,
     ConvoqError,
@@ -60,6 +61,7 @@ def build_submission(
     max_history_tokens: int | None = None,
     model_settings: SettingsLike | None = None,
     output_schema: OutputType | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
 
@@ -93,6 +95,8 @@ def build_submission(
     if callback_url is not None:
         options["callback_url"] = check_callback_url(callback_url)
     options.update(asked_options(model_settings, output_schema))
+    if meta := check_metadata(metadata):
+        options["metadata"] = meta
     return Submission(
         conversation_id=cid,
         turn_id=new_turn_id(),

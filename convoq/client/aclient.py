@@ -28,6 +28,7 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from convoq._sync import call_maybe_async, left_in_parent
+from convoq.approvals import check_decision_note
 from convoq.client._base import (
     Submission,
     build_submission,
@@ -244,6 +245,7 @@ class AsyncClient:
         max_history_tokens: int | None = None,
         model_settings: SettingsLike | None = None,
         output_schema: OutputType | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> AsyncTurnHandle:
         """Queue a turn and return its handle at once.
 
@@ -264,6 +266,8 @@ class AsyncClient:
                 or an object JSON schema; overrides the profile's output type): workers
                 validate the answer against its JSON schema and the result carries it as
                 JSON (``wait(output_type=...)`` gives it back typed).
+            metadata: a JSON object (at most ``convoq.context.MAX_METADATA_BYTES``)
+                stored with the turn and seen by its tools as ``ctx.metadata``.
 
         Raises:
             InvalidConversationIdError, InvalidMessageError, AttachmentError,
@@ -285,6 +289,7 @@ class AsyncClient:
             max_history_tokens=max_history_tokens,
             model_settings=model_settings,
             output_schema=output_schema,
+            metadata=metadata,
         )
         if "callback_url" in sub.options:
             await self._callback_policy.check_url(sub.options["callback_url"])
@@ -343,25 +348,29 @@ class AsyncClient:
         cid, tid = check_turn_ref(conversation_id, turn_id)
         return AsyncTurnHandle(self, cid, tid)
 
-    async def approve(self, turn: TurnRef, call_id: str) -> Literal["resume", "pending"]:
+    async def approve(
+        self, turn: TurnRef, call_id: str, *, by: str | None = None, reason: str | None = None
+    ) -> Literal["resume", "pending"]:
         """Approve a parked tool call; when all are decided the turn resumes on a worker.
+        ``by`` (who decided) and ``reason`` are kept with the decision, its time too.
         Returns "resume" when this was the last call to decide, else "pending"."""
-        return await self._decide(turn, call_id, approved=True, reason=None)
+        return await self._decide(turn, call_id, approved=True, reason=reason, by=by)
 
     async def deny(
-        self, turn: TurnRef, call_id: str, *, reason: str | None = None
+        self, turn: TurnRef, call_id: str, *, reason: str | None = None, by: str | None = None
     ) -> Literal["resume", "pending"]:
-        """Deny a parked tool call; the model is told (with ``reason``) and goes on.
-        Returns as :meth:`approve`."""
-        return await self._decide(turn, call_id, approved=False, reason=reason)
+        """Deny a parked tool call; the model is told (with ``reason`` and ``by``) and goes
+        on. Returns as :meth:`approve`."""
+        return await self._decide(turn, call_id, approved=False, reason=reason, by=by)
 
     async def _decide(
-        self, turn: TurnRef, call_id: str, *, approved: bool, reason: str | None
+        self, turn: TurnRef, call_id: str, *, approved: bool, reason: str | None, by: str | None
     ) -> Literal["resume", "pending"]:
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         check_call_id(call_id)
+        reason, by = check_decision_note(reason, by)
         outcome = await self.protocol.decide(
-            cid, tid, call_id=call_id, approved=approved, reason=reason
+            cid, tid, call_id=call_id, approved=approved, reason=reason, by=by
         )
         if outcome == "resume":
             attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from convoq._sync import iterate_sync
 from convoq.client._blocking import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
-from convoq.messages import Message, ToolCall
+from convoq.messages import Decision, Message, ToolCall
 from convoq.output import OutputType, output_shape
+from convoq.redis._base import approval_expired_error
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
 from convoq.redis._records import DECISION_FIELD, FINAL_STATUSES, TurnRecord, TurnStatus
@@ -43,18 +44,24 @@ cancelled only. The HTTP gateway's ``?wait=N&until=`` takes the same two values.
 
 @dataclass(frozen=True)
 class TurnResult:
-    """Where a turn stands: final (succeeded/failed/cancelled) or parked for approval.
+    """Where a turn stands: final (succeeded/failed/cancelled/expired) or parked for approval.
+    ``expired``: its approval ran out; the turn is stored, its tool results saying so, and
+    ``error`` says it expired.
 
     Attributes:
         text: the final answer ('' unless succeeded).
-        turn: the whole stored turn (user message first) when succeeded.
-        error: the turn's error rebuilt as a ConvoqError when failed or cancelled.
+        turn: the whole stored turn (user message first) when succeeded or expired.
+        error: the turn's error rebuilt as a ConvoqError when failed, cancelled or
+            expired.
         pending_approvals: tool calls waiting for approve/deny when parked.
         usage: tokens the turn's model calls reported, summed (when succeeded).
         finish_reason: why the final model call stopped (``"length"``: cut off).
         refusal: the model's refusal text, when it refused instead of answering.
         output: with an output type, the validated answer as JSON (typed when it comes
             from ``wait(output_type=...)``).
+        metadata: the JSON object given at submit (``{}`` if none).
+        decisions: the approval decisions on the turn's tool calls, by call id: who
+            decided, when, why (or that the approval expired).
     """
 
     conversation_id: str
@@ -69,6 +76,8 @@ class TurnResult:
     finish_reason: str | None = None
     refusal: str | None = None
     output: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    decisions: dict[str, Decision] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +98,8 @@ def result_from_record(record: TurnRecord) -> TurnResult:
     error = error_from_data(record.error) if record.error else None
     if error is None and record.status == "cancelled":
         error = TurnCancelledError(f"turn {record.turn_id} was cancelled")
+    if error is None and record.status == "expired":
+        error = error_from_data(approval_expired_error())
     return TurnResult(
         conversation_id=record.conversation_id,
         turn_id=record.turn_id,
@@ -102,6 +113,8 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         finish_reason=data.get("finish_reason"),
         refusal=data.get("refusal"),
         output=data.get("output"),
+        metadata=record.metadata,
+        decisions=record.decisions,
     )
 
 
@@ -121,7 +134,7 @@ def typed_result(result: TurnResult, output_type: OutputType) -> TurnResult:
 
 def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
     # The record keeps what the turn added after its user message; the input is separate.
-    if record.status != "succeeded":
+    if record.status not in ("succeeded", "expired"):
         return []
     return [record.input, *(Message.model_validate(m) for m in data.get("messages") or [])]
 
@@ -168,7 +181,7 @@ class AsyncTurnHandle:
         return await self._client.protocol.get_turn(self.conversation_id, self.turn_id)
 
     async def status(self) -> TurnStatus:
-        """queued | running | awaiting_approval | succeeded | failed | cancelled."""
+        """queued | running | awaiting_approval | succeeded | failed | cancelled | expired."""
         return (await self.record()).status
 
     async def result(self) -> TurnResult:
@@ -317,11 +330,13 @@ class AsyncTurnHandle:
             return min(longest, _BLOCK_MS)
         return min(longest, _BLOCK_MS, int((deadline - time.monotonic()) * 1000))
 
-    async def approve(self, call_id: str) -> None:
-        await self._client.approve(self, call_id)
+    async def approve(
+        self, call_id: str, *, by: str | None = None, reason: str | None = None
+    ) -> None:
+        await self._client.approve(self, call_id, by=by, reason=reason)
 
-    async def deny(self, call_id: str, reason: str | None = None) -> None:
-        await self._client.deny(self, call_id, reason=reason)
+    async def deny(self, call_id: str, reason: str | None = None, *, by: str | None = None) -> None:
+        await self._client.deny(self, call_id, reason=reason, by=by)
 
     async def cancel(self) -> str:
         return await self._client.cancel(self)

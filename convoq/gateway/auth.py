@@ -28,11 +28,13 @@ from convoq.settings import GatewayKey, GatewayScope
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the key's name, scopes and conversation prefix."""
+    """Who is calling: the key's name, scopes and conversation prefix; ``may_set_by``: it
+    may name someone else as the decider of an approval."""
 
     name: str
     scopes: frozenset[str]
     conversation_prefix: str
+    may_set_by: bool = False
 
     def may(self, scope: GatewayScope) -> bool:
         return scope in self.scopes or "admin" in self.scopes
@@ -52,7 +54,10 @@ class KeyRing:
         self._keys: list[tuple[bytes, Principal]] = []
         for index, key in enumerate(keys):
             principal = Principal(
-                key.name or f"key{index}", frozenset(key.scopes), key.conversation_prefix
+                key.name or f"key{index}",
+                frozenset(key.scopes),
+                key.conversation_prefix,
+                key.may_set_by,
             )
             self._keys.append((_digest(key.key.get_secret_value()), principal))
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from convoq.messages import Message, ToolCall
+from convoq.messages import Decision, Message, ToolCall
 from convoq.redis.protocol import ParkedTurn, TurnRecord
 from convoq.usage import Usage
 
@@ -46,6 +46,11 @@ class TurnRequest(BaseModel):
         default=None,
         description="The JSON schema of an object the answer must fit; the result's"
         " output holds it validated (JSON body only).",
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
+        " (16 KiB at most). In multipart, a field holding the JSON.",
     )
 
 
@@ -83,11 +88,16 @@ class TurnView(BaseModel):
     created_ms: int
     started_ms: int | None = None
     finished_ms: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict, description="As submitted.")
+    decisions: dict[str, Decision] = Field(
+        default_factory=dict, description="Approval decisions by call id: who, when, why."
+    )
 
     @classmethod
     def of(cls, record: TurnRecord) -> TurnView:
         data: dict[str, Any] = record.result or {}
         done = record.status == "succeeded"
+        stored = record.status in ("succeeded", "expired")
         return cls(
             conversation_id=record.conversation_id,
             turn_id=record.turn_id,
@@ -95,7 +105,7 @@ class TurnView(BaseModel):
             agent=record.agent,
             text=str(data.get("text") or "") if done else "",
             messages=[Message.model_validate(m) for m in data.get("messages") or []]
-            if done
+            if stored
             else [],
             pending_approvals=[
                 ToolCall.model_validate(c) for c in data.get("pending_approvals") or []
@@ -111,6 +121,8 @@ class TurnView(BaseModel):
             created_ms=record.created_ms,
             started_ms=record.started_ms,
             finished_ms=record.finished_ms,
+            metadata=record.metadata,
+            decisions=record.decisions,
         )
 
 
@@ -121,14 +133,21 @@ class DecisionRequest(BaseModel):
 
     decision: Literal["approve", "deny"]
     reason: str | None = Field(default=None, max_length=2000, description="Told to the model.")
+    by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Who decided, for keys allowed to say (may_set_by); else the key's name.",
+    )
 
 
 class DecisionResult(BaseModel):
     """``resume``: every pending call is decided, the turn goes on on a worker;
-    ``pending``: other calls of the turn still wait."""
+    ``pending``: other calls of the turn still wait. ``decision``: as recorded."""
 
     outcome: Literal["resume", "pending"]
     turn: TurnView
+    decision: Decision | None = None
 
 
 class CancelResult(BaseModel):
@@ -154,6 +173,9 @@ class Approval(BaseModel):
     pending_approvals: list[ToolCall]
     parked_ms: int
     expires_ms: int
+    decisions: dict[str, Decision] = Field(
+        default_factory=dict, description="Decisions on some of its calls so far."
+    )
 
     @classmethod
     def of(cls, parked: ParkedTurn) -> Approval:
@@ -167,6 +189,7 @@ class Approval(BaseModel):
             pending_approvals=[ToolCall.model_validate(c) for c in calls],
             parked_ms=parked.parked_ms,
             expires_ms=parked.expires_ms,
+            decisions=record.decisions,
         )
 
 

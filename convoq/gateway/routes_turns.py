@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -23,6 +24,7 @@ from convoq.gateway.models import (
     TurnRequest,
     TurnView,
 )
+from convoq.gateway.problems import GatewayError
 from convoq.gateway.sse import check_event_id, turn_events
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
@@ -45,6 +47,7 @@ _SUBMIT_BODY: dict[str, Any] = {
                         "max_history_tokens": {"type": "integer"},
                         "if_busy": {"type": "string", "enum": ["queue", "reject"]},
                         "callback_url": {"type": "string"},
+                        "metadata": {"type": "string", "description": "A JSON object"},
                         "files": {
                             "type": "array",
                             "items": {"type": "string", "format": "binary"},
@@ -102,6 +105,7 @@ async def submit_turn(
         if_busy=body.if_busy,
         model_settings=body.model_settings,
         output_schema=body.output_schema,
+        metadata=body.metadata,
     )
     links = _links(request, handle.conversation_id, handle.turn_id)
     response.headers["Location"] = links.self
@@ -138,8 +142,21 @@ async def _multipart(request: Request) -> TurnRequest:
             content.append(ImagePart(data=data, mime_type=mime))
         else:
             content.append(FilePart(data=data, mime_type=mime, filename=upload.filename))
-    fields = {k: v for k, v in form.items() if k not in ("text", "files") and isinstance(v, str)}
+    fields: dict[str, Any] = {
+        k: v for k, v in form.items() if k not in ("text", "files") and isinstance(v, str)
+    }
+    if "metadata" in fields:
+        fields["metadata"] = _json_field("metadata", fields["metadata"])
     return TurnRequest.model_validate({**fields, "message": Message(content=content)})
+
+
+def _json_field(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise GatewayError(
+            422, "ValidationError", f"the {name} field must hold JSON (a JSON object)"
+        ) from None
 
 
 @router.get("/{tid}", response_model=TurnView, summary="A turn's status and result (scope: read)")
@@ -202,17 +219,25 @@ async def decide(
     call_id: str,
     request: Request,
     client: Client,
-    _: Annotated[Principal, Depends(requires("approve"))],
+    principal: Annotated[Principal, Depends(requires("approve"))],
 ) -> DecisionResult:
-    """Record the decision; once every pending call is decided the turn resumes on a worker
-    (``outcome`` "resume"). Answers with the turn as it stands after the decision."""
+    """Record the decision, with who decided (the API key's name, or ``by`` for a key
+    allowed to name someone) and when; once every pending call is decided the turn
+    resumes on a worker (``outcome`` "resume"). Answers with the turn as it stands after
+    the decision."""
     body = await json_body(request, DecisionRequest)
+    if body.by is not None and not principal.may_set_by:
+        raise GatewayError(
+            403, "Forbidden", "this API key may not name who decided (by); leave it out"
+        )
+    by = body.by or principal.name
     handle = client.handle(cid, tid)
     if body.decision == "approve":
-        outcome = await client.approve(handle, call_id)
+        outcome = await client.approve(handle, call_id, by=by, reason=body.reason)
     else:
-        outcome = await client.deny(handle, call_id, reason=body.reason)
-    return DecisionResult(outcome=outcome, turn=TurnView.of(await handle.record()))
+        outcome = await client.deny(handle, call_id, reason=body.reason, by=by)
+    turn = TurnView.of(await handle.record())
+    return DecisionResult(outcome=outcome, turn=turn, decision=turn.decisions.get(call_id))
 
 
 @router.post("/{tid}/cancel", response_model=CancelResult, summary="Cancel a turn (scope: submit)")

@@ -153,7 +153,8 @@ def turn_started(agent: str, queue_wait_s: float | None) -> None:
 
 
 def turn_ran(agent: str, outcome: str, seconds: float) -> None:
-    """A run ended with ``outcome``: succeeded, failed, cancelled, parked or abandoned."""
+    """A run ended with ``outcome``: succeeded, failed, cancelled, expired, parked or
+    abandoned."""
     RUN_TIME.labels(agent, outcome).observe(seconds)
     if outcome == "parked":
         TURNS_PARKED.labels(agent).inc()
@@ -164,7 +165,7 @@ def turn_ran(agent: str, outcome: str, seconds: float) -> None:
 
 
 def turn_finished(agent: str, status: str) -> None:
-    """A turn ended without running here (over max attempts, approval expired)."""
+    """A turn ended without running here (over max attempts)."""
     TURNS_FINISHED.labels(agent, status).inc()
 
 

@@ -77,10 +77,13 @@ def build_payload(
     usage: dict[str, Any] | None = None,
     finish_reason: str | None = None,
     output: Any = None,
+    metadata: dict[str, Any] | None = None,
+    decisions: dict[str, dict[str, Any]] | None = None,
 ) -> bytes:
     """The JSON body of a callback: small and bounded (long text is cut and flagged).
     ``usage``: the turn's token counts (from its result), ``finish_reason`` its final
-    model call's."""
+    model call's; ``metadata`` as submitted (bounded at submit); ``decisions``: the
+    approval decisions by call id (who, when, why, or expired)."""
     shown = text or ""
     payload = {
         "type": "turn.finished",
@@ -95,6 +98,8 @@ def build_payload(
         "usage": _bounded_usage(usage),
         "finish_reason": str(finish_reason)[:64] if finish_reason is not None else None,
         **_bounded_output(output),
+        "metadata": metadata or {},
+        "decisions": decisions or {},
     }
     return json.dumps(payload, separators=(",", ":")).encode()
 

@@ -55,11 +55,13 @@ class AdmissionMixin(ProtocolBase):
         args: list[Any],
         *,
         kick: str | None = None,
+        queued_event: str = '{"status":"queued"}',
     ) -> SubmitResult:
         """Run the ``submit`` script within the limits (see the module docstring);
-        ``kick``: the message the script pushes onto the queue list (its last key)."""
+        ``kick``: the message the script pushes onto the queue list (its last key);
+        ``queued_event``: the data JSON of the turn's first event."""
         counted = self.queue_limits.counted
-        args = [*args, self.queue_limits.per_conversation or 0]
+        args = [*args, self.queue_limits.per_conversation or 0, queued_event]
         if kick is not None:
             args.append(kick)
         if counted:

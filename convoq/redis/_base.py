@@ -338,7 +338,7 @@ def max_attempts_error(max_attempts: int) -> dict[str, Any]:
 def approval_expired_error() -> dict[str, Any]:
     return {
         "type": "ApprovalExpiredError",
-        "message": "the tool calls waiting for approval were not decided in time; submit the"
-        " turn again",
+        "message": "the tool calls waiting for approval were not decided in time; the turn"
+        " is stored with tool results saying so: submit the request again",
         "details": {},
     }

@@ -13,7 +13,7 @@ from convoq._sync import adrive
 from convoq.errors import ConversationMemoryError, ConvoqError, TurnCancelledError
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.messages import Message
-from convoq.redis._base import ProtocolBase, approval_expired_error
+from convoq.redis._base import ProtocolBase
 from convoq.redis._budget import budget_steps
 from convoq.redis._codec import text
 from convoq.redis._counted import counted_steps
@@ -32,18 +32,29 @@ class ControlMixin(ProtocolBase):
     """Approvals, cancellation, clear, history, sweeping, registry, epoch."""
 
     async def decide(
-        self, cid: str, turn_id: str, *, call_id: str, approved: bool, reason: str | None = None
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        call_id: str,
+        approved: bool,
+        reason: str | None = None,
+        by: str | None = None,
     ) -> Literal["resume", "pending"]:
-        """Record a decision on a pending tool call of a parked turn. "resume": all calls are
-        decided, send a kick for ``cid``. A repeated identical decision is a no-op.
+        """Record a decision on a pending tool call of a parked turn, with who decided
+        (``by``) and the server time; it is also a "decision" event of the turn. "resume":
+        all calls are decided, send a kick for ``cid``. Repeating a decision (same verdict
+        and reason) is a no-op.
 
         Raises:
             UnknownTurnError; ProtocolError when the turn is not awaiting approval, the call
             id is not pending, it was decided otherwise, or the approval expired.
         """
-        decision = Decision(approved=approved, reason=reason).model_dump_json()
+        decision = Decision(approved=approved, reason=reason, by=by)
+        raw = decision.model_dump_json(exclude={"at_ms"})
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
-        reply = await self.scripts.run("decide", keys, [call_id, decision])
+        keys.append(self.keys.events(cid, turn_id))
+        reply = await self.scripts.run("decide", keys, [call_id, raw, self.events_maxlen])
         if reply[0] == "RESUME":
             return "resume"
         if reply[0] == "PENDING":
@@ -60,7 +71,7 @@ class ControlMixin(ProtocolBase):
     async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool:
         """End a parked turn as cancelled, storing nothing, and free the conversation.
         Returns True if more turns are queued (send a kick). Repeating it is a no-op."""
-        args = [turn_id, self._cancelled(reason), self.turn_ttl_ms, self.events_maxlen, ""]
+        args = [turn_id, self._cancelled(reason), self.turn_ttl_ms, self.events_maxlen]
         reply = await self.scripts.run("discard", self._turn_control_keys(cid, turn_id), args)
         if reply[0] == "OK" or (reply[0] == "FINISHED" and reply[1] == b"cancelled"):
             return int(reply[-1]) > 0
@@ -137,40 +148,29 @@ class ControlMixin(ProtocolBase):
         # Exactly the window already: the last N whole turns, nothing to trim.
         return await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
 
-    async def sweep_candidates(
-        self, *, approval_expiry: bool = True, expired: list[tuple[str, str]] | None = None
-    ) -> list[str]:
-        """Conversations with queued turns and no live lease (kick them). Parked turns whose
-        approval expired are failed first (with ``approval_expiry``); their ``(cid, tid)``
-        are appended to ``expired`` (finished turns whose callbacks are owed)."""
+    async def sweep_candidates(self) -> list[str]:
+        """Conversations with queued turns and no live lease: kick them. A parked turn
+        whose approval expired is among them (its parked lease is gone): the acquire that
+        follows records its undecided calls as expired and runs it to its end."""
         found: list[str] = []
         async for key in self.redis.scan_iter(match=self.keys.inbox_pattern(), count=1000):
             cid = self.keys.conversation_of_inbox(key)
             if cid is None or await self.redis.exists(self.keys.lease(cid)):
                 continue
-            if approval_expiry and not await self._expire_parked_head(cid, expired):
-                continue
-            found.append(cid)
+            if await self._valid_head(cid):
+                found.append(cid)
         return found
 
-    async def _expire_parked_head(self, cid: str, expired: list[tuple[str, str]] | None) -> bool:
-        """Fail the head if its approval expired; True if turns remain queued."""
+    async def _valid_head(self, cid: str) -> bool:
+        """The inbox has a head, and it is a turn id."""
         head = await self.redis.lindex(self.keys.inbox(cid), 0)
         if head is None:
             return False
-        tid = valid_turn_id(head)
-        if tid is None:
+        if valid_turn_id(head) is None:
             # One damaged inbox must not stop the sweep of every other conversation.
             log.error("the inbox of conversation %r holds %r, not a turn id: skipped", cid, head)
             return False
-        error = self.json_arg(approval_expired_error(), "error")
-        args = [tid, error, self.turn_ttl_ms, self.events_maxlen, "expire"]
-        reply = await self.scripts.run("discard", self._turn_control_keys(cid, tid), args)
-        if reply[0] != "OK":
-            return True
-        if expired is not None:
-            expired.append((cid, tid))
-        return int(reply[1]) > 0
+        return True
 
     async def parked_turns(self, limit: int = 100) -> list[ParkedTurn]:
         """Turns awaiting approval across conversations, newest first, at most ``limit``.

@@ -12,12 +12,13 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast, get_args
 
+from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
 from convoq.errors import CorruptDataError, UnknownTurnError
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
-from convoq.redis._records import TurnRecord, TurnStatus, decode_record
+from convoq.redis._records import TurnRecord, TurnStatus, decode_record, with_stored_decisions
 from convoq.turn_state import TurnEvent
 
 # How long a live reader counts as there after its read's block time ran out (it reads
@@ -141,16 +142,18 @@ def _refreshed(record: TurnRecord, live: dict[str, bytes | None], key: str) -> T
         status = text(live["status"] or b"")
         if status not in get_args(TurnStatus):
             raise ValueError(f"unknown status {status!r}")
+        result = json.loads(live["result"]) if live["result"] is not None else None
         return dataclasses.replace(
             record,
             status=cast(TurnStatus, status),
-            result=json.loads(live["result"]) if live["result"] is not None else None,
+            result=result,
+            decisions=with_stored_decisions(record.decisions, result),
             error=json.loads(live["error"]) if live["error"] is not None else None,
             attempts=number("attempts") or 0,
             started_ms=number("started_ms"),
             finished_ms=number("finished_ms"),
         )
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ValidationError) as exc:
         raise CorruptDataError(
             f"the turn record {key} does not parse ({type(exc).__name__}: {exc}"[:300]
             + "); cancel the turn or clear the conversation",

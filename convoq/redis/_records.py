@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from pydantic import ValidationError
@@ -15,9 +15,12 @@ from convoq.messages import Message
 from convoq.redis._codec import text
 from convoq.turn_state import Decision, TurnEvent, TurnState
 
-TurnStatus = Literal["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
+TurnStatus = Literal[
+    "queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled", "expired"
+]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
-FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# expired: the approval ran out; the turn is stored, its tool results saying so.
+FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 DECISION_FIELD = "decision:"
 
 
@@ -37,6 +40,16 @@ class TurnRecord:
     created_ms: int
     started_ms: int | None
     finished_ms: int | None
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    # When a worker took the turn after its approval expired (its undecided calls are then
+    # decided as expired and it ends as "expired").
+    expired_ms: int | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The JSON object given at submit (``{}`` if none): every tool's ``ctx.metadata``."""
+        value = self.options.get("metadata")
+        return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,8 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             created_ms=_int(fields, "created_ms") or 0,
             started_ms=_int(fields, "started_ms"),
             finished_ms=_int(fields, "finished_ms"),
+            decisions=_decisions(fields),
+            expired_ms=_int(fields, "expired_ms"),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(
@@ -186,6 +201,30 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             + "); cancel the turn or clear the conversation",
             key=key,
         ) from exc
+
+
+def _decisions(fields: dict[str, bytes]) -> dict[str, Decision]:
+    """The decisions recorded on the turn's pending calls, by call id (its audit trail)."""
+    found = {
+        name[len(DECISION_FIELD) :]: Decision.model_validate_json(value)
+        for name, value in fields.items()
+        if name.startswith(DECISION_FIELD)
+    }
+    return with_stored_decisions(found, _json(fields, "result"))
+
+
+def with_stored_decisions(
+    decisions: dict[str, Decision], result: dict[str, Any] | None
+) -> dict[str, Decision]:
+    """``decisions`` plus those the stored tool results of the turn's ``result`` carry (a
+    finished turn's record read without its decision fields still has them)."""
+    merged = dict(decisions)
+    for raw in (result or {}).get("messages") or []:
+        decision = raw.get("decision") if isinstance(raw, dict) else None
+        call_id = raw.get("tool_call_id") if isinstance(raw, dict) else None
+        if decision is not None and isinstance(call_id, str):
+            merged.setdefault(call_id, Decision.model_validate(decision))
+    return merged
 
 
 def decode_state(

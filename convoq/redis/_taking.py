@@ -21,7 +21,6 @@ from convoq.ids import check_conversation_id, check_turn_id
 from convoq.redis._base import (
     REDIS_UNAVAILABLE,
     ProtocolBase,
-    approval_expired_error,
     max_attempts_error,
 )
 from convoq.redis._codec import pairs_to_dict, text
@@ -45,11 +44,10 @@ def valid_turn_id(value: bytes | str | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _take_errors(max_attempts: int) -> tuple[str, str]:
-    """The error JSON a take stores for a turn over ``max_attempts`` and for an expired
-    approval: the same for every call (built once, not per turn)."""
-    dump = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
-    return dump(max_attempts_error(max_attempts)), dump(approval_expired_error())
+def _over_attempts_error(max_attempts: int) -> str:
+    """The error JSON a take stores for a turn over ``max_attempts``: the same for every
+    call (built once, not per turn)."""
+    return json.dumps(max_attempts_error(max_attempts), separators=(",", ":"), ensure_ascii=False)
 
 
 class TakingMixin(ProtocolBase):
@@ -90,15 +88,13 @@ class TakingMixin(ProtocolBase):
 
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
-        over_attempts, expired = _take_errors(t.max_attempts)
         return [
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
             t.window,
             t.max_attempts,
-            over_attempts,
-            expired,
+            _over_attempts_error(t.max_attempts),
         ]
 
     def next_turn_keys(self, cid: str, next_turn_id: str | None) -> list[str]:

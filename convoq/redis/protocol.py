@@ -31,6 +31,7 @@ registry) and :mod:`convoq.redis._events` (events and turn records), over
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -129,9 +130,13 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         raw = check_message_limits(message, self.limits)
         args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
         args += [self.turn_ttl_ms, self.events_maxlen]
+        queued: dict[str, Any] = {"status": "queued"}
+        if options.get("metadata"):
+            queued["metadata"] = options["metadata"]
         return await self.admitted_submit(
-            cid, turn_id, agent, keys, args, kick=None if kick is None else kick[1]
-        )
+            cid, turn_id, agent, keys, args, kick=None if kick is None else kick[1],
+            queued_event=json.dumps(queued, separators=(",", ":")),
+        )  # fmt: skip
 
     async def renew(
         self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None
@@ -202,8 +207,10 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         *,
         stop_if_cancelled: bool = False,
         output: Any = None,
+        expired: bool = False,
     ) -> Acquired | None:
-        """Append the whole turn (user message first) exactly once, mark it succeeded with
+        """Append the whole turn (user message first) exactly once, mark it succeeded (or,
+        with ``expired``, expired: its approval ran out and its tool results say so) with
         ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
         message), append ``ending.events`` and then "done" to its stream, and return the
         next queued turn under the same fence, or None with the lease freed. Turns failed
@@ -219,7 +226,13 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
             turn as cancelled).
         """
         keys, args = self.commit_call(
-            cid, turn_id, messages, ending, stop_if_cancelled=stop_if_cancelled, output=output
+            cid,
+            turn_id,
+            messages,
+            ending,
+            stop_if_cancelled=stop_if_cancelled,
+            output=output,
+            expired=expired,
         )
         reply = await self.run_acked("commit", cid, keys, args)
         if reply[0] != "OK":
@@ -235,23 +248,26 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         *,
         stop_if_cancelled: bool = False,
         output: Any = None,
+        expired: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
-        element, result, counters, encoded = self._stored_turn(messages, output)
+        element, result, counters, encoded = self._stored_turn(messages, output, expired)
         following = self.next_turn_keys(cid, ending.expected_next)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
         keys += [self.keys.lead(cid), *following] if following else []
         args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
+        args += ["expired" if expired else "succeeded"]
         args += [ending.expected_next or "", *self.take_args(ending.taking())]
         args.append(counters)
         return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
 
     def _stored_turn(
-        self, messages: list[Message], output: Any = None
+        self, messages: list[Message], output: Any = None, expired: bool = False
     ) -> tuple[bytes, str, str, Encoded]:
         """The history element of a committed turn, its result JSON, the usage counters to
-        add to the conversation's and its blobs."""
+        add to the conversation's and its blobs. An expired turn ends with tool results,
+        not an answer: its text is empty."""
         if not messages or messages[0].role != MessageRole.USER:
             raise InvalidMessageError("a committed turn starts with its user message", rule="turn")
         encoded = Encoded()
@@ -260,7 +276,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         final = messages[-1]
         usage = usage_of(messages[1:])
         result: dict[str, Any] = {
-            "text": final.text,
+            "text": "" if expired else final.text,
             "messages": [m.model_dump(mode="json") for m in messages[1:]],
             "usage": usage.model_dump(),
             "finish_reason": final.finish_reason,

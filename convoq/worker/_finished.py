@@ -37,8 +37,7 @@ async def after_turn(
         if options is None:
             record = await protocol.get_turn(cid, tid)
             options = record.options
-            expired = (record.error or {}).get("type") == "ApprovalExpiredError"
-            metrics.turn_finished(record.agent, "expired" if expired else record.status)
+            metrics.turn_finished(record.agent, record.status)
         await hook(cid, tid, options)
     except Exception:
         log.exception("after-turn hook for %s/%s failed", cid, tid)

@@ -93,6 +93,8 @@ def lease_lost() -> None:
 def _outcome(report: DrainReport, turn_id: str, watch: _Watch) -> str:
     if turn_id in report.succeeded:
         return "succeeded"
+    if turn_id in report.expired:
+        return "expired"
     if turn_id in report.failed:
         return "cancelled" if isinstance(watch.error, TurnCancelledError) else "failed"
     if turn_id in report.parked:

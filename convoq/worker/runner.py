@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from convoq import defaults
 from convoq.agent import Agent
-from convoq.engine import Completed, Outcome, TurnLoop
+from convoq.context import TurnScope
+from convoq.engine import Completed, Expired, Outcome, TurnLoop
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
@@ -48,7 +49,7 @@ from convoq.observe import tracing
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
-from convoq.turn_state import TurnState
+from convoq.turn_state import TurnState, expire_undecided
 from convoq.window import Window, last_turns
 from convoq.worker import _observed
 from convoq.worker._asked import asked_of
@@ -88,6 +89,8 @@ class DrainReport:
     conversation_id: str
     succeeded: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    # Stored with tool results saying their approval expired (see engine.Expired).
+    expired: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
     # Turns left queued for another drain because other conversations waited for a slot.
@@ -95,7 +98,7 @@ class DrainReport:
 
     @property
     def idle(self) -> bool:
-        return not (self.succeeded or self.failed or self.parked or self.abandoned)
+        return not (self.succeeded or self.failed or self.expired or self.parked or self.abandoned)
 
 
 class Runner:
@@ -244,6 +247,14 @@ class Runner:
         turn = run.acq.turn
         profile = self._profiles.get_profile(turn.agent)
         settings, output = asked_of(profile, turn.options)
+        scope = TurnScope(
+            turn.conversation_id,
+            turn.turn_id,
+            turn.agent,
+            await profile.provided_deps(),
+            turn.metadata,
+            attempt=max(1, turn.attempts),
+        )
         loop = TurnLoop(
             model=profile.model,
             tools=profile.tools,
@@ -257,8 +268,13 @@ class Runner:
             settings=settings,
             output=output,
             output_retries=profile.output_retries,
+            scope=scope,
+            approval_policy=profile.approval_policy,
         )
         state = run.acq.state or TurnState.start(turn.input)
+        if turn.expired_ms is not None:  # its approval ran out: told to the model, then ended
+            for event in expire_undecided(state, turn.expired_ms):
+                await run.events.add(event)
         return await loop.run(state)
 
     async def _history(self, acq: Acquired, profile: Agent) -> list[Message]:
@@ -295,8 +311,9 @@ class Runner:
                     ending,
                     stop_if_cancelled=True,
                     output=outcome.output.data if outcome.output else None,
+                    expired=isinstance(outcome, Expired),
                 ),
-                done=report.succeeded,
+                done=report.expired if isinstance(outcome, Expired) else report.succeeded,
                 replayed=report.succeeded,
             )
         except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
@@ -335,7 +352,8 @@ class Runner:
         ended: list[str] = []
         config = self._config
         # Traced as one span: the script ends this turn and hands over the next.
-        end = _observed.in_span("convoq.commit" if done is report.succeeded else "convoq.fail", end)
+        stored = done is not report.failed
+        end = _observed.in_span("convoq.commit" if stored else "convoq.fail", end)
         requeued: list[str] | None = [] if await self._fair.others_waiting() else None
         try:
             async with run.events.pending() as events:
@@ -374,7 +392,7 @@ class Runner:
         done.append(tid)
         # The idle TTL of the conversation runs from its last turn.
         await self._protocol.touch(cid)
-        if done is report.succeeded:
+        if stored:
             await self._compact_later(cid, acq.turn.agent)
         await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
         await self._failed_on_the_way(cid, ended, report)
@@ -406,9 +424,9 @@ class Runner:
                 log.warning("could not queue compaction of %s: %s", cid, exc)
 
     async def _failed_on_the_way(self, cid: str, turn_ids: list[str], report: DrainReport) -> None:
-        """Turns acquire failed before they could run (over max attempts, approval
-        expired): finished like any other, so their callbacks go out too."""
+        """Turns acquire failed before they could run (over max attempts): finished like
+        any other, so their callbacks go out too."""
         for tid in turn_ids:
-            log.info("turn %s/%s failed before it ran (max attempts or approval expiry)", cid, tid)
+            log.info("turn %s/%s failed before it ran (over max attempts)", cid, tid)
             report.failed.append(tid)
             await after_turn(self._protocol, self._on_finished, cid, tid)

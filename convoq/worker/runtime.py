@@ -255,6 +255,8 @@ class WorkerRuntime:
             usage=(record.result or {}).get("usage"),
             finish_reason=(record.result or {}).get("finish_reason"),
             output=(record.result or {}).get("output"),
+            metadata=record.metadata,
+            decisions={call: d.model_dump() for call, d in record.decisions.items()},
         )
         return await webhooks.post_once(
             str(url),
@@ -323,7 +325,6 @@ class WorkerRuntime:
             redis=redis,
             lock_key=self.keys.sweeper_lock(),
             guard=self._each_period,
-            on_finished=self._after_turn,
             measure=lambda: _observed.measure_inboxes(redis, self.keys, self.settings.partitions),
         )
 

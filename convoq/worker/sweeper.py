@@ -5,9 +5,10 @@ worker killed with the message unacked, a broker restart, a client that died bet
 ``submit`` and the send), and kombu would restore such a message only after the
 visibility timeout. So every worker process runs this loop on its event loop: every
 ``interval_s`` it asks the protocol for conversations with queued turns and an absent or
-expired lease (expiring parked approvals on the way) and sends each a ``drain``. Recovery
-after a crash is then bounded by lease TTL + sweep period. A turn whose approval expired
-is finished like any other: the ``on_finished`` hook sends its callback. A short Redis
+expired lease and sends each a ``drain``. Recovery after a crash is then bounded by lease
+TTL + sweep period. A parked turn whose approval expired has lost its parked lease, so it
+is kicked too: the worker that takes it ends it as ``expired`` (see
+:meth:`TurnProtocol.sweep_candidates`), with its callback like any other. A short Redis
 lock lets one process per period do the scan; the others skip it. The same pass reconciles
 the queued-turn counts (:meth:`TurnProtocol.reconcile_admitted`).
 """
@@ -23,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from convoq.observe import metrics
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis.protocol import TurnProtocol
-from convoq.worker._finished import FinishedHook, after_turn
 
 log = logging.getLogger("convoq.sweeper")
 
@@ -42,13 +42,11 @@ class Sweeper:
         redis: AsyncRedis | None = None,
         lock_key: str | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
-        on_finished: FinishedHook | None = None,
         measure: Callable[[], Awaitable[None]] | None = None,
         reconcile_grace_ms: int = 60_000,
     ) -> None:
         self._protocol = protocol
         self._kick = kick
-        self._on_finished = on_finished
         self._interval_s = interval_s
         self._redis = redis
         self._lock_key = lock_key
@@ -69,17 +67,12 @@ class Sweeper:
         if self._measure is not None:
             await self._measure()
         kicked: list[str] = []
-        expired: list[tuple[str, str]] = []
-        for cid in await self._protocol.sweep_candidates(approval_expiry=True, expired=expired):
+        for cid in await self._protocol.sweep_candidates():
             await self._kick(cid)
             kicked.append(cid)
         metrics.SWEEPER_KICKS.inc(len(kicked))
         if kicked:
             log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
-        for cid, tid in expired:
-            log.info("the approval of turn %s/%s expired: failed", cid, tid)
-            if self._on_finished is not None:
-                await after_turn(self._protocol, self._on_finished, cid, tid)
         # Turns that ended without being uncounted stop counting against the limits.
         await self._protocol.reconcile_admitted(grace_ms=self._reconcile_grace_ms)
         return kicked

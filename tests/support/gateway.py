@@ -25,6 +25,8 @@ KEYS: dict[str, dict[str, Any]] = {
     "scraper": {"scopes": ["metrics"]},
     "approver": {"scopes": ["approve", "read"]},
     "tenant": {"scopes": ["submit", "read", "approve"], "conversation_prefix": "tenant-a:"},
+    # An app that decides approvals for its signed-in users and names them (by).
+    "app": {"scopes": ["approve", "read"], "may_set_by": True},
 }
 
 

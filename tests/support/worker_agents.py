@@ -109,6 +109,17 @@ def approver_fn(request: ModelRequest) -> str | Message:
     return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
 
 
+def double_approver_fn(request: ModelRequest) -> str | Message:
+    """Asks for two transfers at once, then reports both results."""
+    if request.messages[-1].role == MessageRole.TOOL:
+        return " / ".join(m.text for m in request.messages if m.role == MessageRole.TOOL)
+    calls = [
+        ToolCall(id=f"call-{name}", name="transfer", arguments={"amount": amount})
+        for name, amount in (("a", 1), ("b", 2))
+    ]
+    return Message(role=MessageRole.ASSISTANT, tool_calls=calls)
+
+
 TOOL_CALL_USAGE = Usage(requests=1, prompt_tokens=100, completion_tokens=10, total_tokens=110,
                         cached_tokens=64)  # fmt: skip
 ANSWER_USAGE = Usage(requests=1, prompt_tokens=130, completion_tokens=20, total_tokens=150,
@@ -151,6 +162,8 @@ crasher = Agent(ScriptedModel(crasher_fn), name="crasher")
 failer = Agent(ScriptedModel(failer_fn), name="failer")
 oversize = Agent(ScriptedModel(oversize_fn), name="oversize")
 approver = Agent(ScriptedModel(approver_fn), name="approver", tools=[transfer])
+double_approver = Agent(ScriptedModel(double_approver_fn), name="double_approver",
+                        tools=[transfer])  # fmt: skip
 short_memory = Agent(ScriptedModel(echo_fn), name="short_memory", keep_last_turns=1)
 
 

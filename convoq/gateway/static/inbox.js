@@ -66,8 +66,9 @@ async function decide(turn, call, decision, reasonInput, buttons) {
     const verb = decision === "approve" ? "Approved" : "Denied";
     const next = after.outcome === "resume"
       ? "the turn resumes on a worker" : "the turn waits for its other calls";
+    const who = after.decision && after.decision.by ? " as " + after.decision.by : "";
     showOutcome(verb + " " + call.name + " (" + call.id + ") of turn " + turn.turn_id +
-      " in " + turn.conversation_id + ": " + next + ".", false);
+      " in " + turn.conversation_id + who + ": " + next + ".", false);
   } catch (error) {
     buttons.forEach((b) => { b.disabled = false; });
     showOutcome("Could not record the decision on " + call.id + ": " + error.message, true);
@@ -75,7 +76,23 @@ async function decide(turn, call, decision, reasonInput, buttons) {
   refresh();
 }
 
+// Who decided a call already (the turn waits for its other calls), and when.
+function renderDecided(call, decided) {
+  const verb = decided.approved ? "approved" : "denied";
+  const when = decided.at_ms ? " at " + new Date(decided.at_ms).toLocaleString() : "";
+  const why = decided.reason ? ": " + decided.reason : "";
+  const node = el("div", { className: "call" },
+    el("strong", { className: "tool", textContent: call.name }), " ",
+    el("span", { className: "meta", textContent: call.id }), " ",
+    el("span", { className: "decided",
+      textContent: verb + " by " + (decided.by || "someone") + when + why }));
+  node.dataset.callId = call.id;
+  return node;
+}
+
 function renderCall(turn, call) {
+  const decided = (turn.decisions || {})[call.id];
+  if (decided) return renderDecided(call, decided);
   const reason = el("input", { className: "reason", placeholder: "reason (optional)" });
   const approve = el("button", { className: "approve", type: "button", textContent: "Approve" });
   const deny = el("button", { className: "deny", type: "button", textContent: "Deny" });
@@ -120,8 +137,14 @@ function apply(data) {
     const id = turn.conversation_id + "\u0000" + turn.turn_id;
     seen.add(id);
     let item = state.items.get(id);
+    const decided = JSON.stringify(turn.decisions || {});
+    if (item && item.decided !== decided) {
+      item.node.remove();  // a call was decided since: shown with who decided it
+      item = undefined;
+    }
     if (!item) {
       item = renderTurn(turn);
+      item.decided = decided;
       state.items.set(id, item);
     }
     if (list.children[index] !== item.node) list.insertBefore(item.node, list.children[index] || null);

@@ -3,7 +3,7 @@
 -- Numbers reach redis.call as strings via istr(): Lua's default number format (%.14g)
 -- would mangle large integers.
 
-local TERMINAL = {succeeded = true, failed = true, cancelled = true}
+local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true}
 -- The stored layout this code reads and writes (FORMAT_VERSION in _codec.py).
 local FORMAT = '2'
 
@@ -359,14 +359,13 @@ end
 -- turn queued behind the one they end (so a busy conversation costs one round trip per
 -- turn). h = {meta, turns, blobs, lead}; k = turn_keys() of the turn handed out.
 
--- The options of handing out a turn, from ARGV[first .. first + 6]: turn ttl ms (records
+-- The options of handing out a turn, from ARGV[first .. first + 5]: turn ttl ms (records
 -- of turns failed on the way), events MAXLEN, lease ms, history window in turns (0 = all),
--- max attempts, error JSON for a turn over max attempts, error JSON for a parked turn
--- whose approval expired.
+-- max attempts, error JSON for a turn over max attempts.
 local function take_options(first)
   return {ttl = ARGV[first], maxlen = ARGV[first + 1], lease_ms = ARGV[first + 2],
     window = tonumber(ARGV[first + 3]), max_attempts = tonumber(ARGV[first + 4]),
-    over_attempts = ARGV[first + 5], expired = ARGV[first + 6]}
+    over_attempts = ARGV[first + 5]}
 end
 
 -- Whether a counter field's value (false: not set) would take HINCRBY.
@@ -450,8 +449,9 @@ end
 
 -- Hands out the inbox head tid with its history window, its saved state and the id of
 -- the turn queued behind it (`peek`, read by the caller: false when none). `fence`: the
--- lease the caller holds (kept), or false to take a new one. A head that cannot run is not handed out: dropped when its record is gone or
--- finished, failed when parked undecided (its approval expired) or over max attempts.
+-- lease the caller holds (kept), or false to take a new one. A head that cannot run is not
+-- handed out: dropped when its record is gone or finished, failed when over max attempts.
+-- A head parked undecided whose approval expired runs on, stamped with expired_ms.
 -- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
 -- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
 --      or {'DROPPED', id of the turn failed here or false} (the head moved on)
@@ -477,13 +477,8 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     redis.call('LREM', k.inbox, 1, tid)
     return {'DROPPED', false}
   end
-  if status == 'awaiting_approval' and rec.resume ~= '1' then
-    -- Parked, undecided and the parked lease is gone: the approval expired.
-    if not finish(k, tid, 'failed', 'error', o.expired, o.ttl, o.maxlen, now) then
-      return {'CORRUPT', k.events}
-    end
-    return {'DROPPED', tid}
-  end
+  -- Parked, undecided and the parked lease is gone: the approval expired.
+  local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
   local runs = tonumber(rec.runs or '0') + 1
   if runs > o.max_attempts then
     if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now) then
@@ -508,6 +503,12 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   fence = start_run(h, k, rec, runs, holder, fence, o, now)
   if not fence then
     return {'CORRUPT', k.events}
+  end
+  if expiring then
+    -- The runner records its undecided calls as expired and ends it without another
+    -- model call: stored, its tool results saying so (engine.Expired).
+    rec.expired_ms = istr(now)
+    redis.call('HSET', k.turn, 'expired_ms', rec.expired_ms)
   end
   local fields = {}
   for name, value in pairs(rec) do

@@ -11,9 +11,8 @@
 -- ARGV[1] = tid: the turn id the caller saw at the inbox head (its keys are KEYS[7..10])
 -- ARGV[2] = worker id ('' keeps the holder of a handed-off lease)
 -- ARGV[3] = hand-off fence: the caller's lease from commit/fail ('0' = none)
--- ARGV[4 .. 10] = take_options(): turn ttl ms, events MAXLEN, lease ms, history window in
---                 turns (0 = all), max attempts, error JSON over max attempts, error JSON
---                 approval expired
+-- ARGV[4 .. 9] = take_options(): turn ttl ms, events MAXLEN, lease ms, history window in
+--                turns (0 = all), max attempts, error JSON over max attempts
 -- Takes the lease (a new fence, or the handed-off one) and hands out the head turn with
 -- its history window, in one round trip (take_head() in _lib.lua, shared with commit and
 -- fail, which hand out the next turn the same way).
@@ -23,7 +22,7 @@
 --      or {'EMPTY'} (nothing queued; a handed-off lease is freed) / {'BUSY'} (lease live,
 --         or the head is parked undecided)
 --      or {'RETRY', head, failed}: the head is another turn (or the head was just failed
---         over max attempts / approval expiry): call again with that turn's keys
+--         over max attempts): call again with that turn's keys
 --      or {'VERSION', v} / {'CORRUPT', key}.
 -- `failed` (in RETRY and EMPTY) is the id of the turn this call just ended as failed, or
 -- false/absent: the caller owes that turn what any finished turn gets (its callback).

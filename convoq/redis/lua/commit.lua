@@ -7,21 +7,22 @@
 -- KEYS[7] = journal   {prefix}:{cid}:journal:{tid}
 -- KEYS[8] = cont      {prefix}:{cid}:cont:{tid}
 -- KEYS[9] = events    {prefix}:{cid}:events:{tid}
--- KEYS[10] = lead     {prefix}:{cid}:lead                   (only with ARGV[6])
--- KEYS[11] = turn     {prefix}:{cid}:turn:{next tid}        (only with ARGV[6])
--- KEYS[12] = journal  {prefix}:{cid}:journal:{next tid}     (only with ARGV[6])
--- KEYS[13] = cont     {prefix}:{cid}:cont:{next tid}        (only with ARGV[6])
--- KEYS[14] = events   {prefix}:{cid}:events:{next tid}      (only with ARGV[6])
+-- KEYS[10] = lead     {prefix}:{cid}:lead                   (only with ARGV[7])
+-- KEYS[11] = turn     {prefix}:{cid}:turn:{next tid}        (only with ARGV[7])
+-- KEYS[12] = journal  {prefix}:{cid}:journal:{next tid}     (only with ARGV[7])
+-- KEYS[13] = cont     {prefix}:{cid}:cont:{next tid}        (only with ARGV[7])
+-- KEYS[14] = events   {prefix}:{cid}:events:{next tid}      (only with ARGV[7])
 -- ARGV[1] = turn id
 -- ARGV[2] = fence
 -- ARGV[3] = the turn element (JSON, attachments as blob refs)
 -- ARGV[4] = result JSON {"text", "messages"}
 -- ARGV[5] = '1': refuse when a cancel was requested (the runner then fails the turn as
 --           cancelled); '0': commit anyway
--- ARGV[6] = next tid: the turn the caller expects next (acquire's peek), '' = none
--- ARGV[7 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
---                 window, max attempts, error JSON over max attempts, error JSON approval
---                 expired
+-- ARGV[6] = the turn's final status: 'succeeded', or 'expired' (its approval expired and
+--           its tool results say so; it is stored all the same)
+-- ARGV[7] = next tid: the turn the caller expects next (acquire's peek), '' = none
+-- ARGV[8 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
+--                 window, max attempts, error JSON over max attempts
 -- ARGV[14] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
 --           the conversation's counters ('{}': nothing reported)
 -- ARGV[15] = n: events the turn emitted since its last write
@@ -30,7 +31,7 @@
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
 -- turn. Then the hand-off (hand_over() in _lib.lua): the lease is freed when no turn
 -- waits, else kept with the same fence for the next one. When that next turn is the one
--- named in ARGV[6] (whose keys came along), it is handed out right here, as acquire would
+-- named in ARGV[7] (whose keys came along), it is handed out right here, as acquire would
 -- do it (attempts, approval expiry, status running, its history window, its saved state
 -- and the peek behind it): a busy conversation costs one round trip per turn. When it is
 -- another (the expected one was cancelled meanwhile, or none was expected because it
@@ -44,7 +45,7 @@ local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[10]}
 -- Keys are checked by their first read (guard_run, meta_refusal) or, for the events, by
 -- the first write (finish()); the others before any write.
 local k = turn_keys(KEYS[4], KEYS[5], 6)
-local tid, o = ARGV[1], take_options(7)
+local tid, o = ARGV[1], take_options(8)
 -- The inbox read two entries past the head: the next head and the peek behind it.
 local refused, where, ahead = guard_run(k.lease, k.inbox, k.turn, tid, ARGV[2],
   {running = true}, 2)
@@ -77,7 +78,8 @@ if bad_key then
   return {'CORRUPT', bad_key}
 end
 local now = now_ms()
-if not finish(k, tid, 'succeeded', 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n) then
+local status = ARGV[6] == 'expired' and 'expired' or 'succeeded'
+if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n) then
   return {'CORRUPT', k.events}
 end
 local added = store_blobs(h.blobs, 16 + 2 * n)
@@ -97,4 +99,4 @@ if not stamped[h.meta] then
   stamped[h.meta] = true
 end
 redis.call('HSET', h.meta, unpack(fields))
-return hand_over(h, k, ARGV[6], turn_keys(k.inbox, k.lease, 11), o, now, ahead)
+return hand_over(h, k, ARGV[7], turn_keys(k.inbox, k.lease, 11), o, now, ahead)

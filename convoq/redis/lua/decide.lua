@@ -1,14 +1,21 @@
 -- KEYS[1] = lease     {prefix}:{cid}:lease
 -- KEYS[2] = turn      {prefix}:{cid}:turn:{tid}
+-- KEYS[3] = events    {prefix}:{cid}:events:{tid}
 -- ARGV[1] = tool call id
--- ARGV[2] = decision JSON {"approved": bool, "reason": str|null}
--- Records a decision on a pending call of a parked turn. Once every pending call is
--- decided the parked lease is dropped and the turn is marked for resumption: the next
--- acquire hands it out with its continuation and the decisions.
+-- ARGV[2] = decision JSON {"approved": bool, "reason": str|null, "by": str|null,
+--           "expired": false}
+-- ARGV[3] = events stream MAXLEN (approximate)
+-- Records a decision on a pending call of a parked turn, stamped with the server time
+-- (at_ms), and emits it as a "decision" event (the audit trail: who, when, why). Once
+-- every pending call is decided the parked lease is dropped and the turn is marked for
+-- resumption: the next acquire hands it out with its continuation and the decisions.
+-- A repeated decision with the same verdict and reason is a no-op (the first is kept).
 -- Returns {'RESUME'} / {'PENDING'}
 --      or {'UNKNOWN'} / {'NOT_PARKED', status} / {'UNKNOWN_CALL', pending ids JSON}
---      or {'DECIDED'} (the call was decided differently) / {'EXPIRED'} (approval expired).
-local lease, turn = KEYS[1], KEYS[2]
+--      or {'DECIDED'} (the call was decided differently) / {'EXPIRED'} (approval expired)
+--      or {'CORRUPT', key} (nothing written).
+redis.replicate_commands()
+local lease, turn, events = KEYS[1], KEYS[2], KEYS[3]
 local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume')
 if not rec[1] then
   return {'UNKNOWN'}
@@ -31,14 +38,25 @@ if not known then
 end
 local field = 'decision:' .. ARGV[1]
 local previous = redis.call('HGET', turn, field)
-if previous and previous ~= ARGV[2] then
-  return {'DECIDED'}
-end
-if not previous then
+local decision = cjson.decode(ARGV[2])
+if previous then
+  local seen_ok, seen = pcall(cjson.decode, previous)
+  if not seen_ok or type(seen) ~= 'table' or seen.approved ~= decision.approved
+      or seen.reason ~= decision.reason then
+    return {'DECIDED'}
+  end
+else
   if rec[3] ~= '1' and redis.call('HGET', lease, 'state') ~= 'parked' then
     return {'EXPIRED'}
   end
-  redis.call('HSET', turn, field, ARGV[2])
+  decision.at_ms = now_ms()
+  local stamped = cjson.encode(decision)
+  decision.call_id = ARGV[1]
+  -- The event is the first write: an events key of another type refuses the decision.
+  if not emit_first(events, ARGV[3], 'decision', cjson.encode(decision)) then
+    return {'CORRUPT', events}
+  end
+  redis.call('HSET', turn, field, stamped)
 end
 for _, id in ipairs(pending) do
   if redis.call('HEXISTS', turn, 'decision:' .. id) == 0 then

@@ -8,18 +8,15 @@
 -- ARGV[2] = error JSON (TurnCancelledError data)
 -- ARGV[3] = turn ttl ms
 -- ARGV[4] = events stream MAXLEN (approximate)
--- ARGV[5] = 'expire': only end the turn if its approval expired (the parked lease is gone
---           and not every call was decided); '' = discard it now
--- Ends a parked turn as cancelled (or, with 'expire', failed), storing nothing; frees the
--- conversation. Returns {'OK', turns still queued}
---      or {'UNKNOWN'} / {'FINISHED', status} / {'NOT_PARKED', status} / {'LIVE'} (expire:
---         the approval has not expired) / {'CORRUPT', key}.
+-- Ends a parked turn as cancelled, storing nothing; frees the conversation.
+-- Returns {'OK', turns still queued}
+--      or {'UNKNOWN'} / {'FINISHED', status} / {'NOT_PARKED', status} / {'CORRUPT', key}.
 redis.replicate_commands()
 local k, corrupt = turn_ending(1)
 if corrupt then
   return corrupt
 end
-local rec = redis.call('HMGET', k.turn, 'status', 'resume')
+local rec = redis.call('HMGET', k.turn, 'status')
 if not rec[1] then
   return {'UNKNOWN'}
 end
@@ -29,13 +26,6 @@ end
 if rec[1] ~= 'awaiting_approval' then
   return {'NOT_PARKED', rec[1]}
 end
-local status = 'cancelled'
-if ARGV[5] == 'expire' then
-  if rec[2] == '1' or redis.call('EXISTS', k.lease) == 1 then
-    return {'LIVE'}
-  end
-  status = 'failed'
-end
-finish(k, ARGV[1], status, 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
+finish(k, ARGV[1], 'cancelled', 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
 redis.call('DEL', k.lease)
 return {'OK', redis.call('LLEN', k.inbox)}

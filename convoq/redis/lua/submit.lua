@@ -5,7 +5,7 @@
 -- KEYS[5] = lease     {prefix}:{cid}:lease
 -- KEYS[6] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
 -- KEYS[6 or 7] = kick queue: the broker's list of the conversation's Celery queue, when
---           the broker is this (non-cluster) Redis (only with ARGV[9])
+--           the broker is this (non-cluster) Redis (only with ARGV[10])
 -- ARGV[1] = turn id
 -- ARGV[2] = agent name
 -- ARGV[3] = input message JSON
@@ -15,7 +15,8 @@
 -- ARGV[6] = turn ttl ms (idempotency key and event stream expiry)
 -- ARGV[7] = events stream MAXLEN (approximate)
 -- ARGV[8] = the most turns the inbox may hold (0: no limit)
--- ARGV[9] = the kick: the kombu message (JSON) to LPUSH onto the kick queue when the
+-- ARGV[9] = data JSON of the "queued" status event (the status and the turn's metadata)
+-- ARGV[10] = the kick: the kombu message (JSON) to LPUSH onto the kick queue when the
 --           conversation was idle (optional)
 -- Queues a turn. A known idempotency key, or a turn id already stored (a resent submit),
 -- queues nothing and answers with the first turn.
@@ -27,7 +28,7 @@
 --         written).
 redis.replicate_commands()
 local meta, inbox, turn, events, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local kick = ARGV[9]
+local kick = ARGV[10]
 local queue = kick and KEYS[#KEYS]
 local idem = KEYS[6]
 if queue and #KEYS == 6 then
@@ -68,7 +69,7 @@ if max_waiting > 0 and waiting >= max_waiting then
 end
 -- The first write: an events key of another type refuses it, with nothing written.
 local queued = touch(events, 'XADD', events, 'MAXLEN', '~', ARGV[7], '*', 'type', 'status',
-  'data', status_data('queued'))
+  'data', ARGV[9])
 if queued == nil then
   return {'CORRUPT', events}
 end

@@ -1,0 +1,190 @@
+"""What a tool, dynamic instructions and an approval policy see of the turn they serve.
+
+A :class:`TurnScope` holds what every part of one turn shares (its conversation, turn id,
+agent, attempt, the submitter's ``metadata`` and the application's ``deps``); each tool
+call gets a :class:`RunContext` made from it, with the call's id, its step and the usage
+so far. Nothing here is serialised except ``metadata``: ``deps`` are application objects
+(a database pool, an HTTP client) that each process provides for itself.
+
+``idempotency_key`` is derived from the conversation, the turn, the step and the call id.
+The assistant message that asked for the call is journaled before the call runs, so a
+call cut off mid-way (its worker killed) reruns with the same id, the same step and thus
+the same key: an API that dedupes on a key (payments, e-mail) performs the effect once.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import json
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+from convoq._sync import call_maybe_async
+from convoq.errors import ConvoqError
+from convoq.usage import Usage
+
+DepsT = TypeVar("DepsT")
+
+MAX_METADATA_BYTES = 16 * 1024
+"""The largest ``metadata`` object accepted (its compact JSON, in bytes)."""
+
+
+@dataclass(frozen=True)
+class RunContext(Generic[DepsT]):
+    """The turn a tool call (or a dynamic instruction) runs in.
+
+    Attributes:
+        conversation_id: the conversation (None for a call without one).
+        turn_id: the turn's id (a worker's turn id; in process, the turn's token, kept
+            across an approval's resume).
+        agent: the agent profile's name (None when the Agent has none).
+        deps: what the Agent or worker profile provides (``deps=`` or ``deps_factory=``).
+        metadata: the JSON object given when the turn was submitted (``{}`` if none).
+        attempt: which run of the turn this is (1 for the first; a rerun after a worker
+            died counts up).
+        step: the model calls the turn made so far; for a tool call, the one that asked
+            for it.
+        usage: tokens the turn's model calls reported so far.
+        tool_call_id: the call's id (None outside a tool call).
+        tool_name: the called tool's name (None outside a tool call).
+    """
+
+    conversation_id: str | None
+    turn_id: str
+    agent: str | None
+    deps: DepsT
+    metadata: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 1
+    step: int = 0
+    usage: Usage = field(default_factory=Usage)
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same string on every run of this tool call; pass it to APIs that dedupe.
+
+        Raises:
+            ConvoqError: outside a tool call (instructions have no key).
+        """
+        if self.tool_call_id is None:
+            raise ConvoqError(
+                "idempotency_key belongs to a tool call; instructions and other"
+                " contexts without a tool_call_id have none"
+            )
+        return idempotency_key(self.conversation_id, self.turn_id, self.step, self.tool_call_id)
+
+
+def idempotency_key(conversation_id: str | None, turn_id: str, step: int, call_id: str) -> str:
+    """``convoq-`` plus a SHA-256 of the call's coordinates (fits every API's key limit)."""
+    parts = json.dumps([conversation_id, turn_id, step, call_id])
+    return "convoq-" + hashlib.sha256(parts.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TurnScope:
+    """What every context of one turn shares; the engine adds the step and the call."""
+
+    conversation_id: str | None
+    turn_id: str
+    agent: str | None = None
+    deps: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 1
+
+    def context(self, step: int, usage: Usage) -> RunContext[Any]:
+        """The context at ``step``, outside any tool call (for instructions). Each gets its
+        own copy of the metadata: what one tool changes there, the next does not see (as
+        after a resume, where it comes from the turn record)."""
+        return RunContext(
+            conversation_id=self.conversation_id,
+            turn_id=self.turn_id,
+            agent=self.agent,
+            deps=self.deps,
+            metadata=copy.deepcopy(self.metadata),
+            attempt=self.attempt,
+            step=step,
+            usage=usage,
+        )
+
+    def for_call(self, step: int, usage: Usage, call_id: str, name: str) -> RunContext[Any]:
+        """The context of one tool call asked for by model call ``step``."""
+        return replace(self.context(step, usage), tool_call_id=call_id, tool_name=name)
+
+
+Instructions = str | Callable[[RunContext[Any]], str | Awaitable[str]]
+"""A system prompt, or a function (sync or async) of the context that returns one."""
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    """A JSON object (str keys) of at most MAX_METADATA_BYTES as compact JSON.
+
+    Raises:
+        ConvoqError: not a dict, keys not str, values not JSON, or too big.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise ConvoqError(
+            f"metadata must be a JSON object (a dict), not {type(metadata).__name__}",
+            field="metadata",
+        )
+    if not all(isinstance(k, str) for k in metadata):
+        raise ConvoqError("metadata keys must be strings (it travels as JSON)", field="metadata")
+    try:
+        raw = json.dumps(metadata, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConvoqError(
+            f"metadata must hold only JSON values (str, numbers, bools, None, lists, dicts): {exc}",
+            field="metadata",
+        ) from None
+    if len(raw.encode()) > MAX_METADATA_BYTES:
+        raise ConvoqError(
+            f"metadata is {len(raw.encode())} bytes as JSON, over the limit of"
+            f" {MAX_METADATA_BYTES}; keep ids in it and look the rest up in the tool",
+            field="metadata",
+            size=len(raw.encode()),
+            limit=MAX_METADATA_BYTES,
+        )
+    parsed: dict[str, Any] = json.loads(raw)
+    return parsed
+
+
+class DepsHolder:
+    """An Agent's ``deps``: given, or made by ``factory`` once per process (a forked
+    worker process makes its own: a pool opened in the parent is no use in a child)."""
+
+    def __init__(self, deps: Any, factory: Callable[[], Any] | None) -> None:
+        if factory is not None and deps is not None:
+            raise ConvoqError("give deps or deps_factory, not both")
+        if factory is not None and not callable(factory):
+            raise ConvoqError(f"deps_factory must be a function, not {type(factory).__name__}")
+        if inspect.iscoroutinefunction(factory):
+            raise ConvoqError(
+                "deps_factory must be a plain function (it runs once per process, off the"
+                " event loop); open async resources lazily inside the deps object"
+            )
+        self._deps = deps
+        self._factory = factory
+        self._made: tuple[int, Any] | None = None
+        self._lock = threading.Lock()
+
+    async def get(self) -> Any:
+        if self._factory is None:
+            return self._deps
+        made = self._made
+        if made is not None and made[0] == os.getpid():
+            return made[1]
+        return await call_maybe_async(self._make)
+
+    def _make(self) -> Any:
+        with self._lock:  # concurrent first turns make them once
+            if self._made is None or self._made[0] != os.getpid():
+                assert self._factory is not None
+                self._made = (os.getpid(), self._factory())
+            return self._made[1]
