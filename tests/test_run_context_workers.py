@@ -114,7 +114,7 @@ def test_an_approved_call_resumes_on_another_worker_with_its_context_and_audit(
         handle = client.submit(
             cid, "500", agent="payer", metadata={"user": "bo"}, callback_url=f"{hooks.url}/pay"
         )
-        parked = handle.wait(30, return_on_approval=True)
+        parked = handle.wait(30)
         assert parked.status == "awaiting_approval"  # the policy: over 100 needs a human
         assert _seen(r, pool, cid) == []
         [call] = parked.pending_approvals
@@ -182,7 +182,7 @@ def test_an_agent_policy_decides_on_workers_from_the_metadata(client: Client) ->
     admin = client.submit(_cid(), "7", agent="guarded", metadata={"user": "di", "role": "admin"})
     assert admin.wait(30).text == "Greet di. paid 7"
     guest = client.submit(_cid(), "7", agent="guarded", metadata={"user": "ed"})
-    parked = guest.wait(30, return_on_approval=True)
+    parked = guest.wait(30)
     assert parked.status == "awaiting_approval"
     [call] = parked.pending_approvals
     client.deny(guest, call.id, reason="guests may not pay")
