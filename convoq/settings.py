@@ -7,6 +7,8 @@ go through it, so a client and a worker started in one environment agree.
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -132,6 +134,12 @@ class ConvoqSettings(BaseSettings):
         description="Redis broker: an unacked task is redelivered after this long. Crash"
         " recovery does not wait for it (the sweeper re-kicks after lease_ms).",
     )
+    fast_paths: bool = Field(
+        default=defaults.FAST_PATHS,
+        description="convoq's shortcuts into redis-py, kombu and Celery internals: hot Redis"
+        " commands sent directly, kicks pushed by the submit script, the worker's own line."
+        " off/0/false: redis-py, send_task and the broker do all of it (slower, same results).",
+    )
     task_events: bool = Field(
         default=defaults.TASK_EVENTS,
         description="Celery task events from the start (clients send task-sent too). Off by"
@@ -191,6 +199,38 @@ class ConvoqSettings(BaseSettings):
     @property
     def effective_broker_url(self) -> str | None:
         return self.broker_url or self.redis_url
+
+
+FAST_PATHS_VARIABLE = "CONVOQ_FAST_PATHS"
+
+
+def fast_paths(explicit: bool | None = None) -> bool:
+    """Whether convoq may use its shortcuts into other libraries' internals, resolved as
+    every setting: ``explicit`` (an entry point's resolved ``ConvoqSettings.fast_paths``),
+    else ``CONVOQ_FAST_PATHS``, else on. For the parts that are built without settings
+    at hand (the store's script runner); cheap enough to ask per connection.
+
+    The shortcuts, each in one module (see its docstring for the library versions it was
+    checked with): :mod:`convoq.redis._pipelined` (hot commands on redis-py's
+    connections), :func:`convoq.queue.transport.kick_message` (the kombu message the
+    submit script pushes), :mod:`convoq.worker._fair` (the threads pool's queue as the
+    process's own line, Celery's worker state).
+
+    Raises:
+        ConfigurationError: ``CONVOQ_FAST_PATHS`` is not a boolean (on/off, 1/0, true/false).
+    """
+    if explicit is not None:
+        return explicit
+    return _fast_paths_from(os.environ.get(FAST_PATHS_VARIABLE))
+
+
+@functools.lru_cache(maxsize=16)
+def _fast_paths_from(raw: str | None) -> bool:
+    """The switch for one value of the variable, validated as ConvoqSettings validates it
+    (and named the same way when it is wrong)."""
+    if raw is None:
+        return defaults.FAST_PATHS
+    return ConvoqSettings.resolve(fast_paths=raw).fast_paths
 
 
 def _variable(loc: tuple[int | str, ...]) -> str:

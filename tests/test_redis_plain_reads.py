@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import connect
-from convoq.redis._pipelined import FALLBACK, AsyncDirect, pack
+from convoq.redis._pipelined import FALLBACK, AsyncDirect, Unpackable, pack
 from convoq.redis._pipelined import script as direct_script
 from convoq.summary import SUMMARY_PREFIX, Summary
 from convoq.window import Window
@@ -141,7 +141,7 @@ def test_pack_writes_what_redis_py_writes() -> None:
     ]
     connection = Connection()
     assert pack(commands) == b"".join(connection.pack_commands(commands))
-    with pytest.raises(TypeError):
+    with pytest.raises(Unpackable):  # not a TypeError: that would be a bug, and raised
         pack([("LRANGE", "k", 0.5, -1)])
 
 

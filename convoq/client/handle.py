@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from convoq._sync import iterate_sync
-from convoq.client._blocking import blocking
+from convoq.client._sync_methods import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Message, ToolCall
 from convoq.redis._cluster import connection_option
