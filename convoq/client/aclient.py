@@ -483,7 +483,10 @@ class AsyncClient:
         kombu message) when the broker is the store's Redis; else None (send_task)."""
         if self._direct_kicks is None:
             self._direct_kicks = direct_kicks(
-                self.redis_url, self.settings.broker_url, task_events=self.settings.task_events
+                self.redis_url,
+                self.settings.broker_url,
+                task_events=self.settings.task_events,
+                fast_paths_on=self.settings.fast_paths,
             )
         if not self._direct_kicks:
             return None

@@ -54,14 +54,14 @@ class BlockingScripts:
     """Every script registered on one sync client: the twin of
     :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread."""
 
-    def __init__(self, client: SyncRedis) -> None:
+    def __init__(self, client: SyncRedis, *, fast_paths_on: bool | None = None) -> None:
         self.client = client
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in NAMES
         }
         # Hot calls skip redis-py's machinery, unless the fast paths are off (a cluster
         # client keeps it: it routes).
-        self._direct = _pipelined.enabled_for(client)
+        self._direct = _pipelined.enabled_for(client, fast_paths_on)
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is a list whose first item is a str status."""

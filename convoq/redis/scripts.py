@@ -108,14 +108,14 @@ def with_status(reply: Any) -> list[Any]:
 class Scripts:
     """Every script registered on one client; ``await scripts.run(name, keys, args)``."""
 
-    def __init__(self, client: AsyncRedis) -> None:
+    def __init__(self, client: AsyncRedis, *, fast_paths_on: bool | None = None) -> None:
         self.client = client
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(source(name)) for name in NAMES
         }
         # Hot calls skip redis-py's machinery, unless the fast paths are off (a cluster
         # client keeps it: it routes).
-        self._direct = _pipelined.direct_for(client)
+        self._direct = _pipelined.direct_for(client, fast_paths_on)
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is always a list whose first item is a status."""

@@ -84,6 +84,7 @@ class WorkerRuntime:
             self._queued_kicks,
             self._requeue,
             window=settings.concurrency * PREFETCH_MULTIPLIER,
+            worker_state=settings.fast_paths,
         )
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -266,7 +267,11 @@ class WorkerRuntime:
     # -- worker lifecycle ------------------------------------------------------------------
     def use_pool(self, consumer: object) -> None:
         """The task queue of the consumer's threads pool becomes the line conversations go
-        back to (:mod:`._fair`); with any other pool they go back through the broker."""
+        back to (:mod:`._fair`); with any other pool, or the fast paths off, they go back
+        through the broker."""
+        if not self.settings.fast_paths:
+            log.info("fair slots: conversations go back through the broker (fast paths off)")
+            return
         executor = getattr(getattr(consumer, "pool", None), "executor", None)
         window = getattr(consumer, "initial_prefetch_count", None)
         if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
