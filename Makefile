@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test test-slowpaths demo lint bench docs clean
 
 install: $(STAMP)
 
@@ -15,6 +15,14 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The behaviour tests again with CONVOQ_FAST_PATHS=off: redis-py, send_task and the broker
+# instead of convoq's shortcuts (the tests marked `slowpaths`, about two minutes): worker
+# end to end, the kick, the turn protocol, replay safety, plain reads, the fair line, a
+# chaos run (Redis killed mid-run) and the switch's own tests. Tests of a shortcut itself
+# (marked `fast_paths`) skip.
+test-slowpaths: $(STAMP)
+	CONVOQ_FAST_PATHS=off $(BIN)/pytest -q -m slowpaths
 
 demo: $(STAMP)
 	$(BIN)/convoq demo

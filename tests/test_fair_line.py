@@ -19,6 +19,9 @@ from convoq.settings import ConvoqSettings
 from convoq.worker.app import worker_config
 from tests.support.workers import WorkerPool, WorkerProcess
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 AGENTS = "tests.support.fair_agents"  # "slow": 0.3 s per turn
 TURNS = 3
 

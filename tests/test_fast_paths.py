@@ -31,6 +31,9 @@ from convoq.settings import ConvoqSettings, fast_paths
 from convoq.worker import _fair
 from tests.support.workers import WorkerPool
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 CID = "fast paths"
 
 

@@ -20,6 +20,9 @@ from convoq.queue.routing import DRAIN_TASK, route
 from convoq.queue.transport import HEAD_HEADER, direct_kicks, kick_message, sender_app
 from convoq.redis import TurnProtocol, embedded
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 # Fields each message has its own value of (ids, the sending process).
 _OWN = {("headers", "id"), ("headers", "root_id"), ("headers", "origin")}
 _OWN |= {("properties", "correlation_id"), ("properties", "delivery_tag")}
@@ -38,6 +41,7 @@ def _without_own(message: dict[str, Any]) -> dict[str, Any]:
 def test_a_direct_kick_is_the_message_send_task_writes(
     redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
+
     queue = route("conv-1", prefix=key_prefix, partitions=4)
     app = sender_app(redis_url)
     try:

@@ -23,6 +23,9 @@ from convoq.window import Window
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 CID = "plain reads"
 
 
