@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "acks": "bench.durable_acks",
     "cost": "bench.turn_cost",
     "fair": "bench.fair_slots",
+    "gc": "bench.gc_decode",
 }
 
 
