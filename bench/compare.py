@@ -143,7 +143,11 @@ def redis_server(directory: Path) -> Iterator[str]:
 
 
 def worker_env(url: str, prefix: str, home: Path, concurrency: int) -> dict[str, str]:
+    # The fast-paths switch passes through: `CONVOQ_FAST_PATHS=off python -m bench ...`
+    # measures what the shortcuts save.
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
+    if "CONVOQ_FAST_PATHS" in os.environ:
+        env["CONVOQ_FAST_PATHS"] = os.environ["CONVOQ_FAST_PATHS"]
     env.update(
         CONVOQ_REDIS_URL=url,
         CONVOQ_PREFIX=prefix,
