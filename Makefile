@@ -33,9 +33,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The documentation site (docs/, the API reference from the docstrings) into site/; any
+# warning (a broken link, a docstring griffe cannot read) fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .convoq .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .convoq .pytest_cache .mypy_cache .ruff_cache site

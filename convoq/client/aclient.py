@@ -256,10 +256,15 @@ class AsyncClient:
                 (overrides the profile; see :class:`convoq.window.Window`).
 
         Raises:
-            InvalidConversationIdError, InvalidMessageError, AttachmentError,
-            InvalidCallbackUrlError (also for a loopback, private or other non-public
-            address), UnknownAgentError, ConversationBusyError, QueueFullError (a limit
-            on queued turns: ``CONVOQ_MAX_QUEUED_*``): nothing was queued.
+            InvalidConversationIdError: a bad conversation id; nothing was queued.
+            InvalidMessageError: the message breaks a rule (named); nothing was queued.
+            AttachmentError: an attachment is empty, of the wrong type or over its limit.
+            InvalidCallbackUrlError: a callback URL that is not public (loopback, private
+                and other non-public addresses too); nothing was queued.
+            UnknownAgentError: no agent profile has that name; nothing was queued.
+            ConversationBusyError: ``if_busy="reject"`` and a turn is in progress.
+            QueueFullError: a limit on queued turns (``CONVOQ_MAX_QUEUED_*``); nothing
+                was queued.
         """
         sub = build_submission(
             conversation_id,
@@ -407,7 +412,7 @@ class AsyncClient:
         """Check that Redis and the broker answer within ``timeout_s`` each.
 
         Raises:
-            ConfigurationError naming the one that did not (and why).
+            ConfigurationError: one did not answer (named, with why).
         """
         try:
             await asyncio.wait_for(self.protocol.redis.ping(), timeout_s)

@@ -160,8 +160,8 @@ class AsyncTurnHandle:
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
-            the turn's error (rebuilt from its record) if it failed or was cancelled and
-            ``raise_on_error`` is true.
+            ConvoqError: the turn's own error (rebuilt from its record) if it failed or
+                was cancelled and ``raise_on_error`` is true.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         protocol = self._client.protocol
