@@ -52,7 +52,8 @@ def _handshake(connection: AbstractConnection) -> None:
 
 class BlockingScripts:
     """Every script registered on one sync client: the twin of
-    :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread."""
+    :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread
+    (``fast_paths_on`` as there)."""
 
     def __init__(self, client: SyncRedis, *, fast_paths_on: bool | None = None) -> None:
         self.client = client

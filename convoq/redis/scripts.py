@@ -106,7 +106,12 @@ def with_status(reply: Any) -> list[Any]:
 
 
 class Scripts:
-    """Every script registered on one client; ``await scripts.run(name, keys, args)``."""
+    """Every script registered on one client; ``await scripts.run(name, keys, args)``.
+
+    ``fast_paths_on``: the entry point's resolved ``ConvoqSettings.fast_paths`` (None:
+    ``CONVOQ_FAST_PATHS``, see :func:`convoq.settings.fast_paths`); off, redis-py sends
+    every command (:mod:`convoq.redis._pipelined` is not used).
+    """
 
     def __init__(self, client: AsyncRedis, *, fast_paths_on: bool | None = None) -> None:
         self.client = client
