@@ -190,12 +190,13 @@ def test_the_installed_libraries_are_within_the_releases_the_shortcuts_were_chec
 
 # -- the template kick ------------------------------------------------------------------------
 @pytest.fixture
-def publishes() -> Iterator[list[str]]:
-    """Task names published through Celery (``send_task``) in this process."""
-    seen: list[str] = []
+def publishes() -> Iterator[list[tuple[str, str]]]:
+    """``(task name, queue)`` of each task published through Celery (``send_task``) in
+    this process (other tests' clients may still publish: look for your queue)."""
+    seen: list[tuple[str, str]] = []
 
-    def count(sender: Any = None, **_: Any) -> None:
-        seen.append(str(sender))
+    def count(sender: Any = None, routing_key: Any = None, **_: Any) -> None:
+        seen.append((str(sender), str(routing_key)))
 
     signals.before_task_publish.connect(count, weak=False)
     yield seen
@@ -204,7 +205,11 @@ def publishes() -> Iterator[list[str]]:
 
 @pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
 async def test_kicks_go_through_send_task_with_the_switch_off(
-    on: bool, redis_url: str, key_prefix: str, redis_client: redis.Redis, publishes: list[str]
+    on: bool,
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    publishes: list[tuple[str, str]],
 ) -> None:
     settings = ConvoqSettings.resolve(
         redis_url=redis_url, prefix=key_prefix, partitions=2, fast_paths=on
@@ -216,7 +221,8 @@ async def test_kicks_go_through_send_task_with_the_switch_off(
         kicks = redis_client.lrange(queue, 0, -1)
         assert len(kicks) == 1
         assert handle.turn_id in kicks[0].decode()
-    assert publishes == ([] if on else ["convoq.drain"])
+    ours = [task for task, routed in publishes if routed == queue]
+    assert ours == ([] if on else ["convoq.drain"])
 
 
 # -- the worker's own line --------------------------------------------------------------------
