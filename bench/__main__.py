@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "cost": "bench.turn_cost",
     "fair": "bench.fair_slots",
     "gc": "bench.gc_decode",
+    "fastpaths": "bench.fast_paths",
 }
 
 
