@@ -249,14 +249,14 @@ class _CollectorPause:
 
     Decoding 10,000 turns creates some 100,000 small acyclic objects; each burst of
     allocations triggers collections that walk them again and again as they age, which
-    made such a load about 1.4x slower (``python -m bench gc``). ``gc.freeze()`` at worker
-    start does not win this back (the objects walked are the ones the decode creates, not
-    those alive at start): measured there, a frozen worker loads at about the speed of
-    one that does nothing. So the collector is paused, and because the switch is
-    process-wide, the pause is counted: the first decode to start turns it off, the last
-    to end turns it back on, and only if it was on (a caller's ``gc.disable()`` holds). Other
-    threads meanwhile free their objects by reference counting as always; only their
-    cycles wait for the end of the decode (well under a second).
+    made such a load 1.2-1.6x slower in a small process (``python -m bench gc``).
+    ``gc.freeze()`` does not win this back (the objects walked are the ones the decode
+    creates, not those alive before it); a worker freezes its start-up heap for another
+    reason (see ``WorkerRuntime.announce``). So the collector is paused, and because the
+    switch is process-wide, the pause is counted: the first decode to start turns it off,
+    the last to end turns it back on, and only if it was on (a caller's ``gc.disable()``
+    holds). Other threads meanwhile free their objects by reference counting as always;
+    only their cycles wait for the end of the decode (well under a second).
     """
 
     def __init__(self) -> None:
