@@ -1,6 +1,6 @@
 """convoq next to what users would pick instead, measured side by side in one run on one
 redis-server (the system's, else the embedded one): three runs, medians and ranges, one
-table. The numbered rows are the bars of the performance work (see the README).
+table. The numbered rows are the bars of the performance work (see bench/README.md).
 
 Peers (``bench.peers``): OpenAI Agents' RedisSession, langchain-community's
 RedisChatMessageHistory, a bare Celery task with a Redis result backend and ``.get()``, and
