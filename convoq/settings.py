@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from convoq import defaults
@@ -224,13 +224,22 @@ def fast_paths(explicit: bool | None = None) -> bool:
     return _fast_paths_from(os.environ.get(FAST_PATHS_VARIABLE))
 
 
+_BOOL = TypeAdapter(bool)
+
+
 @functools.lru_cache(maxsize=16)
 def _fast_paths_from(raw: str | None) -> bool:
     """The switch for one value of the variable, validated as ConvoqSettings validates it
-    (and named the same way when it is wrong)."""
+    (and named the same way when it is wrong); the other settings are not read here."""
     if raw is None:
         return defaults.FAST_PATHS
-    return ConvoqSettings.resolve(fast_paths=raw).fast_paths
+    try:
+        return _BOOL.validate_python(raw)
+    except ValidationError as exc:
+        problems = [f"{FAST_PATHS_VARIABLE}: {problem['msg']}" for problem in exc.errors()]
+        raise ConfigurationError(
+            "invalid settings: " + "; ".join(problems), problems=problems
+        ) from None
 
 
 def _variable(loc: tuple[int | str, ...]) -> str:

@@ -72,6 +72,13 @@ def test_the_switch_is_on_by_default_and_a_bad_value_is_named(
         fast_paths()
 
 
+def test_the_switch_is_read_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another bad setting is for its own entry point to report, not for the switch.
+    monkeypatch.setenv("CONVOQ_PARTITIONS", "many")
+    monkeypatch.setenv("CONVOQ_FAST_PATHS", "off")
+    assert fast_paths() is False
+
+
 # -- the direct RESP path ---------------------------------------------------------------------
 @pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[Any]:
