@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test test-slowpaths demo lint bench docs clean
 
 install: $(STAMP)
 
@@ -16,6 +16,14 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/pytest -q
 
+# The behaviour tests again with CONVOQ_FAST_PATHS=off: redis-py, send_task and the broker
+# instead of convoq's shortcuts (the tests marked `slowpaths`, about two minutes): worker
+# end to end, the kick, the turn protocol, replay safety, plain reads, the fair line, a
+# chaos run (Redis killed mid-run) and the switch's own tests. Tests of a shortcut itself
+# (marked `fast_paths`) skip.
+test-slowpaths: $(STAMP)
+	CONVOQ_FAST_PATHS=off $(BIN)/pytest -q -m slowpaths
+
 demo: $(STAMP)
 	$(BIN)/convoq demo
 
@@ -25,9 +33,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The documentation site (docs/, the API reference from the docstrings) into site/; any
+# warning (a broken link, a docstring griffe cannot read) fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .convoq .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .convoq .pytest_cache .mypy_cache .ruff_cache site

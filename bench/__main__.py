@@ -21,6 +21,8 @@ BENCHMARKS: dict[str, str] = {
     "cost": "bench.turn_cost",
     "fair": "bench.fair_slots",
     "langchain": "bench.langchain_window",
+    "gc": "bench.gc_decode",
+    "fastpaths": "bench.fast_paths",
 }
 
 

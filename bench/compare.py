@@ -1,6 +1,6 @@
 """convoq next to what users would pick instead, measured side by side in one run on one
 redis-server (the system's, else the embedded one): three runs, medians and ranges, one
-table. The numbered rows are the bars of the performance work (see the README).
+table. The numbered rows are the bars of the performance work (see bench/README.md).
 
 Peers (``bench.peers``): OpenAI Agents' RedisSession, langchain-community's
 RedisChatMessageHistory, a bare Celery task with a Redis result backend and ``.get()``, and
@@ -143,7 +143,11 @@ def redis_server(directory: Path) -> Iterator[str]:
 
 
 def worker_env(url: str, prefix: str, home: Path, concurrency: int) -> dict[str, str]:
+    # The fast-paths switch passes through: `CONVOQ_FAST_PATHS=off python -m bench ...`
+    # measures what the shortcuts save.
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
+    if "CONVOQ_FAST_PATHS" in os.environ:
+        env["CONVOQ_FAST_PATHS"] = os.environ["CONVOQ_FAST_PATHS"]
     env.update(
         CONVOQ_REDIS_URL=url,
         CONVOQ_PREFIX=prefix,

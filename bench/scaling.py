@@ -7,7 +7,7 @@ delta, and ``MEMORY USAGE`` of the history alone).
 The Celery broker is a separate Redis in both set-ups (Celery cannot use a cluster), so
 the store figures are the store's alone; the broker's CPU per turn is printed too. Every
 server is a local redis-server (AOF on, ``appendfsync everysec``). The numbers feed the
-capacity model in the README. ``python -m bench.scaling [--quick]`` (``--quick``: 1 and 2
+capacity model in bench/README.md. ``python -m bench.scaling [--quick]`` (``--quick``: 1 and 2
 processes only; ``BENCH_QUICK=1`` does the same under ``make bench``). This module is also
 the workers' profile module.
 """

@@ -123,7 +123,11 @@ async def _throughputs(url: str, prefix: str, shapes: list[tuple[int, int]]) -> 
 
 # -- the run ---------------------------------------------------------------------------------
 def _env(url: str, prefix: str, home: Path) -> dict[str, str]:
+    # The fast-paths switch passes through: `CONVOQ_FAST_PATHS=off python -m bench ...`
+    # measures what the shortcuts save.
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
+    if "CONVOQ_FAST_PATHS" in os.environ:
+        env["CONVOQ_FAST_PATHS"] = os.environ["CONVOQ_FAST_PATHS"]
     env.update(
         CONVOQ_REDIS_URL=url,
         CONVOQ_PREFIX=prefix,

@@ -45,6 +45,9 @@ TASK_EVENTS = False
 """Celery task events from the start (``CONVOQ_TASK_EVENTS``): each costs a Redis PUBLISH
 per task state; Flower switches them on in running workers itself."""
 """Redis broker: an unacked kick is redelivered after this long."""
+FAST_PATHS = True
+"""convoq's shortcuts into redis-py, kombu and Celery internals (``CONVOQ_FAST_PATHS``):
+see :func:`convoq.settings.fast_paths`."""
 EVENT_FLUSH_MS = 10
 """How long a turn event may wait for the turn's next write before it goes on its own."""
 MIN_REPLICAS_ACKED = 0

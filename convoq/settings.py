@@ -7,11 +7,13 @@ go through it, so a client and a worker started in one environment agree.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from convoq import defaults
@@ -138,6 +140,12 @@ class ConvoqSettings(BaseSettings):
         description="Redis broker: an unacked task is redelivered after this long. Crash"
         " recovery does not wait for it (the sweeper re-kicks after lease_ms).",
     )
+    fast_paths: bool = Field(
+        default=defaults.FAST_PATHS,
+        description="convoq's shortcuts into redis-py, kombu and Celery internals: hot Redis"
+        " commands sent directly, kicks pushed by the submit script, the worker's own line."
+        " off/0/false: redis-py, send_task and the broker do all of it (slower, same results).",
+    )
     task_events: bool = Field(
         default=defaults.TASK_EVENTS,
         description="Celery task events from the start (clients send task-sent too). Off by"
@@ -206,6 +214,47 @@ class ConvoqSettings(BaseSettings):
     @property
     def effective_broker_url(self) -> str | None:
         return self.broker_url or self.redis_url
+
+
+FAST_PATHS_VARIABLE = "CONVOQ_FAST_PATHS"
+
+
+def fast_paths(explicit: bool | None = None) -> bool:
+    """Whether convoq may use its shortcuts into other libraries' internals, resolved as
+    every setting: ``explicit`` (an entry point's resolved ``ConvoqSettings.fast_paths``),
+    else ``CONVOQ_FAST_PATHS``, else on. For the parts that are built without settings
+    at hand (the store's script runner); cheap enough to ask per connection.
+
+    The shortcuts, each in one module (see its docstring for the library versions it was
+    checked with): :mod:`convoq.redis._pipelined` (hot commands on redis-py's
+    connections), :func:`convoq.queue.transport.kick_message` (the kombu message the
+    submit script pushes), :mod:`convoq.worker._fair` (the threads pool's queue as the
+    process's own line, Celery's worker state).
+
+    Raises:
+        ConfigurationError: ``CONVOQ_FAST_PATHS`` is not a boolean (on/off, 1/0, true/false).
+    """
+    if explicit is not None:
+        return explicit
+    return _fast_paths_from(os.environ.get(FAST_PATHS_VARIABLE))
+
+
+_BOOL = TypeAdapter(bool)
+
+
+@functools.lru_cache(maxsize=16)
+def _fast_paths_from(raw: str | None) -> bool:
+    """The switch for one value of the variable, validated as ConvoqSettings validates it
+    (and named the same way when it is wrong); the other settings are not read here."""
+    if raw is None:
+        return defaults.FAST_PATHS
+    try:
+        return _BOOL.validate_python(raw)
+    except ValidationError as exc:
+        problems = [f"{FAST_PATHS_VARIABLE}: {problem['msg']}" for problem in exc.errors()]
+        raise ConfigurationError(
+            "invalid settings: " + "; ".join(problems), problems=problems
+        ) from None
 
 
 def _variable(loc: tuple[int | str, ...]) -> str:

@@ -7,8 +7,21 @@ from pathlib import Path
 import pytest
 import redis
 
+from convoq.settings import fast_paths
 from tests.support.redis_cluster import RedisClusterNodes, plain_client, redis_cli_binary
 from tests.support.redis_server import RedisServer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``CONVOQ_FAST_PATHS`` off (``make test-slowpaths``) the behaviour tests run on
+    redis-py, ``send_task`` and the broker; tests of a shortcut itself have nothing to
+    test then."""
+    if fast_paths():
+        return
+    skip = pytest.mark.skip(reason="a test of a fast path; CONVOQ_FAST_PATHS is off")
+    for item in items:
+        if item.get_closest_marker("fast_paths"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

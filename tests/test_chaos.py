@@ -26,7 +26,8 @@ from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
 
-pytestmark = pytest.mark.slow
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = [pytest.mark.slow, pytest.mark.slowpaths]
 
 CONVERSATIONS, TURNS = 6, 5
 

@@ -19,6 +19,9 @@ from convoq.settings import ConvoqSettings
 from convoq.worker.app import worker_config
 from tests.support.workers import WorkerPool, WorkerProcess
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 AGENTS = "tests.support.fair_agents"  # "slow": 0.3 s per turn
 TURNS = 3
 
@@ -54,6 +57,7 @@ def started_ms(r: redis.Redis, pool: WorkerPool, handle: object) -> int:
     return int(r.hget(KeySchema(pool.prefix).turn(cid, tid), "started_ms"))
 
 
+@pytest.mark.fast_paths  # the order of the process's own line
 def test_a_quiet_partition_gets_no_more_turns_than_a_crowded_one(
     one_slot: WorkerPool, redis_client: redis.Redis
 ) -> None:
@@ -79,6 +83,7 @@ def lpushes(r: redis.Redis) -> int:
     return int(r.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
 
 
+@pytest.mark.fast_paths  # the process's own line is what spares the broker message
 def test_a_conversation_that_gives_its_slot_up_needs_no_broker_message(
     one_slot: WorkerPool, redis_client: redis.Redis
 ) -> None:

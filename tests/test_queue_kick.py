@@ -20,6 +20,9 @@ from convoq.queue.routing import DRAIN_TASK, route
 from convoq.queue.transport import HEAD_HEADER, direct_kicks, kick_message, sender_app
 from convoq.redis import TurnProtocol, embedded
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 # Fields each message has its own value of (ids, the sending process).
 _OWN = {("headers", "id"), ("headers", "root_id"), ("headers", "origin")}
 _OWN |= {("properties", "correlation_id"), ("properties", "delivery_tag")}
@@ -38,6 +41,7 @@ def _without_own(message: dict[str, Any]) -> dict[str, Any]:
 def test_a_direct_kick_is_the_message_send_task_writes(
     redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
+
     queue = route("conv-1", prefix=key_prefix, partitions=4)
     app = sender_app(redis_url)
     try:
@@ -115,15 +119,21 @@ def test_another_broker_gets_its_kicks_from_send_task(redis_url: str, key_prefix
 
 def test_kicks_go_direct_only_to_the_store_itself_without_task_events() -> None:
     url = "redis://127.0.0.1:6379/0"
-    assert direct_kicks(url, None, task_events=False)
-    assert direct_kicks(url, url, task_events=False)
-    assert not direct_kicks(url, None, task_events=True)  # Flower's task-sent events
-    assert not direct_kicks(url, "redis://127.0.0.1:6379/1", task_events=False)
-    assert not direct_kicks(url, "amqp://guest@localhost//", task_events=False)
-    assert direct_kicks("unix:///tmp/redis.sock?db=0", None, task_events=False)  # embedded
+
+    def direct(redis_url: str, broker_url: str | None, *, task_events: bool = False) -> bool:
+        return direct_kicks(redis_url, broker_url, task_events=task_events, fast_paths_on=True)
+
+    assert direct(url, None)
+    assert direct(url, url)
+    assert not direct(url, None, task_events=True)  # Flower's task-sent events
+    assert not direct(url, "redis://127.0.0.1:6379/1")
+    assert not direct(url, "amqp://guest@localhost//")
+    assert direct("unix:///tmp/redis.sock?db=0", None)  # embedded
     cluster = "redis+cluster://127.0.0.1:7000"
-    assert not direct_kicks(cluster, None, task_events=False)
-    assert not direct_kicks(cluster, cluster, task_events=False)
+    assert not direct(cluster, None)
+    assert not direct(cluster, cluster)
+    # The fast paths off: send_task, whatever the broker.
+    assert not direct_kicks(url, None, task_events=False, fast_paths_on=False)
 
 
 async def test_a_broker_list_of_another_type_leaves_the_turn_queued_and_the_kick_to_send_task(

@@ -21,7 +21,7 @@ from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.queue.transport import broker_url_for
 from convoq.redis import TurnProtocol, connect
-from convoq.redis._blocking import connect_blocking
+from convoq.redis._sync_client import connect_blocking
 from convoq.redis._urls import parse_cluster_url
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig

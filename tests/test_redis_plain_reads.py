@@ -16,12 +16,15 @@ from redis.exceptions import ResponseError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import connect
-from convoq.redis._pipelined import FALLBACK, AsyncDirect, pack
+from convoq.redis._pipelined import FALLBACK, AsyncDirect, Unpackable, pack
 from convoq.redis._pipelined import script as direct_script
 from convoq.summary import SUMMARY_PREFIX, Summary
 from convoq.window import Window
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer
+
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
 
 CID = "plain reads"
 
@@ -141,7 +144,7 @@ def test_pack_writes_what_redis_py_writes() -> None:
     ]
     connection = Connection()
     assert pack(commands) == b"".join(connection.pack_commands(commands))
-    with pytest.raises(TypeError):
+    with pytest.raises(Unpackable):  # not a TypeError: that would be a bug, and raised
         pack([("LRANGE", "k", 0.5, -1)])
 
 

@@ -24,6 +24,9 @@ from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 CID = "conv-1"
 LEASE = 30_000
 
@@ -51,6 +54,7 @@ def whole_turn(acquired: Acquired, reply: str = "ok") -> list[Message]:
 async def commit(
     proto: TurnProtocol, acquired: Acquired, reply: str = "ok", **kw: Any
 ) -> Acquired | None:
+
     return await proto.commit(
         CID,
         acquired.turn.turn_id,

@@ -12,7 +12,7 @@ from convoq.errors import ConfigurationError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, TextPart
 from convoq.redis import connect
-from convoq.redis._blocking import connect_blocking
+from convoq.redis._sync_client import connect_blocking
 from convoq.redis.protocol import TurnEnding
 from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_server import RedisServer

@@ -18,6 +18,9 @@ from tests.support.protocol_helpers import exchange, open_protocol, submit_all
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer
 
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = pytest.mark.slowpaths
+
 
 @pytest.fixture
 def proxy(redis_server: RedisServer) -> Iterator[LossyProxy]:
@@ -46,6 +49,7 @@ def test_an_append_whose_reply_is_lost_is_stored_once(proxy: LossyProxy, key_pre
 async def test_a_checkpoint_whose_reply_is_lost_adds_its_events_once(
     proxy: LossyProxy, key_prefix: str
 ) -> None:
+
     async with open_protocol(proxy.url, key_prefix) as proto:
         await submit_all(proto, "c", "t1")
         taken = await proto.acquire("c", worker_id="w", lease_ms=30_000)

@@ -36,7 +36,8 @@ from tests.support.workers import (
     webhook_receiver,
 )
 
-pytestmark = pytest.mark.slow
+# Run again with the fast paths off by `make test-slowpaths`.
+pytestmark = [pytest.mark.slow, pytest.mark.slowpaths]
 MAX_TURN_BYTES = 64 * 1024  # far above any turn here but the "oversize" profile's
 
 pool = module_pool(3, max_turn_bytes=MAX_TURN_BYTES)

@@ -10,7 +10,7 @@
   this way stores nothing. The wait is bounded and the cancel repeated, because a library
   may swallow a ``CancelledError``. A forked child gets fresh loops (the parent's threads
   do not exist in it); loops are stopped at interpreter exit.
-- :mod:`convoq._sync._blocking`: blocking user code (sync model functions and tools) runs
+- :mod:`convoq._sync._user_code_pool`: blocking user code (sync model functions and tools) runs
   on one process-wide thread pool sized by :func:`set_blocking_threads` (a worker sizes it
   to its concurrency), not on asyncio's default executor, which caps at
   ``min(32, CPUs + 4)`` threads.
@@ -19,13 +19,6 @@
   caller's thread without a second implementation.
 """
 
-from convoq._sync._blocking import (
-    DEFAULT_BLOCKING_THREADS,
-    blocking_threads,
-    call_maybe_async,
-    run_blocking,
-    set_blocking_threads,
-)
 from convoq._sync._loop import (
     CANCEL_GRACE_S,
     LoopThread,
@@ -35,6 +28,13 @@ from convoq._sync._loop import (
     run_sync,
 )
 from convoq._sync._steps import adrive, drive
+from convoq._sync._user_code_pool import (
+    DEFAULT_BLOCKING_THREADS,
+    blocking_threads,
+    call_maybe_async,
+    run_blocking,
+    set_blocking_threads,
+)
 
 __all__ = [
     "CANCEL_GRACE_S",

@@ -270,11 +270,18 @@ class AsyncClient:
                 stored with the turn and seen by its tools as ``ctx.metadata``.
 
         Raises:
-            InvalidConversationIdError, InvalidMessageError, AttachmentError,
-            InvalidCallbackUrlError (also for a loopback, private or other non-public
-            address), UnknownAgentError, InvalidModelSettingsError,
-            InvalidOutputTypeError, ConversationBusyError, QueueFullError (a limit
-            on queued turns: ``CONVOQ_MAX_QUEUED_*``): nothing was queued.
+            InvalidConversationIdError: a bad conversation id; nothing was queued.
+            InvalidMessageError: the message breaks a rule (named); nothing was queued.
+            AttachmentError: an attachment is empty, of the wrong type or over its limit.
+            InvalidCallbackUrlError: a callback URL that is not public (loopback, private
+                and other non-public addresses too); nothing was queued.
+            UnknownAgentError: no agent profile has that name; nothing was queued.
+            InvalidModelSettingsError: a model setting is invalid; nothing was queued.
+            InvalidOutputTypeError: ``output_schema`` is not a usable object schema;
+                nothing was queued.
+            ConversationBusyError: ``if_busy="reject"`` and a turn is in progress.
+            QueueFullError: a limit on queued turns (``CONVOQ_MAX_QUEUED_*``); nothing
+                was queued.
         """
         sub = build_submission(
             conversation_id,
@@ -429,7 +436,7 @@ class AsyncClient:
         """Check that Redis and the broker answer within ``timeout_s`` each.
 
         Raises:
-            ConfigurationError naming the one that did not (and why).
+            ConfigurationError: one did not answer (named, with why).
         """
         try:
             await asyncio.wait_for(self.protocol.redis.ping(), timeout_s)
@@ -505,7 +512,10 @@ class AsyncClient:
         kombu message) when the broker is the store's Redis; else None (send_task)."""
         if self._direct_kicks is None:
             self._direct_kicks = direct_kicks(
-                self.redis_url, self.settings.broker_url, task_events=self.settings.task_events
+                self.redis_url,
+                self.settings.broker_url,
+                task_events=self.settings.task_events,
+                fast_paths_on=self.settings.fast_paths,
             )
         if not self._direct_kicks:
             return None

@@ -1,7 +1,7 @@
 """``Client``: the blocking twin of :class:`AsyncClient`.
 
 Every method runs the AsyncClient's coroutine on convoq's one loop thread (see
-:mod:`convoq.client._blocking`), so connections and ``on_done`` watchers live on that loop
+:mod:`convoq.client._sync_methods`), so connections and ``on_done`` watchers live on that loop
 for as long as the Client does, and a Client works from inside a running event loop too.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from convoq.client._blocking import blocking, blocking_as, signature_of
+from convoq.client._sync_methods import blocking, blocking_as, signature_of
 from convoq.client.aclient import AsyncClient
 from convoq.client.handle import TurnHandle
 from convoq.settings import ConvoqSettings

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from convoq._sync import iterate_sync
-from convoq.client._blocking import blocking
+from convoq.client._sync_methods import blocking
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Decision, Message, ToolCall
 from convoq.output import OutputType, output_shape
@@ -206,10 +206,10 @@ class AsyncTurnHandle:
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed first (the turn goes on).
-            the turn's error (rebuilt from its record) if it failed or was cancelled and
-            ``raise_on_error`` is true.
+            ConvoqError: the turn's own error (rebuilt from its record) if it failed or
+                was cancelled and ``raise_on_error`` is true; also when ``until`` is
+                neither ``"settled"`` nor ``"final"``.
             OutputValidationError: the output does not fit ``output_type``.
-            ConvoqError: ``until`` is neither ``"settled"`` nor ``"final"``.
         """
         if until not in ("settled", "final"):
             raise ConvoqError(f"until must be 'settled' or 'final', not {until!r}")

@@ -27,12 +27,12 @@ from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
 from convoq.redis._base import connect
-from convoq.redis._blocking import BlockingScripts, connect_blocking
 from convoq.redis._budget import budget_steps
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis._retention import touch_call
 from convoq.redis._summary import commit_steps, counts_steps, state_steps
+from convoq.redis._sync_client import BlockingScripts, connect_blocking
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol

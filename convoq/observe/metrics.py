@@ -134,6 +134,21 @@ WEBHOOKS = Counter(
     "Webhook POST attempts by outcome: delivered, retry, rejected, given_up.",
     ["outcome"],
 )
+# Hot Redis commands sent directly: a round trip on a local network is 0.1-1 ms.
+_REDIS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1)
+REDIS_DIRECT = Histogram(
+    "convoq_redis_direct_seconds",
+    "Hot Redis commands convoq sends itself, bypassing redis-py (CONVOQ_FAST_PATHS), by"
+    " kind: read (plain reads in one batch), script (EVALSHA); one round trip each.",
+    ["kind"],
+    buckets=_REDIS_BUCKETS,
+)
+REDIS_DIRECT_FALLBACKS = Counter(
+    "convoq_redis_direct_fallbacks_total",
+    "Hot Redis commands handed to redis-py instead, by reason: noscript (it loads the"
+    " script), argument (it encodes it), connection (it reconnects and retries).",
+    ["reason"],
+)
 
 
 def turn_submitted(agent: str) -> None:
@@ -143,6 +158,19 @@ def turn_submitted(agent: str) -> None:
 def submit_refused(agent: str, limit: str) -> None:
     """A submit over a limit on queued turns (QueueFullError)."""
     SUBMITS_REFUSED.labels(agent, limit).inc()
+
+
+# Bound once: on a call of a few hundred µs, looking the labels up again costs 3 µs more.
+_REDIS_DIRECT_KINDS = {kind: REDIS_DIRECT.labels(kind) for kind in ("read", "script")}
+
+
+def redis_direct_call(kind: str, seconds: float) -> None:
+    """One hot command batch sent directly (``kind``: read or script)."""
+    _REDIS_DIRECT_KINDS[kind].observe(seconds)
+
+
+def redis_direct_fallback(reason: str) -> None:
+    REDIS_DIRECT_FALLBACKS.labels(reason).inc()
 
 
 def turn_started(agent: str, queue_wait_s: float | None) -> None:

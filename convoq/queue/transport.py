@@ -6,6 +6,11 @@ A kick is normally sent with Celery's ``send_task``. Where the broker is the sto
 Redis, :func:`kick_message` builds the very message kombu's Redis transport would write
 (a JSON document ``LPUSH``-ed onto the queue's list) and the store's ``submit`` script
 pushes it in the same call that queues the turn: one round trip, no ``send_task``.
+
+That message is a fenced shortcut: it copies Celery's task message protocol 2 and kombu's
+Redis transport envelope, checked with the releases in :data:`CHECKED_WITH` (a test
+compares it field by field with what ``send_task`` writes). With ``CONVOQ_FAST_PATHS``
+off, :func:`direct_kicks` answers False and every kick goes through ``send_task``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from celery import Celery
 from convoq import defaults
 from convoq.errors import ConfigurationError
 from convoq.observe import tracing
+from convoq.settings import fast_paths
+
+CHECKED_WITH = (("celery", ">=5.4,<5.8"), ("kombu", ">=5.4,<5.8"))
+"""The Celery and kombu releases :func:`kick_message` was checked with."""
 
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
@@ -132,15 +141,22 @@ _REPLY_TO = str(uuid.uuid4())
 _HOST = socket.gethostname()
 
 
-def direct_kicks(redis_url: str, broker_url: str | None, *, task_events: bool) -> bool:
-    """Whether the store's scripts can push kicks themselves: the broker is the store's
-    Redis (no broker URL of its own, or the store's very URL: same server, same database),
-    the store is one Redis (``redis://``, ``rediss://`` or the embedded server's
-    ``unix://``, not a cluster) and no "task-sent" event is wanted (only ``send_task``
-    publishes one)."""
+def direct_kicks(
+    redis_url: str,
+    broker_url: str | None,
+    *,
+    task_events: bool,
+    fast_paths_on: bool | None = None,
+) -> bool:
+    """Whether the store's scripts can push kicks themselves: the fast paths are on
+    (``fast_paths_on``, else ``CONVOQ_FAST_PATHS``), the broker is the store's Redis (no
+    broker URL of its own, or the store's very URL: same server, same database), the store
+    is one Redis (``redis://``, ``rediss://`` or the embedded server's ``unix://``, not a
+    cluster) and no "task-sent" event is wanted (only ``send_task`` publishes one)."""
     scheme = urlsplit(redis_url).scheme.lower()
     same = not broker_url or broker_url == redis_url
-    return same and scheme in ("redis", "rediss", "unix") and not task_events
+    wanted = same and scheme in ("redis", "rediss", "unix") and not task_events
+    return wanted and fast_paths(fast_paths_on)
 
 
 def kick_message(task: str, queue: str, args: list[str], *, head: str | None = None) -> str:

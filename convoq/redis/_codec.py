@@ -40,6 +40,7 @@ import contextlib
 import gc
 import hashlib
 import json
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,24 +244,48 @@ def _validate_run(bodies: list[memoryview] | list[bytes]) -> list[Message]:
 BULK = 512
 
 
-@contextlib.contextmanager
-def collector_paused(elements: int) -> Iterator[None]:
-    """Pause the cyclic garbage collector while a long history is decoded.
+class _CollectorPause:
+    """One pause of the cyclic garbage collector shared by every thread decoding at once.
 
     Decoding 10,000 turns creates some 100,000 small acyclic objects; each burst of
-    allocations triggers collections that walk every live object of the process (in a
-    worker with Celery loaded, hundreds of thousands), which made such a load several
-    times slower. Nothing decoded here can form a cycle. If the collector was already off
-    (the caller's choice), it stays off; below ``BULK`` elements it is left alone.
+    allocations triggers collections that walk them again and again as they age, which
+    made such a load 1.2-1.6x slower in a small process (``python -m bench gc``).
+    ``gc.freeze()`` does not win this back (the objects walked are the ones the decode
+    creates, not those alive before it); a worker freezes its start-up heap for another
+    reason (see ``WorkerRuntime.announce``). So the collector is paused, and because the
+    switch is process-wide, the pause is counted: the first decode to start turns it off,
+    the last to end turns it back on, and only if it was on (a caller's ``gc.disable()``
+    holds). Other threads meanwhile free their objects by reference counting as always;
+    only their cycles wait for the end of the decode (well under a second).
     """
-    if elements < BULK or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._resume = False
+
+    @contextlib.contextmanager
+    def __call__(self, elements: int) -> Iterator[None]:
+        if elements < BULK:
+            yield
+            return
+        with self._lock:
+            if self._holders == 0:
+                self._resume = gc.isenabled()
+                gc.disable()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._resume:
+                    gc.enable()
+
+
+collector_paused = _CollectorPause()
+"""``with collector_paused(len(elements)):`` around a decode (see :class:`_CollectorPause`;
+below ``BULK`` elements the collector is left alone)."""
 
 
 def _with_blobs(body: memoryview, blobs: dict[str, bytes], blobs_key: str) -> list[Message]:

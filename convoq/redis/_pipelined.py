@@ -14,6 +14,17 @@ twice and every write script is a no-op when replayed (see :mod:`convoq.redis.sc
 
 Error replies of a batch come back as ``ResponseError`` values in their place, as
 ``pipeline.execute(raise_on_error=False)`` gives them; a script's error is raised.
+
+A fenced shortcut: it leans on redis-py internals (``AbstractConnection._writer``,
+``read_response(timeout=math.inf)``, the pool's ``get_connection``/``release``), checked
+with redis-py 5.0 to 8.1 (:data:`CHECKED_WITH`). :func:`direct_for` and
+:func:`enabled_for` are the only ways in, and answer "no" when ``CONVOQ_FAST_PATHS`` is
+off (:func:`convoq.settings.fast_paths`): then redis-py sends everything. Only what it
+means to catch makes it step aside: an argument it does not pack (:class:`Unpackable`),
+NOSCRIPT, a connection that fails; any other error (a bug here) is raised, never turned
+into a silent fallback. Each call is counted and timed in
+``convoq_redis_direct_seconds``, each step aside in ``convoq_redis_direct_fallbacks_total``
+(:mod:`convoq.observe.metrics`): redis-py's own instrumentation does not see these calls.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,11 +41,37 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, ResponseError
 
+from convoq.observe import metrics
+from convoq.settings import fast_paths
+
+CHECKED_WITH = ("redis", ">=5.0,<8.2")
+"""The redis-py releases this module was checked with (a test compares the installed one)."""
+
 # Reads whose raw RESP2 reply equals what redis-py's response callback returns for them.
 _PLAIN_READS = frozenset({"GET", "HGET", "HMGET", "LINDEX", "LLEN", "LRANGE"})
 _MULTI, _EXEC = ("MULTI",), ("EXEC",)
 # What AsyncDirect.script answers when redis-py should send the call instead.
 FALLBACK = object()
+
+
+class Unpackable(Exception):
+    """An argument this module does not pack (a float, a memoryview...): redis-py's encoder
+    decides (and refuses what it refuses) on the fallback path."""
+
+
+def enabled_for(client: object, explicit: bool | None = None) -> bool:
+    """Whether hot commands on ``client`` go direct: a plain (not cluster) redis-py client,
+    with the fast paths on (``explicit``, else ``CONVOQ_FAST_PATHS``)."""
+    plain_client = isinstance(client, redis.Redis | aioredis.Redis)
+    return plain_client and fast_paths(explicit)
+
+
+def direct_for(client: object, explicit: bool | None = None) -> AsyncDirect | None:
+    """The direct sender of an async client, or None when redis-py sends everything (see
+    :func:`enabled_for`)."""
+    if isinstance(client, aioredis.Redis) and enabled_for(client, explicit):
+        return AsyncDirect(client)
+    return None
 
 
 def plain(commands: Sequence[tuple[Any, ...]]) -> bool:
@@ -57,9 +95,7 @@ def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
             elif isinstance(arg, int) and not isinstance(arg, bool):
                 arg = b"%d" % arg
             elif not isinstance(arg, bytes):
-                # Floats, memoryviews...: redis-py's encoder decides (and refuses what it
-                # refuses) on the fallback path.
-                raise TypeError(f"only str, bytes and int arguments are packed here: {arg!r}")
+                raise Unpackable(f"only str, bytes and int arguments are packed here: {arg!r}")
             out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
     return b"".join(out)
 
@@ -90,12 +126,16 @@ class AsyncDirect:
         self._pid = os.getpid()
 
     async def read(
-        self, commands: Sequence[tuple[Any, ...]], transaction: bool
+        self, commands: Sequence[tuple[Any, ...]], transaction: bool, *, kind: str = "read"
     ) -> list[Any] | None:
         """The replies of ``commands``, or None when the caller should send them through
-        redis-py instead (the connection failed; reading changed nothing)."""
+        redis-py instead (an argument it must encode, or the connection failed; reading
+        changed nothing). ``kind``: the metric's label."""
         sent = _framed(commands, transaction)
-        packed = pack(sent)  # TypeError before any I/O
+        packed = _packed_or_none(sent)
+        if packed is None:
+            return None
+        started = time.perf_counter()
         connection = await self._take()
         try:
             # One bound (the connection's socket timeout) for the write and all the replies:
@@ -105,16 +145,18 @@ class AsyncDirect:
                 raw = [await _reply(connection) for _ in sent]
         except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
             await self._drop(connection)
+            metrics.redis_direct_fallback("connection")
             return None
         except BaseException:
-            # Cancelled mid-read: replies may still be on the wire, so this connection
-            # must not serve anyone again.
+            # Cancelled mid-read (or a bug): replies may still be on the wire, so this
+            # connection must not serve anyone again.
             await self._drop(connection)
             raise
         if len(self._idle) < self._keep:
             self._idle.append(connection)
         else:
             await self._pool.release(connection)
+        metrics.redis_direct_call(kind, time.perf_counter() - started)
         return _replies(raw, transaction)
 
     async def script(self, sha: str, keys: list[str], args: list[Any]) -> Any:
@@ -122,11 +164,7 @@ class AsyncDirect:
         (Redis does not know the script yet, an argument it must encode, or the connection
         failed). A script's error reply is raised, as redis-py raises it."""
         command = ("EVALSHA", sha, len(keys), *keys, *args)
-        try:
-            replies = await self.read([command], transaction=False)
-        except TypeError:
-            return FALLBACK
-        return _script_reply(replies)
+        return _script_reply(await self.read([command], transaction=False, kind="script"))
 
     async def _take(self) -> Any:
         if self._pid != os.getpid():  # a forked child: those are the parent's sockets
@@ -161,40 +199,58 @@ async def _reply(connection: Any) -> Any:
 
 
 def read(
-    client: redis.Redis, commands: Sequence[tuple[Any, ...]], transaction: bool
+    client: redis.Redis,
+    commands: Sequence[tuple[Any, ...]],
+    transaction: bool,
+    *,
+    kind: str = "read",
 ) -> list[Any] | None:
     """:meth:`AsyncDirect.read` on a sync client (the caller's thread does the I/O; a
     connection from the pool for each call, the pool being thread-safe)."""
     pool = client.connection_pool
     sent = _framed(commands, transaction)
-    packed = pack(sent)  # TypeError before any I/O
+    packed = _packed_or_none(sent)
+    if packed is None:
+        return None
+    started = time.perf_counter()
     connection: Any = pool.get_connection()  # redis-py leaves the sync connection untyped
     try:
         connection.send_packed_command([packed], check_health=False)
         raw = [_sync_reply(connection) for _ in sent]
     except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
         connection.disconnect()
+        metrics.redis_direct_fallback("connection")
         return None
     except BaseException:
         connection.disconnect()
         raise
     finally:
         pool.release(connection)
+    metrics.redis_direct_call(kind, time.perf_counter() - started)
     return _replies(raw, transaction)
 
 
 def script(client: redis.Redis, sha: str, keys: list[str], args: list[Any]) -> Any:
     """:meth:`AsyncDirect.script` on a sync client."""
+    command = ("EVALSHA", sha, len(keys), *keys, *args)
+    return _script_reply(read(client, [command], transaction=False, kind="script"))
+
+
+def _packed_or_none(sent: list[tuple[Any, ...]]) -> bytes | None:
+    """:func:`pack`, or None (counted) when an argument is for redis-py to encode."""
     try:
-        replies = read(client, [("EVALSHA", sha, len(keys), *keys, *args)], transaction=False)
-    except TypeError:
-        return FALLBACK
-    return _script_reply(replies)
+        return pack(sent)
+    except Unpackable:
+        metrics.redis_direct_fallback("argument")
+        return None
 
 
 def _script_reply(replies: list[Any] | None) -> Any:
     """A script call's reply, FALLBACK, or its error raised (see AsyncDirect.script)."""
-    if replies is None or isinstance(replies[0], NoScriptError):
+    if replies is None:
+        return FALLBACK
+    if isinstance(replies[0], NoScriptError):
+        metrics.redis_direct_fallback("noscript")
         return FALLBACK
     if isinstance(replies[0], ResponseError):
         raise replies[0]

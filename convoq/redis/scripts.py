@@ -8,7 +8,7 @@ restart or ``SCRIPT FLUSH`` is transparent.
 
 What a multi-step read or write sends is written once, as a generator of requests
 (:class:`ScriptCall`, :class:`Batch`) that receives their replies; :class:`Scripts`
-performs them on an async client, :class:`convoq.redis._blocking.BlockingScripts` on a sync
+performs them on an async client, :class:`convoq.redis._sync_client.BlockingScripts` on a sync
 one (:func:`convoq._sync.adrive` / :func:`convoq._sync.drive`).
 
 redis-py resends a script whose reply was lost (the connection dropped after Redis ran
@@ -31,7 +31,6 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeAlias, TypeVar
 
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
@@ -107,17 +106,21 @@ def with_status(reply: Any) -> list[Any]:
 
 
 class Scripts:
-    """Every script registered on one client; ``await scripts.run(name, keys, args)``."""
+    """Every script registered on one client; ``await scripts.run(name, keys, args)``.
 
-    def __init__(self, client: AsyncRedis) -> None:
+    ``fast_paths_on``: the entry point's resolved ``ConvoqSettings.fast_paths`` (None:
+    ``CONVOQ_FAST_PATHS``, see :func:`convoq.settings.fast_paths`); off, redis-py sends
+    every command (:mod:`convoq.redis._pipelined` is not used).
+    """
+
+    def __init__(self, client: AsyncRedis, *, fast_paths_on: bool | None = None) -> None:
         self.client = client
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(source(name)) for name in NAMES
         }
-        # Hot calls skip redis-py's machinery (a cluster client keeps it: it routes).
-        self._direct = (
-            _pipelined.AsyncDirect(client) if isinstance(client, aioredis.Redis) else None
-        )
+        # Hot calls skip redis-py's machinery, unless the fast paths are off (a cluster
+        # client keeps it: it routes).
+        self._direct = _pipelined.direct_for(client, fast_paths_on)
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is always a list whose first item is a status."""

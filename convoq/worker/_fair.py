@@ -22,6 +22,12 @@ broker, and a conversation sent back must not pass them), or at shutdown. A conv
 waiting in a process's line keeps its lease only for the lease's period (nothing renews
 it there): if the process dies, or the wait is longer, the lease lapses and the sweeper
 kicks the conversation again, as for any stranded inbox.
+
+The own line and the count of held kicks are a fenced shortcut: they read Celery
+internals (the threads pool's ``executor``, ``celery.worker.state``'s reserved and active
+requests), checked with the Celery releases in :data:`CHECKED_WITH`. With
+``CONVOQ_FAST_PATHS`` off the worker attaches no line and reads no worker state: a
+conversation goes back through the broker, and "others wait" is the broker's count alone.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from typing import NamedTuple, Protocol
 from celery.worker import state
 
 log = logging.getLogger("convoq.worker")
+CHECKED_WITH = ("celery", ">=5.4,<5.8")
+"""The Celery releases whose pool and worker state this module reads."""
 # Kicks a worker process may hold unacknowledged, per slot (Celery's prefetch multiplier):
 # with room for more kicks than slots, the kicks waiting for a slot wait in this process's
 # line in the order they came, not in per-partition broker queues, which the consumer
@@ -88,6 +96,8 @@ class SlotBacklog:
         refresh_s: how long a count is trusted.
         window: kicks the process may hold unacknowledged (slots x prefetch multiplier).
         held: how many it holds (Celery's reserved requests, running ones included).
+        worker_state: whether it may read Celery's worker state (the kicks this process
+            holds); False (fast paths off): only the broker's count says others wait.
     """
 
     def __init__(
@@ -99,6 +109,7 @@ class SlotBacklog:
         refresh_s: float = 0.05,
         window: int | None = None,
         held: Callable[[], int] = lambda: len(state.reserved_requests),
+        worker_state: bool = True,
     ) -> None:
         self._slots = slots
         self._count = queued_kicks
@@ -106,6 +117,7 @@ class SlotBacklog:
         self._refresh_s = refresh_s
         self._window = window or slots
         self._held = held
+        self._worker_state = worker_state
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._probe_lock: asyncio.Lock | None = None
@@ -152,7 +164,7 @@ class SlotBacklog:
     async def others_waiting(self) -> bool:
         if self._busy < self._slots:
             return False  # a free slot takes any waiting kick anyway
-        if self._line or _prefetched_here():
+        if self._line or (self._worker_state and _prefetched_here()):
             return True
         if self._probe_lock is None:
             self._probe_lock = asyncio.Lock()

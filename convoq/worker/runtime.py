@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import logging
 import os
@@ -84,6 +85,7 @@ class WorkerRuntime:
             self._queued_kicks,
             self._requeue,
             window=settings.concurrency * PREFETCH_MULTIPLIER,
+            worker_state=settings.fast_paths,
         )
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -269,7 +271,11 @@ class WorkerRuntime:
     # -- worker lifecycle ------------------------------------------------------------------
     def use_pool(self, consumer: object) -> None:
         """The task queue of the consumer's threads pool becomes the line conversations go
-        back to (:mod:`._fair`); with any other pool they go back through the broker."""
+        back to (:mod:`._fair`); with any other pool, or the fast paths off, they go back
+        through the broker."""
+        if not self.settings.fast_paths:
+            log.info("fair slots: conversations go back through the broker (fast paths off)")
+            return
         executor = getattr(getattr(consumer, "pool", None), "executor", None)
         window = getattr(consumer, "initial_prefetch_count", None)
         if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
@@ -279,7 +285,12 @@ class WorkerRuntime:
 
     def announce(self, hostname: str, queues: list[str]) -> None:
         """Serve metrics (with ``metrics_port``), publish this worker and its profiles in
-        Redis, then start the sweeper."""
+        Redis, then start the sweeper. The heap built until then (Celery, kombu, the
+        profiles' modules) is frozen out of the garbage collector's walks: a full
+        collection stalls every thread of the process, and walking that heap was most of
+        it (``python -m bench gc``)."""
+        gc.collect()
+        gc.freeze()
         if self._metrics is None:
             self._metrics = _observed.serve_metrics(self.settings)
         self.run(self._announce(hostname, queues))
@@ -297,6 +308,7 @@ class WorkerRuntime:
             "agents": sorted(self.profiles),
             "started_ms": now,
             "seen_ms": now,
+            "frozen_objects": gc.get_freeze_count(),  # see announce
         }
         if self._metrics is not None:
             self._info["metrics_port"] = self._metrics.port

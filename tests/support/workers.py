@@ -50,6 +50,8 @@ def worker_env(redis_url: str, prefix: str, **settings: Any) -> dict[str, str]:
         # Webhook receivers in tests listen on loopback, which callbacks may not reach
         # unless allowed.
         "callback_allowed_networks": LOOPBACK,
+        # The suite runs in both modes (`make test-slowpaths`): workers follow the tests'.
+        "fast_paths": os.environ.get("CONVOQ_FAST_PATHS"),
     }
     values.update(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}

@@ -52,18 +52,22 @@ def _handshake(connection: AbstractConnection) -> None:
 
 class BlockingScripts:
     """Every script registered on one sync client: the twin of
-    :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread."""
+    :class:`convoq.redis.scripts.Scripts` for requests performed on the caller's thread
+    (``fast_paths_on`` as there)."""
 
-    def __init__(self, client: SyncRedis) -> None:
+    def __init__(self, client: SyncRedis, *, fast_paths_on: bool | None = None) -> None:
         self.client = client
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in NAMES
         }
+        # Hot calls skip redis-py's machinery, unless the fast paths are off (a cluster
+        # client keeps it: it routes).
+        self._direct = _pipelined.enabled_for(client, fast_paths_on)
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
         """Run script ``name``; its reply is a list whose first item is a str status."""
         script = self._scripts[name]
-        if isinstance(self.client, redis.Redis):  # sent directly (a cluster client routes)
+        if self._direct and isinstance(self.client, redis.Redis):
             reply = _pipelined.script(self.client, script.sha, keys, args)
             if reply is not _pipelined.FALLBACK:
                 return with_status(reply)
@@ -73,8 +77,9 @@ class BlockingScripts:
         """The reply to one request of a step function."""
         if isinstance(request, ScriptCall):
             return self.run(request.name, request.keys, request.args)
-        if isinstance(self.client, redis.Redis) and _pipelined.plain(request.commands):
-            replies = _pipelined.read(self.client, request.commands, request.transaction)
+        client = self.client
+        if self._direct and isinstance(client, redis.Redis) and _pipelined.plain(request.commands):
+            replies = _pipelined.read(client, request.commands, request.transaction)
             if replies is not None:
                 return replies
         with self.client.pipeline(transaction=request.transaction) as pipe:
