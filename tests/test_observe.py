@@ -198,7 +198,8 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
             steps=1,
             pending=[call],
         )
-        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=30)
+        # A long approval lifetime, ended below by the test itself (no race with a clock).
+        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=600_000)
         kicked: list[str] = []
 
         async def kick(conversation_id: str) -> None:
@@ -207,7 +208,7 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
         sweeper = Sweeper(
             proto,
             kick,
-            interval_s=0.05,
+            interval_s=60,
             on_finished=no_hook,
             measure=lambda: measure_inboxes(proto.redis, proto.keys, 4),
         )
@@ -215,12 +216,12 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
         part = str(partition_of(cid, 4))
         # The parked turn holds the conversation (all three queued) until its approval
         # expires; then it is failed as expired and the conversation is kicked.
-        await sweeper.sweep_once()
-        assert sample("convoq_inbox_depth", partition=part) >= 3
-        for _ in range(200):  # bounded: the approval expires after 30 ms
-            if await sweeper.sweep_once():
-                break
-            await asyncio.sleep(0.02)
+        assert await sweeper.sweep_once() == []
+        assert sample("convoq_inbox_depth", partition=part) == 3
+        # The parked lease lives exactly as long as the approval may wait: its end is the
+        # approval's expiry.
+        await proto.redis.delete(proto.keys.lease(cid))
+        assert await sweeper.sweep_once() == [cid]
     assert kicked == [cid]
     assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
     assert sample("convoq_sweeper_kicks_total") == before + 1

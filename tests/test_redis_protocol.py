@@ -243,12 +243,14 @@ async def test_discard_frees_a_parked_conversation(proto: TurnProtocol) -> None:
 
 
 async def test_expired_lease_is_taken_over_and_the_old_holder_is_refused(
-    proto: TurnProtocol,
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1")
-    old = await acquire(proto, "w1", lease_ms=50)
+    old = await acquire(proto, "w1")
     assert await proto.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
-    await asyncio.sleep(0.2)
+    # The lease is a key with a PX lifetime: its expiry is the key going, done here by the
+    # test rather than raced against a short lifetime.
+    assert store_client.delete(proto.keys.lease(CID)) == 1
     new = await acquire(proto, "w2")
     assert new.turn.turn_id == "t1"
     assert new.turn.attempts == 2
@@ -397,9 +399,11 @@ async def test_sweep_finds_orphaned_inboxes_and_expires_approvals(
     acquired = await acquire(proto)
     assert await proto.sweep_candidates() == []
     await proto.park(
-        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=30
+        CID, "t1", fence=acquired.fence, state=parked_state(acquired, "c"), approval_ttl_ms=LEASE
     )
-    await asyncio.sleep(0.1)
+    assert await proto.sweep_candidates() == []  # parked, the approval still open
+    # The parked lease lives as long as the approval may wait: its end is the expiry.
+    assert store_client.delete(proto.keys.lease(CID)) == 1
     assert await proto.sweep_candidates() == [CID]
     record = await proto.get_turn(CID, "t1")
     assert record.status == "failed"
