@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.redis_cluster import RedisClusterNodes, plain_client, redis_cli_binary
+from tests.support import services
+from tests.support.redis_cluster import RedisClusterNodes, plain_client
 from tests.support.redis_server import RedisServer
 
 
@@ -23,9 +24,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
     """One private Redis Cluster for the session: 3 primaries, 3 replicas, loopback ports."""
-    cli = redis_cli_binary()
-    if cli is None:
-        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    cli = services.redis_cli()
     nodes = RedisClusterNodes(Path(tmp_path_factory.mktemp("cluster")), cli)
     try:
         nodes.start()
