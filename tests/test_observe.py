@@ -5,6 +5,7 @@ and the no-op path without OpenTelemetry."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -146,6 +147,7 @@ _WITHOUT_OTEL = """
 import sys
 sys.modules["opentelemetry"] = None  # as if it were not installed
 import asyncio
+import socket
 from convoq import Agent
 from convoq.models import ScriptedModel
 from convoq.observe import tracing
@@ -243,5 +245,36 @@ def test_workers_serve_no_metrics_unless_a_port_is_set() -> None:
     try:
         answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
         assert "convoq_turns_started_total" in answer.text
+    finally:
+        server.close()
+
+
+def _answers_on(address: str, port: int) -> bool:
+    """Whether something accepts connections on ``address:port`` (all of 127.0.0.0/8 is
+    this machine: a socket bound to 0.0.0.0 answers on 127.0.0.2, one bound to 127.0.0.1
+    does not)."""
+    with socket.socket() as probe:
+        probe.settimeout(5)
+        return probe.connect_ex((address, port)) == 0
+
+
+@pytest.mark.parametrize(
+    ("configured", "elsewhere"), [(None, False), ("0.0.0.0", True), ("127.0.0.1", False)]
+)
+def test_worker_metrics_listen_on_loopback_unless_a_host_is_configured(
+    configured: str | None, elsewhere: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONVOQ_METRICS_HOST", raising=False)
+    if configured is not None:
+        monkeypatch.setenv("CONVOQ_METRICS_HOST", configured)
+    monkeypatch.setenv("CONVOQ_METRICS_PORT", "0")
+    server = serve_metrics(ConvoqSettings.resolve())  # as the worker starts it
+    assert server is not None
+    try:
+        assert (
+            "convoq_turns_started_total"
+            in httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+        )
+        assert _answers_on("127.0.0.2", server.port) is elsewhere
     finally:
         server.close()
