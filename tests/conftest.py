@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from tests.support import services
+from tests.support.clock import TestClock, install_clock
 from tests.support.redis_cluster import RedisClusterNodes, plain_client
 from tests.support.redis_server import RedisServer
 
@@ -64,3 +65,9 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> TestClock:
+    """A clock the test moves forward, read by convoq's in-process expiries."""
+    return install_clock(monkeypatch)
