@@ -48,4 +48,5 @@ def test_the_declared_floor_versions_run_a_turn_through_a_worker(
     for pin in floors:  # the venv holds each floor itself, not something newer
         name, version = pin.split("==")
         assert Version(held[name]) == Version(version), (pin, held[name])
-    assert "Ada" in run_a_turn(python, redis_url, tmp_path)
+    answer = run_a_turn(python, redis_url, tmp_path)
+    assert "Ada" in answer and "image intact" in answer

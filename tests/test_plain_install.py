@@ -18,4 +18,5 @@ from tests.support.fresh_install import install, run_a_turn
 @pytest.mark.timeout(900)
 def test_a_plain_install_runs_a_turn_through_a_worker(redis_url: str, tmp_path: Path) -> None:
     python = install(tmp_path)
-    assert "Ada" in run_a_turn(python, redis_url, tmp_path)
+    answer = run_a_turn(python, redis_url, tmp_path)
+    assert "Ada" in answer and "image intact" in answer

@@ -60,7 +60,8 @@ def installed_versions(python: Path) -> dict[str, str]:
 
 
 def run_a_turn(python: Path, redis_url: str, tmp_path: Path) -> str:
-    """Start a worker of the venv, send it one turn of the demo agents; its answer."""
+    """Start a worker of the venv, send it one turn of the demo agents (with an image);
+    what the driver printed: the answer, then whether the image came back intact."""
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONVOQ_", "PYTHON"))}
