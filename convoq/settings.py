@@ -172,7 +172,12 @@ class ConvoqSettings(BaseSettings):
         description="Workers serve Prometheus metrics on this port (0: any free port, shown"
         " in the worker's entry, Client.workers()). Unset: no metrics endpoint.",
     )
-    metrics_host: str = Field(default="0.0.0.0", description="Address the metrics port binds.")
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the metrics port binds. Loopback unless set: the endpoint has no"
+        " auth, so reaching it from other hosts (0.0.0.0, as the Kubernetes and compose files"
+        " set) is a choice made where the network is trusted.",
+    )
     trace_file: Path | None = Field(
         default=None,
         description="Workers append their OpenTelemetry spans to this file as JSON lines"

@@ -8,7 +8,9 @@ import pytest
 import redis
 
 from convoq.settings import fast_paths
-from tests.support.redis_cluster import RedisClusterNodes, plain_client, redis_cli_binary
+from tests.support import services
+from tests.support.clock import TestClock, install_clock
+from tests.support.redis_cluster import RedisClusterNodes, plain_client
 from tests.support.redis_server import RedisServer
 
 
@@ -36,9 +38,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
     """One private Redis Cluster for the session: 3 primaries, 3 replicas, loopback ports."""
-    cli = redis_cli_binary()
-    if cli is None:
-        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    cli = services.redis_cli()
     nodes = RedisClusterNodes(Path(tmp_path_factory.mktemp("cluster")), cli)
     try:
         nodes.start()
@@ -78,3 +78,9 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> TestClock:
+    """A clock the test moves forward, read by convoq's in-process expiries."""
+    return install_clock(monkeypatch)

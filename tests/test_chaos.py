@@ -21,8 +21,9 @@ from redis.crc import key_slot
 
 from convoq import Client
 from convoq.messages import MessageRole
-from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
-from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
+from tests.support import services
+from tests.support.rabbitmq import AMQP_URL, delete_amqp_queues
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
 
@@ -61,11 +62,9 @@ def _store(kind: str, tmp_path: Path) -> Iterator[Store]:
         finally:
             server.stop()
         return
-    cli = redis_cli_binary()
-    if cli is None:
-        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
-    if kind.endswith("rabbitmq") and not amqp_listening():
-        pytest.skip("no RabbitMQ listening on 127.0.0.1:5672 (start rabbitmq-server to run this)")
+    cli = services.redis_cli()
+    if kind.endswith("rabbitmq"):
+        services.rabbitmq()
     cluster = RedisClusterNodes(
         tmp_path / "cluster", cli, appendfsync="always", node_timeout_ms=15_000
     )

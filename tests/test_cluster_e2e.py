@@ -14,8 +14,9 @@ from redis.crc import key_slot
 from convoq.client import Client
 from convoq.errors import ConfigurationError
 from convoq.messages import MessageRole
+from tests.support import services
 from tests.support.gateway import running_gateway
-from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
+from tests.support.rabbitmq import AMQP_URL, delete_amqp_queues
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, running_pool, wait_until
@@ -40,8 +41,7 @@ def pool(
 def amqp_pool(
     redis_cluster: RedisClusterNodes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerPool]:
-    if not amqp_listening():
-        pytest.skip("no RabbitMQ listening on 127.0.0.1:5672 (start rabbitmq-server to run this)")
+    services.rabbitmq()
     logs = tmp_path_factory.mktemp("cluster-amqp-workers")
     with running_pool(redis_cluster.url, logs, 1, broker_url=AMQP_URL, partitions=2) as started:
         yield started

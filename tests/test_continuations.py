@@ -5,7 +5,6 @@ it), parked turns expire after approval_ttl_s, and clear / discard free them."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,10 @@ from convoq.errors import ConversationBusyError, ConvoqError
 from convoq.memory import ConversationMemory, FileConversationMemory, InMemoryConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
+from convoq.redis.keys import KeySchema
+from tests.support.clock import TestClock
 from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
+from tests.support.redis_cluster import plain_client
 
 ran: list[str] = []
 
@@ -49,6 +51,16 @@ class Store:
         opened = make_memory(self.backend, self.tmp_path, self.url, self.prefix)
         self.opened.append(opened)
         return opened
+
+    def expire_hold(self, cid: str) -> None:
+        """End a parked turn's hold on Redis as its lifetime would: the hold is the lease
+        key, with the approval ttl as its PX (the in-process stores read the test clock)."""
+        if self.url is not None:
+            client = plain_client(self.url)
+            try:
+                assert client.delete(KeySchema(self.prefix).lease(cid)) == 1
+            finally:
+                client.close()
 
     def agent(self, memory: ConversationMemory, **options: float) -> Agent:
         return Agent(ScriptedModel(banker), memory=memory, conversation_id="c", tools=[transfer],
@@ -87,14 +99,17 @@ def test_a_continuation_resumed_through_two_memories_on_one_store_runs_once(
 
 
 def test_a_dropped_parked_turn_frees_its_conversation_after_the_approval_ttl(
-    store: Store,
+    store: Store, clock: TestClock
 ) -> None:
     memory = store.memory()
-    agent = store.agent(memory, approval_ttl_s=0.5)
+    agent = store.agent(memory, approval_ttl_s=600)
     wire = agent.generate("pay").continuation.model_dump_json()  # type: ignore[union-attr]
     with pytest.raises(ConversationBusyError):
         agent.generate("too early")
-    time.sleep(0.6)  # the approval ttl passes with nobody resuming: the response was dropped
+    # The approval ttl passes with nobody resuming (the response was dropped): on this
+    # process's clock, and on Redis's, where the parked turn's hold is a key with that PX.
+    clock.advance(601)
+    store.expire_hold("c")
     assert agent.generate("later").text == "answer to later"
     with pytest.raises(ConvoqError, match="expired"):
         agent.resume(wire, {"t1": True})
@@ -127,29 +142,31 @@ def test_discard_frees_the_conversation_and_spends_the_continuation(store: Store
     assert [m.text for m in memory.load("c")] == ["next", "answer to next"]
 
 
-def test_spent_tokens_are_dropped_from_the_file_once_they_expire(tmp_path: Path) -> None:
+def test_spent_tokens_are_dropped_from_the_file_once_they_expire(
+    tmp_path: Path, clock: TestClock
+) -> None:
     memory = FileConversationMemory(tmp_path)
     agent = Agent(ScriptedModel(banker), memory=memory, conversation_id="c", tools=[transfer],
-                  approval_ttl_s=0.3)  # fmt: skip
+                  approval_ttl_s=600)  # fmt: skip
     wire = agent.generate("pay").continuation.model_dump_json()  # type: ignore[union-attr]
     agent.resume(wire, {"t1": True})
     token = json.loads(wire)["token"]
     document = json.loads(memory.path_for("c").read_bytes())
     assert document["format_version"] == 3 and token in document["spent"]
-    time.sleep(0.4)  # the continuation has expired: remembering its token serves nothing
+    clock.advance(601)  # the continuation has expired: remembering its token serves nothing
     agent.generate("next")
     document = json.loads(memory.path_for("c").read_bytes())
     assert document["format_version"] == 2 and "spent" not in document
 
 
-def test_spent_tokens_are_forgotten_in_process_once_they_expire() -> None:
+def test_spent_tokens_are_forgotten_in_process_once_they_expire(clock: TestClock) -> None:
     memory = InMemoryConversationMemory()
     agent = Agent(ScriptedModel(banker), memory=memory, conversation_id="c", tools=[transfer],
-                  approval_ttl_s=0.3)  # fmt: skip
+                  approval_ttl_s=600)  # fmt: skip
     wire = agent.generate("pay").continuation.model_dump_json()  # type: ignore[union-attr]
     agent.resume(wire, {"t1": True})
     assert len(memory._spent_tokens) == 1
-    time.sleep(0.4)  # expired: it cannot be resumed anyway, so nothing needs to remember it
+    clock.advance(601)  # expired: it cannot be resumed anyway, so nothing needs to remember it
     assert len(memory._spent_tokens) == 0 and memory._spent_tokens._until == {}
 
 

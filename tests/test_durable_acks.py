@@ -34,6 +34,24 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedPair]:
     servers.stop()
 
 
+def _waits_called(primary: redis.Redis) -> int:
+    return int(primary.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+
+def thaw_after_a_wait_ran_out(pair: ReplicatedPair, before: int) -> None:
+    """SIGCONT the frozen replica once the client sent its second WAIT: its first ran out
+    unconfirmed (Redis counts a WAIT when it is called, blocking or not)."""
+    primary = redis.Redis(host="127.0.0.1", port=pair.primary.port)
+    try:
+        for _ in range(600):  # bounded: 30 s
+            if _waits_called(primary) >= before + 2:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        thaw(pair.replica)
+        primary.close()
+
+
 def replica_status(pair: ReplicatedPair, prefix: str, tid: str) -> bytes | None:
     replica = redis.Redis(host="127.0.0.1", port=pair.replica.port)
     try:
@@ -144,15 +162,23 @@ async def test_a_client_resends_an_unconfirmed_submit_and_queues_it_once(
         prefix=key_prefix,
         agents=["bot"],
         min_replicas_acked=1,
-        replica_ack_timeout_ms=300,
+        replica_ack_timeout_ms=2000,
     )
     async with client:
         freeze(pair.replica)
-        # The first send times out unconfirmed; the replica answers again before the last.
-        threading.Timer(0.45, thaw, args=(pair.replica,)).start()
-        handle = await client.submit(CID, "hello", agent="bot")
-    primary = redis.Redis(host="127.0.0.1", port=pair.primary.port)
+        # The first send times out unconfirmed; only once the second one waits does the
+        # replica answer again, with that send's 2 s (and a third's) to confirm it:
+        # ordered by what Redis saw, not by a timer.
+        primary = redis.Redis(host="127.0.0.1", port=pair.primary.port)
+        before = _waits_called(primary)
+        thawing = threading.Thread(target=thaw_after_a_wait_ran_out, args=(pair, before))
+        thawing.start()
+        try:
+            handle = await client.submit(CID, "hello", agent="bot")
+        finally:
+            thawing.join(30)
     try:
+        assert _waits_called(primary) >= before + 2  # unconfirmed, then sent again
         inbox = primary.lrange(KeySchema(key_prefix).inbox(CID), 0, -1)
     finally:
         primary.close()

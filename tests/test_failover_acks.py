@@ -29,8 +29,9 @@ from convoq.messages import Message, MessageRole
 from convoq.redis import TurnProtocol
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnEnding
+from tests.support import services
 from tests.support.protocol_helpers import open_protocol
-from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 from tests.support.replicas import Forwarder, ReplicatedPair, promote, wait_links_up
 from tests.support.workers import WorkerPool
@@ -198,9 +199,7 @@ async def test_on_a_cluster_acks_resume_on_the_promoted_primary_with_nothing_los
     """A primary of a private 3+3 cluster is killed; its replica takes over (cluster
     failover); once the old primary is back as the new one's replica, acknowledged writes
     go on against the slot's new owner, and every turn acknowledged before is there."""
-    cli = redis_cli_binary()
-    if cli is None:
-        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    cli = services.redis_cli()
     nodes = RedisClusterNodes(tmp_path / "cluster", cli)
     nodes.start()
     try:

@@ -5,6 +5,7 @@ and the no-op path without OpenTelemetry."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -147,6 +148,7 @@ _WITHOUT_OTEL = """
 import sys
 sys.modules["opentelemetry"] = None  # as if it were not installed
 import asyncio
+import socket
 from convoq import Agent
 from convoq.models import ScriptedModel
 from convoq.observe import tracing
@@ -199,7 +201,8 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
             steps=1,
             pending=[call],
         )
-        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=60_000)
+        # A long approval lifetime, ended below by the test itself (no race with a clock).
+        await proto.park(cid, "t1", fence=acquired.fence, state=state, approval_ttl_ms=600_000)
         kicked: list[str] = []
 
         async def kick(conversation_id: str) -> None:
@@ -208,21 +211,23 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
         sweeper = Sweeper(
             proto,
             kick,
-            interval_s=0.05,
+            interval_s=60,
             measure=lambda: measure_inboxes(proto.redis, proto.keys, 4),
         )
         before = sample("convoq_sweeper_kicks_total")
         part = str(partition_of(cid, 4))
         # The parked turn holds the conversation (all three queued) until its approval
-        # expires; then the conversation is kicked, and the worker ends the turn expired.
-        await sweeper.sweep_once()
-        assert sample("convoq_inbox_depth", partition=part) >= 3 and kicked == []
-        await proto.redis.delete(proto.keys.lease(cid))  # the approval's time ran out
-        assert await sweeper.sweep_once() == kicked == [cid]
-        assert sample("convoq_sweeper_kicks_total") == before + 1
-        echo = Agent(ScriptedModel(lambda request: "ok"), name=agent)
-        config = RunnerConfig(worker_id="w", lease_ms=60_000)
-        report = await Runner(proto, Profiles([echo]), config).drain(cid)
+    # expires; then the conversation is kicked, and the worker ends the turn expired.
+    await sweeper.sweep_once()
+    assert sample("convoq_inbox_depth", partition=part) >= 3 and kicked == []
+    # The parked lease lives exactly as long as the approval may wait: its end is the
+    # approval's expiry, ended here by the test (no race with a clock).
+    await proto.redis.delete(proto.keys.lease(cid))
+    assert await sweeper.sweep_once() == kicked == [cid]
+    assert sample("convoq_sweeper_kicks_total") == before + 1
+    echo = Agent(ScriptedModel(lambda request: "ok"), name=agent)
+    config = RunnerConfig(worker_id="w", lease_ms=60_000)
+    report = await Runner(proto, Profiles([echo]), config).drain(cid)
     assert report.expired == ["t1"] and report.succeeded == ["t2", "t3"]
     assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
 
@@ -243,5 +248,36 @@ def test_workers_serve_no_metrics_unless_a_port_is_set() -> None:
     try:
         answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
         assert "convoq_turns_started_total" in answer.text
+    finally:
+        server.close()
+
+
+def _answers_on(address: str, port: int) -> bool:
+    """Whether something accepts connections on ``address:port`` (all of 127.0.0.0/8 is
+    this machine: a socket bound to 0.0.0.0 answers on 127.0.0.2, one bound to 127.0.0.1
+    does not)."""
+    with socket.socket() as probe:
+        probe.settimeout(5)
+        return probe.connect_ex((address, port)) == 0
+
+
+@pytest.mark.parametrize(
+    ("configured", "elsewhere"), [(None, False), ("0.0.0.0", True), ("127.0.0.1", False)]
+)
+def test_worker_metrics_listen_on_loopback_unless_a_host_is_configured(
+    configured: str | None, elsewhere: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONVOQ_METRICS_HOST", raising=False)
+    if configured is not None:
+        monkeypatch.setenv("CONVOQ_METRICS_HOST", configured)
+    monkeypatch.setenv("CONVOQ_METRICS_PORT", "0")
+    server = serve_metrics(ConvoqSettings.resolve())  # as the worker starts it
+    assert server is not None
+    try:
+        assert (
+            "convoq_turns_started_total"
+            in httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+        )
+        assert _answers_on("127.0.0.2", server.port) is elsewhere
     finally:
         server.close()

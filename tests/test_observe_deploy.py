@@ -54,3 +54,14 @@ def test_the_gateway_metrics_key_of_prometheus_is_a_metrics_key_in_kubernetes() 
     (keys,) = re.findall(r"CONVOQ_GATEWAY_API_KEYS: '(.*)'", config)
     assert {"key": token, "scopes": ["metrics"], "name": "prometheus"} in json.loads(keys)
     assert (DEPLOY / "prometheus" / "gateway-metrics-key").read_text().strip() == token
+
+
+def test_deployments_scraped_from_another_host_open_the_metrics_port_beyond_loopback() -> None:
+    # Workers bind metrics to loopback unless CONVOQ_METRICS_HOST is set (the endpoint has
+    # no auth); Prometheus scrapes the compose and Kubernetes workers from elsewhere.
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    assert 'CONVOQ_METRICS_HOST: "0.0.0.0"' in compose
+    worker = (DEPLOY / "k8s" / "worker.yaml").read_text()
+    assert '{name: CONVOQ_METRICS_HOST, value: "0.0.0.0"}' in worker
+    # Published nowhere: no host port for 9464 in compose.
+    assert not re.search(r"^\s*-\s*\"?\d*:?9464", compose, re.MULTILINE)

@@ -43,12 +43,13 @@ def pool(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, trace_file: Path
 ) -> Iterator[WorkerPool]:
     logs = tmp_path_factory.mktemp("observed-workers")
-    # A short lease: renewals happen while a blocked turn runs (every lease_ms / 3).
+    # Renewals happen while a blocked turn runs (every lease_ms / 3); a lease of 3 s
+    # leaves a busy machine 2 s of slack before it would lapse.
     settings = {
         "metrics_port": 0,
         "metrics_host": "127.0.0.1",
         "trace_file": trace_file,
-        "lease_ms": 900,
+        "lease_ms": 3000,
     }
     with running_pool(redis_server.url, logs, 1, **settings) as started:
         yield started

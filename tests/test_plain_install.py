@@ -7,54 +7,16 @@ bounded by its timeout.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DRIVER = ROOT / "tests" / "support" / "plain_install_turn.py"
+from tests.support.fresh_install import install, run_a_turn
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_plain_install_runs_a_turn_through_a_worker(redis_url: str, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=780,
-    )
-    assert install.returncode == 0, install.stderr[-3000:]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONVOQ_", "PYTHON"))}
-    env.update(
-        CONVOQ_REDIS_URL=redis_url,
-        CONVOQ_PREFIX=f"plain{uuid.uuid4().hex[:8]}",
-        CONVOQ_HOME=str(tmp_path / "home"),
-        CONVOQ_AGENTS="convoq.demo_agents",
-    )
-    (tmp_path / "home").mkdir()
-    # Run a copy from tmp_path so neither the source tree nor tests/support (whose module
-    # names could shadow installed packages on sys.path[0]) is importable: only the
-    # installed package is.
-    driver = tmp_path / DRIVER.name
-    shutil.copyfile(DRIVER, driver)
-    turn = subprocess.run(
-        [str(python), str(driver)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    log = tmp_path / "home" / "worker.log"
-    detail = turn.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
-    assert turn.returncode == 0, detail
-    assert "Ada" in turn.stdout, detail
+    python = install(tmp_path)
+    answer = run_a_turn(python, redis_url, tmp_path)
+    assert "Ada" in answer and "image intact" in answer

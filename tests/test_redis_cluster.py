@@ -25,8 +25,9 @@ from convoq.redis._sync_client import connect_blocking
 from convoq.redis._urls import parse_cluster_url
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
+from tests.support import services
 from tests.support.protocol_helpers import open_protocol
-from tests.support.redis_cluster import RedisClusterNodes, redis_cli_binary
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.tls import make_tls_files
 
 
@@ -201,9 +202,7 @@ async def test_calls_beyond_max_connections_wait_instead_of_failing(
 @pytest.fixture(scope="module")
 def secured_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
     """A cluster with a password, speaking TLS only (clients, replication, its bus)."""
-    cli = redis_cli_binary()
-    if cli is None:
-        pytest.skip("no redis-cli binary: cannot join redis-servers into a cluster")
+    cli = services.redis_cli()
     directory = tmp_path_factory.mktemp("tls-cluster")
     tls = make_tls_files(directory / "certs", client_auth=True)
     nodes = RedisClusterNodes(directory / "nodes", cli, password="s3cret:/@", tls=tls)

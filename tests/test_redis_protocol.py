@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -247,12 +246,14 @@ async def test_discard_frees_a_parked_conversation(proto: TurnProtocol) -> None:
 
 
 async def test_expired_lease_is_taken_over_and_the_old_holder_is_refused(
-    proto: TurnProtocol,
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await submit(proto, "t1")
-    old = await acquire(proto, "w1", lease_ms=50)
+    old = await acquire(proto, "w1")
     assert await proto.acquire(CID, worker_id="w2", lease_ms=LEASE) is None
-    await asyncio.sleep(0.2)
+    # The lease is a key with a PX lifetime: its expiry is the key going, done here by the
+    # test rather than raced against a short lifetime.
+    assert store_client.delete(proto.keys.lease(CID)) == 1
     new = await acquire(proto, "w2")
     assert new.turn.turn_id == "t1"
     assert new.turn.attempts == 2
@@ -402,11 +403,14 @@ async def test_sweep_finds_orphaned_inboxes_and_expired_approvals(
     assert await proto.sweep_candidates() == []
     await proto.park(
         CID, "t1", fence=acquired.fence, state=parked_state(acquired, "a", "c"),
-        approval_ttl_ms=30,
+        approval_ttl_ms=LEASE,
     )  # fmt: skip
     assert await proto.decide(CID, "t1", call_id="a", approved=True, by="ann") == "pending"
-    await asyncio.sleep(0.1)
-    # The parked lease is gone: the conversation is kicked, and c can no longer be decided.
+    assert await proto.sweep_candidates() == []  # parked, the approval still open
+    # The parked lease lives as long as the approval may wait: its end is the expiry,
+    # ended here by the test (no race with a clock). Then the conversation is kicked, and
+    # c can no longer be decided.
+    assert store_client.delete(proto.keys.lease(CID)) == 1
     assert await proto.sweep_candidates() == [CID]
     with pytest.raises(ProtocolError, match="expired"):
         await proto.decide(CID, "t1", call_id="c", approved=True)

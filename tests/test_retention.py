@@ -159,10 +159,16 @@ async def test_every_key_of_a_conversation_expires_within_its_idle_ttl(
 async def test_an_idle_conversation_vanishes_whole(
     redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    memory = RedisConversationMemory(redis_url, prefix=key_prefix, conversation_ttl_s=1)
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix, conversation_ttl_s=600)
     try:
         await memory.aappend("short", picture_turn(0, b"\x89PNG z"))
-        assert all_keys(redis_client, key_prefix)
+        keys = all_keys(redis_client, key_prefix)
+        assert keys
+        # Every key of it carries the idle lifetime, so all of them go when it runs out;
+        # the test runs it out itself (a lifetime of 1 ms) instead of waiting on a short one.
+        assert all(0 < redis_client.pttl(key) <= 600_000 for key in keys)
+        for key in keys:
+            redis_client.pexpire(key, 1)
         for _ in range(100):  # readiness: Redis expires the keys, we only wait for it
             if not all_keys(redis_client, key_prefix):
                 break

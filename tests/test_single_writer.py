@@ -153,21 +153,33 @@ def test_a_worker_turn_waits_behind_an_agent_turn_awaiting_approval_and_its_resu
 def test_an_agent_turn_longer_than_its_lease_keeps_it_and_is_stored(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
-    memory = RedisConversationMemory(redis_url, prefix=key_prefix, lease_ms=600)
+    # Renewed every second: a busy machine has 2 s of slack before the lease would lapse.
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix, lease_ms=3000)
     lease = memory._keys.lease("long")
     held: list[bool] = []
+    expiries: list[int] = []
 
     def slow(_: ModelRequest) -> str:
-        # Three lease periods: only renewals keep the lease (and so the commit) ours.
-        for _ in range(6):
-            time.sleep(0.3)
+        # Until Redis's clock is past the expiry the lease had when the call began: only
+        # renewals keep the lease, and so the commit, ours.
+        first = int(r.hget(lease, "expires_ms") or 0)
+        deadline = time.monotonic() + 60  # bounded; renewals come every second
+        while time.monotonic() < deadline:
+            seconds, micros = r.time()
+            if seconds * 1000 + micros // 1000 > first:
+                break
             held.append(bool(r.exists(lease)))
+            expiries.append(int(r.hget(lease, "expires_ms") or 0))
+            time.sleep(0.1)
+        held.append(bool(r.exists(lease)))
+        expiries.append(int(r.hget(lease, "expires_ms") or 0))
         return "late answer"
 
     try:
         agent = Agent(ScriptedModel(slow), memory=memory, conversation_id="long")
         assert agent.generate("take your time").text == "late answer"
-        assert all(held)
+        assert all(held) and expiries == sorted(expiries)
+        assert expiries[-1] > expiries[0]  # renewed: the call outlived the lease it began with
         assert [m.text for m in memory.load("long")] == ["take your time", "late answer"]
         assert not r.exists(lease)  # the commit freed it
     finally:

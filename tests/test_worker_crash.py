@@ -102,15 +102,18 @@ def test_turn_that_kills_its_worker_every_time_fails_after_max_attempts(  # type
 
 
 def test_unanswered_approval_expires_and_the_conversation_moves_on(  # type: ignore[no-untyped-def]
-    make_pool,
+    make_pool, r: redis.Redis
 ) -> None:
-    pool: WorkerPool = make_pool(approval_ttl_s=1, sweep_interval_s=0.5)
+    pool: WorkerPool = make_pool(approval_ttl_s=600, sweep_interval_s=0.5)
     pool.start(1)
     cid = f"expire-{uuid.uuid4().hex[:8]}"
     with pool.client() as client, webhook_receiver() as hooks:
         parked = client.submit(cid, "pay", agent="approver", callback_url=f"{hooks.url}/expired")
         assert parked.wait(30).status == "awaiting_approval"
         later = client.submit(cid, "later", agent="echo", callback_url=f"{hooks.url}/later")
+        # The parked lease lives as long as the approval may wait (its PX): ending it is
+        # the approval's expiry, done by the test rather than raced against a 1 s ttl.
+        assert r.delete(KeySchema(pool.prefix).lease(cid)) == 1
         result = parked.wait(30, raise_on_error=False, until="final")
         assert result.status == "expired" and result.text == ""
         assert isinstance(result.error, TurnFailedError)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from convoq.queue.routing import queue_names
+from convoq.observe import metrics
 from convoq.settings import ConvoqSettings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -27,9 +27,14 @@ def test_every_convoq_variable_in_deploy_is_a_setting() -> None:
     assert unknown == []
 
 
-def test_keda_watches_every_default_queue() -> None:
+def test_keda_reads_a_metric_the_workers_expose_and_prometheus_scrapes() -> None:
     keda = (DEPLOY / "k8s" / "keda.yaml").read_text()
-    assert re.findall(r"listName: ([\w.]+)", keda) == queue_names("convoq", list(range(16)))
+    (query,) = re.findall(r"query: (.+)", keda)
+    names = set(re.findall(r"\bconvoq_\w+", query))
+    assert names == {metrics.INBOX_DEPTH._name}
+    assert "partition" in metrics.INBOX_DEPTH._labelnames
+    monitoring = (DEPLOY / "k8s" / "monitoring.yaml").read_text()
+    assert "matchLabels: {app: convoq-worker}" in monitoring
 
 
 def test_redis_runs_with_aof_and_noeviction_everywhere() -> None:

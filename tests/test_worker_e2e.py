@@ -23,7 +23,8 @@ from convoq.demo import tiny_pdf, tiny_png
 from convoq.errors import InvalidMessageError, ModelError
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema
-from tests.support.rabbitmq import AMQP_URL, amqp_listening, delete_amqp_queues
+from tests.support import services
+from tests.support.rabbitmq import AMQP_URL, delete_amqp_queues
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     ROOT,
@@ -53,8 +54,7 @@ def client(pool: WorkerPool) -> Iterator[Client]:
 def amqp_pool(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerPool]:
-    if not amqp_listening():
-        pytest.skip("no RabbitMQ listening on 127.0.0.1:5672 (start rabbitmq-server to run this)")
+    services.rabbitmq()
     logs = tmp_path_factory.mktemp("amqp-workers")
     with running_pool(redis_server.url, logs, 1, broker_url=AMQP_URL, partitions=2) as started:
         yield started

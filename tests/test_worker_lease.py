@@ -28,7 +28,11 @@ from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 from tests.support.redis_server import RedisServer
 
 CID = "lease-1"
-LEASE_MS = 600  # renewed every 0.2 s
+# Renewed every second: a loaded machine has 2 s of slack before a running turn's lease
+# would lapse.
+LEASE_MS = 3000
+# The lease a paused worker outlives (it sleeps past it: time only ever runs longer).
+PAUSED_LEASE_MS = 600
 BOUND_S = 10.0  # far above what any of these runs needs; only a hang reaches it
 
 
@@ -120,7 +124,7 @@ async def test_a_renewal_that_swallows_its_cancellation_does_not_hold_the_run(
     report = await finishes(make_runner(proto, agent).drain(CID))
     assert report.succeeded == ["t1"]
     ended = len(proto.renewals)
-    await asyncio.sleep(5 * LEASE_MS / 3000)  # several renewal periods
+    await asyncio.sleep(3 * LEASE_MS / 3000)  # several renewal periods
     assert len(proto.renewals) == ended  # nothing renews the lease of a run that ended
     assert proto.swallowed >= 1  # the renewal in flight did swallow its cancellation
     assert not await proto.redis.exists(proto.keys.lease(CID))
@@ -214,7 +218,7 @@ class PausedAfterJournal(TurnProtocol):
         cancel = await super().checkpoint(cid, turn_id, **kwargs)
         if not self.paused:
             self.paused = True
-            time.sleep(1.5 * LEASE_MS / 1000)  # blocks the loop: nothing renews meanwhile
+            time.sleep(1.5 * PAUSED_LEASE_MS / 1000)  # blocks the loop: nothing renews
         return cancel
 
 
@@ -241,7 +245,7 @@ async def test_a_worker_woken_past_its_lease_starts_no_further_step(
     paused = PausedAfterJournal.from_url(redis_url, prefix=key_prefix)
     try:
         await submit(paused, "t1", "effect")
-        report = await finishes(make_runner(paused, agent).drain(CID))
+        report = await finishes(make_runner(paused, agent, lease_ms=PAUSED_LEASE_MS).drain(CID))
         assert report.abandoned == ["t1"] and runs == []
         while await paused.redis.exists(paused.keys.lease(CID)):
             await asyncio.sleep(0.05)  # until the stale lease is gone

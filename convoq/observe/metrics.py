@@ -271,7 +271,8 @@ class MetricsServer:
         self.server.server_close()
 
 
-def serve(port: int, host: str = "0.0.0.0") -> MetricsServer:
-    """Serve scrapes on ``host:port`` (port 0: a free one) in a daemon thread."""
+def serve(port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve scrapes on ``host:port`` (port 0: a free one) in a daemon thread; loopback
+    unless another host is given (the endpoint has no auth)."""
     server, thread = start_http_server(port, addr=host, registry=registry())
     return MetricsServer(server, thread, int(server.server_address[1]))

@@ -134,17 +134,16 @@ class ControlMixin(ProtocolBase):
     async def window(self, cid: str, window: Window) -> list[Message]:
         """The stored messages ``window`` sends. A token budget with the default counter
         is chosen from the counts stored with each turn, reading only the window; another
-        counter counts the turns read from the newest back until the budget is spent."""
+        counter counts the turns read from the newest back until the budget is spent (or,
+        ``with_summary``, the summary's watermark is reached)."""
         check_conversation_id(cid)
-        budgeted = window.max_tokens is not None and window.default_counter
-        if budgeted or window.with_summary:
-            keep = window.keep_last_turns or 0
-            budget = window.max_tokens if budgeted else None
-            steps = budget_steps(self.keys, cid, budget, keep, window.with_summary)
-            return window.apply(await adrive(steps, self.scripts.perform))
-        if window.max_tokens is not None:  # a counter of the caller's own
-            counted = counted_steps(self.keys, cid, window)
+        if window.max_tokens is not None and not window.default_counter:
+            counted = counted_steps(self.keys, cid, window)  # a counter of the caller's own
             return window.apply(await adrive(counted, self.scripts.perform))
+        if window.max_tokens is not None or window.with_summary:
+            keep = window.keep_last_turns or 0
+            steps = budget_steps(self.keys, cid, window.max_tokens, keep, window.with_summary)
+            return window.apply(await adrive(steps, self.scripts.perform))
         # Exactly the window already: the last N whole turns, nothing to trim.
         return await load_history(self.scripts, self.keys, cid, window.keep_last_turns)
 

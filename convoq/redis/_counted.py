@@ -1,9 +1,13 @@
 """Token-budget windows on Redis counted by a caller's own counter (a tokenizer): the
 stored per-turn counts are the default counter's, so here the turns are read from the
 newest back, a chunk at a time, and counted until the budget is spent; older turns are
-never read. Written once as steps, run by async and sync callers alike."""
+never read. What a turn sends (``with_summary``) also stops at the stored summary's
+watermark, the summary counting against the budget. Written once as steps, run by async
+and sync callers alike."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from convoq.errors import ConversationMemoryError
 from convoq.messages import Message
@@ -25,7 +29,8 @@ _RESTARTS = 5
 
 
 def counted_steps(keys: KeySchema, cid: str, window: Window) -> Steps[list[Message]]:
-    """The lead plus the newest whole turns that fit ``window`` by its counter."""
+    """The lead (then, ``window.with_summary``, the stored summary) plus the newest whole
+    turns that fit ``window`` by its counter (never one the summary covers)."""
     for _ in range(_RESTARTS):
         found = yield from _walk(keys, cid, window)
         if found is not None:
@@ -35,29 +40,43 @@ def counted_steps(keys: KeySchema, cid: str, window: Window) -> Steps[list[Messa
     )
 
 
-def _head(keys: KeySchema, cid: str) -> Steps[tuple[list[Message], int]]:
-    """The lead messages and the length of the turns list (format checked)."""
+def _head(keys: KeySchema, cid: str, with_summary: bool) -> Steps[tuple[list[Message], int, int]]:
+    """The lead messages (then, ``with_summary``, the stored summary), the length of the
+    turns list (format checked) and how many of the newest turns may be sent at most (0:
+    any number; -1: none, a summary covers them all)."""
     turns_key, lead_key = keys.turns(cid), keys.lead(cid)
-    head = yield Batch(
-        [
-            ("HGET", keys.meta(cid), "format_version"),
-            ("LRANGE", lead_key, 0, -1),
-            ("LLEN", turns_key),
-        ],
-        transaction=True,
-    )
-    _raise_stored_errors(head, [keys.meta(cid), lead_key, turns_key])
+    commands: list[tuple[Any, ...]] = [
+        ("HGET", keys.meta(cid), "format_version"),
+        ("LRANGE", lead_key, 0, -1),
+        ("LLEN", turns_key),
+    ]
+    names = [keys.meta(cid), lead_key, turns_key]
+    if with_summary:
+        commands += [
+            ("HMGET", keys.summary(cid), "text", "watermark"),
+            ("HGET", keys.meta(cid), "turns"),
+        ]
+        names += [keys.summary(cid), keys.meta(cid)]
+    head = yield Batch(commands, transaction=True)
+    _raise_stored_errors(head, names)
     if head[0] is not None and text(head[0]) != str(FORMAT_VERSION):
         raise version_error(keys, cid, text(head[0]))
     lead_headers = [parse_header(e, key=lead_key) for e in head[1]]
     lead = yield from _decoded(keys, cid, lead_headers, lead_key)
-    return lead, int(head[2])
+    if not with_summary or head[3][0] is None:
+        return lead, int(head[2]), 0
+    summary_text, watermark = head[3]
+    after = max(0, int(head[4] or 0) - int(watermark or 0))  # turns the summary leaves out
+    return [*lead, Message.system(text(summary_text))], int(head[2]), after or -1
 
 
 def _walk(keys: KeySchema, cid: str, window: Window) -> Steps[list[Message] | None]:
     turns_key = keys.turns(cid)
-    lead, length = yield from _head(keys, cid)
+    lead, length, cap = yield from _head(keys, cid, window.with_summary)
+    if cap < 0:
+        return lead
     counter, keep = window.token_counter, window.keep_last_turns or 0
+    keep = cap if cap and (not keep or keep > cap) else keep
     budget = max(0, (window.max_tokens or 0) - (counter.count(lead) if lead else 0))
     kept: list[list[Message]] = []  # newest first
     costs: list[int] = []

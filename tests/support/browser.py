@@ -1,15 +1,16 @@
 """A headless chromium driven by Playwright, as pytest fixtures: ``browser`` for the
 module, ``page`` per test (import ``browser_fixture, page_fixture`` to use them). Debian's
 ``chromium`` is used (Playwright downloads nothing); where it or Playwright is missing the
-tests skip and say how to install it."""
+tests skip and say how to install it (under CI=true they fail: see tests.support.services)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.support import services
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -22,20 +23,13 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.skip("no chromium on PATH: install Debian's (apt-get install -y chromium)")
-    return found
-
-
 @pytest.fixture(scope="module", name="browser")
 def browser_fixture() -> Iterator[Any]:
-    executable = _chromium()
+    executable = services.chromium()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("Playwright is not installed: pip install -e '.[dev]'")
+        services.missing("Playwright is not installed: pip install -e '.[dev]'")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield launched

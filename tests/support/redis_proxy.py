@@ -7,6 +7,7 @@ between Redis's answer and the client looks like, so redis-py reconnects and res
 A ``-NOSCRIPT`` reply passes through (the client then loads the script and sends the
 command again, which is still armed). :meth:`LossyProxy.hold_replies` keeps every reply
 back until :meth:`LossyProxy.release_replies` (a slow network, for cancelling mid-read).
+:attr:`LossyProxy.replied_bytes` counts the reply bytes it passed on (what a client read).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class LossyProxy:
         self._armed: bytes | None = None
         self._links: list[_Link] = []
         self.dropped = 0
+        self.replied_bytes = 0
         self._flowing = threading.Event()
         self._flowing.set()
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -117,6 +119,8 @@ class LossyProxy:
                 if lose:
                     self._armed = None
                     self.dropped += 1
+                else:
+                    self.replied_bytes += len(data)
             if lose or not _send(link.client, data):
                 break
         link.close()

@@ -3,12 +3,11 @@ made with the ``openssl`` command (no Python dependency), for a TLS redis-server
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from tests.support import services
 
 # P-256 keys: generated in milliseconds, unlike RSA.
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -35,9 +34,7 @@ def make_tls_files(directory: Path, *, client_auth: bool = False) -> TlsFiles:
     """A fresh CA and a server certificate signed by it, valid for two days; with
     ``client_auth`` the certificate may also identify a client (Redis Cluster nodes present
     theirs to each other on the cluster bus, and verify it)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make test certificates")
+    openssl = services.openssl()
     directory.mkdir(parents=True, exist_ok=True)
     files = TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
     ca_key, csr = directory / "ca.key", directory / "server.csr"
