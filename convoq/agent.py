@@ -39,6 +39,7 @@ from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.models.base import Model
+from convoq.profile import TurnJob
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
@@ -397,6 +398,20 @@ class Agent:
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)
         return response
+
+    async def run_turn(self, job: TurnJob) -> Outcome:
+        """Run a worker's turn (the :class:`~convoq.profile.AgentProfile` interface)."""
+        deps = await self.provided_deps()
+        scope = TurnScope(
+            job.conversation_id, job.turn_id, job.agent, deps, job.metadata, attempt=job.attempt
+        )
+        loop = TurnLoop(
+            model=self.model, tools=self.tools, history=job.history,
+            instructions=self.instructions, max_steps=self.max_steps,
+            fail_on_length=self.fail_on_length, emit=job.emit, checkpoint=job.checkpoint,
+            should_stop=job.should_stop, scope=scope, approval_policy=self.approval_policy,
+        )  # fmt: skip
+        return await loop.run(job.state)
 
     async def provided_deps(self) -> Any:
         """``deps``, or what ``deps_factory`` made in this process (made at first use)."""
