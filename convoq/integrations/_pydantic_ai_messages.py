@@ -200,7 +200,7 @@ def _translated(message: Message) -> ModelMessage | None:
             ]
         )  # fmt: skip
     if message.role == MessageRole.USER:
-        return ModelRequest(parts=[UserPromptPart(user_content(message))])
+        return ModelRequest(parts=[UserPromptPart(user_prompt(message))])
     if message.text:  # system and developer messages
         return ModelRequest(parts=[SystemPromptPart(message.text)])
     return None
@@ -219,3 +219,9 @@ def user_content(message: Message) -> list[UserContent]:
                 BinaryContent(data=part.data, media_type=part.mime_type, identifier=part.filename)
             )
     return content
+
+
+def user_prompt(message: Message) -> str | list[UserContent]:
+    """The prompt of a user message: its text alone, or its parts in order."""
+    content = user_content(message)
+    return content[0] if len(content) == 1 and isinstance(content[0], str) else content

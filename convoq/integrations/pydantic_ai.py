@@ -34,7 +34,7 @@ from convoq.integrations._pydantic_ai_messages import (
     is_journal_entry,
     to_convoq,
     to_pydantic_ai,
-    user_content,
+    user_prompt,
 )
 from convoq.messages import Message, ToolCall
 from convoq.profile import TurnJob
@@ -90,7 +90,7 @@ class DurableAgent:
         so_far = history + (to_pydantic_ai(base) if started else [])
         journal = TurnJournal(job, base, len(so_far))
         result = await self.agent.run(
-            None if started else _prompt(state.messages[0]),
+            None if started else user_prompt(state.messages[0]),
             message_history=so_far or None,
             deferred_tool_results=_deferred_results(state),
             output_type=self._output_type(),
@@ -163,11 +163,6 @@ def profile_of(value: Any) -> DurableAgent | None:
     if isinstance(value, PydanticAgent) and value.name:
         return DurableAgent(value)
     return None
-
-
-def _prompt(message: Message) -> str | list[Any]:
-    content = user_content(message)
-    return content[0] if len(content) == 1 and isinstance(content[0], str) else content
 
 
 def _deferred_results(state: TurnState) -> DeferredToolResults | None:
