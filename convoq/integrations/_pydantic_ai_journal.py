@@ -39,6 +39,7 @@ from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from pydantic_core import to_jsonable_python
 
+from convoq.errors import TurnCancelledError
 from convoq.integrations._pydantic_ai_messages import KEY, is_journal_entry, to_convoq
 from convoq.messages import Message, MessageRole, TextPart, ToolCall
 from convoq.profile import TurnJob
@@ -76,6 +77,11 @@ class TurnJournal:
             pending=self.pending,
             decisions=self.decisions,
         )
+
+    async def go_on(self) -> None:
+        """Before each step: a turn cancelled meanwhile stops here (nothing is stored)."""
+        if await self.job.should_stop():
+            raise TurnCancelledError("the turn was cancelled")
 
     async def responded(self, run_messages: list[ModelMessage]) -> None:
         """A model response arrived (the last of ``run_messages``, this run's messages)."""
@@ -130,6 +136,7 @@ class JournaledToolset(WrapperToolset[Any]):
             if "retry" in recorded:
                 raise ModelRetry(recorded["retry"])
             return recorded["return"]
+        await self.journal.go_on()
         call = ToolCall(id=call_id, name=name, arguments=tool_args)
         await self.journal.job.emit(TurnEvent(type="tool_call", data=call.model_dump()))
         try:
@@ -162,6 +169,7 @@ class StreamingModel(WrapperModel):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
+        await self._journal.go_on()
         if not self._stream:
             return await super().request(messages, model_settings, model_request_parameters)
         async with self._streamed(messages, model_settings, model_request_parameters) as stream:
