@@ -154,3 +154,16 @@ def test_tool_calls_and_results_are_streamed_events(client: Client) -> None:
     assert [e.data["name"] for e in events if e.type == "approval_required"] == ["pay"]
     results = {e.data["name"]: e.data["result"] for e in events if e.type == "tool_result"}
     assert results["pay"] == "paid 5 via the-bank"
+
+
+@pytest.mark.parametrize(
+    ("agent", "seen"), [("pai-short", "{t} two | {t} three"), ("pai-budget", "{t} three")]
+)
+def test_the_history_window_of_the_profile_applies(client: Client, agent: str, seen: str) -> None:
+    cid = f"pai-{uuid.uuid4().hex[:8]}"
+    token = f"w{uuid.uuid4().hex[:8]}"
+    for word in ("one", "two"):
+        assert client.submit(cid, f"{token} {word}", agent=agent).wait(30).ok
+    third = client.submit(cid, f"{token} three", agent=agent).wait(30)
+    assert third.text == seen.format(t=token)
+    assert len(client.history(cid)) == 6  # all turns stay stored

@@ -118,3 +118,8 @@ def note(token: str) -> str:
 payer_profile = durable(payer, deps="the-bank")
 
 streamer = Agent(TestModel(custom_output_text="streamed words here"), name="pai-stream")
+
+short = durable(
+    Agent(FunctionModel(remember), name="pai-short-raw"), name="pai-short", keep_last_turns=1
+)
+budget = durable(Agent(FunctionModel(remember)), name="pai-budget", max_history_tokens=1)
