@@ -287,6 +287,13 @@ async def test_a_denied_call_tells_the_model_why_and_never_runs() -> None:
     )
     [tool] = [m for m in done.messages if m.role == MessageRole.TOOL]
     assert tool.decision is not None and tool.decision.reason == "not today"
+    # A rerun from any step journaled after the decision keeps it on the stored result.
+    resumed = recorder.states[-1]
+    assert resumed.messages[-1].text == done.text
+    again = await profile.run_turn(Recorder().job(resumed))
+    assert isinstance(again, Completed) and paid == []
+    [tool] = [m for m in again.messages if m.role == MessageRole.TOOL]
+    assert tool.decision is not None and tool.decision.reason == "not today"
 
 
 async def test_a_cancelled_turn_stops_before_its_next_step() -> None:

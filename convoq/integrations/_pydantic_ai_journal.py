@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +30,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.messages import (
     TextPart as PaiText,
 )
-from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -62,6 +60,8 @@ class TurnJournal:
         # so a rerun before that resumes with them again.
         self.pending = list(job.state.pending)
         self.decisions = dict(job.state.decisions)
+        # Recorded on their tool results (the audit trail) whenever the run is converted.
+        self.audit = dict(job.state.decisions)
         self._lock = asyncio.Lock()
 
     @property
@@ -86,7 +86,7 @@ class TurnJournal:
     async def responded(self, run_messages: list[ModelMessage]) -> None:
         """A model response arrived (the last of ``run_messages``, this run's messages)."""
         async with self._lock:
-            self.segment = to_convoq(run_messages, self.decisions)
+            self.segment = to_convoq(run_messages, self.audit)
             self.steps += 1
             self.pending, self.decisions = [], {}
             await self.job.checkpoint(self.state())
@@ -172,22 +172,13 @@ class StreamingModel(WrapperModel):
         await self._journal.go_on()
         if not self._stream:
             return await super().request(messages, model_settings, model_request_parameters)
-        async with self._streamed(messages, model_settings, model_request_parameters) as stream:
+        wrapped = self.wrapped.request_stream(messages, model_settings, model_request_parameters)
+        async with wrapped as stream:
             async for event in stream:
                 text = _delta_text(event)
                 if text:
                     await self._journal.job.emit(TurnEvent(type="text_delta", data={"text": text}))
             return stream.get()
-
-    @asynccontextmanager
-    async def _streamed(
-        self,
-        messages: list[ModelMessage],
-        settings: ModelSettings | None,
-        parameters: ModelRequestParameters,
-    ) -> AsyncIterator[StreamedResponse]:
-        async with self.wrapped.request_stream(messages, settings, parameters) as stream:
-            yield stream
 
 
 def _delta_text(event: Any) -> str:

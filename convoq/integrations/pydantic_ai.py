@@ -25,6 +25,8 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in tests
         "convoq.integrations.pydantic_ai needs Pydantic AI: pip install 'convoq[pydantic-ai]'"
     ) from exc
 
+from pydantic_core import to_jsonable_python
+
 from convoq.approvals import refused_result
 from convoq.compaction import CompactionPolicy
 from convoq.context import DepsHolder
@@ -97,7 +99,7 @@ class DurableAgent:
             deps=await self.provided_deps(),
             capabilities=[JournalCapability(journal, stream=_streams(self.agent))],
         )
-        messages = base + to_convoq(result.new_messages(), state.decisions)
+        messages = base + to_convoq(result.new_messages(), journal.audit)
         steps = journal.steps
         if isinstance(result.output, DeferredToolRequests):
             return await self._park(job, result.output, messages, steps)
@@ -182,6 +184,4 @@ def _streams(agent: PydanticAgent[Any, Any]) -> bool:
 
 
 def _jsonable(output: Any) -> Any:
-    from pydantic_core import to_jsonable_python
-
     return to_jsonable_python(output)
