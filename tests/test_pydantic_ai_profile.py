@@ -255,11 +255,21 @@ async def test_a_typed_output_comes_out_as_json() -> None:
 
 
 def _paying_agent(paid: list[int]) -> Agent[None, str]:
+    """Asks for ``pay`` (which needs approval), then for ``note``, then answers with what
+    ``pay`` returned."""
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        last = messages[-1]
-        returns = [p for p in last.parts if isinstance(p, ToolReturnPart)]
-        if returns:
-            return ModelResponse(parts=[TextPart(str(returns[0].content))])
+        returns = {
+            p.tool_name: str(p.content)
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, ToolReturnPart)
+        }
+        if "note" in returns:
+            return ModelResponse(parts=[TextPart(returns["pay"])])
+        if "pay" in returns:
+            return ModelResponse(parts=[ToolCallPart("note", {}, tool_call_id="n")])
         return ModelResponse(parts=[ToolCallPart("pay", {"amount": 9}, tool_call_id="p")])
 
     agent = Agent(FunctionModel(model), name="payer")
@@ -268,6 +278,10 @@ def _paying_agent(paid: list[int]) -> Agent[None, str]:
     def pay(amount: int) -> str:
         paid.append(amount)
         return f"paid {amount}"
+
+    @agent.tool_plain
+    def note() -> str:
+        return "noted"
 
     return agent
 
@@ -285,14 +299,14 @@ async def test_a_denied_call_tells_the_model_why_and_never_runs() -> None:
     assert (
         done.text == "The user denied this tool call: not today. It did not run; do not retry it."
     )
-    [tool] = [m for m in done.messages if m.role == MessageRole.TOOL]
+    tool = next(m for m in done.messages if m.name == "pay")
     assert tool.decision is not None and tool.decision.reason == "not today"
     # A rerun from any step journaled after the decision keeps it on the stored result.
     resumed = recorder.states[-1]
     assert resumed.messages[-1].text == done.text
     again = await profile.run_turn(Recorder().job(resumed))
     assert isinstance(again, Completed) and paid == []
-    [tool] = [m for m in again.messages if m.role == MessageRole.TOOL]
+    tool = next(m for m in again.messages if m.name == "pay")
     assert tool.decision is not None and tool.decision.reason == "not today"
 
 
