@@ -26,7 +26,9 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.models import Model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RequestUsage
 
 from convoq.engine import Completed, Paused
@@ -42,7 +44,7 @@ from convoq.messages import (
     messages_to_json,
 )
 from convoq.profile import AgentProfile, TurnJob
-from convoq.turn_state import TurnEvent, TurnState
+from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from convoq.worker.profiles import load_profiles
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
@@ -310,6 +312,46 @@ async def test_a_denied_call_tells_the_model_why_and_never_runs() -> None:
     assert tool.decision is not None and tool.decision.reason == "not today"
 
 
+async def test_an_expired_approval_is_a_denial_the_model_reads() -> None:
+    paid: list[int] = []
+    profile = durable(_paying_agent(paid))
+    parked = await profile.run_turn(Recorder().job(TurnState.start(Message.user("pay"))))
+    assert isinstance(parked, Paused)
+    expire_undecided(parked.state, at_ms=1)
+    done = await profile.run_turn(Recorder().job(parked.state))
+    assert isinstance(done, Completed) and paid == []
+    assert (
+        done.text == "No one approved this tool call before its approval expired. It did not run."
+    )
+
+
+class PlainModel(Model):
+    """A model that only answers whole (no ``request_stream``)."""
+
+    async def request(self, messages: Any, settings: Any, parameters: Any) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("whole")])
+
+    @property
+    def model_name(self) -> str:
+        return "plain"
+
+    @property
+    def system(self) -> str:
+        return "test"
+
+
+async def test_text_deltas_stream_when_the_model_can_and_whole_answers_otherwise() -> None:
+    streamed, whole = Recorder(), Recorder()
+    test_model = Agent(TestModel(custom_output_text="a b c"), name="s")
+    await durable(test_model).run_turn(streamed.job(TurnState.start(Message.user("x"))))
+    deltas = [e.data["text"] for e in streamed.events if e.type == "text_delta"]
+    assert len(deltas) > 1 and "".join(deltas) == "a b c"
+    plain = Agent(PlainModel(), name="p")
+    done = await durable(plain).run_turn(whole.job(TurnState.start(Message.user("x"))))
+    assert isinstance(done, Completed) and done.text == "whole"
+    assert [e.type for e in whole.events] == ["assistant"]
+
+
 async def test_a_cancelled_turn_stops_before_its_next_step() -> None:
     recorder = Recorder(cancelled=True)
     with pytest.raises(TurnCancelledError):
@@ -374,6 +416,8 @@ def test_bad_profiles_are_refused_with_what_to_do() -> None:
         durable(Agent(FunctionModel(lambda m, i: ModelResponse(parts=[]))))
     with pytest.raises(ConfigurationError, match="keep_last_turns"):
         durable(Agent("test", name="x"), keep_last_turns=-1)
+    with pytest.raises(ConvoqError, match="max_history_tokens must be"):
+        durable(Agent("test", name="x"), max_history_tokens=-5)
     with pytest.raises(ConvoqError, match="deps or deps_factory"):
         durable(Agent("test", name="x"), deps=1, deps_factory=lambda: 2)  # ConvoqError
 

@@ -31,6 +31,7 @@ from pydantic_ai.messages import (
     TextPart as PaiText,
 )
 from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -189,15 +190,22 @@ def _delta_text(event: Any) -> str:
     return ""
 
 
+def streams(model: Model) -> bool:
+    """Whether the model can stream (a FunctionModel only with a stream function; any
+    other model that implements ``request_stream``)."""
+    if isinstance(model, FunctionModel):
+        return model.stream_function is not None
+    return type(model).request_stream is not Model.request_stream
+
+
 class JournalCapability(AbstractCapability[Any]):
     """The journal's hooks into one run."""
 
-    def __init__(self, journal: TurnJournal, *, stream: bool) -> None:
+    def __init__(self, journal: TurnJournal) -> None:
         self._journal = journal
-        self._stream = stream
 
     def get_wrapper_model(self, model: Model) -> Model | None:
-        return StreamingModel(model, self._journal, stream=self._stream)
+        return StreamingModel(model, self._journal, stream=streams(model))
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return JournaledToolset(toolset, journal=self._journal)

@@ -19,7 +19,6 @@ from convoq.errors import ConfigurationError
 try:
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
-    from pydantic_ai.models.function import FunctionModel
 except ImportError as exc:  # pragma: no cover - the extra is installed in tests
     raise ConfigurationError(
         "convoq.integrations.pydantic_ai needs Pydantic AI: pip install 'convoq[pydantic-ai]'"
@@ -42,6 +41,7 @@ from convoq.messages import Message, ToolCall
 from convoq.profile import TurnJob
 from convoq.tokens import TokenCounter
 from convoq.turn_state import TurnEvent, TurnState
+from convoq.window import check_budget
 
 __all__ = ["DurableAgent", "durable"]
 
@@ -72,6 +72,7 @@ class DurableAgent:
             )
         if keep_last_turns < 0:
             raise ConfigurationError("keep_last_turns must be >= 0 (0 sends the whole history)")
+        max_history_tokens = check_budget(max_history_tokens)
         self.agent = agent
         self.keep_last_turns = keep_last_turns
         self.max_history_tokens = max_history_tokens
@@ -97,7 +98,7 @@ class DurableAgent:
             deferred_tool_results=_deferred_results(state),
             output_type=self._output_type(),
             deps=await self.provided_deps(),
-            capabilities=[JournalCapability(journal, stream=_streams(self.agent))],
+            capabilities=[JournalCapability(journal)],
         )
         messages = base + to_convoq(result.new_messages(), journal.audit)
         steps = journal.steps
@@ -134,6 +135,7 @@ def durable(
     name: str | None = None,
     keep_last_turns: int = 0,
     max_history_tokens: int | None = None,
+    token_counter: TokenCounter | None = None,
     deps: Any = None,
     deps_factory: Callable[[], Any] | None = None,
 ) -> DurableAgent:
@@ -142,7 +144,8 @@ def durable(
     Args:
         agent: the ``pydantic_ai.Agent`` (its model, tools, instructions, output type).
         keep_last_turns: previous turns given as its message history (0: all).
-        max_history_tokens: at most this many tokens of history (whole turns).
+        max_history_tokens: at most this many tokens of history (whole turns), counted by
+            ``token_counter`` (None: recorded usage, else an estimate).
         deps: the ``deps`` of every run; ``deps_factory`` instead makes them once per
             worker process.
 
@@ -154,6 +157,7 @@ def durable(
         name=name,
         keep_last_turns=keep_last_turns,
         max_history_tokens=max_history_tokens,
+        token_counter=token_counter,
         deps=deps,
         deps_factory=deps_factory,
     )
@@ -175,12 +179,6 @@ def _deferred_results(state: TurnState) -> DeferredToolResults | None:
     for call_id, decision in state.decisions.items():
         approvals[call_id] = True if decision.approved else ToolDenied(refused_result(decision))
     return DeferredToolResults(approvals=dict(approvals))
-
-
-def _streams(agent: PydanticAgent[Any, Any]) -> bool:
-    """Whether the model can stream (a FunctionModel only with a stream function)."""
-    model = agent.model
-    return not (isinstance(model, FunctionModel) and model.stream_function is None)
 
 
 def _jsonable(output: Any) -> Any:
