@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
