@@ -15,7 +15,8 @@ Layers, top down (a module imports only from layers below; checked by import-lin
 
     cli, demo, gateway, testing                 what people run
     client  |  worker                           side by side, never importing each other
-    agent                                       the in-process Agent
+    agent | integrations                        the in-process Agent; other frameworks' agents
+    profile                                     what a worker needs from an agent
     engine | compaction                         THE turn loop; rolling summaries
     memory                                      ConversationMemory backends
     redis | tools | loaders | queue |           store, tools, the queue contract,

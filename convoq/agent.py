@@ -40,7 +40,15 @@ from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, check_tool_choice, coerce_settings, merge_settings
 from convoq.models.base import Model, ModelSettings, OutputSpec
-from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape, shape_for
+from convoq.output import (
+    DEFAULT_OUTPUT_RETRIES,
+    OutputShape,
+    OutputType,
+    output_shape,
+    shape_for,
+    spec_from_data,
+)
+from convoq.profile import TurnJob
 from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
@@ -447,6 +455,41 @@ class Agent:
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)
         return response
+
+    async def run_turn(self, job: TurnJob) -> Outcome:
+        """Run a worker's turn (the :class:`~convoq.profile.AgentProfile` interface)."""
+        deps = await self.provided_deps()
+        scope = TurnScope(
+            job.conversation_id, job.turn_id, job.agent, deps, job.metadata, attempt=job.attempt
+        )
+        settings, output = self.asked_of(job.options)
+        loop = TurnLoop(
+            model=self.model, tools=self.tools, history=job.history,
+            instructions=self.instructions, max_steps=self.max_steps,
+            fail_on_length=self.fail_on_length, emit=job.emit, checkpoint=job.checkpoint,
+            should_stop=job.should_stop, scope=scope, approval_policy=self.approval_policy,
+            settings=settings, output=output, output_retries=self.output_retries,
+        )  # fmt: skip
+        return await loop.run(job.state)
+
+    def asked_of(self, options: dict[str, Any]) -> tuple[ModelSettings | None, OutputShape | None]:
+        """What a queued turn asks of the model: the settings (the agent's, the turn's
+        merged over them) and the output shape (the turn's, else the agent's). The turn's
+        options are checked again: they are data from outside this process.
+
+        Raises:
+            InvalidModelSettingsError: a setting is invalid; the turn fails with it.
+            InvalidOutputTypeError: the output schema is unusable; the turn fails with it.
+        """
+        settings = merge_settings(
+            self.model_settings, coerce_settings(options.get("model_settings"))
+        )
+        check_tool_choice(settings, [spec.name for spec in self.tools.specs()])
+        data = options.get("output")
+        if data is None:
+            return settings, self.output
+        # The agent's own type when the spec is its own: validated by its class.
+        return settings, shape_for(spec_from_data(data).spec, self.output)
 
     async def provided_deps(self) -> Any:
         """``deps``, or what ``deps_factory`` made in this process (made at first use)."""

@@ -41,7 +41,8 @@ DEFAULT_MAX_STEPS = 10
 @dataclass
 class Completed:
     """The model answered: ``messages`` is the whole turn, user message first; ``steps``
-    the model calls it took."""
+    the model calls it took; ``output``: the answer as JSON, when the agent has a typed
+    output (an integrated framework's agent; None otherwise)."""
 
     messages: list[Message]
     steps: int = 0

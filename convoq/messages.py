@@ -89,7 +89,7 @@ class ToolCall(BaseModel):
 # Set only on assistant messages a model produced (and, for decision, on the tool result
 # of a call that waited for approval); left out of the JSON when unset, so messages
 # without them are stored exactly as before these fields existed.
-_MODEL_FIELDS = ("refusal", "usage", "finish_reason", "decision")
+_MODEL_FIELDS = ("refusal", "usage", "finish_reason", "decision", "framework")
 
 
 class Decision(BaseModel):
@@ -111,6 +111,8 @@ class Message(BaseModel):
     (the API's ``refusal`` field; ``content`` is then usually empty), ``usage`` the tokens
     that call reported and ``finish_reason`` why it stopped (``"stop"``, ``"length"``,
     ``"tool_calls"``, ``"content_filter"``...); each None when not reported.
+    ``framework``: set by an integration (:mod:`convoq.integrations`) on the messages of
+    a turn another framework's agent ran: that framework's own record of the message.
     """
 
     model_config = _BYTES_AS_BASE64
@@ -123,6 +125,9 @@ class Message(BaseModel):
     usage: Usage | None = None
     finish_reason: str | None = None
     decision: Decision | None = None
+    # What another agent framework says of this message beyond convoq's fields (JSON, by
+    # framework name), kept by the integration that wrote it to rebuild its own form.
+    framework: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset_model_fields(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -1,10 +1,13 @@
-"""Agent profiles: the named :class:`convoq.Agent` objects a worker can run.
+"""Agent profiles: the named agents a worker can run (see :mod:`convoq.profile`).
 
 A profile module is any importable module (``CONVOQ_AGENTS=myapp.agents`` or
-``convoq worker --agents myapp.agents``); every ``Agent`` instance with a ``name`` among its
-attributes is a profile. Several modules may be given, separated by commas. As with
-``celery -A``, the working directory is on the import path: ``myapp/`` beside where the
-worker starts imports without setting ``PYTHONPATH``.
+``convoq worker --agents myapp.agents``); every named :class:`~convoq.profile.AgentProfile`
+among its attributes is a profile (a :class:`convoq.Agent`, or a framework's agent an
+integration wrapped). A framework's own named agent found there is wrapped by the
+integration registered for its package under the ``convoq.profiles`` entry points (the
+worker never imports the integrations). Several modules may be given, separated by commas.
+As with ``celery -A``, the working directory is on the import path: ``myapp/`` beside
+where the worker starts imports without setting ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -12,17 +15,23 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from importlib.metadata import entry_points
+from typing import Any
 
-from convoq.agent import Agent
 from convoq.errors import ConfigurationError, UnknownAgentError
+from convoq.profile import AgentProfile
+
+ADAPTERS_GROUP = "convoq.profiles"
+"""Entry points named after a framework's top package; each loads a function that makes a
+profile of that framework's agent (or returns None for objects it does not adapt)."""
 
 
-class Profiles(Mapping[str, Agent]):
+class Profiles(Mapping[str, AgentProfile]):
     """The profiles of a worker, by name."""
 
-    def __init__(self, agents: Iterable[Agent]) -> None:
-        self._agents: dict[str, Agent] = {}
+    def __init__(self, agents: Iterable[AgentProfile]) -> None:
+        self._agents: dict[str, AgentProfile] = {}
         for agent in agents:
             if agent.name is None:
                 raise ConfigurationError("an agent profile needs a name: Agent(..., name='...')")
@@ -31,7 +40,7 @@ class Profiles(Mapping[str, Agent]):
                 raise ConfigurationError(f"two agent profiles are named {agent.name!r}")
             self._agents[agent.name] = agent
 
-    def __getitem__(self, name: str) -> Agent:
+    def __getitem__(self, name: str) -> AgentProfile:
         return self._agents[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -40,7 +49,7 @@ class Profiles(Mapping[str, Agent]):
     def __len__(self) -> int:
         return len(self._agents)
 
-    def get_profile(self, name: str) -> Agent:
+    def get_profile(self, name: str) -> AgentProfile:
         """The profile called ``name``.
 
         Raises:
@@ -80,7 +89,7 @@ def load_profiles(modules: str | None) -> Profiles:
             "no agent profiles: set CONVOQ_AGENTS=myapp.agents or pass --agents myapp.agents"
         )
     _import_from_working_directory()
-    found: list[Agent] = []
+    found: list[AgentProfile] = []
     for name in names:
         try:
             module = importlib.import_module(name)
@@ -90,9 +99,7 @@ def load_profiles(modules: str | None) -> Profiles:
                 " and that the module is on the Python path",
                 module=name,
             ) from exc
-        found.extend(
-            v for v in vars(module).values() if isinstance(v, Agent) and v.name is not None
-        )
+        found.extend(_profiles_in(vars(module).values()))
     if not found:
         raise ConfigurationError(
             f"no named Agent in {names}: define e.g. assistant = Agent(model, name='assistant')"
@@ -106,3 +113,26 @@ def _import_from_working_directory() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+
+
+def _profiles_in(values: Iterable[Any]) -> list[AgentProfile]:
+    """The named profiles among ``values``, then the framework agents an adapter wraps
+    (unless a profile of that name is there already, e.g. the agent wrapped explicitly)."""
+    adapters = {ep.name: ep for ep in entry_points(group=ADAPTERS_GROUP)}
+    explicit: list[AgentProfile] = []
+    adapted: list[AgentProfile] = []
+    for value in values:
+        if isinstance(value, type):
+            continue
+        if isinstance(value, AgentProfile):
+            if value.name is not None:
+                explicit.append(value)
+            continue
+        entry = adapters.get(type(value).__module__.partition(".")[0])
+        if entry is not None and getattr(value, "name", None) is not None:
+            adapt: Callable[[Any], AgentProfile | None] = entry.load()
+            profile = adapt(value)
+            if profile is not None:
+                adapted.append(profile)
+    names = {p.name for p in explicit}
+    return explicit + [p for p in adapted if p.name not in names]

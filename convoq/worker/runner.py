@@ -30,9 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from convoq import defaults
-from convoq.agent import Agent
-from convoq.context import TurnScope
-from convoq.engine import Completed, Expired, Outcome, TurnLoop
+from convoq.engine import Completed, Expired, Outcome
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
@@ -46,13 +44,13 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
 from convoq.observe import tracing
+from convoq.profile import AgentProfile, TurnJob
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState, expire_undecided
 from convoq.window import Window, last_turns
 from convoq.worker import _observed
-from convoq.worker._asked import asked_of
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
@@ -246,38 +244,26 @@ class Runner:
     async def _execute(self, run: TurnRun) -> Outcome:
         turn = run.acq.turn
         profile = self._profiles.get_profile(turn.agent)
-        settings, output = asked_of(profile, turn.options)
-        scope = TurnScope(
-            turn.conversation_id,
-            turn.turn_id,
-            turn.agent,
-            await profile.provided_deps(),
-            turn.metadata,
-            attempt=max(1, turn.attempts),
-        )
-        loop = TurnLoop(
-            model=profile.model,
-            tools=profile.tools,
-            history=await self._history(run.acq, profile),
-            instructions=profile.instructions,
-            max_steps=profile.max_steps,
-            fail_on_length=profile.fail_on_length,
-            emit=run.events.add,
-            checkpoint=run.checkpoint,
-            should_stop=run.should_stop,
-            settings=settings,
-            output=output,
-            output_retries=profile.output_retries,
-            scope=scope,
-            approval_policy=profile.approval_policy,
-        )
         state = run.acq.state or TurnState.start(turn.input)
         if turn.expired_ms is not None:  # its approval ran out: told to the model, then ended
             for event in expire_undecided(state, turn.expired_ms):
                 await run.events.add(event)
-        return await loop.run(state)
+        job = TurnJob(
+            turn.conversation_id,
+            turn.turn_id,
+            turn.agent,
+            state,
+            await self._history(run.acq, profile),
+            emit=run.events.add,
+            checkpoint=run.checkpoint,
+            should_stop=run.should_stop,
+            metadata=turn.metadata,
+            attempt=max(1, turn.attempts),
+            options=turn.options,
+        )
+        return await profile.run_turn(job)
 
-    async def _history(self, acq: Acquired, profile: Agent) -> list[Message]:
+    async def _history(self, acq: Acquired, profile: AgentProfile) -> list[Message]:
         """The window this turn asks for, from what came with the lease when it suffices.
         A token budget is chosen by the store from the counts kept with each turn."""
         options = acq.turn.options

@@ -1,0 +1,187 @@
+"""Pydantic AI agents as convoq worker profiles (the ``convoq[pydantic-ai]`` extra).
+
+``durable(agent)`` makes a named ``pydantic_ai.Agent`` a profile workers run by that name
+(a named Pydantic AI agent in the agents module is wrapped as it is). Each turn gives the
+agent the conversation's history window as ``message_history`` and commits the run's new
+messages as the turn; every model response and tool result is a journaled step, so a
+worker killed mid-turn leaves the next one to go on from there; a tool that requires
+approval parks the turn until ``approve``/``deny``, which resume it with Pydantic AI's own
+deferred tool results. See the README section "Pydantic AI agents on workers".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from convoq.errors import ConfigurationError
+
+try:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
+except ImportError as exc:  # pragma: no cover - the extra is installed in tests
+    raise ConfigurationError(
+        "convoq.integrations.pydantic_ai needs Pydantic AI: pip install 'convoq[pydantic-ai]'"
+    ) from exc
+
+from pydantic_core import to_jsonable_python
+
+from convoq.approvals import refused_result
+from convoq.compaction import CompactionPolicy
+from convoq.context import DepsHolder
+from convoq.engine import Completed, Outcome, Paused
+from convoq.integrations._pydantic_ai_journal import JournalCapability, TurnJournal
+from convoq.integrations._pydantic_ai_messages import (
+    is_journal_entry,
+    to_convoq,
+    to_pydantic_ai,
+    user_prompt,
+)
+from convoq.messages import Message, ToolCall
+from convoq.output import TypedOutput
+from convoq.profile import TurnJob
+from convoq.tokens import TokenCounter
+from convoq.turn_state import TurnEvent, TurnState
+from convoq.window import check_budget
+
+__all__ = ["DurableAgent", "durable"]
+
+
+class DurableAgent:
+    """A Pydantic AI agent as a convoq profile (see :func:`durable`)."""
+
+    def __init__(
+        self,
+        agent: PydanticAgent[Any, Any],
+        *,
+        name: str | None = None,
+        keep_last_turns: int = 0,
+        max_history_tokens: int | None = None,
+        token_counter: TokenCounter | None = None,
+        deps: Any = None,
+        deps_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        if not isinstance(agent, PydanticAgent):
+            raise ConfigurationError(
+                f"durable() takes a pydantic_ai.Agent, not {type(agent).__name__}"
+            )
+        self.name = name or agent.name
+        if not self.name:
+            raise ConfigurationError(
+                "a profile needs a name: pydantic_ai.Agent(..., name='...') or durable(agent,"
+                " name='...')"
+            )
+        if keep_last_turns < 0:
+            raise ConfigurationError("keep_last_turns must be >= 0 (0 sends the whole history)")
+        max_history_tokens = check_budget(max_history_tokens)
+        self.agent = agent
+        self.keep_last_turns = keep_last_turns
+        self.max_history_tokens = max_history_tokens
+        self.token_counter = token_counter
+        self.compaction: CompactionPolicy | None = None
+        self._deps = DepsHolder(deps, deps_factory)
+
+    async def provided_deps(self) -> Any:
+        """``deps``, or what ``deps_factory`` made in this process."""
+        return await self._deps.get()
+
+    async def run_turn(self, job: TurnJob) -> Outcome:
+        """Run (or go on with) the turn: the worker's side of the profile interface."""
+        state = job.state
+        history = to_pydantic_ai(job.history)
+        started = any(m.framework for m in state.messages)
+        base = [m for m in state.messages if not is_journal_entry(m)] if started else []
+        so_far = history + (to_pydantic_ai(base) if started else [])
+        journal = TurnJournal(job, base, len(so_far))
+        result = await self.agent.run(
+            None if started else user_prompt(state.messages[0]),
+            message_history=so_far or None,
+            deferred_tool_results=_deferred_results(state),
+            output_type=self._output_type(),
+            deps=await self.provided_deps(),
+            capabilities=[JournalCapability(journal)],
+        )
+        messages = base + to_convoq(result.new_messages(), journal.audit)
+        steps = journal.steps
+        if isinstance(result.output, DeferredToolRequests):
+            return await self._park(job, result.output, messages, steps)
+        data = _jsonable(result.output)
+        return Completed(messages, steps, output=TypedOutput(result.output, data))
+
+    def _output_type(self) -> Any:
+        declared = self.agent.output_type
+        kinds = declared if isinstance(declared, list | tuple) else [declared]
+        return declared if DeferredToolRequests in kinds else [*kinds, DeferredToolRequests]
+
+    async def _park(
+        self, job: TurnJob, requests: DeferredToolRequests, messages: list[Message], steps: int
+    ) -> Paused:
+        if requests.calls:
+            names = sorted({c.tool_name for c in requests.calls})
+            raise ConfigurationError(
+                f"tools {names} are deferred to an external runner, which convoq has no"
+                " counterpart for; use requires_approval=True (approved on convoq) instead"
+            )
+        pending = [
+            ToolCall(id=c.tool_call_id, name=c.tool_name, arguments=c.args_as_dict())
+            for c in requests.approvals
+        ]
+        for call in pending:
+            await job.emit(TurnEvent(type="approval_required", data=call.model_dump()))
+        return Paused(TurnState(messages=messages, steps=steps, pending=pending))
+
+
+def durable(
+    agent: PydanticAgent[Any, Any],
+    *,
+    name: str | None = None,
+    keep_last_turns: int = 0,
+    max_history_tokens: int | None = None,
+    token_counter: TokenCounter | None = None,
+    deps: Any = None,
+    deps_factory: Callable[[], Any] | None = None,
+) -> DurableAgent:
+    """A Pydantic AI agent as a convoq worker profile, named ``name`` or ``agent.name``.
+
+    Args:
+        agent: the ``pydantic_ai.Agent`` (its model, tools, instructions, output type).
+        keep_last_turns: previous turns given as its message history (0: all).
+        max_history_tokens: at most this many tokens of history (whole turns), counted by
+            ``token_counter`` (None: recorded usage, else an estimate).
+        deps: the ``deps`` of every run; ``deps_factory`` instead makes them once per
+            worker process.
+
+    Raises:
+        ConfigurationError: not a Pydantic AI agent, no name, or bad settings.
+    """
+    return DurableAgent(
+        agent,
+        name=name,
+        keep_last_turns=keep_last_turns,
+        max_history_tokens=max_history_tokens,
+        token_counter=token_counter,
+        deps=deps,
+        deps_factory=deps_factory,
+    )
+
+
+def profile_of(value: Any) -> DurableAgent | None:
+    """The profile of a named Pydantic AI agent found in an agents module (the worker finds
+    this function through the ``convoq.profiles`` entry point)."""
+    if isinstance(value, PydanticAgent) and value.name:
+        return DurableAgent(value)
+    return None
+
+
+def _deferred_results(state: TurnState) -> DeferredToolResults | None:
+    """The decisions a parked turn resumes with, as Pydantic AI's approval results."""
+    if not state.decisions:
+        return None
+    approvals: dict[str, bool | ToolDenied] = {}
+    for call_id, decision in state.decisions.items():
+        approvals[call_id] = True if decision.approved else ToolDenied(refused_result(decision))
+    return DeferredToolResults(approvals=dict(approvals))
+
+
+def _jsonable(output: Any) -> Any:
+    return to_jsonable_python(output)
