@@ -254,7 +254,8 @@ async def test_a_typed_output_comes_out_as_json() -> None:
 
     agent = Agent(FunctionModel(model), name="typed", output_type=Answer)
     done = await durable(agent).run_turn(Recorder().job(TurnState.start(Message.user("how much"))))
-    assert isinstance(done, Completed) and done.output == {"amount": 3, "currency": "EUR"}
+    assert isinstance(done, Completed) and done.output is not None
+    assert done.output.data == {"amount": 3, "currency": "EUR"}
 
 
 def _paying_agent(paid: list[int]) -> Agent[None, str]:

@@ -64,7 +64,7 @@ def test_a_pydantic_ai_agent_remembers_the_conversation_beside_a_convoq_agent(
 
 
 def _approve_all(client: Client, handle: object) -> None:
-    parked = handle.wait(30, return_on_approval=True)  # type: ignore[attr-defined]
+    parked = handle.wait(30)  # type: ignore[attr-defined]
     assert parked.status == "awaiting_approval"
     [call] = parked.pending_approvals
     assert call.name == "pay"
@@ -76,7 +76,7 @@ def test_an_approval_parks_the_run_and_another_worker_resumes_it(
 ) -> None:
     token = f"a{uuid.uuid4().hex[:8]}"
     handle = client.submit(f"pai-{token}", f"{token} pay", agent="pai-payer")
-    parked = handle.wait(30, return_on_approval=True)
+    parked = handle.wait(30)
     [call] = parked.pending_approvals
     [parker_pid] = _pids(r, pool, "model1", token)
     parker = next(w for w in pool.workers if w.pid == parker_pid)
