@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convoq.errors import ConvoqError
 from convoq.messages import Message, ToolCall
@@ -20,6 +20,9 @@ class Continuation(BaseModel):
     ``expires_ms``: when its approval expires (unix ms); it is refused after that.
     ``metadata``: the call's metadata, which the resumed turn's tools see again; ``token``
     is the turn's id in its tools' contexts (so idempotency keys hold across a resume)."""
+
+    # "model_settings" is a field, not pydantic API (pydantic < 2.10 would warn).
+    model_config = ConfigDict(protected_namespaces=())
 
     version: int = CONTINUATION_VERSION
     token: str

@@ -217,17 +217,17 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
         before = sample("convoq_sweeper_kicks_total")
         part = str(partition_of(cid, 4))
         # The parked turn holds the conversation (all three queued) until its approval
-    # expires; then the conversation is kicked, and the worker ends the turn expired.
-    await sweeper.sweep_once()
-    assert sample("convoq_inbox_depth", partition=part) >= 3 and kicked == []
-    # The parked lease lives exactly as long as the approval may wait: its end is the
-    # approval's expiry, ended here by the test (no race with a clock).
-    await proto.redis.delete(proto.keys.lease(cid))
-    assert await sweeper.sweep_once() == kicked == [cid]
-    assert sample("convoq_sweeper_kicks_total") == before + 1
-    echo = Agent(ScriptedModel(lambda request: "ok"), name=agent)
-    config = RunnerConfig(worker_id="w", lease_ms=60_000)
-    report = await Runner(proto, Profiles([echo]), config).drain(cid)
+        # expires; then the conversation is kicked, and the worker ends the turn expired.
+        await sweeper.sweep_once()
+        assert sample("convoq_inbox_depth", partition=part) >= 3 and kicked == []
+        # The parked lease lives exactly as long as the approval may wait: its end is the
+        # approval's expiry, ended here by the test (no race with a clock).
+        await proto.redis.delete(proto.keys.lease(cid))
+        assert await sweeper.sweep_once() == kicked == [cid]
+        assert sample("convoq_sweeper_kicks_total") == before + 1
+        echo = Agent(ScriptedModel(lambda request: "ok"), name=agent)
+        config = RunnerConfig(worker_id="w", lease_ms=60_000)
+        report = await Runner(proto, Profiles([echo]), config).drain(cid)
     assert report.expired == ["t1"] and report.succeeded == ["t2", "t3"]
     assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
 

@@ -19,7 +19,8 @@ from convoq.usage import Usage
 class TurnRequest(BaseModel):
     """``POST /v1/conversations/{cid}/turns`` (JSON; multipart takes the same fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # "model_settings" is a field, not pydantic API (pydantic < 2.10 would warn).
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     message: str | Message = Field(description="The user's text, or a user message.")
     agent: str = Field(min_length=1, max_length=256, description="The agent profile.")

@@ -72,6 +72,13 @@ def _effects_store() -> redis.Redis:
     return _effects
 
 
+APPLY_ONCE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+end
+"""
+
+
 @tool
 def pay_once(ctx: RunContext[None], text: str) -> str:
     """A side effect through an API that dedupes on a key, as payment APIs do: every
@@ -82,8 +89,11 @@ def pay_once(ctx: RunContext[None], text: str) -> str:
     store.hincrby("inside", pid, 1)
     try:
         store.rpush("executions", ctx.idempotency_key)
-        if store.set(f"effect:{ctx.idempotency_key}", text, nx=True):
-            store.rpush("applied", ctx.idempotency_key)
+        # The API's dedupe and its effect are one atomic step, as a payment API's are: a
+        # kill cannot land between recording the key and applying the effect.
+        store.eval(
+            APPLY_ONCE, 2, f"effect:{ctx.idempotency_key}", "applied", text, ctx.idempotency_key
+        )
         time.sleep(0.8)
     finally:
         store.hincrby("inside", pid, -1)
