@@ -27,13 +27,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-from convoq.mcp._guard import guarded_client
+from convoq.mcp._guard import RefusedAddressError, guarded_client
 from convoq.mcp.config import HTTPSpec, MCPServer, StdioSpec
 
 log = logging.getLogger("convoq.mcp")
 
 Streams = tuple[Any, Any]
-_CLOSE_TIMEOUT_S = 10.0
+_CLOSE_TIMEOUT_S = 3.0
 
 
 class Connection:
@@ -160,4 +160,6 @@ def describe(exc: BaseException | None) -> str:
         return "the connection closed"
     if isinstance(exc, MCPError):
         return exc.message
+    if isinstance(exc, ConnectionError | RefusedAddressError):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -22,8 +22,8 @@ from convoq.context import RunContext
 from convoq.errors import ToolError
 from convoq.mcp._connection import Connection, describe
 from convoq.mcp._results import tool_output
-from convoq.mcp._state import ServerState, state_of
-from convoq.mcp.config import MCPServer
+from convoq.mcp._state import state_of
+from convoq.mcp.config import HTTPSpec, MCPServer
 from convoq.models.base import ToolSpec
 from convoq.tools import Tool, ToolOutput
 
@@ -174,34 +174,55 @@ async def _session(server: MCPServer) -> ClientSession:
 async def call_tool(
     server: MCPServer, remote: str, arguments: dict[str, Any], meta: dict[str, Any] | None
 ) -> ToolOutput:
-    """Call ``remote`` on ``server``; ToolError when the call could not be made or ended."""
-    session = await _session(server)
-    state = state_of(server)
-    try:
-        result = await session.call_tool(
-            remote,
-            arguments,
-            read_timeout_seconds=server.common.call_timeout_s,
-            meta=meta,  # type: ignore[arg-type]
-        )
-    except MCPError as exc:
-        if exc.code == mt.CONNECTION_CLOSED:
-            await _lost(server, state, exc)
+    """Call ``remote`` on ``server``; ToolError when the call could not be made or ended.
+
+    An HTTP server that no longer knows the session (restarted: it refuses the request as
+    invalid, so nothing ran) gets the call again on a new session, once."""
+    for attempt in (1, 2):
+        session = await _session(server)
+        try:
+            result = await session.call_tool(
+                remote,
+                arguments,
+                read_timeout_seconds=server.common.call_timeout_s,
+                meta=meta,  # type: ignore[arg-type]
+            )
+        except MCPError as exc:
+            if exc.code == mt.INVALID_REQUEST and _is_http(server) and attempt == 1:
+                await _lost(server, exc)
+                continue
+            raise await _call_error(server, exc) from None
+        except Exception as exc:  # transport failures: reconnect next time
+            await _lost(server, exc)
             raise ToolError(
-                f"MCP server {server.name!r} closed the connection during the call"
-                " (it may or may not have run); it is reconnected at the next call"
+                f"MCP server {server.name!r}: the call failed ({describe(exc)}); it may or"
+                " may not have run"
             ) from None
-        raise ToolError(f"MCP server {server.name!r} refused the call: {exc.message}") from None
-    except Exception as exc:  # transport failures: reconnect next time
-        await _lost(server, state, exc)
-        raise ToolError(
-            f"MCP server {server.name!r}: the call failed ({describe(exc)}); it may or may not"
-            " have run"
-        ) from None
-    return tool_output(result)
+        return tool_output(result)
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
-async def _lost(server: MCPServer, state: ServerState, exc: BaseException) -> None:
+def _is_http(server: MCPServer) -> bool:
+    return isinstance(server.transport, HTTPSpec)
+
+
+async def _call_error(server: MCPServer, exc: MCPError) -> ToolError:
+    name = server.name
+    if exc.code == mt.CONNECTION_CLOSED:
+        await _lost(server, exc)
+        return ToolError(
+            f"MCP server {name!r} closed the connection during the call (it may or may not"
+            " have run); it is reconnected at the next call"
+        )
+    if exc.code == mt.REQUEST_TIMEOUT:
+        return ToolError(
+            f"MCP server {name!r} did not answer within {server.common.call_timeout_s}s"
+        )
+    return ToolError(f"MCP server {name!r} refused the call: {exc.message}")
+
+
+async def _lost(server: MCPServer, exc: BaseException) -> None:
+    state = state_of(server)
     state.down(describe(exc))
     connection = state.connections.pop(asyncio.get_running_loop(), None)
     if connection is not None:

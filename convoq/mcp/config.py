@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from convoq.approvals import ApprovalRule, check_rule
 from convoq.errors import ConfigurationError
+from convoq.settings import ConvoqSettings
 from convoq.tools import Tool
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -213,6 +214,7 @@ def http_server(
     networks = allowed_networks
     if networks is not None and not isinstance(networks, str):
         networks = ",".join(networks)
+    networks = ConvoqSettings.resolve(mcp_allowed_networks=networks).mcp_allowed_networks
     _check_networks(name, networks)
     return MCPServer(common, HTTPSpec(url, given, networks))
 

@@ -25,6 +25,7 @@ from kombu.exceptions import ChannelError
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.compaction import compact_idle
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
+from convoq import mcp
 from convoq.limits import queue_limits
 from convoq.memory.redis import RedisConversationMemory
 from convoq.netguard import CallbackPolicy
@@ -79,6 +80,11 @@ class WorkerRuntime:
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
         self._memory: RedisConversationMemory | None = None
+        # Every profile's MCP servers: their health goes in the worker entry, their
+        # sessions are closed at shutdown.
+        self._mcp_servers = list(
+            {id(s): s for a in self.profiles.values() for s in a.mcp_servers}.values()
+        )
         self.backlog = SlotBacklog(
             settings.concurrency,
             self._queued_kicks,
@@ -299,6 +305,8 @@ class WorkerRuntime:
         }
         if self._metrics is not None:
             self._info["metrics_port"] = self._metrics.port
+        if self._mcp_servers:
+            self._info["mcp"] = mcp.health(self._mcp_servers)
         # No MULTI: the three keys sit on different cluster slots, and each write may
         # land alone (a repeated announce writes the same).
         async with redis.pipeline(transaction=False) as pipe:
@@ -312,6 +320,8 @@ class WorkerRuntime:
         await self._check_dataset()
         if self._announced_as is not None:
             self._info["seen_ms"] = int(time.time() * 1000)
+            if self._mcp_servers:
+                self._info["mcp"] = mcp.health(self._mcp_servers)
             info = json.dumps(self._info)
             await self._ensure_open()[0].hset(self.keys.workers(), self._announced_as, info)
 
@@ -383,6 +393,8 @@ class WorkerRuntime:
             await redis.hdel(self.keys.workers(), self._announced_as)
         await protocol.close()
         await redis.aclose()
+        # Stops stdio MCP servers: none outlives a worker that shuts down.
+        await mcp.close_all(self._mcp_servers)
 
 
 def _hints() -> tuple[str | None, int]:

@@ -32,7 +32,14 @@ def _log(tool: str, ctx: Context, **arguments: Any) -> None:
     if not path:
         return
     meta = ctx.request_context.meta or {}
-    entry = {"tool": tool, "arguments": arguments, "meta": dict(meta), "pid": os.getpid()}
+    headers = ctx.headers or {}
+    entry = {
+        "tool": tool,
+        "arguments": arguments,
+        "meta": dict(meta),
+        "pid": os.getpid(),
+        "authorization": headers.get("authorization"),
+    }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
 
