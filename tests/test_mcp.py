@@ -15,8 +15,8 @@ import pytest
 
 from convoq import Agent
 from convoq.errors import ConfigurationError
-from convoq.memory import InMemoryConversationMemory
 from convoq.mcp import health, http_server, stdio_server
+from convoq.memory import InMemoryConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, ToolCall
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.observe.metrics import REGISTRY

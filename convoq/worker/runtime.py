@@ -22,10 +22,10 @@ from typing import Any, TypeVar, cast
 from celery import Celery, current_task
 from kombu.exceptions import ChannelError
 
+from convoq import mcp
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.compaction import compact_idle
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
-from convoq import mcp
 from convoq.limits import queue_limits
 from convoq.memory.redis import RedisConversationMemory
 from convoq.netguard import CallbackPolicy
