@@ -270,3 +270,18 @@ def test_the_core_does_not_import_the_sdk() -> None:
     code = "import sys, convoq, convoq.agent, convoq.worker.runtime; print('mcp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_close_all_stops_the_servers_of_the_loop_that_used_them(log: Path) -> None:
+    from convoq._sync import run_sync
+    from convoq.mcp import close_all
+
+    server = stdio_server("t", **stdio_args(log))
+    agent = Agent(
+        ScriptedModel(call_tool_then_answer("t__add", {"a": 1, "b": 1})), mcp_servers=[server]
+    )
+    agent.generate("add")  # sync: the session lives on the loop sync APIs share
+    [call] = seen(log)
+    assert pid_alive(call["pid"])
+    run_sync(close_all([server]))
+    assert not pid_alive(call["pid"])

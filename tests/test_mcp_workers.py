@@ -1,0 +1,135 @@
+"""MCP tools run by real Celery workers: sessions opened by the worker process and kept;
+health in the worker entry; an approval parks and resumes on another worker; a worker
+killed -9 mid-call reruns the call with the same idempotency key in its _meta; no server
+process outlives a worker, stopped or killed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from convoq import Client
+from tests.support.mcp_agents import asked_path, log_path
+from tests.support.mcp_servers import pid_alive, seen
+from tests.support.workers import WorkerPool, module_pool, wait_until
+
+pytestmark = pytest.mark.slow
+
+pool = module_pool(
+    2, agents="tests.support.mcp_agents", lease_ms=2000, sweep_interval_s=0.5, concurrency=4
+)
+
+
+@pytest.fixture(scope="module")
+def client(pool: WorkerPool) -> Iterator[Client]:
+    with pool.client() as c:
+        yield c
+
+
+def _cid() -> str:
+    return f"mcp-{uuid.uuid4().hex[:8]}"
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of ``pid``."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.update(int(c) for c in text)
+    return {c for c in found if pid_alive(c)}
+
+
+def _replace(pool: WorkerPool, worker_pid: int) -> None:
+    worker = next(w for w in pool.workers if w.pid == worker_pid)
+    pool.workers.remove(worker)
+    pool.start(1)
+
+
+def test_a_worker_keeps_its_session_and_reports_the_server_healthy(
+    client: Client, pool: WorkerPool
+) -> None:
+    log = log_path(pool.prefix)
+    before = len(seen(log))
+    for _ in range(7):
+        assert client.submit(_cid(), "add 2 3", agent="mcp").wait(30).text == "tool said: 5"
+    worker_pid = int(asked_path(pool.prefix).read_text().split()[-1])
+    # Seven calls, one server process per worker at most: sessions are kept.
+    assert len({c["pid"] for c in seen(log)[before:]}) <= len(pool.workers)
+
+    def healthy() -> bool:
+        entry = next(w for w in client.workers().values() if w["pid"] == worker_pid)
+        return entry.get("mcp", {}).get("t", {}).get("state") == "connected"
+
+    wait_until(healthy, 30, what="the worker entry to show the MCP server connected")
+    entry = next(w for w in client.workers().values() if w["pid"] == worker_pid)
+    assert entry["mcp"]["t"]["tools"] >= 5 and entry["mcp"]["time"]["state"] in (
+        "connected",
+        "not started",
+    )
+
+
+def test_an_mcp_call_needing_approval_parks_and_resumes_on_another_worker(
+    client: Client, pool: WorkerPool
+) -> None:
+    handle = client.submit(_cid(), "convert 12:00 Asia/Tokyo", agent="mcp")
+    parked = handle.wait(30, return_on_approval=True)
+    assert parked.status == "awaiting_approval"
+    [call] = parked.pending_approvals
+    assert call.name == "time__convert_time"
+    parker_pid = int(asked_path(pool.prefix).read_text().split()[-1])
+    parker = next(w for w in pool.workers if w.pid == parker_pid)
+    parker.stop()
+    try:
+        assert client.approve(handle, call.id, by="ops") == "resume"
+        result = handle.wait(60)
+    finally:
+        pool.workers.remove(parker)
+        pool.start(1)
+    assert "Asia/Tokyo" in result.text and "21:00" in result.text
+    assert result.decisions[call.id].by == "ops"
+
+
+def test_a_kill_9_mid_call_reruns_it_with_the_same_idempotency_key(
+    client: Client, pool: WorkerPool
+) -> None:
+    log = log_path(pool.prefix)
+    before = len(seen(log))
+    handle = client.submit(_cid(), "slow 4", agent="mcp")
+    wait_until(lambda: len(seen(log)) > before, 30, what="the slow call to start")
+    first = seen(log)[before]
+    server_pid = first["pid"]
+    worker_pid = next(w.pid for w in pool.workers if server_pid in _children(w.pid))
+    victim = next(w for w in pool.workers if w.pid == worker_pid)
+    orphans = _children(worker_pid)
+    victim.kill()
+    try:
+        result = handle.wait(90)
+    finally:
+        pool.workers.remove(victim)
+        pool.start(1)
+    assert result.text == "tool said: slept 4.0"
+    slow = [c for c in seen(log)[before:] if c["tool"] == "slow"]
+    assert len(slow) == 2 and slow[0]["pid"] != slow[1]["pid"]
+    assert slow[0]["meta"]["idempotency_key"] == slow[1]["meta"]["idempotency_key"]
+    # The killed worker's servers had their stdin closed: an idle one exits at once, the
+    # busy one once its call ends.
+    assert server_pid in orphans
+    wait_until(
+        lambda: not any(pid_alive(p) for p in orphans), 30, what="the orphaned servers to exit"
+    )
+
+
+def test_a_warm_stop_leaves_no_server_process(client: Client, pool: WorkerPool) -> None:
+    client.submit(_cid(), "add 1 2", agent="mcp").wait(30)
+    worker = next(w for w in pool.workers if _children(w.pid))
+    children = _children(worker.pid)
+    assert children  # the test server (and mcp-server-time once used)
+    worker.stop()
+    try:
+        assert not worker.alive()
+        assert [pid for pid in children if pid_alive(pid)] == []
+    finally:
+        _replace(pool, worker.pid)
