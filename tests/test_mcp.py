@@ -285,3 +285,11 @@ def test_close_all_stops_the_servers_of_the_loop_that_used_them(log: Path) -> No
     assert pid_alive(call["pid"])
     run_sync(close_all([server]))
     assert not pid_alive(call["pid"])
+
+
+def test_a_prefixed_name_the_server_does_not_list_runs_nothing(log: Path) -> None:
+    server = stdio_server("t", **stdio_args(log))
+    agent = Agent(ScriptedModel(call_tool_then_answer("t__rm_rf", {})), mcp_servers=[server])
+    text = _tool_message(agent.generate("try").turn).text
+    assert "MCP server 't' lists no tool 'rm_rf'" in text
+    assert seen(log) == []
