@@ -293,3 +293,20 @@ def test_a_prefixed_name_the_server_does_not_list_runs_nothing(log: Path) -> Non
     text = _tool_message(agent.generate("try").turn).text
     assert "MCP server 't' lists no tool 'rm_rf'" in text
     assert seen(log) == []
+
+
+def test_a_stdio_server_starts_where_stderr_is_celerys_logging_proxy(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from celery.utils.log import LoggingProxy
+
+    # What a Celery worker does to sys.stderr: a proxy without a file descriptor, which a
+    # child process cannot inherit.
+    monkeypatch.setattr(sys, "stderr", LoggingProxy(logging.getLogger("test.stderr")))
+    server = stdio_server("t", **stdio_args(log))
+    agent = Agent(
+        ScriptedModel(call_tool_then_answer("t__add", {"a": 3, "b": 3})), mcp_servers=[server]
+    )
+    assert agent.generate("add").text == "tool said: 6"
