@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from convoq import Client
+from convoq.messages import ImagePart, MessageRole
 from tests.support.mcp_agents import asked_path, log_path
+from tests.support.mcp_server import PIXEL
 from tests.support.mcp_servers import pid_alive, seen
 from tests.support.workers import WorkerPool, module_pool, wait_until
 
@@ -69,6 +71,14 @@ def test_a_worker_keeps_its_session_and_reports_the_server_healthy(
         "connected",
         "not started",
     )
+
+
+def test_an_image_from_a_worker_is_stored_with_the_tool_result(client: Client) -> None:
+    cid = _cid()
+    client.submit(cid, "pixel", agent="mcp").wait(30)
+    tool_message = next(m for m in client.history(cid) if m.role == MessageRole.TOOL)
+    [image] = tool_message.attachments
+    assert isinstance(image, ImagePart) and image.data == PIXEL
 
 
 def test_an_mcp_call_needing_approval_parks_and_resumes_on_another_worker(

@@ -2,7 +2,7 @@
 
 ``mcp`` takes tools from the test server (stdio, ``t__*``) and from mcp-server-time
 (``time__*``, ``convert_time`` needing approval). Its model reads the user's message:
-``add A B``, ``slow SECONDS`` or ``convert HH:MM ZONE``, asks for that call, then answers
+``add A B``, ``pixel``, ``slow SECONDS`` or ``convert HH:MM ZONE``, asks for that call, then answers
 ``tool said: <result>``. The test server logs each call to :func:`log_path`, and the
 model logs which process asked for a call, so tests see from outside who did what.
 """
@@ -38,6 +38,8 @@ def _call_for(text: str) -> ToolCall:
     word, *rest = text.split()
     if word == "add":
         return ToolCall(id="c-add", name="t__add", arguments={"a": int(rest[0]), "b": int(rest[1])})
+    if word == "pixel":
+        return ToolCall(id="c-pixel", name="t__pixel", arguments={})
     if word == "slow":
         return ToolCall(id="c-slow", name="t__slow", arguments={"seconds": float(rest[0])})
     arguments = {"source_timezone": "UTC", "time": rest[0], "target_timezone": rest[1]}
