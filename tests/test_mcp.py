@@ -163,8 +163,12 @@ def test_an_unreachable_server_is_a_tool_error_the_model_reads(tmp_path: Path) -
 
 @pytest.fixture
 def http(log: Path) -> Iterator[HTTPServerProcess]:
+    from convoq._sync import run_sync
+    from convoq.mcp import close_all
+
     process = HTTPServerProcess(log).start()
     yield process
+    run_sync(close_all(process.used))  # ends the sessions while the server still listens
     process.stop()
 
 
@@ -174,6 +178,7 @@ def test_an_http_server_gets_its_headers_and_reconnects_after_a_restart(
     server = http_server(
         "h", http.url, headers={"Authorization": "Bearer t0ken"}, allowed_networks="127.0.0.1"
     )
+    http.used.append(server)
     agent = Agent(
         ScriptedModel(call_tool_then_answer("h__add", {"a": 4, "b": 4})), mcp_servers=[server]
     )
@@ -198,6 +203,7 @@ def test_a_loopback_url_is_refused_unless_allowed(
     assert seen(log) == []
     monkeypatch.setenv("CONVOQ_MCP_ALLOWED_NETWORKS", "127.0.0.0/8")
     allowed = http_server("g", http.url)
+    http.used.append(allowed)
     agent = Agent(
         ScriptedModel(call_tool_then_answer("g__add", {"a": 1, "b": 1})), mcp_servers=[allowed]
     )
@@ -310,3 +316,15 @@ def test_a_stdio_server_starts_where_stderr_is_celerys_logging_proxy(
         ScriptedModel(call_tool_then_answer("t__add", {"a": 3, "b": 3})), mcp_servers=[server]
     )
     assert agent.generate("add").text == "tool said: 6"
+
+
+def test_turns_right_after_a_failed_listing_do_not_wait_for_the_server_again(
+    tmp_path: Path,
+) -> None:
+    starts = tmp_path / "starts"
+    code = f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(1)"
+    server = stdio_server("flaky", sys.executable, ["-c", code])
+    agent = Agent(ScriptedModel(lambda request: "no tools needed"), mcp_servers=[server])
+    assert agent.generate("one").text == agent.generate("two").text == "no tools needed"
+    assert starts.read_text() == "x"  # the second turn used the (empty) last list
+    assert health([server])["flaky"]["state"] == "unreachable"

@@ -8,6 +8,8 @@ module whether or not any profile uses MCP.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import time
 import weakref
@@ -31,6 +33,7 @@ class ServerState:
     locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    list_after: float = 0.0  # monotonic: no listing before, after a failed one
     state: str = "not started"
     error: str | None = None
     since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
@@ -60,6 +63,33 @@ class ServerState:
 
 
 _states: weakref.WeakKeyDictionary[MCPServer, ServerState] = weakref.WeakKeyDictionary()
+
+
+_EXIT_CLOSE_S = 5.0
+_exit_hook_armed = False
+
+
+def remember(server: MCPServer, connection: Any) -> None:
+    """Keep ``connection`` as the running loop's session with ``server``; at interpreter
+    exit open sessions are closed while their loops still run (atexit runs this hook
+    before the one that stops the loop sync APIs share, registered earlier)."""
+    global _exit_hook_armed
+    state_of(server).connections[asyncio.get_running_loop()] = connection
+    if not _exit_hook_armed:
+        _exit_hook_armed = True
+        atexit.register(_close_at_exit)
+
+
+def _close_at_exit() -> None:
+    for state in list(_states.values()):
+        if state.pid != os.getpid():
+            continue
+        for loop, connection in list(state.connections.items()):
+            if not loop.is_running() or loop.is_closed():
+                continue
+            future = asyncio.run_coroutine_threadsafe(connection.close(), loop)
+            with contextlib.suppress(Exception):
+                future.result(_EXIT_CLOSE_S)
 
 
 def state_of(server: MCPServer) -> ServerState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any
 
 import mcp.types as mt
@@ -22,7 +23,7 @@ from convoq.context import RunContext
 from convoq.errors import ToolError
 from convoq.mcp._connection import Connection, describe
 from convoq.mcp._results import tool_output
-from convoq.mcp._state import state_of
+from convoq.mcp._state import remember, state_of
 from convoq.mcp.config import HTTPSpec, MCPServer
 from convoq.models.base import ToolSpec
 from convoq.tools import Tool, ToolOutput
@@ -35,6 +36,10 @@ IDEMPOTENCY_META_KEY = "idempotency_key"
 # What Chat Completions (and most model APIs) accept as a function name.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_PAGES = 100
+
+LIST_RETRY_S = 10.0
+"""After a server could not list its tools, turns within this long offer its last list
+(or none) instead of trying again; a call of one of its tools still tries."""
 
 
 class MCPTool(Tool):
@@ -108,11 +113,15 @@ async def current_tools(server: MCPServer) -> list[Tool]:
     state = state_of(server)
     if state.tools is not None and not state.stale:
         return list(state.tools)
+    if time.monotonic() < state.list_after:
+        # It failed a moment ago: turns in between do not each wait for it again.
+        return list(state.tools or [])
     try:
         session = await _session(server)
         listed = await asyncio.wait_for(_list_all(session), server.common.connect_timeout_s)
     except (ToolError, TimeoutError, MCPError) as exc:
         state.down(str(exc) or "listing its tools timed out")
+        state.list_after = time.monotonic() + LIST_RETRY_S
         log.warning("MCP server %r: tools not listed (%s)", server.name, state.error)
         return list(state.tools or [])
     state.stale = False
@@ -165,7 +174,7 @@ async def _session(server: MCPServer) -> ClientSession:
                 f"MCP server {server.name!r} cannot be reached ({describe(exc)}); the call"
                 " did not run"
             ) from None
-        state.connections[loop] = connection
+        remember(server, connection)
         state.mark_stale()  # a new session may list other tools than the last one did
         state.up()
         return session

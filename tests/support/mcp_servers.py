@@ -47,6 +47,7 @@ class HTTPServerProcess:
         self.log = log
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.used: list[Any] = []  # the convoq servers a test made for it, closed at the end
 
     @property
     def url(self) -> str:
