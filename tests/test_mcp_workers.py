@@ -73,6 +73,22 @@ def test_a_worker_keeps_its_session_and_reports_the_server_healthy(
     )
 
 
+def test_an_unreachable_server_fails_the_call_and_shows_in_the_worker_entry(
+    client: Client, pool: WorkerPool
+) -> None:
+    result = client.submit(_cid(), "gone", agent="mcp").wait(30)
+    assert "MCP server 'gone' cannot be reached" in result.text  # the turn went on
+    worker_pid = int(asked_path(pool.prefix).read_text().split()[-1])
+
+    def shown() -> dict[str, object] | None:
+        entry = next(w for w in client.workers().values() if w["pid"] == worker_pid)
+        gone = entry.get("mcp", {}).get("gone")
+        return gone if gone and gone["state"] == "unreachable" else None
+
+    gone = wait_until(shown, 30, what="the worker entry to show the server unreachable")
+    assert "no-such-mcp-server" in str(gone["error"])
+
+
 def test_an_image_from_a_worker_is_stored_with_the_tool_result(client: Client) -> None:
     cid = _cid()
     client.submit(cid, "pixel", agent="mcp").wait(30)

@@ -1,9 +1,10 @@
 """Worker profiles with MCP servers (CONVOQ_AGENTS=tests.support.mcp_agents).
 
-``mcp`` takes tools from the test server (stdio, ``t__*``) and from mcp-server-time
-(``time__*``, ``convert_time`` needing approval). Its model reads the user's message:
-``add A B``, ``pixel``, ``slow SECONDS`` or ``convert HH:MM ZONE``, asks for that call, then answers
-``tool said: <result>``. The test server logs each call to :func:`log_path`, and the
+``mcp`` takes tools from the test server (stdio, ``t__*``), from mcp-server-time
+(``time__*``, ``convert_time`` needing approval) and from ``gone``, a command that does
+not exist. Its model reads the user's message: ``add A B``, ``gone``, ``pixel``, ``slow
+SECONDS`` or ``convert HH:MM ZONE``, asks for that call, then answers ``tool said:
+<result>``. The test server logs each call to :func:`log_path`, and the
 model logs which process asked for a call, so tests see from outside who did what.
 """
 
@@ -38,6 +39,8 @@ def _call_for(text: str) -> ToolCall:
     word, *rest = text.split()
     if word == "add":
         return ToolCall(id="c-add", name="t__add", arguments={"a": int(rest[0]), "b": int(rest[1])})
+    if word == "gone":
+        return ToolCall(id="c-gone", name="gone__ping", arguments={})
     if word == "pixel":
         return ToolCall(id="c-pixel", name="t__pixel", arguments={})
     if word == "slow":
@@ -66,5 +69,6 @@ mcp_agent = Agent(
             ["-m", "mcp_server_time", "--local-timezone", "UTC"],
             requires_approval=["convert_time"],
         ),
+        stdio_server("gone", str(Path(tempfile.gettempdir()) / "no-such-mcp-server")),
     ],
 )
