@@ -328,3 +328,28 @@ def test_turns_right_after_a_failed_listing_do_not_wait_for_the_server_again(
     assert agent.generate("one").text == agent.generate("two").text == "no tools needed"
     assert starts.read_text() == "x"  # the second turn used the (empty) last list
     assert health([server])["flaky"]["state"] == "unreachable"
+
+
+async def test_an_mcp_call_is_a_span_inside_the_tool_span(log: Path) -> None:
+    from convoq.mcp import close_all
+    from convoq.observe import tracing
+    from tests.support.telemetry import memory_exporter
+
+    spans = memory_exporter()
+    server = stdio_server("t", **stdio_args(log))
+    agent = Agent(
+        ScriptedModel(call_tool_then_answer("t__add", {"a": 1, "b": 2})), mcp_servers=[server]
+    )
+    try:
+        with tracing.span("test.root"):
+            assert (await agent.agenerate("add")).text == "tool said: 3"
+    finally:
+        await close_all([server])
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    call, tool_span = finished["convoq.mcp.call"], finished["convoq.tool"]
+    assert call.parent is not None and call.parent.span_id == tool_span.context.span_id
+    assert call.attributes is not None
+    assert (call.attributes["convoq.mcp.server"], call.attributes["convoq.mcp.tool"]) == (
+        "t",
+        "add",
+    )

@@ -26,6 +26,7 @@ from convoq.mcp._results import tool_output
 from convoq.mcp._state import remember, state_of
 from convoq.mcp.config import HTTPSpec, MCPServer
 from convoq.models.base import ToolSpec
+from convoq.observe import tracing
 from convoq.tools import Tool, ToolOutput
 
 log = logging.getLogger("convoq.mcp")
@@ -190,12 +191,15 @@ async def call_tool(
     for attempt in (1, 2):
         session = await _session(server)
         try:
-            result = await session.call_tool(
-                remote,
-                arguments,
-                read_timeout_seconds=server.common.call_timeout_s,
-                meta=meta,  # type: ignore[arg-type]
-            )
+            with tracing.span(
+                "convoq.mcp.call", {"convoq.mcp.server": server.name, "convoq.mcp.tool": remote}
+            ):
+                result = await session.call_tool(
+                    remote,
+                    arguments,
+                    read_timeout_seconds=server.common.call_timeout_s,
+                    meta=meta,  # type: ignore[arg-type]
+                )
         except MCPError as exc:
             if exc.code == mt.INVALID_REQUEST and _is_http(server) and attempt == 1:
                 await _lost(server, exc)
