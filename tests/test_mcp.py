@@ -15,7 +15,7 @@ import pytest
 
 from convoq import Agent
 from convoq.errors import ConfigurationError
-from convoq.mcp import health, http_server, stdio_server
+from convoq.mcp import IDEMPOTENCY_META_KEY, health, http_server, stdio_server
 from convoq.memory import InMemoryConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, ToolCall
 from convoq.models import ModelRequest, ScriptedModel
@@ -62,7 +62,7 @@ def test_a_stdio_tool_runs_with_the_idempotency_key_in_its_meta(log: Path) -> No
     assert {"t__add", "t__pixel", "_local"} <= set(script.offered[0])
     [call] = seen(log)
     assert call["arguments"] == {"a": 2, "b": 5}
-    key = call["meta"]["idempotency_key"]
+    key = call["meta"][IDEMPOTENCY_META_KEY]
     assert key.startswith("convoq-") and len(key) == len("convoq-") + 64
     assert health([server])["t"]["state"] == "connected"
 

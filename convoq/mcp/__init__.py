@@ -15,6 +15,13 @@ server is configured.
 """
 
 from convoq.mcp._state import close_all, health
-from convoq.mcp.config import MCPServer, http_server, stdio_server
+from convoq.mcp.config import IDEMPOTENCY_META_KEY, MCPServer, http_server, stdio_server
 
-__all__ = ["MCPServer", "close_all", "health", "http_server", "stdio_server"]
+__all__ = [
+    "IDEMPOTENCY_META_KEY",
+    "MCPServer",
+    "close_all",
+    "health",
+    "http_server",
+    "stdio_server",
+]

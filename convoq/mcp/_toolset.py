@@ -24,15 +24,12 @@ from convoq.errors import ToolError
 from convoq.mcp._connection import Connection, describe
 from convoq.mcp._results import tool_output
 from convoq.mcp._state import remember, state_of
-from convoq.mcp.config import HTTPSpec, MCPServer
+from convoq.mcp.config import IDEMPOTENCY_META_KEY, HTTPSpec, MCPServer
 from convoq.models.base import ToolSpec
 from convoq.observe import tracing
 from convoq.tools import Tool, ToolOutput
 
 log = logging.getLogger("convoq.mcp")
-
-IDEMPOTENCY_META_KEY = "idempotency_key"
-"""The ``_meta`` key of a tool call that carries ``ctx.idempotency_key``."""
 
 # What Chat Completions (and most model APIs) accept as a function name.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -26,6 +26,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 15.0
 DEFAULT_CALL_TIMEOUT_S = 300.0
 """One tool call, at most; past it the model is told the call timed out."""
 
+IDEMPOTENCY_META_KEY = "idempotency_key"
+"""The key of a tool call's MCP request ``_meta`` that carries ``ctx.idempotency_key``."""
+
 Approval = ApprovalRule | Iterable[str]
 """Which calls wait for a human: True/False, a function ``(ctx, arguments) -> bool``, or
 the names of the server's tools (unprefixed) that always do."""

@@ -82,9 +82,8 @@ class WorkerRuntime:
         self._memory: RedisConversationMemory | None = None
         # Every profile's MCP servers: their health goes in the worker entry, their
         # sessions are closed at shutdown.
-        self._mcp_servers = list(
-            {id(s): s for a in self.profiles.values() for s in a.mcp_servers}.values()
-        )
+        servers = (s for a in self.profiles.values() for s in getattr(a, "mcp_servers", ()))
+        self._mcp_servers = list({id(s): s for s in servers}.values())
         self.backlog = SlotBacklog(
             settings.concurrency,
             self._queued_kicks,
