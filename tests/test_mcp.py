@@ -21,7 +21,7 @@ from convoq.messages import ImagePart, Message, MessageRole, ToolCall
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.observe.metrics import REGISTRY
 from tests.support.mcp_server import PIXEL
-from tests.support.mcp_servers import HTTPServerProcess, pid_alive, seen, stdio_args
+from tests.support.mcp_servers import HTTPServerProcess, listings, pid_alive, seen, stdio_args
 from tests.support.models import call_tool_then_answer
 
 
@@ -126,14 +126,18 @@ def test_a_denied_call_never_reaches_the_server(log: Path) -> None:
     assert done.status == "completed" and seen(log) == []
 
 
-def test_a_server_that_announces_new_tools_is_listed_again(log: Path) -> None:
+def test_tools_are_listed_once_and_again_after_the_server_announces_a_change(
+    log: Path,
+) -> None:
     server = stdio_server("t", **stdio_args(log))
-    script = _calls(("t__grow", {}), ("t__extra", {}))
+    script = _calls(("t__add", {"a": 1, "b": 1}), ("t__grow", {}), ("t__extra", {}))
     agent = Agent(ScriptedModel(script), mcp_servers=[server])
+    agent.generate("add")
     agent.generate("grow")
+    assert listings(log) == 1  # two turns, one listing: the list is cached
     assert "t__extra" not in script.offered[0]
     assert agent.generate("use it").text == "tool said: extra here"
-    assert "t__extra" in script.offered[-1]
+    assert "t__extra" in script.offered[-1] and listings(log) == 2
 
 
 def test_a_dead_stdio_server_fails_its_call_and_is_started_again(log: Path) -> None:

@@ -24,7 +24,19 @@ PIXEL = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 )
 
-server = MCPServer("convoq-test")
+
+class _ListingLogged(MCPServer):
+    """Logs each tools/list too, so tests see how often a client lists."""
+
+    async def list_tools(self) -> Any:
+        path = os.environ.get("MCP_TEST_LOG")
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"tool": "(list)", "pid": os.getpid()}) + "\n")
+        return await super().list_tools()
+
+
+server = _ListingLogged("convoq-test")
 
 
 def _log(tool: str, ctx: Context, **arguments: Any) -> None:

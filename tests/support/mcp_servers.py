@@ -28,7 +28,16 @@ def stdio_args(log: Path) -> dict[str, Any]:
 
 
 def seen(log: Path) -> list[dict[str, Any]]:
-    """The calls the test server logged, in order."""
+    """The tool calls the test server logged, in order."""
+    return [entry for entry in logged(log) if entry["tool"] != "(list)"]
+
+
+def listings(log: Path) -> int:
+    """How many times the test server was asked for its tools."""
+    return sum(1 for entry in logged(log) if entry["tool"] == "(list)")
+
+
+def logged(log: Path) -> list[dict[str, Any]]:
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
