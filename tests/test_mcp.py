@@ -357,3 +357,17 @@ async def test_an_mcp_call_is_a_span_inside_the_tool_span(log: Path) -> None:
         "t",
         "add",
     )
+
+
+def test_unusable_and_clashing_names_are_left_out_and_python_tools_win(log: Path) -> None:
+    def add(a: int, b: int) -> str:
+        """The Python tool named like the server's."""
+        return "python add"
+
+    server = stdio_server("t", tool_prefix="", **stdio_args(log))
+    script = _calls(("add", {"a": 1, "b": 2}))
+    agent = Agent(ScriptedModel(script), mcp_servers=[server], tools=[add])
+    assert agent.generate("add").text == "tool said: python add"
+    assert "pixel" in script.offered[0] and script.offered[0].count("add") == 1
+    assert not any("dotted" in name for name in script.offered[0])
+    assert seen(log) == []

@@ -63,6 +63,12 @@ def add(a: int, b: int, ctx: Context) -> int:
     return a + b
 
 
+@server.tool(name="dotted.name")
+def dotted() -> str:
+    """A name models do not accept for a function."""
+    return "never offered"
+
+
 @server.tool()
 def pixel(ctx: Context) -> list[TextContent | ImageContent]:
     """A tiny picture, with a caption."""
