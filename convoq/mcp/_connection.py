@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from convoq.mcp._dies_with_parent import wrap as dies_with_parent
 from convoq.mcp._guard import RefusedAddressError, guarded_client
 from convoq.mcp.config import HTTPSpec, MCPServer, StdioSpec
 
@@ -122,8 +123,10 @@ class Connection:
     def _transport(self) -> AbstractAsyncContextManager[Streams]:
         spec = self.server.transport
         if isinstance(spec, StdioSpec):
+            # The server dies with this process, even killed with -9 (see the module).
+            command, args = dies_with_parent(spec.command, list(spec.args))
             params = StdioServerParameters(
-                command=spec.command, args=list(spec.args), env=dict(spec.env), cwd=spec.cwd
+                command=command, args=args, env=dict(spec.env), cwd=spec.cwd
             )
             # Celery replaces sys.stderr with a logging proxy that has no file descriptor;
             # the child needs a real one for its stderr.
