@@ -140,8 +140,7 @@ def test_a_kill_9_mid_call_reruns_it_with_the_same_idempotency_key(
     slow = [c for c in seen(log)[before:] if c["tool"] == "slow"]
     assert len(slow) == 2 and slow[0]["pid"] != slow[1]["pid"]
     assert slow[0]["meta"]["idempotency_key"] == slow[1]["meta"]["idempotency_key"]
-    # The killed worker's servers had their stdin closed: an idle one exits at once, the
-    # busy one once its call ends.
+    # The killed worker's servers, the busy one included, die with it.
     assert server_pid in orphans
     wait_until(
         lambda: not any(pid_alive(p) for p in orphans), 30, what="the orphaned servers to exit"

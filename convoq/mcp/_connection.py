@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -123,8 +124,9 @@ class Connection:
     def _transport(self) -> AbstractAsyncContextManager[Streams]:
         spec = self.server.transport
         if isinstance(spec, StdioSpec):
-            # The server dies with this process, even killed with -9 (see the module).
-            command, args = dies_with_parent(spec.command, list(spec.args))
+            # The server dies with this process, even killed with -9 (see the module);
+            # the guard execs the command, so a missing one is told here, not by it.
+            command, args = dies_with_parent(_found(spec), list(spec.args))
             params = StdioServerParameters(
                 command=command, args=args, env=dict(spec.env), cwd=spec.cwd
             )
@@ -132,6 +134,15 @@ class Connection:
             # the child needs a real one for its stderr.
             return stdio_client(params, errlog=_real_stderr())
         return _http(self.server.name, spec)
+
+
+def _found(spec: StdioSpec) -> str:
+    """The command's path, found as the child would find it; FileNotFoundError if none."""
+    path = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
+    found = shutil.which(spec.command, path=path)
+    if found is None:
+        raise FileNotFoundError(f"command {spec.command!r} not found or not executable")
+    return found
 
 
 @contextlib.asynccontextmanager
