@@ -29,6 +29,8 @@ pool = module_pool(
 def client(pool: WorkerPool) -> Iterator[Client]:
     with pool.client() as c:
         yield c
+    log_path(pool.prefix).unlink(missing_ok=True)
+    asked_path(pool.prefix).unlink(missing_ok=True)
 
 
 def _cid() -> str:
