@@ -83,7 +83,9 @@ class MCPTool(Tool):
 
 
 class _Unreachable(MCPTool):
-    """Stands in for a tool of a server whose list is not known now."""
+    """Stands in for a name with the server's prefix that is not listed now. It never
+    calls the server (whether such a call needs approval cannot be known); it tells the
+    model why: the server cannot be reached, or it lists no such tool."""
 
     def __init__(self, server: MCPServer, name: str) -> None:
         remote = mt.Tool(
