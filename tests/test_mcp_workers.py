@@ -5,6 +5,7 @@ process outlives a worker, stopped or killed."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +16,39 @@ from convoq import Client
 from convoq.messages import ImagePart, MessageRole
 from tests.support.mcp_agents import asked_path, log_path
 from tests.support.mcp_server import PIXEL
-from tests.support.mcp_servers import pid_alive, seen
-from tests.support.workers import WorkerPool, module_pool, wait_until
+from tests.support.mcp_servers import HTTPServerProcess, pid_alive, seen
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerPool, running_pool, wait_until
 
 pytestmark = pytest.mark.slow
 
-pool = module_pool(
-    2, agents="tests.support.mcp_agents", lease_ms=2000, sweep_interval_s=0.5, concurrency=4
-)
+HTTP_TOKEN = "worker-token"
+
+
+@pytest.fixture(scope="module")
+def http_mcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPServerProcess]:
+    """The test server over HTTP; workers started after it find it in their environment."""
+    process = HTTPServerProcess(tmp_path_factory.mktemp("mcp-http") / "calls.log").start()
+    os.environ["MCP_TEST_HTTP_URL"], os.environ["MCP_TEST_TOKEN"] = process.url, HTTP_TOKEN
+    try:
+        yield process
+    finally:
+        del os.environ["MCP_TEST_HTTP_URL"], os.environ["MCP_TEST_TOKEN"]
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def pool(
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    http_mcp: HTTPServerProcess,
+) -> Iterator[WorkerPool]:
+    settings = {"lease_ms": 2000, "sweep_interval_s": 0.5, "concurrency": 4}
+    logs = tmp_path_factory.mktemp("workers")
+    with running_pool(
+        redis_server.url, logs, 2, agents="tests.support.mcp_agents", **settings
+    ) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +115,15 @@ def test_an_unreachable_server_fails_the_call_and_shows_in_the_worker_entry(
 
     gone = wait_until(shown, 30, what="the worker entry to show the server unreachable")
     assert "no-such-mcp-server" in str(gone["error"])
+
+
+def test_a_worker_calls_an_http_server_with_the_token_from_its_environment(
+    client: Client, http_mcp: HTTPServerProcess
+) -> None:
+    assert client.submit(_cid(), "hadd 20 22", agent="mcp").wait(30).text == "tool said: 42"
+    [call] = [c for c in seen(http_mcp.log) if c["tool"] == "add"]
+    assert call["authorization"] == f"Bearer {HTTP_TOKEN}"
+    assert call["meta"]["idempotency_key"].startswith("convoq-")
 
 
 def test_an_image_from_a_worker_is_stored_with_the_tool_result(client: Client) -> None:

@@ -1,10 +1,11 @@
 """Worker profiles with MCP servers (CONVOQ_AGENTS=tests.support.mcp_agents).
 
-``mcp`` takes tools from the test server (stdio, ``t__*``), from mcp-server-time
-(``time__*``, ``convert_time`` needing approval) and from ``gone``, a command that does
-not exist. Its model reads the user's message: ``add A B``, ``gone``, ``pixel``, ``slow
-SECONDS`` or ``convert HH:MM ZONE``, asks for that call, then answers ``tool said:
-<result>``. The test server logs each call to :func:`log_path`, and the
+``mcp`` takes tools from the test server (stdio, ``t__*``; over HTTP, ``h__*``, at
+``MCP_TEST_HTTP_URL`` with the bearer token ``MCP_TEST_TOKEN`` when they are set), from
+mcp-server-time (``time__*``, ``convert_time`` needing approval) and from ``gone``, a
+command that does not exist. Its model reads the user's message: ``add A B``,
+``hadd A B``, ``gone``, ``pixel``, ``slow SECONDS`` or ``convert HH:MM ZONE``, asks for
+that call, then answers ``tool said: <result>``. The test server logs each call to :func:`log_path`, and the
 model logs which process asked for a call, so tests see from outside who did what.
 """
 
@@ -16,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from convoq import Agent, Message, ToolCall
-from convoq.mcp import stdio_server
+from convoq.mcp import http_server, stdio_server
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
 from tests.support.mcp_servers import stdio_args
@@ -39,6 +40,10 @@ def _call_for(text: str) -> ToolCall:
     word, *rest = text.split()
     if word == "add":
         return ToolCall(id="c-add", name="t__add", arguments={"a": int(rest[0]), "b": int(rest[1])})
+    if word == "hadd":
+        return ToolCall(
+            id="c-hadd", name="h__add", arguments={"a": int(rest[0]), "b": int(rest[1])}
+        )
     if word == "gone":
         return ToolCall(id="c-gone", name="gone__ping", arguments={})
     if word == "pixel":
@@ -58,10 +63,24 @@ def _model(request: ModelRequest) -> str | Message:
     return Message(role=MessageRole.ASSISTANT, tool_calls=[_call_for(last.text)])
 
 
+_over_http = (
+    [
+        http_server(
+            "h",
+            os.environ["MCP_TEST_HTTP_URL"],
+            headers={"Authorization": f"Bearer {os.environ['MCP_TEST_TOKEN']}"},
+            allowed_networks="127.0.0.1",
+        )
+    ]
+    if os.environ.get("MCP_TEST_HTTP_URL")
+    else []
+)
+
 mcp_agent = Agent(
     ScriptedModel(_model),
     name="mcp",
     mcp_servers=[
+        *_over_http,
         stdio_server("t", **stdio_args(log_path(_PREFIX))),
         stdio_server(
             "time",
