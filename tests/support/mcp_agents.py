@@ -5,8 +5,9 @@
 mcp-server-time (``time__*``, ``convert_time`` needing approval) and from ``gone``, a
 command that does not exist. Its model reads the user's message: ``add A B``,
 ``hadd A B``, ``gone``, ``pixel``, ``slow SECONDS`` or ``convert HH:MM ZONE``, asks for
-that call, then answers ``tool said: <result>``. The test server logs each call to :func:`log_path`, and the
-model logs which process asked for a call, so tests see from outside who did what.
+that call, then answers ``tool said: <result>``. The test server logs each call to
+:func:`log_path`, and the model logs which process asked for a call, so tests see from
+outside who did what.
 """
 
 from __future__ import annotations
