@@ -34,6 +34,7 @@ from convoq.engine import (
 )
 from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
+from convoq.mcp.config import MCPServer, check_servers
 from convoq.memory._reservations import now_ms
 from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
@@ -109,6 +110,9 @@ class Agent:
             makes its own database pool, say).
         approval_policy: ``(ctx, arguments) -> bool`` (sync or async) over every tool:
             a call waits for approval when it or the tool's ``requires_approval`` says so.
+        mcp_servers: MCP servers whose tools are offered too, named ``<server>__<tool>``
+            (:func:`convoq.mcp.stdio_server`, :func:`convoq.mcp.http_server`; needs
+            ``convoq[mcp]``).
     """
 
     def __init__(
@@ -135,6 +139,7 @@ class Agent:
         deps: Any = None,
         deps_factory: Callable[[], Any] | None = None,
         approval_policy: ApprovalRule = False,
+        mcp_servers: Iterable[MCPServer] = (),
     ) -> None:
         if if_busy not in ("reject", "wait"):
             raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
@@ -154,7 +159,8 @@ class Agent:
         self.conversation_id = (
             check_conversation_id(conversation_id) if conversation_id is not None else None
         )
-        self.tools = ToolRegistry(tools)
+        self.mcp_servers = check_servers(mcp_servers)
+        self.tools = ToolRegistry(tools, toolsets=self.mcp_servers)
         self.output = output_shape(output_type)
         self.output_retries = output_retries
         self.model_settings = coerce_settings(model_settings)

@@ -31,7 +31,7 @@ from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest, ModelSettings
 from convoq.observe import metrics, tracing
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
-from convoq.tools import ToolRegistry
+from convoq.tools import ToolOutput, ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.usage import Usage, turn_usage
 
@@ -136,6 +136,8 @@ class TurnLoop:
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
+        # MCP servers' tools as they are listed now, the same for the whole run.
+        self.tools = await self.tools.for_turn()
         self._specs = self.tools.specs()
         while True:
             if await self.should_stop():
@@ -244,12 +246,15 @@ class TurnLoop:
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
             attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
             with tracing.span("convoq.tool", attributes):
-                result = await self._result_for(call, decision, ctx)
-            state.messages.append(Message.tool_result(call, result, decision))
+                output = await self._result_for(call, decision, ctx)
+            result = Message.tool_result(call, output.text, decision)
+            result.content.extend(output.attachments)  # images an MCP tool returned
+            state.messages.append(result)
             await self.checkpoint(state)
             await self.emit(
                 TurnEvent(
-                    type="tool_result", data={"id": call.id, "name": call.name, "result": result}
+                    type="tool_result",
+                    data={"id": call.id, "name": call.name, "result": output.text},
                 )
             )
         # Decisions are spent once their calls are answered; what is left waits for one.
@@ -273,20 +278,20 @@ class TurnLoop:
 
     async def _result_for(
         self, call: ToolCall, decision: Decision | None, ctx: RunContext[Any]
-    ) -> str:
+    ) -> ToolOutput:
         # A name the model made up is no label: labels must stay few.
         label = call.name if call.name in self.tools else "(unknown)"
         if decision is not None and not decision.approved:
             metrics.tool_called(label, "denied")
-            return refused_result(decision)
+            return ToolOutput(refused_result(decision))
         try:
-            result = await self.tools.get(call.name).call(call.arguments, ctx)
+            output = await self.tools.get(call.name).output(call.arguments, ctx)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             metrics.tool_called(label, "error")
             tracing.record_error(exc)
-            return f"Error: {type(exc).__name__}: {exc}"
-        metrics.tool_called(label, "ok")
-        return result
+            return ToolOutput(f"Error: {type(exc).__name__}: {exc}", is_error=True)
+        metrics.tool_called(label, "error" if output.is_error else "ok")
+        return output
 
 
 def _usage_so_far(state: TurnState) -> Usage:

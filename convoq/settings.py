@@ -134,6 +134,11 @@ class ConvoqSettings(BaseSettings):
         description="Networks callbacks may go to although not public (comma separated,"
         " e.g. 10.0.0.0/8,127.0.0.1). Unset: public addresses only.",
     )
+    mcp_allowed_networks: str | None = Field(
+        default=None,
+        description="Networks MCP servers over HTTP may be reached in although not public"
+        " (comma separated, e.g. 10.0.0.0/8,127.0.0.1). Unset: public addresses only.",
+    )
     visibility_timeout_s: int = Field(
         default=defaults.VISIBILITY_TIMEOUT_S,
         ge=60,

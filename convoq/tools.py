@@ -2,14 +2,19 @@
 
 A tool whose first parameter is annotated :class:`~convoq.context.RunContext` receives the
 call's context there; that parameter is not part of the schema the model sees.
+
+Tools may also come from a *toolset* (an MCP server, :mod:`convoq.mcp`): a registry asks
+its toolsets for their tools at the start of each turn (:meth:`ToolRegistry.for_turn`).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import logging
 from collections.abc import Callable, Iterable
-from typing import Any, get_origin, get_type_hints, overload
+from dataclasses import dataclass, field
+from typing import Any, Protocol, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -17,7 +22,20 @@ from convoq._sync import call_maybe_async
 from convoq.approvals import ApprovalRule, check_rule, rule_says
 from convoq.context import RunContext
 from convoq.errors import ToolError
+from convoq.messages import FilePart, ImagePart
 from convoq.models.base import ToolSpec
+
+log = logging.getLogger("convoq.tools")
+
+
+@dataclass
+class ToolOutput:
+    """What a tool call gives the model: its text, attachments kept with the tool result
+    (images an MCP tool returned), and whether the tool reported an error."""
+
+    text: str
+    attachments: list[ImagePart | FilePart] = field(default_factory=list)
+    is_error: bool = False
 
 
 class Tool:
@@ -69,6 +87,11 @@ class Tool:
         if ctx is None:
             raise ToolError(f"tool {self.name!r} takes a RunContext; call it with one")
         return _render(await call_maybe_async(self.fn, ctx, **kwargs))
+
+    async def output(self, arguments: dict[str, Any], ctx: RunContext[Any]) -> ToolOutput:
+        """The call's result as the engine stores it (:meth:`call`'s text, for a Python
+        tool; tools from other sources may add attachments)."""
+        return ToolOutput(await self.call(arguments, ctx))
 
     async def needs_approval(self, ctx: RunContext[Any], arguments: dict[str, Any]) -> bool:
         """Whether this call waits for a human (the tool's ``requires_approval``)."""
@@ -141,22 +164,61 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
-class ToolRegistry:
-    """The tools an agent offers, by name."""
+class Toolset(Protocol):
+    """Tools that come from elsewhere and may change (an MCP server's)."""
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+    @property
+    def name(self) -> str: ...
+
+    async def toolset_tools(self) -> list[Tool]:
+        """The tools offered now."""
+        ...
+
+    def stand_in(self, name: str) -> Tool | None:
+        """A tool to answer a call of ``name`` that the toolset claims but does not list
+        now (it could not be reached), or None when the name is not the toolset's."""
+        ...
+
+
+class ToolRegistry:
+    """The tools an agent offers, by name, and the toolsets whose tools it adds per turn."""
+
+    def __init__(
+        self, tools: Iterable[Tool | Callable[..., Any]] = (), toolsets: Iterable[Toolset] = ()
+    ) -> None:
         self._tools: dict[str, Tool] = {}
+        self.toolsets = tuple(toolsets)
         for item in tools:
             t = item if isinstance(item, Tool) else Tool(item)
             if t.name in self._tools:
                 raise ToolError(f"two tools are named {t.name!r}")
             self._tools[t.name] = t
 
+    async def for_turn(self) -> ToolRegistry:
+        """The tools for one turn: these, plus each toolset's as it lists them now (a
+        toolset's tool named like another tool is left out, with a warning)."""
+        if not self.toolsets:
+            return self
+        snapshot = ToolRegistry(self._tools.values(), self.toolsets)
+        for toolset in self.toolsets:
+            for t in await toolset.toolset_tools():
+                if t.name in snapshot._tools:
+                    log.warning(
+                        "%s offers a tool named %r like another: left out", toolset.name, t.name
+                    )
+                    continue
+                snapshot._tools[t.name] = t
+        return snapshot
+
     def get(self, name: str) -> Tool:
-        try:
-            return self._tools[name]
-        except KeyError:
-            raise ToolError(f"the model called unknown tool {name!r}") from None
+        found = self._tools.get(name)
+        if found is not None:
+            return found
+        for toolset in self.toolsets:
+            stand_in = toolset.stand_in(name)
+            if stand_in is not None:
+                return stand_in
+        raise ToolError(f"the model called unknown tool {name!r}")
 
     def specs(self) -> list[ToolSpec]:
         return [t.spec for t in self._tools.values()]

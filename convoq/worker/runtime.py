@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 from celery import Celery, current_task
 from kombu.exceptions import ChannelError
 
+from convoq import mcp
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.compaction import compact_idle
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
@@ -80,6 +81,10 @@ class WorkerRuntime:
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
         self._memory: RedisConversationMemory | None = None
+        # Every profile's MCP servers: their health goes in the worker entry, their
+        # sessions are closed at shutdown.
+        servers = (s for a in self.profiles.values() for s in getattr(a, "mcp_servers", ()))
+        self._mcp_servers = list({id(s): s for s in servers}.values())
         self.backlog = SlotBacklog(
             settings.concurrency,
             self._queued_kicks,
@@ -312,6 +317,8 @@ class WorkerRuntime:
         }
         if self._metrics is not None:
             self._info["metrics_port"] = self._metrics.port
+        if self._mcp_servers:
+            self._info["mcp"] = mcp.health(self._mcp_servers)
         # No MULTI: the three keys sit on different cluster slots, and each write may
         # land alone (a repeated announce writes the same).
         async with redis.pipeline(transaction=False) as pipe:
@@ -325,6 +332,8 @@ class WorkerRuntime:
         await self._check_dataset()
         if self._announced_as is not None:
             self._info["seen_ms"] = int(time.time() * 1000)
+            if self._mcp_servers:
+                self._info["mcp"] = mcp.health(self._mcp_servers)
             info = json.dumps(self._info)
             await self._ensure_open()[0].hset(self.keys.workers(), self._announced_as, info)
 
@@ -396,6 +405,8 @@ class WorkerRuntime:
             await redis.hdel(self.keys.workers(), self._announced_as)
         await protocol.close()
         await redis.aclose()
+        # Stops stdio MCP servers: none outlives a worker that shuts down.
+        await mcp.close_all(self._mcp_servers)
 
 
 def _hints() -> tuple[str | None, int]:

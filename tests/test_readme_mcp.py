@@ -1,0 +1,22 @@
+"""The README's MCP example runs as written: standalone, offline, its assert holding."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADING = "### Tools from MCP servers"
+
+
+def test_the_readme_example_of_mcp_tools_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text("utf-8")
+    section = readme.split(HEADING, 1)[1].split("\n### ", 1)[0]
+    [block] = [part.split("\n```", 1)[0] for part in section.split("```python\n")[1:]]
+    script = tmp_path / "example.py"
+    script.write_text(block, "utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
