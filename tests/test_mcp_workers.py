@@ -138,7 +138,7 @@ def test_an_mcp_call_needing_approval_parks_and_resumes_on_another_worker(
     client: Client, pool: WorkerPool
 ) -> None:
     handle = client.submit(_cid(), "convert 12:00 Asia/Tokyo", agent="mcp")
-    parked = handle.wait(30, return_on_approval=True)
+    parked = handle.wait(30)
     assert parked.status == "awaiting_approval"
     [call] = parked.pending_approvals
     assert call.name == "time__convert_time"
