@@ -161,6 +161,9 @@ class Approval(BaseModel):
 class Approvals(BaseModel):
     now_ms: int = Field(description="The server's clock, to count down to expires_ms.")
     turns: list[Approval]
+    next_offset: int | None = Field(
+        default=None, description="The offset of the next page; null: this is the last."
+    )
 
 
 class Health(BaseModel):

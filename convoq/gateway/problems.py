@@ -110,6 +110,13 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         return problem(exc.status_code, "HTTPError", str(exc.detail))
 
+    # Anything else is a bug: still problem+json, and the routes build every fallible
+    # part of an answer before their first write, so a 500 never hides a change made.
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs it (it re-raises to the server once this answer is sent).
+        return problem(500, "InternalError", "the gateway failed unexpectedly; it is logged")
+
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("Redis unavailable: %r", exc)
         return problem(503, "RedisUnavailable", "Redis does not answer; try again shortly")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from convoq.client import AsyncClient
-from convoq.errors import TurnTimeoutError
+from convoq.errors import ConversationBusyError, TurnTimeoutError
 from convoq.gateway.auth import Principal, requires
 from convoq.gateway.bodies import body_schema, invalid, json_body
 from convoq.gateway.models import (
@@ -24,6 +25,7 @@ from convoq.gateway.models import (
     TurnView,
 )
 from convoq.gateway.sse import check_event_id, turn_events
+from convoq.ids import check_conversation_id
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
 router = APIRouter(prefix="/v1/conversations/{cid}/turns", tags=["turns"])
@@ -65,8 +67,15 @@ def client_of(request: Request) -> AsyncClient:
 Client = Annotated[AsyncClient, Depends(client_of)]
 
 
-def _links(request: Request, cid: str, tid: str) -> TurnLinks:
-    base = str(request.url_for("get_turn", cid=cid, tid=tid))
+def turns_url(request: Request, cid: str) -> str:
+    """The URL of a conversation's turns, the id percent-encoded (every byte of a link is
+    ASCII, so the ``Location`` header cannot fail to encode after the turn is queued)."""
+    check_conversation_id(cid)
+    return str(request.url_for("submit_turn", cid=quote(cid, safe="")))
+
+
+def _links(turns: str, tid: str) -> TurnLinks:
+    base = f"{turns}/{quote(tid, safe='')}"
     return TurnLinks(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
 
 
@@ -88,26 +97,35 @@ async def submit_turn(
 ) -> TurnAccepted:
     """Queue a turn and answer at once (202) with its id and URLs. JSON body, or
     multipart/form-data with ``text`` and files (images become image parts, anything else
-    file parts). ``Idempotency-Key``: a repeat answers with the first turn. Over a limit
-    on queued turns (``CONVOQ_MAX_QUEUED_*``): 429 with ``Retry-After``, nothing queued."""
+    file parts). ``Idempotency-Key``: a repeat of the same request answers with the first
+    turn as it stands now; the key reused for another request is a 422 naming what
+    differs. Over a limit on queued turns (``CONVOQ_MAX_QUEUED_*``): 429 with
+    ``Retry-After``, nothing queued."""
+    turns = turns_url(request, cid)  # everything that can fail comes before the write
     body = await _turn_request(request)
-    handle = await client.submit(
-        cid,
-        body.message,
-        agent=body.agent,
-        idempotency_key=idempotency_key,
-        keep_last_turns=body.keep_last_turns,
-        max_history_tokens=body.max_history_tokens,
-        callback_url=body.callback_url,
-        if_busy=body.if_busy,
-    )
-    links = _links(request, handle.conversation_id, handle.turn_id)
+    try:
+        handle = await client.submit(
+            cid,
+            body.message,
+            agent=body.agent,
+            idempotency_key=idempotency_key,
+            keep_last_turns=body.keep_last_turns,
+            max_history_tokens=body.max_history_tokens,
+            callback_url=body.callback_url,
+            if_busy=body.if_busy,
+        )
+    except ConversationBusyError as busy:
+        raise ConversationBusyError(
+            f"conversation {cid!r} has a turn in progress and the request said"
+            ' "if_busy": "reject": wait for it, or send "if_busy": "queue" to line up behind',
+            **busy.details,
+        ) from None
+    # A repeat (same Idempotency-Key) reports the first turn as it stands now.
+    status = await handle.status() if handle.repeated else "queued"
+    links = _links(turns, handle.turn_id)
     response.headers["Location"] = links.self
     return TurnAccepted(
-        conversation_id=handle.conversation_id,
-        turn_id=handle.turn_id,
-        status="queued",
-        links=links,
+        conversation_id=handle.conversation_id, turn_id=handle.turn_id, status=status, links=links
     )
 
 

@@ -20,6 +20,7 @@ from convoq.errors import TurnTimeoutError
 from convoq.gateway.problems import GatewayError
 
 _STREAM_ID = re.compile(r"0|\d{1,20}-\d{1,20}")
+_MAX_U64 = 2**64 - 1
 KEEPALIVE_S = 15.0
 MAX_S = 900.0
 
@@ -28,7 +29,9 @@ def check_event_id(value: str | None) -> str:
     """A Redis stream id to read after ("0": from the start); 422 for anything else."""
     if value is None or value == "":
         return "0"
-    if not _STREAM_ID.fullmatch(value):
+    # Redis stream ids are two unsigned 64-bit numbers: a larger one fails XREAD after
+    # the response began, so it is refused here, before the stream starts.
+    if not _STREAM_ID.fullmatch(value) or any(int(n) > _MAX_U64 for n in value.split("-")):
         raise GatewayError(
             422, "InvalidEventId", "Last-Event-ID must be an event id this stream sent"
         )
