@@ -154,6 +154,14 @@ class CallbackPolicy:
             self.check_address(literal, host)
             return
         try:
+            host.encode("idna")
+        except UnicodeError:
+            raise InvalidCallbackUrlError(
+                f"callback_url host {host[:80]!r} is not a host name (a label is empty or"
+                " over 63 characters)",
+                host=host[:80],
+            ) from None
+        try:
             found = await (resolver or resolve)(host, 0)
         except OSError:
             return
@@ -180,6 +188,8 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
         )
     except TimeoutError:
         raise OSError(f"resolving {host!r} took over {RESOLVE_TIMEOUT_S}s") from None
+    except UnicodeError:  # the name does not encode (IDNA): it cannot resolve either
+        raise OSError(f"{host[:80]!r} is not a host name") from None
     found: list[IPAddress] = []
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from convoq.client import AsyncClient
-from convoq.errors import ConvoqError, InvalidCallbackUrlError
+from convoq.errors import IdempotencyKeyReusedError, InvalidCallbackUrlError
 from convoq.messages import ImagePart, Message, TextPart
 
 HOOK = "https://hooks.example.test/done"
@@ -40,7 +40,9 @@ async def test_a_repeat_is_the_first_turn_and_another_request_under_its_key_is_r
         async with _client(redis_url, key_prefix, webhook_secret="s") as signing:
             for change, differs in changed:
                 args = {"message": message, "agent": "echo", **change}
-                with pytest.raises(ConvoqError, match="idempotency key 'k'") as raised:
+                with pytest.raises(
+                    IdempotencyKeyReusedError, match="idempotency key 'k'"
+                ) as raised:
                     await signing.submit("c1", idempotency_key="k", **args)  # type: ignore[arg-type]
                 assert raised.value.details["mismatch"] == differs
                 assert raised.value.details["turn_id"] == first.turn_id

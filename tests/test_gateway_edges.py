@@ -126,7 +126,7 @@ def test_approvals_are_filtered_by_the_keys_prefix_before_the_limit_and_paged(
             assert seen[:3] == [tid for _, tid in reversed(parked)]  # newest first
         finally:
             for cid, tid in parked:
-                admin.delete(f"{_turns(cid)}/{tid}")
+                admin.post(f"{_turns(cid)}/{tid}/discard")
 
 
 def test_out_of_range_event_ids_are_422_before_the_stream_starts(gateway: GatewayProcess) -> None:
@@ -137,9 +137,10 @@ def test_out_of_range_event_ids_are_422_before_the_stream_starts(gateway: Gatewa
         for bad in ["99999999999999999999-0", "0-99999999999999999999", "18446744073709551616-0"]:
             _problem(http.get(url, headers={"Last-Event-ID": bad}), 422, "InvalidEventId")
             _problem(http.get(url, params={"after": bad}), 422, "InvalidEventId")
-        # The largest id Redis takes is valid: nothing comes after it, the stream stays open.
+        # The largest id the gateway takes is valid: nothing comes after it, the stream
+        # stays open.
         with http.stream(
-            "GET", url, headers={"Last-Event-ID": "18446744073709551615-18446744073709551615"},
+            "GET", url, headers={"Last-Event-ID": "9999999999999999999-9999999999999999999"},
             timeout=httpx.Timeout(60, read=3),
         ) as top:  # fmt: skip
             assert top.status_code == 200
@@ -147,7 +148,7 @@ def test_out_of_range_event_ids_are_422_before_the_stream_starts(gateway: Gatewa
             assert first.startswith("retry:")
 
 
-def test_an_idempotency_key_reused_for_another_request_is_422_and_a_replay_says_where_it_stands(
+def test_an_idempotency_key_reused_for_another_request_is_409_and_a_replay_says_where_it_stands(
     gateway: GatewayProcess, pool: WorkerPool, r: redis.Redis
 ) -> None:
     cid = f"idem-{uuid.uuid4().hex[:6]}"
@@ -168,8 +169,8 @@ def test_an_idempotency_key_reused_for_another_request_is_422_and_a_replay_says_
             ({"message": "once", "agent": "approver"}, ["agent"]),
             ({"message": "once", "agent": "echo", "keep_last_turns": 3}, ["keep_last_turns"]),
         ]:
-            refused = _problem(http.post(_turns(cid), json=other, headers=headers), 422,
-                               "ConvoqError")  # fmt: skip
+            refused = _problem(http.post(_turns(cid), json=other, headers=headers), 409,
+                               "IdempotencyKeyReusedError")  # fmt: skip
             assert refused["error"]["details"]["mismatch"] == differs  # type: ignore[index]
             assert refused["error"]["details"]["turn_id"] == tid  # type: ignore[index]
             assert "idempotency key" in str(refused["detail"])
@@ -207,7 +208,7 @@ def test_errors_speak_http_and_name_no_turn_they_do_not_have(gateway: GatewayPro
             assert '"if_busy": "queue"' in str(rejected["detail"])
             assert "force" not in str(rejected["detail"])
         finally:
-            http.delete(f"{_turns(cid)}/{tid}")
+            http.post(f"{_turns(cid)}/{tid}/discard")
         assert http.delete(f"/v1/conversations/{cid}", params={"force": "true"}).status_code == 204
 
 

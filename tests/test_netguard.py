@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
-from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks
+from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks, resolve
 from convoq.worker.webhooks import guarded_transport, post_once
 from tests.support.redis_server import RedisServer
 from tests.support.tls import make_tls_files
@@ -104,6 +104,11 @@ async def test_submit_check_resolves_names_and_refuses_any_internal_answer() -> 
             await policy.check_url(embedding)
     await policy.check_url(f"http://{PUBLIC}/x")
     await policy.check_url("https://does-not-resolve.invalid/x")  # delivery checks it
+    for not_a_name in ["http://a..b/x", f"http://{'a' * 64}.example/"]:
+        with pytest.raises(InvalidCallbackUrlError, match="not a host name"):
+            await policy.check_url(not_a_name)
+    with pytest.raises(OSError, match="not a host name"):
+        await resolve("a..b", 80)
 
 
 @pytest.fixture

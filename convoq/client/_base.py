@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from convoq.errors import (
     AttachmentError,
     ConvoqError,
+    IdempotencyKeyReusedError,
     InvalidCallbackUrlError,
     InvalidMessageError,
     UnknownAgentError,
@@ -234,9 +235,11 @@ def idempotency_mismatch(sub: Submission, first: TurnRecord, ignored: str) -> li
     return mismatch
 
 
-def idempotency_conflict(sub: Submission, first: str, mismatch: list[str]) -> ConvoqError:
+def idempotency_conflict(
+    sub: Submission, first: str, mismatch: list[str]
+) -> IdempotencyKeyReusedError:
     """The error for an idempotency key reused with another request."""
-    return ConvoqError(
+    return IdempotencyKeyReusedError(
         f"idempotency key {sub.idempotency_key!r} was first used for turn {first!r} with"
         f" another request (it differs in {', '.join(mismatch)}): a retry must repeat the request"
         " exactly; use a new key for a new request",

@@ -252,7 +252,7 @@ class AsyncClient:
             agent: the profile that runs the turn.
             idempotency_key: a second submit with the same key and request returns the
                 first turn; with another request (agent, message or options) it raises
-                ConvoqError naming what differs, and queues nothing.
+                IdempotencyKeyReusedError naming what differs, and queues nothing.
             keep_last_turns: previous turns sent to the model (overrides the profile).
             callback_url: receives one signed POST when the turn is final (needs the
                 workers' ``webhook_secret`` here too: without it InvalidCallbackUrlError).

@@ -1,42 +1,16 @@
-"""The request and response bodies of the gateway (pydantic: they are its OpenAPI schema).
-
-A message is the text alone or a :class:`convoq.messages.Message` in its JSON form: parts
-``{"type": "text", "text": ...}``, ``{"type": "image", "data": <base64>, "mime_type":
-...}`` and ``{"type": "file", "data": <base64>, "mime_type": ..., "filename": ...}``.
-"""
+"""The response bodies of the gateway (pydantic: they are its OpenAPI schema); what
+requests carry is :mod:`.inputs`. Messages go out in their JSON form (attachments as
+base64)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from convoq.messages import Message, ToolCall
 from convoq.redis.protocol import ParkedTurn, TurnRecord
 from convoq.usage import Usage
-
-
-class TurnRequest(BaseModel):
-    """``POST /v1/conversations/{cid}/turns`` (JSON; multipart takes the same fields)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    message: str | Message = Field(description="The user's text, or a user message.")
-    agent: str = Field(min_length=1, max_length=256, description="The agent profile.")
-    keep_last_turns: int | None = Field(
-        default=None, ge=0, description="Previous turns sent to the model (0: all)."
-    )
-    max_history_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        description="Send only the newest whole previous turns that fit this many tokens.",
-    )
-    if_busy: Literal["queue", "reject"] = Field(
-        default="queue", description="reject: 409 while another turn is in progress."
-    )
-    callback_url: str | None = Field(
-        default=None, description="Gets one signed POST when the turn is final."
-    )
 
 
 class TurnLinks(BaseModel):
@@ -100,15 +74,6 @@ class TurnView(BaseModel):
             started_ms=record.started_ms,
             finished_ms=record.finished_ms,
         )
-
-
-class DecisionRequest(BaseModel):
-    """Approve or deny one pending tool call."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    decision: Literal["approve", "deny"]
-    reason: str | None = Field(default=None, max_length=2000, description="Told to the model.")
 
 
 class DecisionResult(BaseModel):

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Response
 
 from convoq.errors import ConversationBusyError
 from convoq.gateway.auth import Principal, requires
+from convoq.gateway.inputs import Cid
 from convoq.gateway.models import Approval, Approvals, History
 from convoq.gateway.routes_turns import Client
 from convoq.usage import Usage
@@ -22,7 +23,7 @@ router = APIRouter(tags=["conversations"])
     summary="A conversation's stored messages, paged (scope: read)",
 )
 async def messages(
-    cid: str,
+    cid: Cid,
     client: Client,
     _: Annotated[Principal, Depends(requires("read"))],
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -41,7 +42,7 @@ async def messages(
     summary="Tokens a conversation's stored turns reported, summed (scope: read)",
 )
 async def usage(
-    cid: str, client: Client, _: Annotated[Principal, Depends(requires("read"))]
+    cid: Cid, client: Client, _: Annotated[Principal, Depends(requires("read"))]
 ) -> Usage:
     """One read of the counters each commit adds to, whatever the history's length."""
     return await client.usage(cid)
@@ -51,7 +52,7 @@ async def usage(
     "/v1/conversations/{cid}", status_code=204, summary="Delete a conversation (scope: admin)"
 )
 async def delete_conversation(
-    cid: str,
+    cid: Cid,
     client: Client,
     _: Annotated[Principal, Depends(requires("admin"))],
     force: Annotated[bool, Query(description="Also while turns are queued or running")] = False,
