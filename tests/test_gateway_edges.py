@@ -231,3 +231,74 @@ async def test_an_unexpected_error_is_a_problem_json_500() -> None:
     body = response.json()
     assert body["title"] == "InternalError" and body["status"] == 500
     assert "a bug" not in response.text  # nothing internal leaks
+
+
+def test_the_document_states_every_answer_its_limits_and_who_needs_a_key(
+    gateway: GatewayProcess,
+) -> None:
+    document = httpx.get(f"{gateway.url}/openapi.json").json()
+    paths = document["paths"]
+    problem = {"$ref": "#/components/schemas/Problem"}
+    assert document["components"]["schemas"]["Problem"]["required"] == [
+        "type", "title", "status", "detail"
+    ]  # fmt: skip
+    submit = paths["/v1/conversations/{cid}/turns"]["post"]
+    for status in ["401", "403", "409", "413", "415", "422", "429", "500", "503"]:
+        assert submit["responses"][status]["content"] == {
+            "application/problem+json": {"schema": problem}
+        }, status
+    assert "Retry-After" in submit["responses"]["429"]["headers"]
+    assert "Location" in submit["responses"]["202"]["headers"]
+    assert "404" in paths["/v1/conversations/{cid}/turns/{tid}"]["get"]["responses"]
+    for public in ["/healthz", "/readyz"]:
+        assert paths[public]["get"]["security"] == []
+        assert "401" not in paths[public]["get"]["responses"]
+    assert document["security"] == [{"bearer": []}]
+    cid = next(p for p in submit["parameters"] if p["name"] == "cid")["schema"]
+    assert cid["maxLength"] == 256 and cid["pattern"].startswith("^")
+    tid = paths["/v1/conversations/{cid}/turns/{tid}"]["get"]["parameters"][1]["schema"]
+    assert tid["pattern"] == "^[A-Za-z0-9_-]{1,64}$"
+    schemas = document["components"]["schemas"]
+    assert schemas["TurnRequest"]["properties"]["agent"]["maxLength"] == 256
+    assert "echo" in schemas["TurnRequest"]["properties"]["agent"]["enum"]  # the workers'
+    assert schemas["TextIn"]["properties"]["text"]["maxLength"] > 0
+    form = submit["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["required"] == ["agent", "text"]
+    assert form["properties"]["files"]["items"] == {
+        "type": "string", "format": "binary", "minLength": 1
+    }  # fmt: skip
+    assert form["properties"]["keep_last_turns"]["type"] == "integer"  # not nullable
+    assert "/redoc" not in httpx.get(f"{gateway.url}/docs").text
+    assert httpx.get(f"{gateway.url}/redoc").status_code == 404
+
+
+def test_a_method_a_path_does_not_serve_is_405_listing_every_method_it_does(
+    gateway: GatewayProcess,
+) -> None:
+    with gateway.client("admin") as http:
+        answer = http.put("/v1/conversations/x")
+        _problem(answer, 405, "HTTPError")
+        assert answer.headers["allow"] == "DELETE"
+        turn = http.request("PATCH", "/v1/conversations/x/turns/abc")
+        _problem(turn, 405, "HTTPError")
+        assert turn.headers["allow"] == "GET"
+
+
+def test_a_multipart_turn_needs_its_text_and_files_must_be_files(
+    gateway: GatewayProcess, pool: WorkerPool, r: redis.Redis
+) -> None:
+    cid = f"form-{uuid.uuid4().hex[:6]}"
+    before = _stored_turns(r, pool)
+    with gateway.client("admin") as http:
+        png = [("files", ("a.png", b"\x89PNG-bytes", "image/png"))]
+        no_text = http.post(_turns(cid), data={"agent": "echo"}, files=png)
+        assert _problem(no_text, 422, "ValidationError")["errors"] == [
+            {"loc": ["text"], "msg": "required, at least 1 character"}
+        ]
+        as_field = http.post(_turns(cid), data={"agent": "echo", "text": "hi", "files": "x"},
+                             files=png)  # fmt: skip
+        _problem(as_field, 422, "ValidationError")
+        unknown = http.post(_turns(cid), data={"agent": "echo", "text": "hi", "colour": "red"},
+                            files=png)  # fmt: skip
+        _problem(unknown, 422, "ValidationError")
+    assert _stored_turns(r, pool) == before

@@ -26,8 +26,8 @@ _NOT_DOT = r"[^\x00-\x1f\x7f-\x9f/.]"
 CONVERSATION_ID = rf"^(?:{_NOT_DOT}{_FREE}*|\.{_NOT_DOT}{_FREE}*|\.\.{_FREE}+)$"
 TURN_ID = r"^[A-Za-z0-9_-]{1,64}$"
 CALL_ID = r"^[^/]{1,256}$"
-# A Redis stream id this gateway sent (ms-seq), or "0" for the start.
-EVENT_ID = r"^(?:0|[0-9]{1,19}-[0-9]{1,19})$"
+# A Redis stream id this gateway sent (ms-seq), or "0" (or nothing) for the start.
+EVENT_ID = r"^(?:0|[0-9]{1,19}-[0-9]{1,19})?$"
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 _PORT = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5]?[0-9]{1,4}))?"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"

@@ -90,14 +90,19 @@ def convoq_problem(error: ConvoqError) -> JSONResponse:
                    error=data)  # fmt: skip
 
 
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path (Starlette names only those
-    of the first route matching it, and one path may have several routes)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        if route.matches(request.scope)[0] != Match.NONE:
-            methods.update(getattr(route, "methods", None) or ())
-    return sorted(methods)
+    of the first route matching it, and one path may have several routes): each asked of
+    the routes through their public ``matches``."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
 
 
 def install(app: FastAPI) -> None:
