@@ -212,7 +212,12 @@ def run_demo(console: Console | None = None, *, serve: bool = False) -> int:
             hook_url, hooks = stack.enter_context(_webhook_receiver())
             env = _worker_env(url, home, secret)
             client = stack.enter_context(
-                Client(url, prefix=env["CONVOQ_PREFIX"], callback_allowed_networks=LOOPBACK)
+                Client(
+                    url,
+                    prefix=env["CONVOQ_PREFIX"],
+                    callback_allowed_networks=LOOPBACK,
+                    webhook_secret=secret,
+                )
             )
             log, options = home / "worker.log", ["--concurrency=8", "--loglevel=warning"]
             stack.enter_context(

@@ -34,6 +34,7 @@
     ├── TurnTimeoutError               a wait ran out before the turn finished
     ├── TurnDeadlineError              a turn ran longer than max_turn_s and was stopped
     ├── QueueFullError                 a queued-turn limit is reached; nothing was queued
+    ├── IdempotencyKeyReusedError      an idempotency key sent again with another request
     └── ConfigurationError             settings that cannot work together
 
 Errors that cross processes travel as data (``{type, message, details}``) in the turn
@@ -243,6 +244,10 @@ class QueueFullError(ConvoqError):
         self.limit = limit
         self.max_queued = max_queued
         self.retry_after_s = retry_after_s
+
+
+class IdempotencyKeyReusedError(ConvoqError):
+    """An idempotency key sent again with another request than its first (nothing queued)."""
 
 
 class ConfigurationError(ConvoqError):

@@ -2,8 +2,10 @@
 
 A ``callback_url`` makes a worker POST wherever the submitter says. Once less-trusted
 callers can submit (the HTTP gateway), that is a way to reach internal services, so by
-default a callback may only go to a *public* address. Refused, for IPv4 and IPv6 alike
-(an IPv4-mapped IPv6 address is judged as the IPv4 address it carries)::
+default a callback may only go to a *public* address. Refused, for IPv4 and IPv6 alike (an IPv6
+address that carries an IPv4 one -- IPv4-mapped ``::ffff:0:0/96``, 6to4 ``2002::/16``,
+NAT64 ``64:ff9b::/96``, Teredo ``2001::/32`` -- is judged as the IPv4 address its packets
+end up at)::
 
     unspecified   0.0.0.0, ::
     loopback      127.0.0.0/8, ::1
@@ -51,11 +53,29 @@ Resolver = Callable[[str, int], Awaitable[list["IPAddress"]]]
 RESOLVE_TIMEOUT_S = 5.0
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one delivers to (IPv4-mapped, 6to4, NAT64 well-known
+    prefix, Teredo client), or None when it carries none."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.teredo is not None:
+        return address.teredo[1]  # (server, client): the packets go to the client
+    return None
+
+
 def address_class(address: IPAddress) -> str | None:
     """Why ``address`` may not receive callbacks (``"loopback"``, ``"private"``, ...), or
-    None for a public address."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    None for a public address. An IPv6 address carrying an IPv4 one is judged as that."""
+    address = embedded_ipv4(address) or address
     checks = (
         ("unspecified", address.is_unspecified),
         ("loopback", address.is_loopback),
@@ -107,7 +127,7 @@ class CallbackPolicy:
         kind = address_class(address)
         if kind is None:
             return None
-        plain = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        plain = embedded_ipv4(address)
         if any(a in net for net in self.allowed for a in (address, plain) if a is not None):
             return None
         return kind
@@ -133,6 +153,14 @@ class CallbackPolicy:
         if literal is not None:
             self.check_address(literal, host)
             return
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            raise InvalidCallbackUrlError(
+                f"callback_url host {host[:80]!r} is not a host name (a label is empty or"
+                " over 63 characters)",
+                host=host[:80],
+            ) from None
         try:
             found = await (resolver or resolve)(host, 0)
         except OSError:
@@ -160,6 +188,8 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
         )
     except TimeoutError:
         raise OSError(f"resolving {host!r} took over {RESOLVE_TIMEOUT_S}s") from None
+    except UnicodeError:  # the name does not encode (IDNA): it cannot resolve either
+        raise OSError(f"{host[:80]!r} is not a host name") from None
     found: list[IPAddress] = []
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

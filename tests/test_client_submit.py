@@ -116,7 +116,7 @@ def test_callback_urls_that_can_be_delivered_are_accepted(redis_url: str, key_pr
     urls = ["https://example.test/hook?x=1", "http://127.0.0.1:8080/h", "http://[::1]/h"]
     with Client(
         redis_url, prefix=key_prefix, partitions=4, agents=["echo"],
-        callback_allowed_networks="127.0.0.1, ::1",
+        callback_allowed_networks="127.0.0.1, ::1", webhook_secret="the-workers-secret",
     ) as client:  # fmt: skip
         for url in urls:
             handle = client.submit("c1", "hello", agent="echo", callback_url=url)

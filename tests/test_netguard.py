@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
-from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks
+from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks, resolve
 from convoq.worker.webhooks import guarded_transport, post_once
 from tests.support.redis_server import RedisServer
 from tests.support.tls import make_tls_files
@@ -41,6 +41,14 @@ REFUSED = [
     ("::ffff:127.0.0.1", "loopback"),
     ("::ffff:10.0.0.1", "private"),
     ("::ffff:169.254.169.254", "link-local"),
+    # So are the IPv6 forms that embed an IPv4 address: 6to4, NAT64 and Teredo (client).
+    ("2002:7f00:1::", "loopback"),
+    ("2002:a9fe:a9fe::1", "link-local"),
+    ("2002:a00:1::", "private"),
+    ("64:ff9b::7f00:1", "loopback"),
+    ("64:ff9b::a9fe:a9fe", "link-local"),
+    ("2001:0:4136:e378:8000:63bf:80ff:fefe", "loopback"),  # client 127.0.1.1 (obfuscated)
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "private"),  # client 10.0.0.1
 ]
 
 
@@ -52,7 +60,12 @@ def test_every_non_public_address_class_is_named(address: str, kind: str) -> Non
     assert raised.value.details["address_class"] == kind
 
 
-@pytest.mark.parametrize("address", [PUBLIC, "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"])
+PUBLIC_FORMS = [PUBLIC, "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"]
+# IPv6 forms that deliver to a public IPv4 address are public too (not "reserved").
+PUBLIC_FORMS += ["2002:808:808::", "64:ff9b::808:808", "2001:0:4136:e378:8000:63bf:f7f7:f7f7"]
+
+
+@pytest.mark.parametrize("address", PUBLIC_FORMS)
 def test_public_addresses_pass(address: str) -> None:
     assert address_class(ipaddress.ip_address(address)) is None
     CallbackPolicy().check_address(address)
@@ -60,7 +73,8 @@ def test_public_addresses_pass(address: str) -> None:
 
 def test_the_allow_list_lets_listed_networks_through_and_no_others() -> None:
     policy = CallbackPolicy("10.20.0.0/16, 127.0.0.1 fd00::/8")
-    for allowed in ["10.20.3.4", "127.0.0.1", "::ffff:127.0.0.1", "fd00::5"]:
+    allowed_forms = ["10.20.3.4", "127.0.0.1", "::ffff:127.0.0.1", "fd00::5"]
+    for allowed in [*allowed_forms, "2002:7f00:1::", "64:ff9b::a14:304"]:
         policy.check_address(allowed)
     for refused in ["10.21.0.1", "127.0.0.2", "::1", "169.254.169.254"]:
         with pytest.raises(InvalidCallbackUrlError):
@@ -85,8 +99,16 @@ async def test_submit_check_resolves_names_and_refuses_any_internal_answer() -> 
         await policy.check_url("http://localhost:9/x")  # the system resolver
     with pytest.raises(InvalidCallbackUrlError, match="loopback"):
         await policy.check_url("http://[::ffff:7f00:1]/x")
+    for embedding in ["http://[2002:7f00:1::]/", "http://[64:ff9b::7f00:1]:8080/x"]:
+        with pytest.raises(InvalidCallbackUrlError, match="loopback"):
+            await policy.check_url(embedding)
     await policy.check_url(f"http://{PUBLIC}/x")
     await policy.check_url("https://does-not-resolve.invalid/x")  # delivery checks it
+    for not_a_name in ["http://a..b/x", f"http://{'a' * 64}.example/"]:
+        with pytest.raises(InvalidCallbackUrlError, match="not a host name"):
+            await policy.check_url(not_a_name)
+    with pytest.raises(OSError, match="not a host name"):
+        await resolve("a..b", 80)
 
 
 @pytest.fixture

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from convoq.context import check_metadata
 from convoq.errors import (
     AttachmentError,
     ConvoqError,
+    IdempotencyKeyReusedError,
     InvalidCallbackUrlError,
     InvalidMessageError,
     UnknownAgentError,
@@ -27,6 +28,9 @@ from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, coerce_settings, settings_to_data
 from convoq.output import OutputType, output_shape, spec_from_data
 from convoq.window import check_budget
+
+if TYPE_CHECKING:
+    from convoq.redis.protocol import TurnRecord
 
 IfBusy = Literal["queue", "reject"]
 
@@ -224,3 +228,51 @@ def check_call_id(call_id: object) -> str:
             f"call_id must be a non-empty str, not {call_id!r}", rule="call_id"
         )
     return call_id
+
+
+def check_callback_signable(options: dict[str, Any], webhook_secret: str | None) -> None:
+    """A ``callback_url`` needs the webhook secret where the turn is submitted: callbacks
+    are only sent signed, and settings resolve alike for clients and workers, so a client
+    without ``CONVOQ_WEBHOOK_SECRET`` stands for workers that could never sign one.
+
+    Raises:
+        InvalidCallbackUrlError: a callback_url and no secret (nothing is queued).
+    """
+    if options.get("callback_url") and not webhook_secret:
+        raise InvalidCallbackUrlError(
+            "callback_url given, but this deployment cannot sign callbacks:"
+            " CONVOQ_WEBHOOK_SECRET is not set where the turn was submitted (callbacks are"
+            " only sent signed). Set the workers' secret on clients and gateways too"
+            " (Client(webhook_secret=...)), or submit without callback_url",
+            reason="no_webhook_secret",
+            setting="CONVOQ_WEBHOOK_SECRET",
+        )
+
+
+def idempotency_mismatch(sub: Submission, first: TurnRecord, ignored: str) -> list[str]:
+    """What differs between a submission and the turn its idempotency key names (agent,
+    message, or the option names); ``ignored``: an option that is no part of the request
+    (the trace context)."""
+    mismatch = []
+    if first.agent != sub.agent:
+        mismatch.append("agent")
+    if first.input != sub.message:
+        mismatch.append("message")
+    stored = {k: v for k, v in first.options.items() if k != ignored}
+    given = {k: v for k, v in sub.options.items() if k != ignored}
+    mismatch += sorted(k for k in stored.keys() | given.keys() if stored.get(k) != given.get(k))
+    return mismatch
+
+
+def idempotency_conflict(
+    sub: Submission, first: str, mismatch: list[str]
+) -> IdempotencyKeyReusedError:
+    """The error for an idempotency key reused with another request."""
+    return IdempotencyKeyReusedError(
+        f"idempotency key {sub.idempotency_key!r} was first used for turn {first!r} with"
+        f" another request (it differs in {', '.join(mismatch)}): a retry must repeat the request"
+        " exactly; use a new key for a new request",
+        idempotency_key=sub.idempotency_key,
+        turn_id=first,
+        mismatch=mismatch,
+    )

@@ -33,10 +33,13 @@ from convoq.client._base import (
     Submission,
     build_submission,
     check_call_id,
+    check_callback_signable,
     check_turn_ref,
+    idempotency_conflict,
+    idempotency_mismatch,
 )
 from convoq.client.handle import AsyncTurnHandle, TurnResult
-from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError
+from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError, UnknownTurnError
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits, queue_limits
 from convoq.messages import Message
@@ -253,9 +256,12 @@ class AsyncClient:
             conversation_id: whose history the turn sees and extends.
             message: the user's text, or a user :class:`Message` with images and files.
             agent: the profile that runs the turn.
-            idempotency_key: a second submit with the same key returns the first turn.
+            idempotency_key: a second submit with the same key and request returns the
+                first turn; with another request (agent, message or options) it raises
+                IdempotencyKeyReusedError naming what differs, and queues nothing.
             keep_last_turns: previous turns sent to the model (overrides the profile).
-            callback_url: receives one signed POST when the turn is final.
+            callback_url: receives one signed POST when the turn is final (needs the
+                workers' ``webhook_secret`` here too: without it InvalidCallbackUrlError).
             on_done: called with the :class:`TurnResult` in this process, once.
             if_busy: ``"reject"`` raises ConversationBusyError while a turn is in progress.
             max_history_tokens: send only the newest whole turns that fit this many tokens
@@ -299,6 +305,7 @@ class AsyncClient:
             metadata=metadata,
         )
         if "callback_url" in sub.options:
+            check_callback_signable(sub.options, self.webhook_secret)
             await self._callback_policy.check_url(sub.options["callback_url"])
         if not self._deployment_checked:
             await self._check_deployment()
@@ -308,6 +315,7 @@ class AsyncClient:
         with tracing.span("convoq.submit", attributes):
             stored = await self._store(sub)
         handle = AsyncTurnHandle(self, sub.conversation_id, stored.turn_id)
+        handle.repeated = stored.duplicate
         if not stored.duplicate and stored.event_id is not None:
             handle.queued_as(sub.agent, sub.message, sub.options, stored)
         if on_done is not None:
@@ -340,6 +348,8 @@ class AsyncClient:
             metrics.submit_refused(sub.agent, full.limit)
             raise
         tracing.set_attribute("convoq.turn_id", stored.turn_id)
+        if stored.duplicate and stored.turn_id != sub.turn_id:
+            await self._check_same_request(sub, stored.turn_id)
         if not stored.duplicate:
             metrics.turn_submitted(sub.agent)
         if stored.kicked:
@@ -349,6 +359,17 @@ class AsyncClient:
             head = stored.turn_id if stored.position == 0 else None
             await self._send(routing.DRAIN_TASK, sub.conversation_id, head=head)
         return stored
+
+    async def _check_same_request(self, sub: Submission, first: str) -> None:
+        """An idempotency key answered with an earlier turn: refuse it unless that turn
+        was asked for with the same request (a record gone by now cannot be compared)."""
+        try:
+            record = await self.protocol.get_turn(sub.conversation_id, first)
+        except UnknownTurnError:
+            return
+        mismatch = idempotency_mismatch(sub, record, ignored=tracing.OPTION)
+        if mismatch:
+            raise idempotency_conflict(sub, first, mismatch)
 
     def handle(self, conversation_id: str, turn_id: str) -> AsyncTurnHandle:
         """A handle on a turn submitted anywhere (no I/O: ``status()`` checks it exists)."""
@@ -426,11 +447,17 @@ class AsyncClient:
         """Delete a conversation (ConversationBusyError while a turn runs, unless forced)."""
         await self.protocol.clear(check_conversation_id(conversation_id), force=force)
 
-    async def awaiting_approval(self, *, limit: int = 100) -> list[ParkedTurn]:
-        """Turns parked for approval across conversations, newest first: each record's
-        ``result["pending_approvals"]`` are the tool calls waiting, with when it parked and
-        when its approval expires. A scan of the keyspace: poll it, do not loop on it."""
-        return await self.protocol.parked_turns(limit)
+    async def awaiting_approval(
+        self, *, limit: int = 100, offset: int = 0, conversation_prefix: str = ""
+    ) -> list[ParkedTurn]:
+        """Turns parked for approval across conversations (those whose id starts with
+        ``conversation_prefix``), newest first, ``limit`` of them from ``offset``: each
+        record's ``result["pending_approvals"]`` are the tool calls waiting, with when it
+        parked and when its approval expires. A scan of the keyspace: poll it, do not loop
+        on it."""
+        return await self.protocol.parked_turns(
+            limit, offset=offset, conversation_prefix=conversation_prefix
+        )
 
     async def ping(self, timeout_s: float = 5.0) -> None:
         """Check that Redis and the broker answer within ``timeout_s`` each.

@@ -149,6 +149,9 @@ class AsyncTurnHandle:
         # The record as submitted and its "queued" event's id: the first wait needs not
         # read them back (set by the client that queued the turn).
         self._start: tuple[TurnRecord, str] | None = None
+        # True when the submit that made this handle was answered with an earlier turn
+        # (a repeat with the same idempotency key): it queued nothing.
+        self.repeated = False
 
     def queued_as(
         self, agent: str, message: Message, options: dict[str, Any], stored: SubmitResult

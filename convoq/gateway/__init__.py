@@ -4,7 +4,9 @@ An ASGI app (FastAPI on uvicorn) on top of :class:`convoq.client.AsyncClient`; i
 imports the worker. Modules: :mod:`.app` (the factory), :mod:`.auth` (API keys and
 scopes), :mod:`.problems` (RFC 9457 errors), :mod:`.routes_turns` and
 :mod:`.routes_conversations` (the API), :mod:`.sse` (event streams), :mod:`.inbox` (the
-pages), :mod:`.limits` (request sizes), :mod:`.models` and :mod:`.bodies` (bodies).
+pages), :mod:`.limits` (request sizes), :mod:`.inputs` (what requests may carry),
+:mod:`.models` (answers), :mod:`.bodies` (bodies read by hand) and :mod:`.document` (the
+OpenAPI document, every answer in it).
 
 Conversation ids travel in the URL path, percent-encoded; an id containing ``/`` cannot
 be addressed through the gateway (the path would split), so give such deployments ids

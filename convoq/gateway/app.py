@@ -14,15 +14,17 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 
 from convoq import __version__
 from convoq.client import AsyncClient
 from convoq.errors import ConvoqError
+from convoq.gateway import document as document_of
 from convoq.gateway import inbox, problems, routes_conversations, routes_turns
 from convoq.gateway.auth import KeyRing, requires
-from convoq.gateway.bodies import add_schemas
+from convoq.gateway.inputs import DecisionRequest, TurnRequest
 from convoq.gateway.limits import BodyLimit, max_body_bytes
-from convoq.gateway.models import DecisionRequest, Health, TurnRequest
+from convoq.gateway.models import Health
 from convoq.observe import metrics
 from convoq.settings import ConvoqSettings
 
@@ -54,6 +56,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,
     )
     app.state.keys = KeyRing(s.gateway_api_keys)
     app.state.settings = s
@@ -63,7 +66,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
     app.include_router(inbox.router)
     _health_routes(app)
     _metrics_route(app)
-    _document(app)
+    _document(app, s)
     app.add_middleware(BodyLimit, limit=max_body_bytes(s.max_turn_bytes))
     return app
 
@@ -108,17 +111,23 @@ def _metrics_route(app: FastAPI) -> None:
         return Response(body, media_type=content_type)
 
 
-def _document(app: FastAPI) -> None:
-    """The bodies read by hand join the OpenAPI document (see :mod:`.bodies`)."""
+def _document(app: FastAPI, settings: ConvoqSettings) -> None:
+    """``/openapi.json``: FastAPI's document completed (:mod:`.document`) and, when the
+    running workers registered their agents, naming them."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            document = FastAPI.openapi(app)
-            document.setdefault("components", {})["securitySchemes"] = {
-                "bearer": {"type": "http", "scheme": "bearer"}
-            }
-            document["security"] = [{"bearer": []}]
-            app.openapi_schema = add_schemas(document, TurnRequest, DecisionRequest)
+            document = document_of.complete(FastAPI.openapi(app), TurnRequest, DecisionRequest)
+            app.openapi_schema = document_of.with_limits(document, settings.max_turn_bytes)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json(request: Request) -> JSONResponse:
+        client: AsyncClient = request.app.state.client
+        try:
+            agents = await asyncio.wait_for(client.registered_agents(), READY_TIMEOUT_S)
+        except (ConvoqError, RedisError, OSError, TimeoutError):
+            agents = frozenset()  # the document still answers while Redis does not
+        return JSONResponse(document_of.with_agents(openapi(), agents))

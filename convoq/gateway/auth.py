@@ -8,9 +8,10 @@ Keys come from ``CONVOQ_GATEWAY_API_KEYS`` (:class:`convoq.settings.GatewayKey`)
 - ``admin``: everything, including deleting conversations;
 - ``metrics``: ``/metrics`` only (a key for Prometheus that reaches no conversation).
 
-A request without a known key gets 401, one whose key lacks the scope (or whose
-conversation is outside the key's prefix) gets 403; both before anything is read or
-written. Keys are compared in constant time over their SHA-256 digests.
+A request without a known key gets 401, one whose path is not UTF-8 once
+percent-decoded 422, one whose key lacks the scope (or whose conversation is outside the
+key's prefix) 403; all before anything is read or written. Keys are compared in constant
+time over their SHA-256 digests.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Request
 
@@ -79,6 +81,21 @@ class KeyRing:
         return found
 
 
+def check_path_encoding(request: Request) -> None:
+    """422 for a path whose percent-encoded bytes are not UTF-8: the server would decode
+    each bad byte to U+FFFD, and every such id would name one and the same conversation."""
+    raw = request.scope.get("raw_path") or b""
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise GatewayError(
+            422,
+            "InvalidPathEncoding",
+            "a path segment is not UTF-8 once percent-decoded: percent-encode the UTF-8"
+            " bytes of the id (e.g. %C3%A9 for é)",
+        ) from None
+
+
 def requires(scope: GatewayScope) -> Callable[[Request], Awaitable[Principal]]:
     """A FastAPI dependency: the caller's principal, if it holds ``scope`` and (for a
     route with ``{cid}``) the conversation is inside its prefix; else 401/403."""
@@ -86,6 +103,7 @@ def requires(scope: GatewayScope) -> Callable[[Request], Awaitable[Principal]]:
     async def dependency(request: Request) -> Principal:
         ring: KeyRing = request.app.state.keys
         principal = ring.authenticate(request.headers.get("authorization"))
+        check_path_encoding(request)
         if not principal.may(scope):
             raise GatewayError(
                 403, "Forbidden", f"this API key lacks the {scope!r} scope", scope=scope

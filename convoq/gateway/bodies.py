@@ -9,12 +9,20 @@ JSON mode, which is also what decodes base64 attachments.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
+from convoq.gateway.inputs import TurnOptions, TurnRequest
 from convoq.gateway.problems import GatewayError
+from convoq.messages import FilePart, ImagePart, Message, TextPart
+
+MAX_FILES = 64
+MAX_FIELDS = 32
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,3 +59,89 @@ def add_schemas(document: dict[str, Any], *models: type[BaseModel]) -> dict[str,
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     return document
+
+
+async def turn_body(request: Request) -> tuple[TurnOptions, str | Message]:
+    """A submit's options and message: JSON (:class:`TurnRequest`) or multipart (the
+    options as form fields, a ``text`` and any ``files``); 415 for another media type,
+    422 if it does not match its schema."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "multipart/form-data":
+        body = await json_body(request, TurnRequest)
+        return body, body.user_message()
+    try:
+        form = await request.form(max_files=MAX_FILES, max_fields=MAX_FIELDS)
+    except HTTPException as exc:  # starlette's 400 for a form it cannot read
+        raise GatewayError(422, "ValidationError", f"the multipart body: {exc.detail}") from None
+    text = form.get("text")
+    if not isinstance(text, str) or not text:
+        missing = [{"loc": ["text"], "msg": "required, at least 1 character"}]
+        raise GatewayError(
+            422, "ValidationError", "a multipart turn needs a non-empty text", errors=missing
+        )
+    content: list[TextPart | ImagePart | FilePart] = [TextPart(text=text)]
+    for upload in form.getlist("files"):
+        if not isinstance(upload, UploadFile):
+            not_file = [{"loc": ["files"], "msg": "not a file"}]
+            raise GatewayError(
+                422, "ValidationError", "files must be file uploads, not fields", errors=not_file
+            )
+        data = await upload.read()
+        mime = upload.content_type or "application/octet-stream"
+        if mime.startswith("image/"):
+            content.append(ImagePart(data=data, mime_type=mime))
+        else:
+            content.append(FilePart(data=data, mime_type=mime, filename=upload.filename))
+    fields: dict[str, Any] = {k: v for k, v in form.multi_items() if k not in ("text", "files")}
+    if isinstance(fields.get("metadata"), str):
+        fields["metadata"] = _json_field("metadata", fields["metadata"])
+    try:
+        options = TurnOptions.model_validate(fields)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+    return options, Message(content=content)
+
+
+def multipart_schema() -> dict[str, Any]:
+    """The multipart form of a submit: :class:`TurnOptions` as fields, plus ``text``
+    (required) and ``files``."""
+    schema = TurnOptions.model_json_schema()
+    # A form field is a string or absent, never null.
+    properties = {name: not_null(field) for name, field in schema["properties"].items()}
+    # A form field holds text: metadata travels as its JSON.
+    properties["metadata"] = {"type": "string", "description": "A JSON object (ctx.metadata)."}
+    properties["text"] = {"type": "string", "minLength": 1, "description": "The user's text."}
+    properties["files"] = {
+        "type": "array",
+        "maxItems": MAX_FILES,
+        "items": {"type": "string", "format": "binary", "minLength": 1},
+        "description": "Attachments: image/* become image parts, anything else file parts.",
+    }
+    return {
+        "type": "object",
+        "required": ["agent", "text"],
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+def not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without its null alternative (and null default): for values that are
+    either given or absent, such as form fields, headers and query parameters."""
+    options = schema.get("anyOf")
+    if not isinstance(options, list) or {"type": "null"} not in options:
+        return schema
+    rest = [o for o in options if o != {"type": "null"}]
+    merged = {
+        k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)
+    }
+    return {**merged, **rest[0]} if len(rest) == 1 else {**merged, "anyOf": rest}
+
+
+def _json_field(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise GatewayError(
+            422, "ValidationError", f"the {name} field must hold JSON (a JSON object)"
+        ) from None

@@ -1,58 +1,16 @@
-"""The request and response bodies of the gateway (pydantic: they are its OpenAPI schema).
-
-A message is the text alone or a :class:`convoq.messages.Message` in its JSON form: parts
-``{"type": "text", "text": ...}``, ``{"type": "image", "data": <base64>, "mime_type":
-...}`` and ``{"type": "file", "data": <base64>, "mime_type": ..., "filename": ...}``.
-"""
+"""The response bodies of the gateway (pydantic: they are its OpenAPI schema); what
+requests carry is :mod:`.inputs`. Messages go out in their JSON form (attachments as
+base64)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from convoq.messages import Decision, Message, ToolCall
 from convoq.redis.protocol import ParkedTurn, TurnRecord
 from convoq.usage import Usage
-
-
-class TurnRequest(BaseModel):
-    """``POST /v1/conversations/{cid}/turns`` (JSON; multipart takes the same fields)."""
-
-    # "model_settings" is a field, not pydantic API (pydantic < 2.10 would warn).
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    message: str | Message = Field(description="The user's text, or a user message.")
-    agent: str = Field(min_length=1, max_length=256, description="The agent profile.")
-    keep_last_turns: int | None = Field(
-        default=None, ge=0, description="Previous turns sent to the model (0: all)."
-    )
-    max_history_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        description="Send only the newest whole previous turns that fit this many tokens.",
-    )
-    if_busy: Literal["queue", "reject"] = Field(
-        default="queue", description="reject: 409 while another turn is in progress."
-    )
-    callback_url: str | None = Field(
-        default=None, description="Gets one signed POST when the turn is final."
-    )
-    model_settings: dict[str, Any] | None = Field(
-        default=None,
-        description="temperature, max_tokens, top_p, stop, seed, tool_choice,"
-        " parallel_tool_calls, extra_body: merged over the profile's (JSON body only).",
-    )
-    output_schema: dict[str, Any] | None = Field(
-        default=None,
-        description="The JSON schema of an object the answer must fit; the result's"
-        " output holds it validated (JSON body only).",
-    )
-    metadata: dict[str, Any] | None = Field(
-        default=None,
-        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
-        " (16 KiB at most). In multipart, a field holding the JSON.",
-    )
 
 
 class TurnLinks(BaseModel):
@@ -127,21 +85,6 @@ class TurnView(BaseModel):
         )
 
 
-class DecisionRequest(BaseModel):
-    """Approve or deny one pending tool call."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    decision: Literal["approve", "deny"]
-    reason: str | None = Field(default=None, max_length=2000, description="Told to the model.")
-    by: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=200,
-        description="Who decided, for keys allowed to say (may_set_by); else the key's name.",
-    )
-
-
 class DecisionResult(BaseModel):
     """``resume``: every pending call is decided, the turn goes on on a worker;
     ``pending``: other calls of the turn still wait. ``decision``: as recorded."""
@@ -197,6 +140,9 @@ class Approval(BaseModel):
 class Approvals(BaseModel):
     now_ms: int = Field(description="The server's clock, to count down to expires_ms.")
     turns: list[Approval]
+    next_offset: int | None = Field(
+        default=None, description="The offset of the next page; null: this is the last."
+    )
 
 
 class Health(BaseModel):

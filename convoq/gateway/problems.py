@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from convoq.errors import (
     AttachmentError,
@@ -28,6 +29,7 @@ from convoq.errors import (
     ConversationBusyError,
     ConversationMemoryError,
     ConvoqError,
+    IdempotencyKeyReusedError,
     InvalidMessageError,
     ProtocolError,
     QueueFullError,
@@ -45,6 +47,7 @@ _STATUS: tuple[tuple[type[ConvoqError], int], ...] = (
     (UnknownTurnError, 404),
     (QueueFullError, 429),
     (ConversationBusyError, 409),
+    (IdempotencyKeyReusedError, 409),
     (ProtocolError, 409),
     (TurnTimeoutError, 504),
     (ConversationMemoryError, 503),
@@ -87,6 +90,21 @@ def convoq_problem(error: ConvoqError) -> JSONResponse:
                    error=data)  # fmt: skip
 
 
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette names only those
+    of the first route matching it, and one path may have several routes): each asked of
+    the routes through their public ``matches``."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
+
+
 def install(app: FastAPI) -> None:
     """Answer every error of ``app`` as problem+json."""
 
@@ -107,8 +125,19 @@ def install(app: FastAPI) -> None:
                        errors=errors[:20])  # fmt: skip
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return problem(exc.status_code, "HTTPError", str(exc.detail))
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        answer = problem(exc.status_code, "HTTPError", str(exc.detail))
+        answer.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            answer.headers["Allow"] = ", ".join(allowed_methods(request))
+        return answer
+
+    # Anything else is a bug: still problem+json, and the routes build every fallible
+    # part of an answer before their first write, so a 500 never hides a change made.
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs it (it re-raises to the server once this answer is sent).
+        return problem(500, "InternalError", "the gateway failed unexpectedly; it is logged")
 
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("Redis unavailable: %r", exc)

@@ -7,7 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
+from convoq.errors import ConversationBusyError
 from convoq.gateway.auth import Principal, requires
+from convoq.gateway.inputs import Cid
 from convoq.gateway.models import Approval, Approvals, History
 from convoq.gateway.routes_turns import Client
 from convoq.usage import Usage
@@ -21,7 +23,7 @@ router = APIRouter(tags=["conversations"])
     summary="A conversation's stored messages, paged (scope: read)",
 )
 async def messages(
-    cid: str,
+    cid: Cid,
     client: Client,
     _: Annotated[Principal, Depends(requires("read"))],
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -40,7 +42,7 @@ async def messages(
     summary="Tokens a conversation's stored turns reported, summed (scope: read)",
 )
 async def usage(
-    cid: str, client: Client, _: Annotated[Principal, Depends(requires("read"))]
+    cid: Cid, client: Client, _: Annotated[Principal, Depends(requires("read"))]
 ) -> Usage:
     """One read of the counters each commit adds to, whatever the history's length."""
     return await client.usage(cid)
@@ -50,13 +52,21 @@ async def usage(
     "/v1/conversations/{cid}", status_code=204, summary="Delete a conversation (scope: admin)"
 )
 async def delete_conversation(
-    cid: str,
+    cid: Cid,
     client: Client,
     _: Annotated[Principal, Depends(requires("admin"))],
     force: Annotated[bool, Query(description="Also while turns are queued or running")] = False,
 ) -> Response:
-    """Every key of the conversation goes (409 while a turn is in progress, unless force)."""
-    await client.clear(cid, force=force)
+    """Every key of the conversation goes (409 while a turn is in progress, unless
+    ``?force=true``)."""
+    try:
+        await client.clear(cid, force=force)
+    except ConversationBusyError as busy:
+        raise ConversationBusyError(
+            f"conversation {cid!r} has turns queued, running or awaiting approval: wait for"
+            " them, cancel them, or delete with ?force=true",
+            **busy.details,
+        ) from None
     return Response(status_code=204)
 
 
@@ -70,9 +80,17 @@ async def approvals(
     client: Client,
     principal: Annotated[Principal, Depends(requires("approve"))],
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> Approvals:
-    """What the approvals inbox shows: every parked turn the key may reach, with its
-    pending tool calls and when its approval expires."""
-    parked = await client.awaiting_approval(limit=limit)
-    turns = [Approval.of(p) for p in parked if principal.owns(p.record.conversation_id)]
-    return Approvals(now_ms=int(time.time() * 1000), turns=turns)
+    """What the approvals inbox shows: the parked turns the key may reach (its
+    conversation prefix), with their pending tool calls and when their approvals expire;
+    ``limit`` of them from ``offset``, and ``next_offset`` while more follow."""
+    parked = await client.awaiting_approval(
+        limit=limit + 1, offset=offset, conversation_prefix=principal.conversation_prefix
+    )
+    more = len(parked) > limit
+    return Approvals(
+        now_ms=int(time.time() * 1000),
+        turns=[Approval.of(p) for p in parked[:limit]],
+        next_offset=offset + limit if more else None,
+    )

@@ -3,58 +3,39 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
-from starlette.datastructures import UploadFile
 
 from convoq.client import AsyncClient
-from convoq.errors import TurnTimeoutError
+from convoq.errors import ConversationBusyError, TurnTimeoutError
 from convoq.gateway.auth import Principal, requires
-from convoq.gateway.bodies import body_schema, invalid, json_body
+from convoq.gateway.bodies import body_schema, json_body, multipart_schema, turn_body
+from convoq.gateway.inputs import EVENT_ID, CallId, Cid, DecisionRequest, Tid, TurnRequest
 from convoq.gateway.models import (
     CancelResult,
-    DecisionRequest,
     DecisionResult,
     TurnAccepted,
     TurnLinks,
-    TurnRequest,
     TurnView,
 )
 from convoq.gateway.problems import GatewayError
 from convoq.gateway.sse import check_event_id, turn_events
-from convoq.messages import FilePart, ImagePart, Message, TextPart
+from convoq.ids import check_conversation_id
 
 router = APIRouter(prefix="/v1/conversations/{cid}/turns", tags=["turns"])
 MAX_WAIT_S = 60.0
+# Documented here, checked by check_event_id (whose 422 names the header).
+_EVENT_ID: dict[str, Any] = {"pattern": EVENT_ID}
 
 _SUBMIT_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
             **body_schema("TurnRequest")["requestBody"]["content"],
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["agent"],
-                    "properties": {
-                        "text": {"type": "string"},
-                        "agent": {"type": "string"},
-                        "keep_last_turns": {"type": "integer"},
-                        "max_history_tokens": {"type": "integer"},
-                        "if_busy": {"type": "string", "enum": ["queue", "reject"]},
-                        "callback_url": {"type": "string"},
-                        "metadata": {"type": "string", "description": "A JSON object"},
-                        "files": {
-                            "type": "array",
-                            "items": {"type": "string", "format": "binary"},
-                        },
-                    },
-                }
-            },
+            "multipart/form-data": {"schema": multipart_schema()},
         },
     }
 }
@@ -68,8 +49,15 @@ def client_of(request: Request) -> AsyncClient:
 Client = Annotated[AsyncClient, Depends(client_of)]
 
 
-def _links(request: Request, cid: str, tid: str) -> TurnLinks:
-    base = str(request.url_for("get_turn", cid=cid, tid=tid))
+def turns_url(request: Request, cid: str) -> str:
+    """The URL of a conversation's turns, the id percent-encoded (every byte of a link is
+    ASCII, so the ``Location`` header cannot fail to encode after the turn is queued)."""
+    check_conversation_id(cid)
+    return str(request.url_for("submit_turn", cid=quote(cid, safe="")))
+
+
+def _links(turns: str, tid: str) -> TurnLinks:
+    base = f"{turns}/{quote(tid, safe='')}"
     return TurnLinks(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
 
 
@@ -82,87 +70,55 @@ def _links(request: Request, cid: str, tid: str) -> TurnLinks:
     responses={429: {"description": "A limit on queued turns is reached (Retry-After)."}},
 )
 async def submit_turn(
-    cid: str,
+    cid: Cid,
     request: Request,
     response: Response,
     client: Client,
     _: Annotated[Principal, Depends(requires("submit"))],
-    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> TurnAccepted:
     """Queue a turn and answer at once (202) with its id and URLs. JSON body, or
     multipart/form-data with ``text`` and files (images become image parts, anything else
-    file parts). ``Idempotency-Key``: a repeat answers with the first turn. Over a limit
-    on queued turns (``CONVOQ_MAX_QUEUED_*``): 429 with ``Retry-After``, nothing queued."""
-    body = await _turn_request(request)
-    handle = await client.submit(
-        cid,
-        body.message,
-        agent=body.agent,
-        idempotency_key=idempotency_key,
-        keep_last_turns=body.keep_last_turns,
-        max_history_tokens=body.max_history_tokens,
-        callback_url=body.callback_url,
-        if_busy=body.if_busy,
-        model_settings=body.model_settings,
-        output_schema=body.output_schema,
-        metadata=body.metadata,
-    )
-    links = _links(request, handle.conversation_id, handle.turn_id)
+    file parts). ``Idempotency-Key``: a repeat of the same request answers with the first
+    turn as it stands now; the key reused for another request is a 409 naming what
+    differs. Over a limit on queued turns (``CONVOQ_MAX_QUEUED_*``): 429 with
+    ``Retry-After``, nothing queued."""
+    turns = turns_url(request, cid)  # everything that can fail comes before the write
+    body, message = await turn_body(request)
+    try:
+        handle = await client.submit(
+            cid,
+            message,
+            agent=body.agent,
+            idempotency_key=idempotency_key,
+            keep_last_turns=body.keep_last_turns,
+            max_history_tokens=body.max_history_tokens,
+            callback_url=body.callback_url,
+            if_busy=body.if_busy,
+            metadata=body.metadata,
+            # Settings and an output schema come in a JSON body only.
+            model_settings=body.model_settings if isinstance(body, TurnRequest) else None,
+            output_schema=body.output_schema if isinstance(body, TurnRequest) else None,
+        )
+    except ConversationBusyError as busy:
+        raise ConversationBusyError(
+            f"conversation {cid!r} has a turn in progress and the request said"
+            ' "if_busy": "reject": wait for it, or send "if_busy": "queue" to line up behind',
+            **busy.details,
+        ) from None
+    # A repeat (same Idempotency-Key) reports the first turn as it stands now.
+    status = await handle.status() if handle.repeated else "queued"
+    links = _links(turns, handle.turn_id)
     response.headers["Location"] = links.self
     return TurnAccepted(
-        conversation_id=handle.conversation_id,
-        turn_id=handle.turn_id,
-        status="queued",
-        links=links,
+        conversation_id=handle.conversation_id, turn_id=handle.turn_id, status=status, links=links
     )
-
-
-async def _turn_request(request: Request) -> TurnRequest:
-    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if kind != "multipart/form-data":
-        return await json_body(request, TurnRequest)
-    try:
-        return await _multipart(request)
-    except ValidationError as exc:
-        raise invalid(exc) from None
-
-
-async def _multipart(request: Request) -> TurnRequest:
-    form = await request.form(max_files=64, max_fields=32)
-    content: list[TextPart | ImagePart | FilePart] = []
-    text = form.get("text")
-    if isinstance(text, str) and text:
-        content.append(TextPart(text=text))
-    for upload in form.getlist("files"):
-        if not isinstance(upload, UploadFile):
-            continue
-        data = await upload.read()
-        mime = upload.content_type or "application/octet-stream"
-        if mime.startswith("image/"):
-            content.append(ImagePart(data=data, mime_type=mime))
-        else:
-            content.append(FilePart(data=data, mime_type=mime, filename=upload.filename))
-    fields: dict[str, Any] = {
-        k: v for k, v in form.items() if k not in ("text", "files") and isinstance(v, str)
-    }
-    if "metadata" in fields:
-        fields["metadata"] = _json_field("metadata", fields["metadata"])
-    return TurnRequest.model_validate({**fields, "message": Message(content=content)})
-
-
-def _json_field(name: str, raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise GatewayError(
-            422, "ValidationError", f"the {name} field must hold JSON (a JSON object)"
-        ) from None
 
 
 @router.get("/{tid}", response_model=TurnView, summary="A turn's status and result (scope: read)")
 async def get_turn(
-    cid: str,
-    tid: str,
+    cid: Cid,
+    tid: Tid,
     client: Client,
     _: Annotated[Principal, Depends(requires("read"))],
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll seconds")] = 0,
@@ -188,12 +144,15 @@ async def get_turn(
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 async def turn_events_sse(
-    cid: str,
-    tid: str,
+    cid: Cid,
+    tid: Tid,
     client: Client,
     _: Annotated[Principal, Depends(requires("read"))],
-    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
-    after: Annotated[str | None, Query(max_length=64, description="As Last-Event-ID")] = None,
+    last_event_id: Annotated[str | None, Header(max_length=64, json_schema_extra=_EVENT_ID)] = None,
+    after: Annotated[
+        str | None,
+        Query(max_length=64, description="As Last-Event-ID", json_schema_extra=_EVENT_ID),
+    ] = None,
 ) -> StreamingResponse:
     """Every event of the turn (status, text deltas, tool calls, approvals, done), from
     the start or after ``Last-Event-ID``; the stream ends after ``done``."""
@@ -214,9 +173,9 @@ async def turn_events_sse(
     summary="Approve or deny a pending tool call (scope: approve)",
 )
 async def decide(
-    cid: str,
-    tid: str,
-    call_id: str,
+    cid: Cid,
+    tid: Tid,
+    call_id: CallId,
     request: Request,
     client: Client,
     principal: Annotated[Principal, Depends(requires("approve"))],
@@ -242,17 +201,18 @@ async def decide(
 
 @router.post("/{tid}/cancel", response_model=CancelResult, summary="Cancel a turn (scope: submit)")
 async def cancel(
-    cid: str, tid: str, client: Client, _: Annotated[Principal, Depends(requires("submit"))]
+    cid: Cid, tid: Tid, client: Client, _: Annotated[Principal, Depends(requires("submit"))]
 ) -> CancelResult:
     """Queued or parked: cancelled at once. Running: it stops at its next step
     ("stopping"). Already final: "finished"."""
     return CancelResult(outcome=await client.cancel(client.handle(cid, tid)))
 
 
-@router.delete("/{tid}", status_code=204, summary="Discard a parked turn (scope: approve)")
+@router.post("/{tid}/discard", status_code=204, summary="Discard a parked turn (scope: approve)")
 async def discard(
-    cid: str, tid: str, client: Client, _: Annotated[Principal, Depends(requires("approve"))]
+    cid: Cid, tid: Tid, client: Client, _: Annotated[Principal, Depends(requires("approve"))]
 ) -> Response:
-    """End a turn awaiting approval as cancelled; nothing is stored, later turns run."""
+    """End a turn awaiting approval as cancelled; nothing is stored, later turns run. The
+    turn stays readable (status "cancelled"): this ends it, it does not delete it."""
     await client.discard(client.handle(cid, tid), reason="discarded through the gateway")
     return Response(status_code=204)

@@ -17,9 +17,12 @@ from collections.abc import AsyncIterator
 
 from convoq.client import AsyncTurnHandle
 from convoq.errors import TurnTimeoutError
+from convoq.gateway.inputs import EVENT_ID
 from convoq.gateway.problems import GatewayError
 
-_STREAM_ID = re.compile(r"0|\d{1,20}-\d{1,20}")
+# At most 19 digits a part: every such id fits the two unsigned 64-bit numbers of a Redis
+# stream id (a larger one would fail XREAD after the response began).
+_STREAM_ID = re.compile(EVENT_ID)
 KEEPALIVE_S = 15.0
 MAX_S = 900.0
 

@@ -251,15 +251,18 @@ class ProtocolBase:
         return None if status is None else text(status)
 
     def refusal(
-        self, reply: list[Any], cid: str, tid: str, fence: int | None = None
+        self, reply: list[Any], cid: str, tid: str | None, fence: int | None = None
     ) -> ConvoqError:
-        """The error for a script status that is not a success."""
+        """The error for a script status that is not a success (``tid`` None: a script of
+        the whole conversation, whose error names no turn)."""
         code = reply[0]
         stored = stored_data_error(code, reply, self.keys, cid)
         if stored is not None:
             return stored
-        where = f"turn {tid!r} of conversation {cid!r}"
-        details = {"conversation_id": cid, "turn_id": tid}
+        where = f"conversation {cid!r}" if tid is None else f"turn {tid!r} of conversation {cid!r}"
+        details = (
+            {"conversation_id": cid} if tid is None else {"conversation_id": cid, "turn_id": tid}
+        )
         if code == "UNKNOWN":
             return UnknownTurnError(
                 f"no {where}: it never existed or its record expired", **details

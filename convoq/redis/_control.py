@@ -119,7 +119,7 @@ class ControlMixin(ProtocolBase):
             if reply[0] == "OK":
                 return
             if reply[0] != "RETRY":
-                raise self.refusal(reply, cid, "?")
+                raise self.refusal(reply, cid, None)
         raise ConversationMemoryError(
             f"conversation {cid!r} kept changing while it was cleared; try again"
         )
@@ -171,8 +171,11 @@ class ControlMixin(ProtocolBase):
             return False
         return True
 
-    async def parked_turns(self, limit: int = 100) -> list[ParkedTurn]:
-        """Turns awaiting approval across conversations, newest first, at most ``limit``.
+    async def parked_turns(
+        self, limit: int = 100, *, offset: int = 0, conversation_prefix: str = ""
+    ) -> list[ParkedTurn]:
+        """Turns awaiting approval across the conversations whose id starts with
+        ``conversation_prefix``, newest first: ``limit`` of them from ``offset``.
 
         A SCAN over the inboxes (as the sweeper's): its cost grows with the number of
         keys, so callers poll it every few seconds, not per request of a busy path.
@@ -180,11 +183,13 @@ class ControlMixin(ProtocolBase):
         found: list[ParkedTurn] = []
         async for key in self.redis.scan_iter(match=self.keys.inbox_pattern(), count=1000):
             cid = self.keys.conversation_of_inbox(key)
-            parked = await self._parked_head(cid) if cid is not None else None
+            if cid is None or not cid.startswith(conversation_prefix):
+                continue  # filtered before the limit: other conversations take no place
+            parked = await self._parked_head(cid)
             if parked is not None:
                 found.append(parked)
         found.sort(key=lambda p: p.parked_ms, reverse=True)
-        return found[: max(0, limit)]
+        return found[max(0, offset) : max(0, offset) + max(0, limit)]
 
     async def _parked_head(self, cid: str) -> ParkedTurn | None:
         async with self.redis.pipeline(transaction=True) as pipe:

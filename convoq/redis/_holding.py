@@ -59,7 +59,7 @@ async def reserve(
             " nothing of its turn was stored; start the turn again",
             conversation_id=cid,
         )
-    raise proto.refusal(reply, cid, "-")
+    raise proto.refusal(reply, cid, None)
 
 
 async def unreserve(
@@ -77,7 +77,7 @@ async def unreserve(
     keys = [proto.keys.lease(cid), proto.keys.spent(cid, token)]
     reply = await proto.scripts.run("unreserve", keys, [holder(token), mode, ttl or ""])
     if reply[0] not in ("OK", "GONE"):
-        raise proto.refusal(reply, cid, "-")
+        raise proto.refusal(reply, cid, None)
 
 
 async def commit_held(

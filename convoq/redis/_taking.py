@@ -82,7 +82,7 @@ class TakingMixin(ProtocolBase):
             except ResponseError as exc:
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
-                raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from None
+                raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, None) from None
         taking = Taking(worker_id, lease_ms, window, max_attempts, fence, failed)
         return await self._take(cid, first, taking)
 
@@ -125,7 +125,7 @@ class TakingMixin(ProtocolBase):
         try:
             return check_turn_id(text(head))
         except ConvoqError as exc:
-            raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from exc
+            raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, None) from exc
 
     async def _acquired(self, cid: str, tid: str, reply: list[Any], window: int) -> Acquired:
         """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off

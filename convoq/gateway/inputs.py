@@ -1,0 +1,184 @@
+"""What requests may carry: the models that validate them are the schemas the OpenAPI
+document shows, so a value the document admits is one the gateway reads (and what it
+refuses, the document refuses too).
+
+A message is the text alone or a user message in its JSON form: parts ``{"type": "text",
+"text": ...}``, ``{"type": "image", "data": <base64>, "mime_type": ...}`` and ``{"type":
+"file", "data": <base64>, "mime_type": ..., "filename": ...}``; attachments in standard
+base64 with padding. What only the deployment knows (its agents, its size limits, the
+networks callbacks may reach) is checked by the client behind it.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+from fastapi import Path
+from pydantic import BaseModel, ConfigDict, Field
+
+from convoq.messages import FilePart, ImagePart, Message, TextPart
+
+# Stored ids: see convoq.ids. Over HTTP a conversation id also cannot hold "/" nor be
+# "." or ".." (a path would split or be normalised away).
+_FREE = r"[^\x00-\x1f\x7f-\x9f/]"
+_NOT_DOT = r"[^\x00-\x1f\x7f-\x9f/.]"
+CONVERSATION_ID = rf"^(?:{_NOT_DOT}{_FREE}*|\.{_NOT_DOT}{_FREE}*|\.\.{_FREE}+)$"
+TURN_ID = r"^[A-Za-z0-9_-]{1,64}$"
+CALL_ID = r"^[^/]{1,256}$"
+# A Redis stream id this gateway sent (ms-seq), or "0" (or nothing) for the start.
+EVENT_ID = r"^(?:0|[0-9]{1,19}-[0-9]{1,19})?$"
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_PORT = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5]?[0-9]{1,4}))?"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+
+
+def _ipv6() -> str:
+    """RFC 3986's IPv6address (what a bracketed URL host must be), as one expression."""
+    h16 = "[0-9A-Fa-f]{1,4}"
+    octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+    ls32 = rf"(?:{h16}:{h16}|(?:{octet}\.){{3}}{octet})"
+    forms = [rf"(?:{h16}:){{6}}{ls32}", rf"::(?:{h16}:){{5}}{ls32}"]
+    tails = [rf"(?:{h16}:){{4}}{ls32}", rf"(?:{h16}:){{3}}{ls32}", rf"(?:{h16}:){{2}}{ls32}",
+             rf"{h16}:{ls32}", ls32, h16, ""]  # fmt: skip
+    for before, tail in enumerate(tails):
+        head = f"(?:(?:{h16}:){{0,{before}}}{h16})?" if before else f"(?:{h16})?"
+        forms.append(f"{head}::{tail}")
+    return "(?:" + "|".join(forms) + ")"
+
+
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[{_ipv6()}\])"
+CALLBACK_URL = rf"^https?://{_HOST}{_PORT}(?:[/?#][!-~]*)?$"
+MAX_MIME_CHARS = 255
+
+
+def _decoded(data: str) -> bytes:
+    return base64.b64decode(data, validate=True)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextIn(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageIn(_Strict):
+    type: Literal["image"]
+    data: str = Field(min_length=4, pattern=BASE64, description="Standard base64, padded.")
+    mime_type: str = Field(min_length=1, max_length=MAX_MIME_CHARS)
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class FileIn(_Strict):
+    type: Literal["file"]
+    data: str = Field(min_length=4, pattern=BASE64, description="Standard base64, padded.")
+    mime_type: str = Field(min_length=1, max_length=MAX_MIME_CHARS)
+    filename: str | None = Field(default=None, max_length=MAX_MIME_CHARS)
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+
+PartIn = Annotated[TextIn | ImageIn | FileIn, Field(discriminator="type")]
+
+
+class UserMessageIn(_Strict):
+    """A user message: its parts in order (text, images, files)."""
+
+    role: Literal["user"] = "user"
+    content: list[PartIn] = Field(min_length=1, max_length=64)
+
+    def message(self) -> Message:
+        parts: list[TextPart | ImagePart | FilePart] = []
+        for part in self.content:
+            if isinstance(part, TextIn):
+                parts.append(TextPart(text=part.text))
+            elif isinstance(part, ImageIn):
+                parts.append(ImagePart(data=_decoded(part.data), mime_type=part.mime_type,
+                                       provider_options=part.provider_options))  # fmt: skip
+            else:
+                parts.append(FilePart(data=_decoded(part.data), mime_type=part.mime_type,
+                                      filename=part.filename,
+                                      provider_options=part.provider_options))  # fmt: skip
+        return Message(content=parts)
+
+
+class TurnOptions(_Strict):
+    """How a turn runs: the fields of a submit besides its message (multipart sends
+    these as form fields)."""
+
+    agent: str = Field(min_length=1, max_length=256, description="The agent profile.")
+    keep_last_turns: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="Previous turns sent to the model (0: all)."
+    )
+    max_history_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="Send only the newest whole previous turns that fit this many tokens.",
+    )
+    if_busy: Literal["queue", "reject"] = Field(
+        default="queue", description="reject: 409 while another turn is in progress."
+    )
+    callback_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=CALLBACK_URL,
+        description="Gets one signed POST when the turn is final.",
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
+        " (16 KiB at most). In multipart, a field holding the JSON.",
+    )
+
+
+class TurnRequest(TurnOptions):
+    """``POST /v1/conversations/{cid}/turns`` as JSON."""
+
+    # "model_settings" is a field, not pydantic API (pydantic < 2.10 would warn).
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_settings: dict[str, Any] | None = Field(
+        default=None,
+        description="temperature, max_tokens, top_p, stop, seed, tool_choice,"
+        " parallel_tool_calls, extra_body: merged over the profile's (JSON body only).",
+    )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="The JSON schema of an object the answer must fit; the result's"
+        " output holds it validated (JSON body only).",
+    )
+
+    message: Annotated[str, Field(min_length=1)] | UserMessageIn = Field(
+        description="The user's text, or a user message."
+    )
+
+    def user_message(self) -> str | Message:
+        if isinstance(self.message, UserMessageIn):
+            return self.message.message()
+        return self.message
+
+
+class DecisionRequest(_Strict):
+    """Approve or deny one pending tool call."""
+
+    decision: Literal["approve", "deny"]
+    reason: str | None = Field(default=None, max_length=2000, description="Told to the model.")
+    by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Who decided, for keys allowed to say (may_set_by); else the key's name.",
+    )
+
+
+# The ids in request paths, with their limits in the document and checked alike.
+Cid = Annotated[
+    str,
+    Path(min_length=1, max_length=256, pattern=CONVERSATION_ID,
+         description="A conversation id (1-256 characters, no control characters, no '/')."),
+]  # fmt: skip
+Tid = Annotated[str, Path(pattern=TURN_ID, description="A turn id.")]
+CallId = Annotated[str, Path(pattern=CALL_ID, description="A pending tool call's id.")]

@@ -1,0 +1,74 @@
+"""The OpenAPI document is the truth: schemathesis, with every check on, against the real
+gateway (uvicorn) over a real worker and Redis, must report no failure.
+
+Schemathesis reads ``/openapi.json`` and sends what it describes and what it refuses:
+examples at the boundaries of every limit, values outside them, missing and bad keys,
+methods a path does not serve, then chains of calls that follow the turns it created.
+Every answer is checked against the document (status, media type, headers, schema) and
+against HTTP (no 5xx, refused input refused, valid input accepted, a key needed). Bounded:
+a few examples per operation, one seed, a few minutes at most on a loaded machine.
+
+The deployment lets callbacks reach every network (the document cannot know which
+networks a deployment allows) and its workers try each callback once, briefly. Content
+over a size limit is refused with 413 (Content Too Large), which the check of refused
+input is told to count as the refusal it is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.gateway import GatewayProcess, key_of, running_gateway
+from tests.support.workers import WorkerPool, module_pool
+
+pytestmark = pytest.mark.slow
+
+MAX_TURN_BYTES = 64 * 1024
+EXAMPLES_PER_OPERATION = 8
+SEED = 20261201
+# Schemathesis' own list of refusals (its default), plus 413.
+REFUSALS = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
+            "5xx"]  # fmt: skip
+
+pool = module_pool(1, max_turn_bytes=MAX_TURN_BYTES, webhook_max_retries=0, webhook_timeout_s=1)
+
+
+@pytest.fixture(scope="module")
+def gateway(pool: WorkerPool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    logs = tmp_path_factory.mktemp("gateway")
+    with running_gateway(
+        pool, logs, callback_allowed_networks="0.0.0.0/0,::/0", max_turn_bytes=str(MAX_TURN_BYTES)
+    ) as started:
+        yield started
+
+
+@pytest.mark.timeout(600)
+def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) -> None:
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(f"[checks.negative_data_rejection]\nexpected-statuses = {REFUSALS!r}\n")
+    command = [
+        sys.executable, "-m", "schemathesis.cli", "--config-file", str(config),
+        "run", f"{gateway.url}/openapi.json",
+        "--header", f"Authorization: Bearer {key_of('admin')}",
+        "--checks", "all",
+        "--max-examples", str(EXAMPLES_PER_OPERATION),
+        "--seed", str(SEED),
+        "--workers", "1",
+        "--generation-database", "none",
+        "--no-shrink",  # a failure is reported as found: shrinking could replay long polls
+        "--request-timeout", "70",
+        "--report-dir", str(tmp_path / "report"),
+    ]  # fmt: skip
+    log = tmp_path / "schemathesis.log"
+    with log.open("w") as out:
+        run = subprocess.run(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                             timeout=480, check=False)  # fmt: skip
+    output = log.read_text()
+    assert "Operations:       13 selected / 13 total" in output, output[-4000:]
+    failures = output[output.find("=== FAILURES") :] if "=== FAILURES" in output else output
+    assert run.returncode == 0, f"{failures[:20000]}\n--- gateway log ---\n{gateway.log_tail(20)}"
