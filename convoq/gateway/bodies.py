@@ -9,7 +9,6 @@ JSON mode, which is also what decodes base64 attachments.
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -92,9 +91,7 @@ async def turn_body(request: Request) -> tuple[TurnOptions, str | Message]:
             content.append(ImagePart(data=data, mime_type=mime))
         else:
             content.append(FilePart(data=data, mime_type=mime, filename=upload.filename))
-    fields: dict[str, Any] = {k: v for k, v in form.multi_items() if k not in ("text", "files")}
-    if isinstance(fields.get("metadata"), str):
-        fields["metadata"] = _json_field("metadata", fields["metadata"])
+    fields = {k: v for k, v in form.multi_items() if k not in ("text", "files")}
     try:
         options = TurnOptions.model_validate(fields)
     except ValidationError as exc:
@@ -108,8 +105,6 @@ def multipart_schema() -> dict[str, Any]:
     schema = TurnOptions.model_json_schema()
     # A form field is a string or absent, never null.
     properties = {name: not_null(field) for name, field in schema["properties"].items()}
-    # A form field holds text: metadata travels as its JSON.
-    properties["metadata"] = {"type": "string", "description": "A JSON object (ctx.metadata)."}
     properties["text"] = {"type": "string", "minLength": 1, "description": "The user's text."}
     properties["files"] = {
         "type": "array",
@@ -136,12 +131,3 @@ def not_null(schema: dict[str, Any]) -> dict[str, Any]:
         k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)
     }
     return {**merged, **rest[0]} if len(rest) == 1 else {**merged, "anyOf": rest}
-
-
-def _json_field(name: str, raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise GatewayError(
-            422, "ValidationError", f"the {name} field must hold JSON (a JSON object)"
-        ) from None

@@ -127,11 +127,46 @@ class TurnOptions(_Strict):
         pattern=CALLBACK_URL,
         description="Gets one signed POST when the turn is final.",
     )
-    metadata: dict[str, Any] | None = Field(
-        default=None,
-        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
-        " (16 KiB at most). In multipart, a field holding the JSON.",
+
+
+class ModelSettingsIn(_Strict):
+    """Model settings over HTTP, merged over the profile's. The document states exactly
+    what is accepted: a named ``tool_choice`` (one tool of the agent) is for the Python
+    API, which knows the agent's tools."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, gt=0, le=1_000_000)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        default=None, max_length=4
     )
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    tool_choice: Literal["auto", "required", "none"] | None = None
+    parallel_tool_calls: bool | None = None
+    extra_body: dict[str, Annotated[str, Field(max_length=512)] | int | bool] | None = Field(
+        default=None, max_length=16, description="Merged into the request body last."
+    )
+
+
+class PropertyIn(_Strict):
+    """One field of a typed answer."""
+
+    type: Literal["string", "integer", "number", "boolean"]
+    description: str | None = Field(default=None, max_length=1000)
+
+
+class OutputSchemaIn(_Strict):
+    """The shape of a typed answer over HTTP: an object of plain fields (deeper schemas
+    are for the Python API's ``output_schema=``)."""
+
+    type: Literal["object"]
+    properties: dict[Annotated[str, Field(min_length=1, max_length=64)], PropertyIn] = Field(
+        default_factory=dict, max_length=64
+    )
+    required: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=64
+    )
+    additionalProperties: bool = False
 
 
 class TurnRequest(TurnOptions):
@@ -140,16 +175,28 @@ class TurnRequest(TurnOptions):
     # "model_settings" is a field, not pydantic API (pydantic < 2.10 would warn).
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model_settings: dict[str, Any] | None = Field(
-        default=None,
-        description="temperature, max_tokens, top_p, stop, seed, tool_choice,"
-        " parallel_tool_calls, extra_body: merged over the profile's (JSON body only).",
+    model_settings: ModelSettingsIn | None = Field(
+        default=None, description="Merged over the profile's (JSON body only)."
     )
-    output_schema: dict[str, Any] | None = Field(
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
+        " (16 KiB at most; JSON body only).",
+    )
+    output_schema: OutputSchemaIn | None = Field(
         default=None,
         description="The JSON schema of an object the answer must fit; the result's"
         " output holds it validated (JSON body only).",
     )
+
+    def asked(self) -> dict[str, Any]:
+        """The settings and output schema as the client takes them (unset: None)."""
+        settings = self.model_settings
+        shape = self.output_schema
+        return {
+            "model_settings": settings.model_dump(exclude_none=True) if settings else None,
+            "output_schema": shape.model_dump() if shape else None,
+        }
 
     message: Annotated[str, Field(min_length=1)] | UserMessageIn = Field(
         description="The user's text, or a user message."

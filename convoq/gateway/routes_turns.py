@@ -95,10 +95,9 @@ async def submit_turn(
             max_history_tokens=body.max_history_tokens,
             callback_url=body.callback_url,
             if_busy=body.if_busy,
-            metadata=body.metadata,
-            # Settings and an output schema come in a JSON body only.
-            model_settings=body.model_settings if isinstance(body, TurnRequest) else None,
-            output_schema=body.output_schema if isinstance(body, TurnRequest) else None,
+            # Metadata, settings and an output schema come in a JSON body only.
+            metadata=body.metadata if isinstance(body, TurnRequest) else None,
+            **(body.asked() if isinstance(body, TurnRequest) else {}),
         )
     except ConversationBusyError as busy:
         raise ConversationBusyError(
