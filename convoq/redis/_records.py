@@ -14,6 +14,7 @@ from convoq.errors import CorruptDataError
 from convoq.messages import Message
 from convoq.redis._codec import text
 from convoq.turn_state import Decision, TurnEvent, TurnState
+from convoq.window import AgentWindows
 
 TurnStatus = Literal[
     "queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled", "expired"
@@ -76,7 +77,7 @@ class Taking:
 
     worker_id: str
     lease_ms: int
-    window: int
+    windows: AgentWindows
     max_attempts: int
     fence: int
     failed: list[str] | None
@@ -101,7 +102,8 @@ class TurnEnding:
     Attributes:
         fence: the lease's fence token (the write is refused if it moved on).
         lease_ms: the lease TTL the next turn is taken with.
-        window: turns of history handed out with the next turn (0: none).
+        window: turns of history handed out with the next turn (0: all), the same for
+            every agent or by agent (:class:`~convoq.window.AgentWindows`).
         max_attempts: runs of the next turn before it fails instead.
         next_turn_id: the turn expected next (:attr:`Acquired.next_turn_id`).
         events: buffered events to append before the turn's own ("done" comes last).
@@ -115,7 +117,7 @@ class TurnEnding:
 
     fence: int
     lease_ms: int = defaults.LEASE_MS
-    window: int = 0
+    window: int | AgentWindows = 0
     max_attempts: int = defaults.MAX_ATTEMPTS
     next_turn_id: str | None = None
     events: Sequence[TurnEvent] = ()
@@ -129,7 +131,8 @@ class TurnEnding:
 
     def taking(self) -> Taking:
         """The hand-off of the next turn: same fence, no new holder."""
-        return Taking("", self.lease_ms, self.window, self.max_attempts, self.fence, self.failed)
+        windows = AgentWindows.of(self.window)
+        return Taking("", self.lease_ms, windows, self.max_attempts, self.fence, self.failed)
 
 
 @dataclass(frozen=True)

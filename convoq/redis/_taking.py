@@ -26,6 +26,7 @@ from convoq.redis._base import (
 from convoq.redis._codec import pairs_to_dict, text
 from convoq.redis._history import decode_window, read_chunked
 from convoq.redis._records import Acquired, Taking, decode_record, decode_state
+from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
 
@@ -59,21 +60,22 @@ class TakingMixin(ProtocolBase):
         *,
         worker_id: str,
         lease_ms: int,
-        window: int = 0,
+        window: int | AgentWindows = 0,
         max_attempts: int = defaults.MAX_ATTEMPTS,
         failed: list[str] | None = None,
         head: str | None = None,
         fence: int = 0,
     ) -> Acquired | None:
         """Take the conversation's lease (a new fence) and its head turn with the history
-        window. None: nothing queued, the lease is live elsewhere, or the head is parked
-        undecided. Heads over ``max_attempts`` or with an expired approval are failed on
-        the way and the next head is taken; their ids are appended to ``failed`` (they
-        are finished turns whose callbacks are owed). ``head``: the turn id the caller
-        believes heads the inbox, which saves reading it first (the script checks it and
-        goes on with the real head if it is not). ``fence``: a lease kept for this caller by a
-        commit or fail that requeued the conversation (:attr:`TurnEnding.requeued`), taken
-        over as is; 0 takes a new one."""
+        window of its agent (``window``: turns for every agent, or by agent; a turn's own
+        ``keep_last_turns`` option wins). None: nothing queued, the lease is live elsewhere,
+        or the head is parked undecided. Heads over ``max_attempts`` or with an expired
+        approval are failed on the way and the next head is taken; their ids are appended to
+        ``failed`` (they are finished turns whose callbacks are owed). ``head``: the turn id
+        the caller believes heads the inbox, which saves reading it first (the script checks
+        it and goes on with the real head if it is not). ``fence``: a lease kept for this
+        caller by a commit or fail that requeued the conversation
+        (:attr:`TurnEnding.requeued`), taken over as is; 0 takes a new one."""
         check_conversation_id(cid)
         first: bytes | str | None = valid_turn_id(head)
         if first is None:
@@ -83,7 +85,7 @@ class TakingMixin(ProtocolBase):
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
                 raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from None
-        taking = Taking(worker_id, lease_ms, window, max_attempts, fence, failed)
+        taking = Taking(worker_id, lease_ms, AgentWindows.of(window), max_attempts, fence, failed)
         return await self._take(cid, first, taking)
 
     def take_args(self, t: Taking) -> list[Any]:
@@ -92,7 +94,7 @@ class TakingMixin(ProtocolBase):
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
-            t.window,
+            t.windows.encode(),
             t.max_attempts,
             _over_attempts_error(t.max_attempts),
         ]
@@ -111,7 +113,7 @@ class TakingMixin(ProtocolBase):
             keys += self.keys.turn_keys(cid, tid)
             reply = await self.scripts.run("acquire", keys, [tid, t.worker_id, t.fence, *options])
             if reply[0] == "OK":
-                return await self._acquired(cid, tid, reply, t.window)
+                return await self._acquired(cid, tid, reply)
             t.note_failed(reply)
             if reply[0] in ("EMPTY", "BUSY"):
                 return None
@@ -127,7 +129,7 @@ class TakingMixin(ProtocolBase):
         except ConvoqError as exc:
             raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from exc
 
-    async def _acquired(self, cid: str, tid: str, reply: list[Any], window: int) -> Acquired:
+    async def _acquired(self, cid: str, tid: str, reply: list[Any]) -> Acquired:
         """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off
         carries). A window too long for one script call came without its elements: it is
         read here in chunks, under the lease just taken."""
@@ -135,7 +137,7 @@ class TakingMixin(ProtocolBase):
         key = self.keys.turn(cid, tid)
         kind = text(reply[3]) if isinstance(reply[3], bytes) else None
         if reply[6] is None:
-            history = await read_chunked(self.scripts, self.keys, cid, window)
+            history = await read_chunked(self.scripts, self.keys, cid, int(reply[9]))
         else:
             history = decode_window(self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]))
         return Acquired(
@@ -168,7 +170,7 @@ class TakingMixin(ProtocolBase):
             tid = self._head_id(cid, reply[1])
             if taken[0] != b"OK":
                 raise self.refusal([text(taken[0]), *taken[1:]], cid, tid)
-            return await self._acquired(cid, tid, taken, t.window)
+            return await self._acquired(cid, tid, taken)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
             return None

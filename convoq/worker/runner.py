@@ -50,7 +50,7 @@ from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState, expire_undecided
-from convoq.window import Window, last_turns
+from convoq.window import Window
 from convoq.worker import _observed
 from convoq.worker._asked import asked_of
 from convoq.worker._fair import Fairness, NeverYield
@@ -120,7 +120,7 @@ class Runner:
         self._profiles = profiles
         self._config = config
         self._on_finished = on_finished
-        self._window = profiles.history_window()
+        self._windows = profiles.windows()
         # Set at warm shutdown: no new turn starts, running ones finish within the grace
         # or are handed back.
         self._closing = asyncio.Event()
@@ -164,7 +164,7 @@ class Runner:
                 cid,
                 worker_id=self._config.worker_id,
                 lease_ms=self._config.lease_ms,
-                window=self._window,
+                window=self._windows,
                 max_attempts=self._config.max_attempts,
                 failed=ended,
                 head=head,
@@ -278,22 +278,18 @@ class Runner:
         return await loop.run(state)
 
     async def _history(self, acq: Acquired, profile: Agent) -> list[Message]:
-        """The window this turn asks for, from what came with the lease when it suffices.
-        A token budget is chosen by the store from the counts kept with each turn."""
+        """The turn's window: the one that came with the lease (its agent's, or its own
+        ``keep_last_turns``, see :meth:`Profiles.windows`), unless a token budget or a
+        summary applies: then the store chooses it from the counts kept with each turn."""
         options = acq.turn.options
+        budget = options.get("max_history_tokens", profile.max_history_tokens)
+        if budget is None and profile.compaction is None:
+            return list(acq.history)
         wanted = options.get("keep_last_turns")
         keep = int(wanted) if wanted is not None else profile.keep_last_turns
-        budget = options.get("max_history_tokens", profile.max_history_tokens)
-        if budget is not None or profile.compaction is not None:
-            # A budget or a summary: the store chooses the window (reading only it).
-            limit = None if budget is None else int(budget)
-            window = Window(keep or None, limit, profile.token_counter, with_summary=True)
-            return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
-        if keep == self._window:
-            return list(acq.history)
-        if self._window and 0 < keep < self._window:
-            return last_turns(list(acq.history), keep)
-        return await self._protocol.history(acq.turn.conversation_id, last_turns=keep or None)
+        limit = None if budget is None else int(budget)
+        window = Window(keep or None, limit, profile.token_counter, with_summary=True)
+        return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
 
     async def _commit(
         self, run: TurnRun, outcome: Completed, report: DrainReport
@@ -360,7 +356,7 @@ class Runner:
                 ending = TurnEnding(
                     fence=acq.fence,
                     lease_ms=config.lease_ms,
-                    window=self._window,
+                    window=self._windows,
                     max_attempts=config.max_attempts,
                     next_turn_id=acq.next_turn_id,
                     events=events,
