@@ -100,9 +100,7 @@ async def test_each_turn_gets_its_agents_window_or_its_own(redis_url: str, key_p
 
 
 def test_profiles_decide_each_agents_window_once() -> None:
-    from convoq.models import ScriptedModel
-
-    model = ScriptedModel(["x"])
+    model = RecordingModel()
     profiles = Profiles(
         [
             Agent(model, name="all"),

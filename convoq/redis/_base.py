@@ -29,7 +29,7 @@ from convoq.errors import (
     TurnCancelledError,
     UnknownTurnError,
 )
-from convoq.limits import Limits, QueueLimits
+from convoq.limits import Limits, QueueLimits, queue_limits
 from convoq.redis._cluster import (
     CLUSTER_UNAVAILABLE,
     AsyncRedis,
@@ -42,6 +42,7 @@ from convoq.redis._history import stored_data_error
 from convoq.redis._urls import is_cluster_url, redacted
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
+from convoq.settings import ConvoqSettings
 from convoq.turn_state import TurnEvent
 
 # Errors that say Redis cannot be reached (after the client's own retries and reconnects),
@@ -201,6 +202,7 @@ class ProtocolBase:
         queue_limits: QueueLimits | None = None,
         min_replicas_acked: int = defaults.MIN_REPLICAS_ACKED,
         replica_ack_timeout_ms: int = defaults.REPLICA_ACK_TIMEOUT_MS,
+        fast_paths: bool | None = None,
     ) -> None:
         if connection_option(redis, "decode_responses"):
             raise ConfigurationError(
@@ -217,9 +219,27 @@ class ProtocolBase:
         )
         self.turn_ttl_ms = min(int(turn_ttl_s * 1000), self.conversation_ttl_ms or 1 << 62)
         self.events_maxlen = events_maxlen
-        self.scripts = Scripts(redis)
+        self.scripts = Scripts(redis, fast_paths_on=fast_paths)
         self.acks = Acks(min_replicas_acked, replica_ack_timeout_ms)
         self._owns_client = False
+
+    @classmethod
+    def from_settings(cls, redis: AsyncRedis, settings: ConvoqSettings) -> Self:
+        """The protocol an entry point (client, worker, gateway, memory) runs with: every
+        setting it has taken from ``settings``, which that entry point resolved once
+        (:meth:`ConvoqSettings.resolve`), so they all agree."""
+        return cls(
+            redis,
+            KeySchema(settings.prefix),
+            max_attachment_bytes=settings.max_attachment_bytes,
+            max_turn_bytes=settings.max_turn_bytes,
+            turn_ttl_s=settings.turn_ttl_s,
+            conversation_ttl_s=settings.conversation_ttl_s,
+            queue_limits=queue_limits(settings),
+            min_replicas_acked=settings.min_replicas_acked,
+            replica_ack_timeout_ms=settings.replica_ack_timeout_ms,
+            fast_paths=settings.fast_paths,
+        )
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = defaults.PREFIX, **limits: Any) -> Self:

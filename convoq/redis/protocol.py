@@ -95,6 +95,10 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
             before it returns; fewer within ``replica_ack_timeout_ms``: NotDurableError
             (the write stays applied; sending it again is a no-op that waits again).
         replica_ack_timeout_ms: how long such a write waits for its replicas.
+        fast_paths: send hot script calls without redis-py's machinery (None:
+            ``CONVOQ_FAST_PATHS``; see :class:`~convoq.redis.scripts.Scripts`).
+
+    Entry points build it with :meth:`from_settings`, from the settings they resolved.
     """
 
     async def submit(
