@@ -513,13 +513,16 @@ async def test_hand_off_fails_an_expected_turn_over_max_attempts_and_goes_on(
     await submit(proto, "t1", "t2", "t3")
     first = await acquire(proto, max_attempts=2)
     store_client.hset(proto.keys.turn(CID, "t2"), "runs", "2")  # it killed two workers
-    failed: list[str] = []
-    following = await commit(
-        proto, first, max_attempts=2, failed=failed, next_turn_id=first.next_turn_id
+    handoff = await proto.commit_and_hand_off(
+        CID,
+        "t1",
+        whole_turn(first),
+        TurnEnding(fence=first.fence, lease_ms=LEASE, max_attempts=2, next_turn_id="t2"),
     )
+    following = handoff.turn
     assert following is not None
     assert (following.turn.turn_id, following.fence) == ("t3", first.fence)
-    assert failed == ["t2"]
+    assert handoff.failed == ("t2",)
     record = await proto.get_turn(CID, "t2")
     assert record.status == "failed"
     assert record.error is not None

@@ -20,14 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from convoq import defaults
 from convoq.errors import (
     ConfigurationError,
-    ConversationBusyError,
     ConvoqError,
-    NotInboxHeadError,
-    ProtocolError,
-    StaleFenceError,
-    TurnAlreadyAppliedError,
-    TurnCancelledError,
-    UnknownTurnError,
 )
 from convoq.limits import Limits, QueueLimits, queue_limits
 from convoq.redis._cluster import (
@@ -38,7 +31,7 @@ from convoq.redis._cluster import (
 )
 from convoq.redis._codec import text
 from convoq.redis._durable import Acks, replicated
-from convoq.redis._history import stored_data_error
+from convoq.redis._replies import refusal_error
 from convoq.redis._urls import is_cluster_url, redacted
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
@@ -273,46 +266,8 @@ class ProtocolBase:
     def refusal(
         self, reply: list[Any], cid: str, tid: str, fence: int | None = None
     ) -> ConvoqError:
-        """The error for a script status that is not a success."""
-        code = reply[0]
-        stored = stored_data_error(code, reply, self.keys, cid)
-        if stored is not None:
-            return stored
-        where = f"turn {tid!r} of conversation {cid!r}"
-        details = {"conversation_id": cid, "turn_id": tid}
-        if code == "UNKNOWN":
-            return UnknownTurnError(
-                f"no {where}: it never existed or its record expired", **details
-            )
-        if code == "APPLIED":
-            return TurnAlreadyAppliedError(
-                f"{where} was already committed, failed or cancelled; nothing was written",
-                **details,
-            )
-        if code == "STALE":
-            return StaleFenceError(
-                f"the lease for {where} moved on (fence {fence} is no longer current); stop"
-                " working on it: another worker runs it now",
-                fence=fence,
-                **details,
-            )
-        if code == "NOT_HEAD":
-            return NotInboxHeadError(
-                f"{where} is not the turn being run (the inbox head); only the head can end",
-                **details,
-            )
-        if code == "CANCELLED":
-            return TurnCancelledError(
-                f"{where} was cancelled while it ran; it ends cancelled, nothing is stored",
-                **details,
-            )
-        if code == "BUSY":
-            return ConversationBusyError(
-                f"conversation {cid!r} has turns queued, running or awaiting approval; wait,"
-                " cancel them, or pass force=True / if_busy='queue'",
-                **details,
-            )
-        return ProtocolError(_other_refusal(code, reply, where), code=code, **details)
+        """The error for a script status that is not a success (:data:`REFUSALS`)."""
+        return refusal_error(reply, self.keys, cid, tid, fence)
 
     def event_args(self, events: Sequence[TurnEvent]) -> list[str]:
         """``n, type, data, type, data, ...``: the events a fenced write appends first."""
@@ -329,21 +284,6 @@ class ProtocolBase:
             raise ConvoqError(
                 f"{what} must be JSON-safe (str, numbers, lists, dicts): {exc}"
             ) from exc
-
-
-def _other_refusal(code: str, reply: list[Any], where: str) -> str:
-    def arg(index: int) -> str:
-        value = reply[index] if len(reply) > index else ""
-        return text(value)
-
-    messages = {
-        "NOT_RUNNING": f"{where} is not running; acquire it first",
-        "NOT_PARKED": f"{where} is {arg(1)}, not awaiting approval",
-        "UNKNOWN_CALL": f"{where} has no pending tool call by that id; pending: {arg(1)}",
-        "DECIDED": f"that tool call of {where} was already decided otherwise",
-        "EXPIRED": f"the approval for {where} expired; submit the turn again",
-    }
-    return messages.get(code, f"{where}: the script answered {code!r}")
 
 
 def max_attempts_error(max_attempts: int) -> dict[str, Any]:

@@ -27,9 +27,8 @@ from convoq.redis._history import (
     _blobs_steps,
     _raise_stored_errors,
     plain_window_steps,
-    stored_data_error,
-    version_error,
 )
+from convoq.redis._replies import stored_data_error, version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Steps
 

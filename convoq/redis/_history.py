@@ -23,8 +23,6 @@ from convoq._sync import adrive
 from convoq.errors import (
     ConversationMemoryError,
     CorruptDataError,
-    StaleFenceError,
-    UnsupportedFormatVersionError,
 )
 from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
@@ -44,6 +42,7 @@ from convoq.redis._codec import (
     text,
     usage_of,
 )
+from convoq.redis._replies import stale_fence, stored_data_error, version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Scripts, Steps
 from convoq.window import last_turns as window_last_turns
@@ -58,32 +57,6 @@ _RESTARTS = 5
 PLAIN_WINDOW_MAX = 256
 # How long an append id is remembered: far longer than redis-py's resends take.
 APPEND_ID_TTL_MS = 3_600_000
-
-
-def stored_data_error(
-    code: str, reply: list[Any], keys: KeySchema, cid: str
-) -> CorruptDataError | UnsupportedFormatVersionError | None:
-    """The error for a 'VERSION' or 'CORRUPT' script reply, else None."""
-    if code == "VERSION":
-        return version_error(keys, cid, text(reply[1]))
-    if code == "CORRUPT":
-        key = text(reply[1])
-        return CorruptDataError(
-            f"stored data in {key} does not parse; restore it from a backup or clear the"
-            " conversation",
-            key=key,
-        )
-    return None
-
-
-def version_error(keys: KeySchema, cid: str, found: str) -> UnsupportedFormatVersionError:
-    return UnsupportedFormatVersionError(
-        f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
-        f" version {FORMAT_VERSION}; upgrade convoq, or export the conversation with the"
-        " convoq that wrote it and import it here",
-        key=keys.meta(cid),
-        format_version=found,
-    )
 
 
 def decode_window(
@@ -290,12 +263,7 @@ def append_steps(
     script_keys = [*keys.history_keys(cid), applied, keys.lease(cid)]
     reply = yield ScriptCall("append", script_keys, args)
     if reply[0] == "STALE":
-        raise StaleFenceError(
-            f"the lease on conversation {cid!r} moved on (fence {fence} is no longer current);"
-            " the turn was not stored",
-            conversation_id=cid,
-            fence=fence,
-        )
+        raise stale_fence(cid, fence=fence)
     error = stored_data_error(reply[0], reply, keys, cid)
     if error is not None:
         raise error

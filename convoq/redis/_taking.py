@@ -23,9 +23,17 @@ from convoq.redis._base import (
     ProtocolBase,
     max_attempts_error,
 )
-from convoq.redis._codec import pairs_to_dict, text
+from convoq.redis._codec import text
 from convoq.redis._history import decode_window, read_chunked
-from convoq.redis._records import Acquired, Taking, decode_record, decode_state
+from convoq.redis._records import (
+    Acquired,
+    Handoff,
+    Taking,
+    TurnEnding,
+    decode_record,
+    decode_state,
+)
+from convoq.redis._replies import EndReply, Taken, TakeReply
 from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
@@ -62,20 +70,24 @@ class TakingMixin(ProtocolBase):
         lease_ms: int,
         window: int | AgentWindows = 0,
         max_attempts: int = defaults.MAX_ATTEMPTS,
-        failed: list[str] | None = None,
         head: str | None = None,
         fence: int = 0,
     ) -> Acquired | None:
-        """Take the conversation's lease (a new fence) and its head turn with the history
-        window of its agent (``window``: turns for every agent, or by agent; a turn's own
-        ``keep_last_turns`` option wins). None: nothing queued, the lease is live elsewhere,
-        or the head is parked undecided. Heads over ``max_attempts`` or with an expired
-        approval are failed on the way and the next head is taken; their ids are appended to
-        ``failed`` (they are finished turns whose callbacks are owed). ``head``: the turn id
-        the caller believes heads the inbox, which saves reading it first (the script checks
-        it and goes on with the real head if it is not). ``fence``: a lease kept for this
-        caller by a commit or fail that requeued the conversation
-        (:attr:`TurnEnding.requeued`), taken over as is; 0 takes a new one."""
+        """The turn :meth:`take` hands out (None: none), for a caller that owes nothing to
+        turns failed on the way (they are failed all the same)."""
+        taking = Taking(worker_id, lease_ms, AgentWindows.of(window), max_attempts, fence)
+        return (await self.take(cid, taking, head=head)).turn
+
+    async def take(self, cid: str, taking: Taking, *, head: str | None = None) -> Handoff:
+        """Take the conversation's lease (a new fence, or ``taking.fence``: a lease kept
+        for this caller by a commit or fail that requeued the conversation) and its head
+        turn with the history window of its agent (``taking.windows``; a turn's own
+        ``keep_last_turns`` option wins). No turn: nothing queued, the lease is live
+        elsewhere, or the head is parked undecided. Heads over ``max_attempts`` are failed
+        on the way (:attr:`Handoff.failed`: finished turns whose callbacks are owed) and
+        the next head is taken. ``head``: the turn id the caller believes heads the inbox,
+        which saves reading it first (the script checks it and goes on with the real head
+        if it is not)."""
         check_conversation_id(cid)
         first: bytes | str | None = valid_turn_id(head)
         if first is None:
@@ -85,7 +97,6 @@ class TakingMixin(ProtocolBase):
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
                 raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from None
-        taking = Taking(worker_id, lease_ms, AgentWindows.of(window), max_attempts, fence, failed)
         return await self._take(cid, first, taking)
 
     def take_args(self, t: Taking) -> list[Any]:
@@ -103,24 +114,27 @@ class TakingMixin(ProtocolBase):
         """The keys of the turn a commit or fail expects next ([] for none)."""
         return [] if next_turn_id is None else self.keys.turn_keys(cid, next_turn_id)
 
-    async def _take(self, cid: str, head: bytes | str | None, t: Taking) -> Acquired | None:
+    async def _take(self, cid: str, head: bytes | str | None, t: Taking) -> Handoff:
         options = self.take_args(t)
+        failed: list[str] = []
         for _ in range(_MAX_RETRIES):
             if head is None:
-                return None
+                break
             tid = self._head_id(cid, head)
             keys = [*self.keys.history_keys(cid), self.keys.inbox(cid), self.keys.lease(cid)]
             keys += self.keys.turn_keys(cid, tid)
-            reply = await self.scripts.run("acquire", keys, [tid, t.worker_id, t.fence, *options])
-            if reply[0] == "OK":
-                return await self._acquired(cid, tid, reply)
-            t.note_failed(reply)
-            if reply[0] in ("EMPTY", "BUSY"):
-                return None
-            if reply[0] != "RETRY":
-                raise self.refusal(reply, cid, tid)
-            head = reply[1]
-        return None  # the inbox kept changing under us; the sweeper kicks it again
+            args = [tid, t.worker_id, t.fence, *options]
+            reply = TakeReply.parse(await self.scripts.run("acquire", keys, args))
+            failed += [reply.failed] if reply.failed else []
+            if reply.taken is not None:
+                return Handoff(await self._acquired(cid, tid, reply.taken), tuple(failed))
+            if reply.refused is not None:
+                raise self.refusal(reply.refused, cid, tid)
+            if reply.status != "RETRY":
+                break  # EMPTY or BUSY
+            head = reply.head
+        # Else the inbox kept changing under us; the sweeper kicks it again.
+        return Handoff(None, tuple(failed))
 
     def _head_id(self, cid: str, head: bytes | str) -> str:
         """The id of an inbox entry (CorruptDataError naming the inbox if it is no id)."""
@@ -129,53 +143,47 @@ class TakingMixin(ProtocolBase):
         except ConvoqError as exc:
             raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from exc
 
-    async def _acquired(self, cid: str, tid: str, reply: list[Any]) -> Acquired:
-        """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off
+    async def _acquired(self, cid: str, tid: str, taken: Taken) -> Acquired:
+        """The turn ``take_head`` handed out (in acquire's reply, or one a hand-off
         carries). A window too long for one script call came without its elements: it is
         read here in chunks, under the lease just taken."""
-        fields = pairs_to_dict(reply[2])
         key = self.keys.turn(cid, tid)
-        kind = text(reply[3]) if isinstance(reply[3], bytes) else None
-        if reply[6] is None:
-            history = await read_chunked(self.scripts, self.keys, cid, int(reply[9]))
+        if taken.elements is None:
+            history = await read_chunked(self.scripts, self.keys, cid, taken.window)
         else:
-            history = decode_window(self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]))
+            history = decode_window(self.keys, cid, taken.lead, taken.elements, taken.blobs)
         return Acquired(
             conversation_id=cid,
-            fence=int(reply[1]),
-            turn=decode_record(cid, tid, fields, key),
+            fence=taken.fence,
+            turn=decode_record(cid, tid, taken.fields, key),
             history=history,
-            state=decode_state(kind, reply[4], fields, key),
-            next_turn_id=valid_turn_id(reply[8]),
+            state=decode_state(taken.state_kind, taken.state, taken.fields, key),
+            next_turn_id=valid_turn_id(taken.next_turn_id),
         )
 
-    async def handed(
-        self, cid: str, reply: list[Any], t: Taking, requeued: list[str] | None = None
-    ) -> Acquired | None:
-        """The next turn, from the 'OK' reply of commit or fail: the turn the script handed
-        out itself (it was the one expected), else the head it named, acquired with the
-        kept fence. The turn before it is already stored, so a next turn that cannot be
-        loaded is left to the next acquire (after the lease expires) to report, instead
-        of making this commit look failed. ``requeued``: take nothing; the id of the next
-        turn, whose lease is kept, is appended there."""
-        t.note_failed(reply, 2)
-        if requeued is not None:
-            if reply[1]:
-                requeued.append(self._head_id(cid, reply[1]))
-            return None
-        taken = reply[3] if len(reply) > 3 else None
+    async def handed(self, cid: str, ended: EndReply, ending: TurnEnding) -> Handoff:
+        """The next turn after a commit or fail: the turn the script handed out itself (it
+        was the one expected), else the head it named, acquired with the kept fence. The
+        turn before it is already stored, so a next turn that cannot be loaded is left to
+        the next acquire (after the lease expires) to report, instead of making this
+        commit look failed. With ``ending.requeue`` nothing is taken: the next turn's id
+        comes back as :attr:`Handoff.requeued`, its lease kept."""
+        nxt = ended.next_turn_id
+        if ending.requeue:
+            requeued = None if nxt is None else self._head_id(cid, nxt)
+            return Handoff(requeued=requeued).after(ended.failed)
         try:
-            if taken is None:
-                return await self._take(cid, reply[1], t)
-            tid = self._head_id(cid, reply[1])
-            if taken[0] != b"OK":
-                raise self.refusal([text(taken[0]), *taken[1:]], cid, tid)
-            return await self._acquired(cid, tid, taken)
+            if ended.taken is None and ended.refused is None:
+                return (await self._take(cid, nxt, ending.taking())).after(ended.failed)
+            tid = self._head_id(cid, nxt or b"")
+            if ended.refused is not None:
+                raise self.refusal(ended.refused, cid, tid)
+            assert ended.taken is not None
+            return Handoff(await self._acquired(cid, tid, ended.taken)).after(ended.failed)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
-            return None
         except REDIS_UNAVAILABLE as exc:
             # Redis went away between the two calls: the lease lapses and the sweeper
             # re-kicks the next turn; the stored turn must not look failed.
             log.warning("cannot hand conversation %s its next turn now: %s", cid, exc)
-            return None
+        return Handoff().after(ended.failed)

@@ -40,7 +40,6 @@ from convoq.errors import (
     InvalidMessageError,
     NotInboxHeadError,
     ProtocolError,
-    StaleFenceError,
 )
 from convoq.messages import Message, MessageRole, check_user_message
 from convoq.redis._admission import AdmissionMixin
@@ -56,12 +55,15 @@ from convoq.redis._control import ControlMixin
 from convoq.redis._events import EventsMixin, TurnEvents
 from convoq.redis._records import (
     Acquired,
+    Handoff,
     ParkedTurn,
     SubmitResult,
+    Taking,
     TurnEnding,
     TurnRecord,
     TurnStatus,
 )
+from convoq.redis._replies import EndReply, cancel_requested, stale_fence
 from convoq.redis._retention import RetentionMixin
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
@@ -69,8 +71,10 @@ from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
 
 __all__ = [
     "Acquired",
+    "Handoff",
     "ParkedTurn",
     "SubmitResult",
+    "Taking",
     "TurnEnding",
     "TurnEvents",
     "TurnProtocol",
@@ -163,13 +167,8 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
                 turn_id=turn_id,
             )
         if reply[0] != "OK":
-            raise StaleFenceError(
-                f"the lease on conversation {cid!r} moved on (fence {fence} is no longer"
-                " current); stop running its turn: another worker owns it now",
-                conversation_id=cid,
-                fence=fence,
-            )
-        return bool(reply[1] == b"1")
+            raise stale_fence(cid, turn_id, fence)
+        return cancel_requested(reply)
 
     async def release(self, cid: str, turn_id: str, *, fence: int) -> bool:
         """Hand the conversation back unfinished (a worker shutting down): free the lease
@@ -197,7 +196,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         reply = await self.scripts.run("checkpoint", keys, [*args, *self.event_args(events)])
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, fence)
-        return bool(reply[1] == b"1")
+        return cancel_requested(reply)
 
     def _ending_keys(self, cid: str, turn_id: str) -> list[str]:
         return [self.keys.inbox(cid), self.keys.lease(cid), *self.keys.turn_keys(cid, turn_id)]
@@ -213,12 +212,36 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         output: Any = None,
         expired: bool = False,
     ) -> Acquired | None:
+        """The turn :meth:`commit_and_hand_off` hands out next (None: none), for a caller
+        that owes nothing to turns failed on the way (they are failed all the same)."""
+        handoff = await self.commit_and_hand_off(
+            cid,
+            turn_id,
+            messages,
+            ending,
+            stop_if_cancelled=stop_if_cancelled,
+            output=output,
+            expired=expired,
+        )
+        return handoff.turn
+
+    async def commit_and_hand_off(
+        self,
+        cid: str,
+        turn_id: str,
+        messages: list[Message],
+        ending: TurnEnding,
+        *,
+        stop_if_cancelled: bool = False,
+        output: Any = None,
+        expired: bool = False,
+    ) -> Handoff:
         """Append the whole turn (user message first) exactly once, mark it succeeded (or,
         with ``expired``, expired: its approval ran out and its tool results say so) with
         ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
-        message), append ``ending.events`` and then "done" to its stream, and return the
-        next queued turn under the same fence, or None with the lease freed. Turns failed
-        on the way to the next one are appended to ``ending.failed`` (as :meth:`acquire`).
+        message), append ``ending.events`` and then "done" to its stream, and hand out the
+        next queued turn under the same fence, or none with the lease freed. Turns failed
+        on the way to the next one come back in :attr:`Handoff.failed` (as :meth:`take`).
         When ``ending.next_turn_id`` is the next turn, it comes back in this same round trip.
         ``output``: a turn with an output type, its validated answer (JSON), kept in the
         result as ``"output"``.
@@ -241,7 +264,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         reply = await self.run_acked("commit", cid, keys, args)
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, reply, ending.taking(), ending.requeued)
+        return await self.handed(cid, EndReply.parse(reply), ending)
 
     def commit_call(
         self,
@@ -301,9 +324,15 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
     async def fail(
         self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
     ) -> Acquired | None:
+        """The turn :meth:`fail_and_hand_off` hands out next (None: none)."""
+        return (await self.fail_and_hand_off(cid, turn_id, error, ending)).turn
+
+    async def fail_and_hand_off(
+        self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
+    ) -> Handoff:
         """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
         error of type TurnCancelledError ends it as cancelled. ``ending.events`` go to its
-        stream before "done". Guards and hand-off as :meth:`commit`."""
+        stream before "done". Guards and hand-off as :meth:`commit_and_hand_off`."""
         status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
         following = self.next_turn_keys(cid, ending.expected_next)
         keys = self._ending_keys(cid, turn_id)
@@ -313,7 +342,7 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
         reply = await self.run_acked("fail", cid, keys, [*args, *self.event_args(ending.events)])
         if reply[0] != "OK":
             raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, reply, ending.taking(), ending.requeued)
+        return await self.handed(cid, EndReply.parse(reply), ending)
 
     async def park(
         self,
