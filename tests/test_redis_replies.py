@@ -76,9 +76,10 @@ async def test_a_stale_fence_reads_the_same_from_every_verb(
         assert error.message.startswith(f"the lease on turn 't1' of conversation {CID!r}") or (
             error.message.startswith(f"the lease on conversation {CID!r}")
         )
+        fence = error.details["fence"]
         assert error.message.endswith(
-            "moved on (fence %d is no longer current); nothing was written: stop working on"
-            " it, another writer holds the conversation now" % error.details["fence"]
+            f"moved on (fence {fence} is no longer current); nothing was written: stop"
+            " working on it, another writer holds the conversation now"
         )
 
 
