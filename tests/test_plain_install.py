@@ -38,7 +38,7 @@ def test_a_plain_install_runs_a_turn_through_a_worker(redis_url: str, tmp_path: 
         CONVOQ_REDIS_URL=redis_url,
         CONVOQ_PREFIX=f"plain{uuid.uuid4().hex[:8]}",
         CONVOQ_HOME=str(tmp_path / "home"),
-        CONVOQ_AGENTS="convoq.demo_agents",
+        CONVOQ_AGENTS="convoq.cli.demo_agents",
     )
     (tmp_path / "home").mkdir()
     # Run a copy from tmp_path so neither the source tree nor tests/support (whose module
