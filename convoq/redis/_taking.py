@@ -1,5 +1,6 @@
-"""Handing out turns: ``acquire``, and the hand-off with which commit and fail end, and how
-their replies become :class:`~convoq.redis._records.Acquired`.
+"""Taking turns: ``acquire`` (the lease and the head turn), ``renew`` and ``release`` of the
+lease, and the hand-off with which commit and fail end, and how their replies become
+:class:`~convoq.redis._records.Acquired`.
 
 The scripts share the Lua side (``take_head`` and ``hand_over`` in ``lua/_lib.lua``); this
 module shares the Python side: the ``take_options`` arguments they all take, the keys of
@@ -16,7 +17,12 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from convoq import defaults
-from convoq.errors import ConvoqError, CorruptDataError, UnsupportedFormatVersionError
+from convoq.errors import (
+    ConvoqError,
+    CorruptDataError,
+    NotInboxHeadError,
+    UnsupportedFormatVersionError,
+)
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.redis._base import (
     REDIS_UNAVAILABLE,
@@ -33,7 +39,7 @@ from convoq.redis._records import (
     decode_record,
     decode_state,
 )
-from convoq.redis._replies import EndReply, Taken, TakeReply
+from convoq.redis._replies import EndReply, Taken, TakeReply, cancel_requested, stale_fence
 from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
@@ -98,6 +104,38 @@ class TakingMixin(ProtocolBase):
                     raise
                 raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, "?") from None
         return await self._take(cid, first, taking)
+
+    async def renew(
+        self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None
+    ) -> bool:
+        """Extend the lease; StaleFenceError if it moved on. With ``turn_id`` (the turn run
+        under the lease) only while that turn is still the running inbox head, else
+        NotInboxHeadError: a renewal that arrives after the run ended extends nothing.
+        Returns True when a cancel was requested for ``turn_id``."""
+        keys = [self.keys.lease(cid)]
+        args: list[Any] = [fence, lease_ms]
+        if turn_id is not None:
+            keys += [self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+            args.append(turn_id)
+        reply = await self.scripts.run("renew", keys, args)
+        if reply[0] == "ENDED":
+            raise NotInboxHeadError(
+                f"turn {turn_id!r} of conversation {cid!r} is no longer running under this"
+                " lease; its run has ended",
+                conversation_id=cid,
+                turn_id=turn_id,
+            )
+        if reply[0] != "OK":
+            raise stale_fence(cid, turn_id, fence)
+        return cancel_requested(reply)
+
+    async def release(self, cid: str, turn_id: str, *, fence: int) -> bool:
+        """Hand the conversation back unfinished (a worker shutting down): free the lease
+        held with ``fence`` so any worker takes ``turn_id`` at once (not counted as an
+        attempt; its journal stays). False when the lease had moved on already."""
+        keys = [self.keys.lease(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+        reply = await self.scripts.run("release", keys, [fence, turn_id])
+        return bool(reply[0] == "OK")
 
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
