@@ -36,13 +36,12 @@ from convoq.redis._codec import (
     counters_arg,
     decode_elements,
     encode_element,
-    pairs_to_dict,
     parse_header,
     plain_messages,
     text,
     usage_of,
 )
-from convoq.redis._replies import stale_fence, stored_data_error, version_error
+from convoq.redis._replies import LoadReply, stale_fence, stored_data_error, version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Scripts, Steps
 from convoq.window import last_turns as window_last_turns
@@ -91,8 +90,9 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
             raise error
-        if reply[2] is not None:
-            return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]))
+        loaded = LoadReply.parse(reply)
+        if loaded.elements is not None:
+            return decode_window(keys, cid, loaded.lead, loaded.elements, loaded.blobs)
     return (yield from chunked_steps(keys, cid, window))
 
 

@@ -231,3 +231,43 @@ class EndReply:
         if text(carried[0]) == "OK":
             return cls(next_id, failed, taken=Taken.parse(carried))
         return cls(next_id, failed, refused=[text(carried[0]), *carried[1:]])
+
+
+@dataclass(frozen=True)
+class LoadReply:
+    """The 'OK' reply of ``load``: the lead and window elements and the blobs they refer
+    to; ``elements`` None when the window was too long for one script call."""
+
+    lead: Any
+    elements: Any
+    blobs: dict[str, bytes]
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> LoadReply:
+        return cls(reply[1], reply[2], pairs_to_dict(reply[3]))
+
+
+@dataclass(frozen=True)
+class WindowReply:
+    """A reply of the ``window`` script (its statuses 'VERSION'/'CORRUPT' are refused
+    before parsing). ``done``: the window is the element range ``first..last`` (empty when
+    first > last), with the lead, elements and blob pairs when they came along
+    (``inline``); else call again with ``resume`` (keep, then the walk's position).
+    ``summary``: the stored summary's text, on the call that read it."""
+
+    done: bool
+    summary: str | None
+    first: int = 0
+    last: int = -1
+    inline: tuple[Any, Any, Any] | None = None
+    resume: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> WindowReply:
+        if text(reply[0]) == "DONE":
+            summary = None if reply[3] is None else text(reply[3])
+            inline = (reply[4], reply[5], reply[6]) if len(reply) > 4 else None
+            return cls(True, summary, int(reply[1]), int(reply[2]), inline)
+        summary = None if reply[6] is None else text(reply[6])
+        moved = tuple(int(value) for value in reply[1:5])
+        return cls(False, summary, resume=(int(reply[5]), *moved))
