@@ -7,6 +7,7 @@ system/developer messages (and a stored summary among them) are always sent.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -163,6 +164,8 @@ class AgentWindows:
         """``window`` by agent: a number of turns is the window of every agent."""
         return window if isinstance(window, AgentWindows) else cls(default=window)
 
-    def encode(self) -> str:
-        """The scripts' form: JSON ``[default, {agent: turns}]``."""
+    @functools.cached_property
+    def encoded(self) -> str:
+        """The scripts' form: JSON ``[default, {agent: turns}]`` (built once: a worker
+        sends the same windows with every turn it takes)."""
         return json.dumps([self.default, dict(self.by_agent)], separators=(",", ":"))

@@ -143,7 +143,7 @@ class TakingMixin(ProtocolBase):
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
-            t.windows.encode(),
+            t.windows.encoded,
             t.max_attempts,
             _over_attempts_error(t.max_attempts),
         ]
