@@ -7,7 +7,10 @@ system/developer messages (and a stored summary among them) are always sent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from convoq.errors import ConvoqError
 from convoq.messages import Message, MessageRole
@@ -133,3 +136,36 @@ class Window:
             kept = newest_fitting([counter.count(turn) for turn in turns], max(budget, 0))
             turns = turns[len(turns) - kept :]
         return lead + [m for turn in turns for m in turn]
+
+
+STORE_CHOOSES = -1
+"""An agent's window that the store chooses with a read of its own (a token budget or a
+summary): its turns are handed out with one turn of history only."""
+
+
+@dataclass(frozen=True)
+class AgentWindows:
+    """The history window (turns, 0 = all) each agent's turns are handed out with, decided
+    once per agent profile when a worker starts. The scripts that hand out a turn (acquire,
+    commit and fail) pick the head turn's entry, or the turn's own ``keep_last_turns``
+    option: a worker that runs a whole-history profile beside a last-10 one still reads
+    only 10 turns for the latter.
+
+    Attributes:
+        by_agent: turns by agent name (:data:`STORE_CHOOSES`: chosen by the store).
+        default: the window of an agent not listed.
+    """
+
+    by_agent: Mapping[str, int] = field(default_factory=dict)
+    default: int = 0
+
+    @classmethod
+    def of(cls, window: int | AgentWindows) -> AgentWindows:
+        """``window`` by agent: a number of turns is the window of every agent."""
+        return window if isinstance(window, AgentWindows) else cls(default=window)
+
+    @functools.cached_property
+    def encoded(self) -> str:
+        """The scripts' form: JSON ``[default, {agent: turns}]`` (built once: a worker
+        sends the same windows with every turn it takes)."""
+        return json.dumps([self.default, dict(self.by_agent)], separators=(",", ":"))

@@ -19,8 +19,8 @@ import redis
 from typer.testing import CliRunner
 
 from convoq.cli import app
+from convoq.cli.demo import tiny_pdf, tiny_png
 from convoq.client import Client
-from convoq.demo import tiny_pdf, tiny_png
 from convoq.queue.routing import partition_of
 from convoq.redis.keys import KeySchema
 from tests.support.redis_server import RedisServer, free_port

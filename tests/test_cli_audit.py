@@ -10,8 +10,8 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from convoq._cli_render import print_history
 from convoq.cli import app
+from convoq.cli._render import print_history
 from convoq.messages import Decision, Message, ToolCall
 from tests.support.workers import WorkerPool, module_pool
 

@@ -11,13 +11,20 @@ from pathlib import Path
 import pytest
 import redis
 
-from convoq import Client
+from convoq import Agent, Client
 from convoq.client import AsyncClient
-from convoq.errors import ConfigurationError, NotDurableError, TurnAlreadyAppliedError
+from convoq.errors import (
+    ConfigurationError,
+    ConversationMemoryError,
+    NotDurableError,
+    TurnAlreadyAppliedError,
+)
+from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import Message, ToolCall
 from convoq.redis import KeySchema
 from convoq.redis.protocol import TurnEnding
 from convoq.settings import ConvoqSettings
+from convoq.testing import RecordingModel
 from convoq.turn_state import TurnState
 from tests.support.protocol_helpers import exchange, open_protocol
 from tests.support.redis_cluster import RedisClusterNodes
@@ -223,3 +230,22 @@ def test_the_setting_resolves_like_every_other(monkeypatch: pytest.MonkeyPatch) 
 def test_default_is_off() -> None:
     assert ConvoqSettings().min_replicas_acked == 0
     assert not Client("redis://127.0.0.1:1/0").async_client.protocol.acks.enabled
+
+
+async def test_an_in_process_agent_on_the_redis_memory_waits_for_replicas(
+    pair: ReplicatedPair, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory builds its protocol from every resolved setting, as client and worker
+    do: CONVOQ_MIN_REPLICAS_ACKED holds for an in-process Agent's turns too."""
+    monkeypatch.setenv("CONVOQ_MIN_REPLICAS_ACKED", "2")  # the pair has one replica
+    monkeypatch.setenv("CONVOQ_REPLICA_ACK_TIMEOUT_MS", "50")
+    memory = RedisConversationMemory(pair.primary.url, prefix=key_prefix)
+    agent = Agent(RecordingModel(), memory=memory)
+    try:
+        with pytest.raises(ConversationMemoryError) as caught:
+            await agent.agenerate("hi", conversation_id=CID)
+        cause = caught.value.__cause__
+        assert isinstance(cause, NotDurableError)
+        assert (cause.details["replicas"], cause.details["wanted"]) == (1, 2)
+    finally:
+        await memory.aclose()

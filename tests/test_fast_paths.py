@@ -145,6 +145,21 @@ async def test_an_explicit_setting_decides_over_the_variable(
     assert _pipelined.direct_for(client) is not None
 
 
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+async def test_the_protocol_built_from_settings_takes_their_switch(
+    on: bool, redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An explicit ``fast_paths`` reaches the script runner inside the turn protocol of
+    a client (and of the worker, gateway and memory: they build it the same way)."""
+    monkeypatch.setenv("CONVOQ_FAST_PATHS", "off" if on else "on")
+    settings = ConvoqSettings.resolve(redis_url=redis_url, prefix=key_prefix, fast_paths=on)
+    async with AsyncClient(settings=settings) as aclient:
+        scripts = direct_calls("script")
+        await aclient.protocol.submit(CID, "t1", agent="bot", message=Message.user("q"), options={})
+        assert (await aclient.protocol.get_turn(CID, "t1")).status == "queued"
+        assert (direct_calls("script") > scripts) is on
+
+
 @pytest.mark.fast_paths
 async def test_a_bug_inside_the_direct_read_is_raised_not_sent_again_through_redis_py(
     client: Any, key_prefix: str, monkeypatch: pytest.MonkeyPatch

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from convoq.demo import tiny_pdf, tiny_png
+from convoq.cli.demo import tiny_pdf, tiny_png
 from tests.support.gateway import GatewayProcess, module_gateway, running_gateway
 from tests.support.workers import WorkerPool, module_pool
 

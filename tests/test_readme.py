@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 import redis
 
-from convoq.demo import tiny_pdf, tiny_png
+from convoq.cli.demo import tiny_pdf, tiny_png
 from convoq.redis.keys import KeySchema
 from tests.support.openai_server import OpenAIServer, RecordedRequest, _Reply
 from tests.support.redis_server import RedisServer

@@ -471,7 +471,7 @@ async def test_commit_hands_out_the_expected_next_turn_in_the_same_script_call(
     reply = await proto.scripts.run("commit", keys, args)
     assert reply[:3] == ["OK", b"t2", None]
     assert reply[3][:2] == [b"OK", str(first.fence).encode()]  # t2, handed out by commit
-    assert reply[3][-1] == b"t3"  # and the next peek
+    assert reply[3][8:] == [b"t3", 0]  # the next peek, and the window (turns) it came with
     second = await proto.acquire(CID, worker_id="w2", lease_ms=LEASE)
     assert second is None  # the lease is held: kept for t2
     record = await proto.get_turn(CID, "t2")
@@ -517,13 +517,16 @@ async def test_hand_off_fails_an_expected_turn_over_max_attempts_and_goes_on(
     await submit(proto, "t1", "t2", "t3")
     first = await acquire(proto, max_attempts=2)
     store_client.hset(proto.keys.turn(CID, "t2"), "runs", "2")  # it killed two workers
-    failed: list[str] = []
-    following = await commit(
-        proto, first, max_attempts=2, failed=failed, next_turn_id=first.next_turn_id
+    handoff = await proto.commit_and_hand_off(
+        CID,
+        "t1",
+        whole_turn(first),
+        TurnEnding(fence=first.fence, lease_ms=LEASE, max_attempts=2, next_turn_id="t2"),
     )
+    following = handoff.turn
     assert following is not None
     assert (following.turn.turn_id, following.fence) == ("t3", first.fence)
-    assert failed == ["t2"]
+    assert handoff.failed == ("t2",)
     record = await proto.get_turn(CID, "t2")
     assert record.status == "failed"
     assert record.error is not None

@@ -24,7 +24,7 @@ from convoq.redis.keys import KeySchema
 from convoq.testing import RecordingModel
 from convoq.tokens import IMAGE_TOKENS, estimate_tokens
 from convoq.usage import Usage
-from convoq.window import Window, split_turns
+from convoq.window import STORE_CHOOSES, Window, split_turns
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
 from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
@@ -231,6 +231,6 @@ async def test_the_runner_sends_the_budget_window(redis_url: str, key_prefix: st
         )
         await runner.drain("w 1")
         assert user_texts(model.sent[-1]) == ["m4"]
-        assert Profiles([budgeted]).history_window() == 1
+        assert Profiles([budgeted]).windows().by_agent == {"budgeted": STORE_CHOOSES}
     finally:
         await proto.close()

@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from convoq import FilePart, ImagePart, Message, RecordedTokenCounter, TextPart
+from convoq.cli.demo import tiny_pdf, tiny_png
 from convoq.client import SIGNATURE_HEADER, Client, TurnResult, verify_signature
-from convoq.demo import tiny_pdf, tiny_png
 from convoq.errors import InvalidMessageError, ModelError
 from convoq.messages import MessageRole
 from convoq.redis.keys import KeySchema

@@ -229,9 +229,9 @@ class RedisGoneAfterCommit(TurnProtocol):
             raise RedisConnectionError("Connection closed by server.")
         return await super()._take(cid, head, t)
 
-    async def commit(self, cid: str, turn_id: str, *args: Any, **kwargs: Any) -> Any:
+    async def commit_and_hand_off(self, cid: str, turn_id: str, *args: Any, **kwargs: Any) -> Any:
         self.committed = True
-        return await super().commit(cid, turn_id, *args, **kwargs)
+        return await super().commit_and_hand_off(cid, turn_id, *args, **kwargs)
 
 
 async def test_a_stored_turn_keeps_its_callback_when_redis_goes_away_before_the_next(

@@ -41,7 +41,7 @@ from convoq.client._base import (
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError, UnknownTurnError
 from convoq.ids import check_conversation_id
-from convoq.limits import Limits, queue_limits
+from convoq.limits import Limits
 from convoq.messages import Message
 from convoq.model_settings import SettingsLike
 from convoq.netguard import CallbackPolicy
@@ -57,7 +57,7 @@ from convoq.queue.transport import (
     send_kick,
     sender_app,
 )
-from convoq.redis import KeySchema, TurnProtocol, connect
+from convoq.redis import TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._durable import until_durable
 from convoq.redis.embedded import url_or_embedded
@@ -213,17 +213,7 @@ class AsyncClient:
         self._leave_parent_connections()
         if self._protocol is None:
             self._redis = connect(self.redis_url, max_connections=self._max_connections)
-            self._protocol = TurnProtocol(
-                self._redis,
-                KeySchema(self.prefix),
-                max_attachment_bytes=self._limits.max_attachment_bytes,
-                max_turn_bytes=self._limits.max_turn_bytes,
-                turn_ttl_s=self.settings.turn_ttl_s,
-                conversation_ttl_s=self.settings.conversation_ttl_s,
-                queue_limits=queue_limits(self.settings),
-                min_replicas_acked=self.settings.min_replicas_acked,
-                replica_ack_timeout_ms=self.settings.replica_ack_timeout_ms,
-            )
+            self._protocol = TurnProtocol.from_settings(self._redis, self.settings)
         return self._protocol
 
     async def connect(self) -> AsyncClient:

@@ -18,6 +18,7 @@ from convoq.errors import ConversationBusyError, StaleFenceError
 from convoq.messages import Message
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._holding import commit_held, reserve, unreserve
+from convoq.redis._replies import stale_fence
 from convoq.redis.protocol import TurnProtocol
 
 log = logging.getLogger("convoq.memory")
@@ -80,10 +81,7 @@ class LeaseHolds:
     ) -> None:
         held = await self._stop(cid, token)
         if held is None:
-            raise StaleFenceError(
-                f"no lease on conversation {cid!r} is held for this turn; it was not stored",
-                conversation_id=cid,
-            )
+            raise stale_fence(cid)
         await commit_held(proto, cid, token, held.fence, messages)
 
     async def release(

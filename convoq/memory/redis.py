@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from convoq._sync import adrive, drive, left_in_parent, run_in_portal, run_sync
 from convoq.ids import check_conversation_id
@@ -105,14 +105,12 @@ class RedisConversationMemory(StoredConversationMemory):
             home=home,
             conversation_ttl_s=conversation_ttl_s,
         )
+        self._settings = s
         self._keys = KeySchema(s.prefix)
         self._url = s.redis_url
         self._home = s.home
-        self._limits: dict[str, Any] = {"max_attachment_bytes": s.max_attachment_bytes}
-        self._limits["max_turn_bytes"] = s.max_turn_bytes
-        self._limits["conversation_ttl_s"] = s.conversation_ttl_s
-        self._limits_obj = Limits(s.max_attachment_bytes, s.max_turn_bytes)
-        self._given = TurnProtocol(client, self._keys, **self._limits) if client else None
+        self._limits = Limits(s.max_attachment_bytes, s.max_turn_bytes)
+        self._given = TurnProtocol.from_settings(client, s) if client else None
         self._owned: TurnProtocol | None = None
         self._owned_pid = os.getpid()
         self._lock: asyncio.Lock | None = None
@@ -221,10 +219,10 @@ class RedisConversationMemory(StoredConversationMemory):
             return
         append_id = secrets.token_hex(16)
         steps = append_steps(
-            self._keys, conversation_id, messages, self._limits_obj, append_id=append_id
+            self._keys, conversation_id, messages, self._limits, append_id=append_id
         )
         drive(steps, scripts.perform)
-        ttl_s = self._limits["conversation_ttl_s"]
+        ttl_s = self._settings.conversation_ttl_s
         if ttl_s is not None:
             applied = self._keys.applied(conversation_id, append_id)
             scripts.perform(touch_call(self._keys, conversation_id, int(ttl_s * 1000), [applied]))
@@ -238,7 +236,9 @@ class RedisConversationMemory(StoredConversationMemory):
                 if self._blocking is None:
                     client = connect_blocking(self._url_to_use())
                     weakref.finalize(self, client.close)
-                    self._blocking = BlockingScripts(client)
+                    self._blocking = BlockingScripts(
+                        client, fast_paths_on=self._settings.fast_paths
+                    )
         return self._blocking
 
     def _url_to_use(self) -> str:
@@ -295,7 +295,7 @@ class RedisConversationMemory(StoredConversationMemory):
             if self._owned is None:
                 url = await asyncio.to_thread(self._url_to_use)
                 client = connect(url)
-                self._owned = TurnProtocol(client, self._keys, **self._limits)
+                self._owned = TurnProtocol.from_settings(client, self._settings)
                 # A memory dropped without close() must not leave sockets to the GC.
                 weakref.finalize(self, _close_soon, asyncio.get_running_loop(), client, os.getpid())
         return self._owned

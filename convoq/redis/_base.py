@@ -20,16 +20,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from convoq import defaults
 from convoq.errors import (
     ConfigurationError,
-    ConversationBusyError,
     ConvoqError,
-    NotInboxHeadError,
-    ProtocolError,
-    StaleFenceError,
-    TurnAlreadyAppliedError,
-    TurnCancelledError,
-    UnknownTurnError,
 )
-from convoq.limits import Limits, QueueLimits
+from convoq.limits import Limits, QueueLimits, queue_limits
 from convoq.redis._cluster import (
     CLUSTER_UNAVAILABLE,
     AsyncRedis,
@@ -38,10 +31,11 @@ from convoq.redis._cluster import (
 )
 from convoq.redis._codec import text
 from convoq.redis._durable import Acks, replicated
-from convoq.redis._history import stored_data_error
+from convoq.redis._replies import refusal_error
 from convoq.redis._urls import is_cluster_url, redacted
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
+from convoq.settings import ConvoqSettings
 from convoq.turn_state import TurnEvent
 
 # Errors that say Redis cannot be reached (after the client's own retries and reconnects),
@@ -201,6 +195,7 @@ class ProtocolBase:
         queue_limits: QueueLimits | None = None,
         min_replicas_acked: int = defaults.MIN_REPLICAS_ACKED,
         replica_ack_timeout_ms: int = defaults.REPLICA_ACK_TIMEOUT_MS,
+        fast_paths: bool | None = None,
     ) -> None:
         if connection_option(redis, "decode_responses"):
             raise ConfigurationError(
@@ -217,9 +212,27 @@ class ProtocolBase:
         )
         self.turn_ttl_ms = min(int(turn_ttl_s * 1000), self.conversation_ttl_ms or 1 << 62)
         self.events_maxlen = events_maxlen
-        self.scripts = Scripts(redis)
+        self.scripts = Scripts(redis, fast_paths_on=fast_paths)
         self.acks = Acks(min_replicas_acked, replica_ack_timeout_ms)
         self._owns_client = False
+
+    @classmethod
+    def from_settings(cls, redis: AsyncRedis, settings: ConvoqSettings) -> Self:
+        """The protocol an entry point (client, worker, gateway, memory) runs with: every
+        setting it has taken from ``settings``, which that entry point resolved once
+        (:meth:`ConvoqSettings.resolve`), so they all agree."""
+        return cls(
+            redis,
+            KeySchema(settings.prefix),
+            max_attachment_bytes=settings.max_attachment_bytes,
+            max_turn_bytes=settings.max_turn_bytes,
+            turn_ttl_s=settings.turn_ttl_s,
+            conversation_ttl_s=settings.conversation_ttl_s,
+            queue_limits=queue_limits(settings),
+            min_replicas_acked=settings.min_replicas_acked,
+            replica_ack_timeout_ms=settings.replica_ack_timeout_ms,
+            fast_paths=settings.fast_paths,
+        )
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = defaults.PREFIX, **limits: Any) -> Self:
@@ -253,49 +266,8 @@ class ProtocolBase:
     def refusal(
         self, reply: list[Any], cid: str, tid: str | None, fence: int | None = None
     ) -> ConvoqError:
-        """The error for a script status that is not a success (``tid`` None: a script of
-        the whole conversation, whose error names no turn)."""
-        code = reply[0]
-        stored = stored_data_error(code, reply, self.keys, cid)
-        if stored is not None:
-            return stored
-        where = f"conversation {cid!r}" if tid is None else f"turn {tid!r} of conversation {cid!r}"
-        details = (
-            {"conversation_id": cid} if tid is None else {"conversation_id": cid, "turn_id": tid}
-        )
-        if code == "UNKNOWN":
-            return UnknownTurnError(
-                f"no {where}: it never existed or its record expired", **details
-            )
-        if code == "APPLIED":
-            return TurnAlreadyAppliedError(
-                f"{where} was already committed, failed or cancelled; nothing was written",
-                **details,
-            )
-        if code == "STALE":
-            return StaleFenceError(
-                f"the lease for {where} moved on (fence {fence} is no longer current); stop"
-                " working on it: another worker runs it now",
-                fence=fence,
-                **details,
-            )
-        if code == "NOT_HEAD":
-            return NotInboxHeadError(
-                f"{where} is not the turn being run (the inbox head); only the head can end",
-                **details,
-            )
-        if code == "CANCELLED":
-            return TurnCancelledError(
-                f"{where} was cancelled while it ran; it ends cancelled, nothing is stored",
-                **details,
-            )
-        if code == "BUSY":
-            return ConversationBusyError(
-                f"conversation {cid!r} has turns queued, running or awaiting approval; wait,"
-                " cancel them, or pass force=True / if_busy='queue'",
-                **details,
-            )
-        return ProtocolError(_other_refusal(code, reply, where), code=code, **details)
+        """The error for a script status that is not a success (:data:`REFUSALS`)."""
+        return refusal_error(reply, self.keys, cid, tid, fence)
 
     def event_args(self, events: Sequence[TurnEvent]) -> list[str]:
         """``n, type, data, type, data, ...``: the events a fenced write appends first."""
@@ -312,21 +284,6 @@ class ProtocolBase:
             raise ConvoqError(
                 f"{what} must be JSON-safe (str, numbers, lists, dicts): {exc}"
             ) from exc
-
-
-def _other_refusal(code: str, reply: list[Any], where: str) -> str:
-    def arg(index: int) -> str:
-        value = reply[index] if len(reply) > index else ""
-        return text(value)
-
-    messages = {
-        "NOT_RUNNING": f"{where} is not running; acquire it first",
-        "NOT_PARKED": f"{where} is {arg(1)}, not awaiting approval",
-        "UNKNOWN_CALL": f"{where} has no pending tool call by that id; pending: {arg(1)}",
-        "DECIDED": f"that tool call of {where} was already decided otherwise",
-        "EXPIRED": f"the approval for {where} expired; submit the turn again",
-    }
-    return messages.get(code, f"{where}: the script answered {code!r}")
 
 
 def max_attempts_error(max_attempts: int) -> dict[str, Any]:

@@ -27,9 +27,8 @@ from convoq.redis._history import (
     _blobs_steps,
     _raise_stored_errors,
     plain_window_steps,
-    stored_data_error,
-    version_error,
 )
+from convoq.redis._replies import WindowReply, stored_data_error, version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Steps
 
@@ -59,14 +58,11 @@ def range_steps(
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
             raise error
-        found = reply[3] if reply[0] == "DONE" else reply[6]
-        if found is not None:
-            summary = text(found)
-        if reply[0] == "DONE":
-            inline = (reply[4], reply[5], reply[6]) if len(reply) > 4 else None
-            return int(reply[1]), int(reply[2]), summary, inline
-        moved = [int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4])]
-        args = [budget, int(reply[5]), *moved, "0"]
+        answer = WindowReply.parse(reply)
+        summary = answer.summary if answer.summary is not None else summary
+        if answer.done:
+            return answer.first, answer.last, summary, answer.inline
+        args = [budget, *answer.resume, "0"]
     raise ConversationMemoryError(f"the window of conversation {cid!r} did not settle")
 
 

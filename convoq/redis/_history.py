@@ -23,8 +23,6 @@ from convoq._sync import adrive
 from convoq.errors import (
     ConversationMemoryError,
     CorruptDataError,
-    StaleFenceError,
-    UnsupportedFormatVersionError,
 )
 from convoq.limits import Limits
 from convoq.messages import Message, MessageRole
@@ -38,12 +36,12 @@ from convoq.redis._codec import (
     counters_arg,
     decode_elements,
     encode_element,
-    pairs_to_dict,
     parse_header,
     plain_messages,
     text,
     usage_of,
 )
+from convoq.redis._replies import LoadReply, stale_fence, stored_data_error, version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Scripts, Steps
 from convoq.window import last_turns as window_last_turns
@@ -58,32 +56,6 @@ _RESTARTS = 5
 PLAIN_WINDOW_MAX = 256
 # How long an append id is remembered: far longer than redis-py's resends take.
 APPEND_ID_TTL_MS = 3_600_000
-
-
-def stored_data_error(
-    code: str, reply: list[Any], keys: KeySchema, cid: str
-) -> CorruptDataError | UnsupportedFormatVersionError | None:
-    """The error for a 'VERSION' or 'CORRUPT' script reply, else None."""
-    if code == "VERSION":
-        return version_error(keys, cid, text(reply[1]))
-    if code == "CORRUPT":
-        key = text(reply[1])
-        return CorruptDataError(
-            f"stored data in {key} does not parse; restore it from a backup or clear the"
-            " conversation",
-            key=key,
-        )
-    return None
-
-
-def version_error(keys: KeySchema, cid: str, found: str) -> UnsupportedFormatVersionError:
-    return UnsupportedFormatVersionError(
-        f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
-        f" version {FORMAT_VERSION}; upgrade convoq, or export the conversation with the"
-        " convoq that wrote it and import it here",
-        key=keys.meta(cid),
-        format_version=found,
-    )
 
 
 def decode_window(
@@ -118,8 +90,9 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
         error = stored_data_error(reply[0], reply, keys, cid)
         if error is not None:
             raise error
-        if reply[2] is not None:
-            return decode_window(keys, cid, reply[1], reply[2], pairs_to_dict(reply[3]))
+        loaded = LoadReply.parse(reply)
+        if loaded.elements is not None:
+            return decode_window(keys, cid, loaded.lead, loaded.elements, loaded.blobs)
     return (yield from chunked_steps(keys, cid, window))
 
 
@@ -290,12 +263,7 @@ def append_steps(
     script_keys = [*keys.history_keys(cid), applied, keys.lease(cid)]
     reply = yield ScriptCall("append", script_keys, args)
     if reply[0] == "STALE":
-        raise StaleFenceError(
-            f"the lease on conversation {cid!r} moved on (fence {fence} is no longer current);"
-            " the turn was not stored",
-            conversation_id=cid,
-            fence=fence,
-        )
+        raise stale_fence(cid, fence=fence)
     error = stored_data_error(reply[0], reply, keys, cid)
     if error is not None:
         raise error

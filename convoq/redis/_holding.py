@@ -17,6 +17,7 @@ from typing import Any
 from convoq.errors import ConversationBusyError, ConvoqError
 from convoq.messages import Message
 from convoq.redis._base import ProtocolBase
+from convoq.redis._durable import replicated
 from convoq.redis._history import append_history
 
 
@@ -88,7 +89,14 @@ async def commit_held(
     Raises:
         StaleFenceError: the lease moved on (it expired while this process stalled); the
             turn was not stored.
+        NotDurableError: stored, but fewer than ``min_replicas_acked`` replicas confirmed
+            it in time (committing it again stores nothing and waits again).
     """
     await append_history(
         proto.scripts, proto.keys, cid, messages, proto.limits, append_id=token, fence=fence
     )
+    if proto.acks.enabled:
+        # Acknowledged like a worker's commit (min_replicas_acked): once the replicas have
+        # everything this primary held after the append (see convoq.redis._durable).
+        stored = ("EXISTS", proto.keys.meta(cid))
+        await replicated(proto.redis, proto.acks, proto.keys.acked(cid), stored)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from pydantic import ValidationError
@@ -14,6 +14,7 @@ from convoq.errors import CorruptDataError
 from convoq.messages import Message
 from convoq.redis._codec import text
 from convoq.turn_state import Decision, TurnEvent, TurnState
+from convoq.window import AgentWindows
 
 TurnStatus = Literal[
     "queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled", "expired"
@@ -70,26 +71,36 @@ class Acquired:
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """What a call that hands out turns (acquire, commit, fail) came back with.
+
+    Attributes:
+        turn: the turn now held under the lease (None: none to run here).
+        failed: turns failed on the way to it (over max attempts): finished turns whose
+            callbacks are owed.
+        requeued: with :attr:`TurnEnding.requeue`, the turn whose lease was kept (same
+            fence) instead of taking it: the caller sends the conversation back in line.
+    """
+
+    turn: Acquired | None = None
+    failed: tuple[str, ...] = ()
+    requeued: str | None = None
+
+    def after(self, failed: str | None) -> Handoff:
+        """This hand-off, with ``failed`` (a turn failed before it) reported first."""
+        return self if failed is None else replace(self, failed=(failed, *self.failed))
+
+
+@dataclass(frozen=True)
 class Taking:
     """How ``acquire`` runs, for a fresh lease or a hand-off (``worker_id`` '' and the
-    caller's ``fence``), and where it reports the turns it failed on the way."""
+    caller's ``fence``)."""
 
     worker_id: str
     lease_ms: int
-    window: int
+    windows: AgentWindows
     max_attempts: int
     fence: int
-    failed: list[str] | None
-
-    def note_failed(self, reply: list[Any], index: int | None = None) -> None:
-        """Record the turn a script says it failed on the way, if any: item ``index`` of
-        its reply (by default where acquire's EMPTY and RETRY replies have it)."""
-        if index is None:
-            index = {"EMPTY": 1, "RETRY": 2}.get(reply[0])
-        if self.failed is None or index is None or len(reply) <= index or not reply[index]:
-            return
-        value = reply[index]
-        self.failed.append(text(value))
 
 
 @dataclass(frozen=True)
@@ -101,35 +112,35 @@ class TurnEnding:
     Attributes:
         fence: the lease's fence token (the write is refused if it moved on).
         lease_ms: the lease TTL the next turn is taken with.
-        window: turns of history handed out with the next turn (0: none).
+        window: turns of history handed out with the next turn (0: all), the same for
+            every agent or by agent (:class:`~convoq.window.AgentWindows`).
         max_attempts: runs of the next turn before it fails instead.
         next_turn_id: the turn expected next (:attr:`Acquired.next_turn_id`).
         events: buffered events to append before the turn's own ("done" comes last).
-        failed: where turns failed on the way to the next one are reported.
-        requeued: when given, the next turn is not taken: the lease is kept (same fence)
-            for it and its id is appended here, for the caller to send the conversation
-            back in line with the fence as proof (a drain then takes it with
-            ``acquire(fence=...)``); None comes back. If that kick is lost, the lease
-            expires and the sweeper kicks the conversation.
+        requeue: the next turn is not taken: the lease is kept (same fence) for it and
+            its id comes back as :attr:`Handoff.requeued`, for the caller to send the
+            conversation back in line with the fence as proof (a drain then takes it
+            with ``acquire(fence=...)``). If that kick is lost, the lease expires and
+            the sweeper kicks the conversation.
     """
 
     fence: int
     lease_ms: int = defaults.LEASE_MS
-    window: int = 0
+    window: int | AgentWindows = 0
     max_attempts: int = defaults.MAX_ATTEMPTS
     next_turn_id: str | None = None
     events: Sequence[TurnEvent] = ()
-    failed: list[str] | None = None
-    requeued: list[str] | None = None
+    requeue: bool = False
 
     @property
     def expected_next(self) -> str | None:
         """The turn the script is asked to hand out itself (none when it is requeued)."""
-        return None if self.requeued is not None else self.next_turn_id
+        return None if self.requeue else self.next_turn_id
 
     def taking(self) -> Taking:
         """The hand-off of the next turn: same fence, no new holder."""
-        return Taking("", self.lease_ms, self.window, self.max_attempts, self.fence, self.failed)
+        windows = AgentWindows.of(self.window)
+        return Taking("", self.lease_ms, windows, self.max_attempts, self.fence)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from convoq.errors import ConversationBusyError, ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.redis._base import ProtocolBase
-from convoq.redis._history import stored_data_error
+from convoq.redis._replies import stored_data_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import ScriptCall
 

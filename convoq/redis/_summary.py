@@ -8,7 +8,8 @@ import hashlib
 from convoq.errors import SummaryConflictError
 from convoq.messages import Message
 from convoq.redis._codec import text
-from convoq.redis._history import _raise_stored_errors, chunked_steps, stored_data_error
+from convoq.redis._history import _raise_stored_errors, chunked_steps
+from convoq.redis._replies import stored_data_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Steps
 from convoq.summary import Summary, SummaryBasis

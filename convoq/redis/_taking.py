@@ -1,5 +1,6 @@
-"""Handing out turns: ``acquire``, and the hand-off with which commit and fail end, and how
-their replies become :class:`~convoq.redis._records.Acquired`.
+"""Taking turns: ``acquire`` (the lease and the head turn), ``renew`` and ``release`` of the
+lease, and the hand-off with which commit and fail end, and how their replies become
+:class:`~convoq.redis._records.Acquired`.
 
 The scripts share the Lua side (``take_head`` and ``hand_over`` in ``lua/_lib.lua``); this
 module shares the Python side: the ``take_options`` arguments they all take, the keys of
@@ -16,16 +17,30 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from convoq import defaults
-from convoq.errors import ConvoqError, CorruptDataError, UnsupportedFormatVersionError
+from convoq.errors import (
+    ConvoqError,
+    CorruptDataError,
+    NotInboxHeadError,
+    UnsupportedFormatVersionError,
+)
 from convoq.ids import check_conversation_id, check_turn_id
 from convoq.redis._base import (
     REDIS_UNAVAILABLE,
     ProtocolBase,
     max_attempts_error,
 )
-from convoq.redis._codec import pairs_to_dict, text
+from convoq.redis._codec import text
 from convoq.redis._history import decode_window, read_chunked
-from convoq.redis._records import Acquired, Taking, decode_record, decode_state
+from convoq.redis._records import (
+    Acquired,
+    Handoff,
+    Taking,
+    TurnEnding,
+    decode_record,
+    decode_state,
+)
+from convoq.redis._replies import EndReply, Taken, TakeReply, cancel_requested, stale_fence
+from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
 
@@ -59,21 +74,26 @@ class TakingMixin(ProtocolBase):
         *,
         worker_id: str,
         lease_ms: int,
-        window: int = 0,
+        window: int | AgentWindows = 0,
         max_attempts: int = defaults.MAX_ATTEMPTS,
-        failed: list[str] | None = None,
         head: str | None = None,
         fence: int = 0,
     ) -> Acquired | None:
-        """Take the conversation's lease (a new fence) and its head turn with the history
-        window. None: nothing queued, the lease is live elsewhere, or the head is parked
-        undecided. Heads over ``max_attempts`` or with an expired approval are failed on
-        the way and the next head is taken; their ids are appended to ``failed`` (they
-        are finished turns whose callbacks are owed). ``head``: the turn id the caller
-        believes heads the inbox, which saves reading it first (the script checks it and
-        goes on with the real head if it is not). ``fence``: a lease kept for this caller by a
-        commit or fail that requeued the conversation (:attr:`TurnEnding.requeued`), taken
-        over as is; 0 takes a new one."""
+        """The turn :meth:`take` hands out (None: none), for a caller that owes nothing to
+        turns failed on the way (they are failed all the same)."""
+        taking = Taking(worker_id, lease_ms, AgentWindows.of(window), max_attempts, fence)
+        return (await self.take(cid, taking, head=head)).turn
+
+    async def take(self, cid: str, taking: Taking, *, head: str | None = None) -> Handoff:
+        """Take the conversation's lease (a new fence, or ``taking.fence``: a lease kept
+        for this caller by a commit or fail that requeued the conversation) and its head
+        turn with the history window of its agent (``taking.windows``; a turn's own
+        ``keep_last_turns`` option wins). No turn: nothing queued, the lease is live
+        elsewhere, or the head is parked undecided. Heads over ``max_attempts`` are failed
+        on the way (:attr:`Handoff.failed`: finished turns whose callbacks are owed) and
+        the next head is taken. ``head``: the turn id the caller believes heads the inbox,
+        which saves reading it first (the script checks it and goes on with the real head
+        if it is not)."""
         check_conversation_id(cid)
         first: bytes | str | None = valid_turn_id(head)
         if first is None:
@@ -83,8 +103,39 @@ class TakingMixin(ProtocolBase):
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
                 raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, None) from None
-        taking = Taking(worker_id, lease_ms, window, max_attempts, fence, failed)
         return await self._take(cid, first, taking)
+
+    async def renew(
+        self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None
+    ) -> bool:
+        """Extend the lease; StaleFenceError if it moved on. With ``turn_id`` (the turn run
+        under the lease) only while that turn is still the running inbox head, else
+        NotInboxHeadError: a renewal that arrives after the run ended extends nothing.
+        Returns True when a cancel was requested for ``turn_id``."""
+        keys = [self.keys.lease(cid)]
+        args: list[Any] = [fence, lease_ms]
+        if turn_id is not None:
+            keys += [self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+            args.append(turn_id)
+        reply = await self.scripts.run("renew", keys, args)
+        if reply[0] == "ENDED":
+            raise NotInboxHeadError(
+                f"turn {turn_id!r} of conversation {cid!r} is no longer running under this"
+                " lease; its run has ended",
+                conversation_id=cid,
+                turn_id=turn_id,
+            )
+        if reply[0] != "OK":
+            raise stale_fence(cid, turn_id, fence)
+        return cancel_requested(reply)
+
+    async def release(self, cid: str, turn_id: str, *, fence: int) -> bool:
+        """Hand the conversation back unfinished (a worker shutting down): free the lease
+        held with ``fence`` so any worker takes ``turn_id`` at once (not counted as an
+        attempt; its journal stays). False when the lease had moved on already."""
+        keys = [self.keys.lease(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+        reply = await self.scripts.run("release", keys, [fence, turn_id])
+        return bool(reply[0] == "OK")
 
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
@@ -92,7 +143,7 @@ class TakingMixin(ProtocolBase):
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
-            t.window,
+            t.windows.encoded,
             t.max_attempts,
             _over_attempts_error(t.max_attempts),
         ]
@@ -101,24 +152,27 @@ class TakingMixin(ProtocolBase):
         """The keys of the turn a commit or fail expects next ([] for none)."""
         return [] if next_turn_id is None else self.keys.turn_keys(cid, next_turn_id)
 
-    async def _take(self, cid: str, head: bytes | str | None, t: Taking) -> Acquired | None:
+    async def _take(self, cid: str, head: bytes | str | None, t: Taking) -> Handoff:
         options = self.take_args(t)
+        failed: list[str] = []
         for _ in range(_MAX_RETRIES):
             if head is None:
-                return None
+                break
             tid = self._head_id(cid, head)
             keys = [*self.keys.history_keys(cid), self.keys.inbox(cid), self.keys.lease(cid)]
             keys += self.keys.turn_keys(cid, tid)
-            reply = await self.scripts.run("acquire", keys, [tid, t.worker_id, t.fence, *options])
-            if reply[0] == "OK":
-                return await self._acquired(cid, tid, reply, t.window)
-            t.note_failed(reply)
-            if reply[0] in ("EMPTY", "BUSY"):
-                return None
-            if reply[0] != "RETRY":
-                raise self.refusal(reply, cid, tid)
-            head = reply[1]
-        return None  # the inbox kept changing under us; the sweeper kicks it again
+            args = [tid, t.worker_id, t.fence, *options]
+            reply = TakeReply.parse(await self.scripts.run("acquire", keys, args))
+            failed += [reply.failed] if reply.failed else []
+            if reply.taken is not None:
+                return Handoff(await self._acquired(cid, tid, reply.taken), tuple(failed))
+            if reply.refused is not None:
+                raise self.refusal(reply.refused, cid, tid)
+            if reply.status != "RETRY":
+                break  # EMPTY or BUSY
+            head = reply.head
+        # Else the inbox kept changing under us; the sweeper kicks it again.
+        return Handoff(None, tuple(failed))
 
     def _head_id(self, cid: str, head: bytes | str) -> str:
         """The id of an inbox entry (CorruptDataError naming the inbox if it is no id)."""
@@ -127,53 +181,47 @@ class TakingMixin(ProtocolBase):
         except ConvoqError as exc:
             raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, None) from exc
 
-    async def _acquired(self, cid: str, tid: str, reply: list[Any], window: int) -> Acquired:
-        """The turn of an 'OK' reply of ``take_head`` (acquire's, or one a hand-off
+    async def _acquired(self, cid: str, tid: str, taken: Taken) -> Acquired:
+        """The turn ``take_head`` handed out (in acquire's reply, or one a hand-off
         carries). A window too long for one script call came without its elements: it is
         read here in chunks, under the lease just taken."""
-        fields = pairs_to_dict(reply[2])
         key = self.keys.turn(cid, tid)
-        kind = text(reply[3]) if isinstance(reply[3], bytes) else None
-        if reply[6] is None:
-            history = await read_chunked(self.scripts, self.keys, cid, window)
+        if taken.elements is None:
+            history = await read_chunked(self.scripts, self.keys, cid, taken.window)
         else:
-            history = decode_window(self.keys, cid, reply[5], reply[6], pairs_to_dict(reply[7]))
+            history = decode_window(self.keys, cid, taken.lead, taken.elements, taken.blobs)
         return Acquired(
             conversation_id=cid,
-            fence=int(reply[1]),
-            turn=decode_record(cid, tid, fields, key),
+            fence=taken.fence,
+            turn=decode_record(cid, tid, taken.fields, key),
             history=history,
-            state=decode_state(kind, reply[4], fields, key),
-            next_turn_id=valid_turn_id(reply[8]),
+            state=decode_state(taken.state_kind, taken.state, taken.fields, key),
+            next_turn_id=valid_turn_id(taken.next_turn_id),
         )
 
-    async def handed(
-        self, cid: str, reply: list[Any], t: Taking, requeued: list[str] | None = None
-    ) -> Acquired | None:
-        """The next turn, from the 'OK' reply of commit or fail: the turn the script handed
-        out itself (it was the one expected), else the head it named, acquired with the
-        kept fence. The turn before it is already stored, so a next turn that cannot be
-        loaded is left to the next acquire (after the lease expires) to report, instead
-        of making this commit look failed. ``requeued``: take nothing; the id of the next
-        turn, whose lease is kept, is appended there."""
-        t.note_failed(reply, 2)
-        if requeued is not None:
-            if reply[1]:
-                requeued.append(self._head_id(cid, reply[1]))
-            return None
-        taken = reply[3] if len(reply) > 3 else None
+    async def handed(self, cid: str, ended: EndReply, ending: TurnEnding) -> Handoff:
+        """The next turn after a commit or fail: the turn the script handed out itself (it
+        was the one expected), else the head it named, acquired with the kept fence. The
+        turn before it is already stored, so a next turn that cannot be loaded is left to
+        the next acquire (after the lease expires) to report, instead of making this
+        commit look failed. With ``ending.requeue`` nothing is taken: the next turn's id
+        comes back as :attr:`Handoff.requeued`, its lease kept."""
+        nxt = ended.next_turn_id
+        if ending.requeue:
+            requeued = None if nxt is None else self._head_id(cid, nxt)
+            return Handoff(requeued=requeued).after(ended.failed)
         try:
-            if taken is None:
-                return await self._take(cid, reply[1], t)
-            tid = self._head_id(cid, reply[1])
-            if taken[0] != b"OK":
-                raise self.refusal([text(taken[0]), *taken[1:]], cid, tid)
-            return await self._acquired(cid, tid, taken, t.window)
+            if ended.taken is None and ended.refused is None:
+                return (await self._take(cid, nxt, ending.taking())).after(ended.failed)
+            tid = self._head_id(cid, nxt or b"")
+            if ended.refused is not None:
+                raise self.refusal(ended.refused, cid, tid)
+            assert ended.taken is not None
+            return Handoff(await self._acquired(cid, tid, ended.taken)).after(ended.failed)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:
             log.error("cannot hand conversation %s its next turn: %s", cid, exc.message)
-            return None
         except REDIS_UNAVAILABLE as exc:
             # Redis went away between the two calls: the lease lapses and the sweeper
             # re-kicks the next turn; the stored turn must not look failed.
             log.warning("cannot hand conversation %s its next turn now: %s", cid, exc)
-            return None
+        return Handoff().after(ended.failed)

@@ -23,54 +23,54 @@ next fenced write (checkpoint, commit, fail, park), before that write's own even
 turn's stream keeps their order and "done" comes last; a checkpoint answers whether a
 cancel was requested, so the runner reads nothing between steps.
 
-The class is assembled from parts: :mod:`convoq.redis._taking` (acquire and the
-hand-off), :mod:`convoq.redis._control` (approvals, cancel, clear, sweeping, the
-registry) and :mod:`convoq.redis._events` (events and turn records), over
-:mod:`convoq.redis._base`.
+Where each verb lives (the class is assembled from these, over :mod:`convoq.redis._base`):
+
+- here: ``submit`` (queue a turn; limits in :mod:`convoq.redis._admission`) and ``usage``;
+- :mod:`convoq.redis._taking`: ``acquire``/``take``, ``renew``, ``release`` and the
+  hand-off of the next turn;
+- :mod:`convoq.redis._ending`: ``checkpoint``, ``commit``, ``fail``, ``park``;
+- :mod:`convoq.redis._control`: approvals (``decide``, ``discard``), ``cancel``, ``clear``,
+  sweeping and the agents' registry;
+- :mod:`convoq.redis._events`: event streams and turn records;
+  :mod:`convoq.redis._retention`: pruning old turns;
+- :mod:`convoq.redis._replies`: every script reply parsed, and the refusal table.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from convoq.errors import (
     ConvoqError,
-    InvalidMessageError,
-    NotInboxHeadError,
-    ProtocolError,
-    StaleFenceError,
 )
-from convoq.messages import Message, MessageRole, check_user_message
+from convoq.messages import Message, check_user_message
 from convoq.redis._admission import AdmissionMixin
 from convoq.redis._codec import (
-    Encoded,
     check_message_limits,
-    check_turn_size,
-    counters_arg,
-    encode_element,
-    usage_of,
 )
 from convoq.redis._control import ControlMixin
+from convoq.redis._ending import EndingMixin
 from convoq.redis._events import EventsMixin, TurnEvents
 from convoq.redis._records import (
     Acquired,
+    Handoff,
     ParkedTurn,
     SubmitResult,
+    Taking,
     TurnEnding,
     TurnRecord,
     TurnStatus,
 )
 from convoq.redis._retention import RetentionMixin
-from convoq.redis._taking import TakingMixin
-from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
 
 __all__ = [
     "Acquired",
+    "Handoff",
     "ParkedTurn",
     "SubmitResult",
+    "Taking",
     "TurnEnding",
     "TurnEvents",
     "TurnProtocol",
@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 
-class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, AdmissionMixin):
+class TurnProtocol(EndingMixin, ControlMixin, EventsMixin, RetentionMixin, AdmissionMixin):
     """Queued turns of conversations in Redis (async; see the module docstring).
 
     Args:
@@ -95,6 +95,10 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
             before it returns; fewer within ``replica_ack_timeout_ms``: NotDurableError
             (the write stays applied; sending it again is a no-op that waits again).
         replica_ack_timeout_ms: how long such a write waits for its replicas.
+        fast_paths: send hot script calls without redis-py's machinery (None:
+            ``CONVOQ_FAST_PATHS``; see :class:`~convoq.redis.scripts.Scripts`).
+
+    Entry points build it with :meth:`from_settings`, from the settings they resolved.
     """
 
     async def submit(
@@ -138,200 +142,9 @@ class TurnProtocol(TakingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
             queued_event=json.dumps(queued, separators=(",", ":")),
         )  # fmt: skip
 
-    async def renew(
-        self, cid: str, *, fence: int, lease_ms: int, turn_id: str | None = None
-    ) -> bool:
-        """Extend the lease; StaleFenceError if it moved on. With ``turn_id`` (the turn run
-        under the lease) only while that turn is still the running inbox head, else
-        NotInboxHeadError: a renewal that arrives after the run ended extends nothing.
-        Returns True when a cancel was requested for ``turn_id``."""
-        keys = [self.keys.lease(cid)]
-        args: list[Any] = [fence, lease_ms]
-        if turn_id is not None:
-            keys += [self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
-            args.append(turn_id)
-        reply = await self.scripts.run("renew", keys, args)
-        if reply[0] == "ENDED":
-            raise NotInboxHeadError(
-                f"turn {turn_id!r} of conversation {cid!r} is no longer running under this"
-                " lease; its run has ended",
-                conversation_id=cid,
-                turn_id=turn_id,
-            )
-        if reply[0] != "OK":
-            raise StaleFenceError(
-                f"the lease on conversation {cid!r} moved on (fence {fence} is no longer"
-                " current); stop running its turn: another worker owns it now",
-                conversation_id=cid,
-                fence=fence,
-            )
-        return bool(reply[1] == b"1")
-
-    async def release(self, cid: str, turn_id: str, *, fence: int) -> bool:
-        """Hand the conversation back unfinished (a worker shutting down): free the lease
-        held with ``fence`` so any worker takes ``turn_id`` at once (not counted as an
-        attempt; its journal stays). False when the lease had moved on already."""
-        keys = [self.keys.lease(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
-        reply = await self.scripts.run("release", keys, [fence, turn_id])
-        return bool(reply[0] == "OK")
-
-    async def checkpoint(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        fence: int,
-        state: TurnState,
-        events: Sequence[TurnEvent] = (),
-    ) -> bool:
-        """Journal the turn so far (a rerun starts from here), after appending ``events`` to
-        its stream. Fenced like commit. Returns True when a cancel was requested: the
-        runner stops before its next step."""
-        keys = [self.keys.inbox(cid), self.keys.lease(cid), self.keys.turn(cid, turn_id)]
-        keys += [self.keys.journal(cid, turn_id), self.keys.events(cid, turn_id)]
-        args = [turn_id, fence, state.model_dump_json(), self.turn_ttl_ms, self.events_maxlen]
-        reply = await self.scripts.run("checkpoint", keys, [*args, *self.event_args(events)])
-        if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, fence)
-        return bool(reply[1] == b"1")
-
-    def _ending_keys(self, cid: str, turn_id: str) -> list[str]:
-        return [self.keys.inbox(cid), self.keys.lease(cid), *self.keys.turn_keys(cid, turn_id)]
-
-    async def commit(
-        self,
-        cid: str,
-        turn_id: str,
-        messages: list[Message],
-        ending: TurnEnding,
-        *,
-        stop_if_cancelled: bool = False,
-        output: Any = None,
-        expired: bool = False,
-    ) -> Acquired | None:
-        """Append the whole turn (user message first) exactly once, mark it succeeded (or,
-        with ``expired``, expired: its approval ran out and its tool results say so) with
-        ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
-        message), append ``ending.events`` and then "done" to its stream, and return the
-        next queued turn under the same fence, or None with the lease freed. Turns failed
-        on the way to the next one are appended to ``ending.failed`` (as :meth:`acquire`).
-        When ``ending.next_turn_id`` is the next turn, it comes back in this same round trip.
-        ``output``: a turn with an output type, its validated answer (JSON), kept in the
-        result as ``"output"``.
-
-        Raises:
-            StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
-            was written; treat it as success); TurnCancelledError with
-            ``stop_if_cancelled`` when a cancel was requested (nothing was written: fail the
-            turn as cancelled).
-        """
-        keys, args = self.commit_call(
-            cid,
-            turn_id,
-            messages,
-            ending,
-            stop_if_cancelled=stop_if_cancelled,
-            output=output,
-            expired=expired,
-        )
-        reply = await self.run_acked("commit", cid, keys, args)
-        if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, reply, ending.taking(), ending.requeued)
-
-    def commit_call(
-        self,
-        cid: str,
-        turn_id: str,
-        messages: list[Message],
-        ending: TurnEnding,
-        *,
-        stop_if_cancelled: bool = False,
-        output: Any = None,
-        expired: bool = False,
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
-        element, result, counters, encoded = self._stored_turn(messages, output, expired)
-        following = self.next_turn_keys(cid, ending.expected_next)
-        keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
-        keys += self._ending_keys(cid, turn_id)
-        keys += [self.keys.lead(cid), *following] if following else []
-        args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
-        args += ["expired" if expired else "succeeded"]
-        args += [ending.expected_next or "", *self.take_args(ending.taking())]
-        args.append(counters)
-        return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
-
-    def _stored_turn(
-        self, messages: list[Message], output: Any = None, expired: bool = False
-    ) -> tuple[bytes, str, str, Encoded]:
-        """The history element of a committed turn, its result JSON, the usage counters to
-        add to the conversation's and its blobs. An expired turn ends with tool results,
-        not an answer: its text is empty."""
-        if not messages or messages[0].role != MessageRole.USER:
-            raise InvalidMessageError("a committed turn starts with its user message", rule="turn")
-        encoded = Encoded()
-        element = encode_element(messages, self.limits, encoded)
-        check_turn_size(encoded, self.limits)
-        final = messages[-1]
-        usage = usage_of(messages[1:])
-        result: dict[str, Any] = {
-            "text": "" if expired else final.text,
-            "messages": [m.model_dump(mode="json") for m in messages[1:]],
-            "usage": usage.model_dump(),
-            "finish_reason": final.finish_reason,
-        }
-        if final.refusal is not None:
-            result["refusal"] = final.refusal
-        if output is not None:
-            result["output"] = output
-        return element, self.json_arg(result, "result"), counters_arg(usage), encoded
-
     async def usage(self, cid: str) -> Usage:
         """What the conversation's committed turns reported, summed: one read of its meta
         hash, whatever the history's length (commit adds each turn's usage there)."""
         fields = list(COUNTER_FIELDS.values())
         values = await self.redis.hmget(self.keys.meta(cid), fields)
         return counters_to_usage(dict(zip(fields, values, strict=True)))
-
-    async def fail(
-        self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
-    ) -> Acquired | None:
-        """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
-        error of type TurnCancelledError ends it as cancelled. ``ending.events`` go to its
-        stream before "done". Guards and hand-off as :meth:`commit`."""
-        status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
-        following = self.next_turn_keys(cid, ending.expected_next)
-        keys = self._ending_keys(cid, turn_id)
-        keys += [*self.keys.history_keys(cid), *following] if following else []
-        args = [turn_id, ending.fence, self.json_arg(error, "error"), status]
-        args += [ending.expected_next or "", *self.take_args(ending.taking())]
-        reply = await self.run_acked("fail", cid, keys, [*args, *self.event_args(ending.events)])
-        if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, reply, ending.taking(), ending.requeued)
-
-    async def park(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        fence: int,
-        state: TurnState,
-        approval_ttl_ms: int,
-        events: Sequence[TurnEvent] = (),
-    ) -> None:
-        """Store the continuation and wait for decisions on ``state``'s undecided calls; the
-        conversation stays reserved until they are decided or the approval expires.
-        ``events`` go to its stream first. A replay for a turn already parked with this
-        fence is a no-op."""
-        waiting = state.undecided
-        if not waiting:
-            raise ProtocolError("park needs a state with tool calls waiting for a decision")
-        pending = self.json_arg([call.id for call in waiting], "pending")
-        result = {"pending_approvals": [call.model_dump(mode="json") for call in waiting]}
-        args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
-        args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
-        reply = await self.run_acked("park", cid, self._ending_keys(cid, turn_id), args)
-        if reply[0] not in ("OK", "PARKED"):
-            raise self.refusal(reply, cid, turn_id, fence)

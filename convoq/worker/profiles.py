@@ -21,6 +21,7 @@ from typing import Any
 
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.profile import AgentProfile
+from convoq.window import STORE_CHOOSES, AgentWindows
 
 ADAPTERS_GROUP = "convoq.profiles"
 """Entry points named after a framework's top package; each loads a function that makes a
@@ -64,17 +65,23 @@ class Profiles(Mapping[str, AgentProfile]):
             )
         return agent
 
-    def history_window(self) -> int:
-        """How many turns to fetch with a lease (0 = all): enough for every profile. A
-        profile with a token budget or a compaction policy has the store choose its
-        window (from the counts and summary stored with the turns), so it asks for one."""
-        windows = [
-            a.keep_last_turns if a.max_history_tokens is None and a.compaction is None else 1
-            for a in self._agents.values()
-        ]
-        if not windows or 0 in windows:
-            return 0
-        return max(windows)
+    def windows(self) -> AgentWindows:
+        """The history window each profile's turns are handed out with, decided here once:
+        its ``keep_last_turns`` (0 = all), or, for a profile with a token budget or a
+        compaction policy, :data:`~convoq.window.STORE_CHOOSES` (the store chooses its
+        window from the counts and summary stored with the turns). A turn for an agent
+        this worker does not know fails, so it brings one turn only."""
+        return AgentWindows(
+            {name: handed_window(agent) for name, agent in self._agents.items()},
+            default=STORE_CHOOSES,
+        )
+
+
+def handed_window(agent: AgentProfile) -> int:
+    """The window ``agent``'s turns are handed out with (see :meth:`Profiles.windows`)."""
+    if agent.max_history_tokens is not None or agent.compaction is not None:
+        return STORE_CHOOSES
+    return int(agent.keep_last_turns)
 
 
 def load_profiles(modules: str | None) -> Profiles:

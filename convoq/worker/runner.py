@@ -47,9 +47,9 @@ from convoq.observe import tracing
 from convoq.profile import AgentProfile, TurnJob
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
-from convoq.redis.protocol import Acquired, TurnEnding, TurnProtocol
+from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState, expire_undecided
-from convoq.window import Window, last_turns
+from convoq.window import Window
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
@@ -61,9 +61,9 @@ CompactHook = Callable[[str, str], Awaitable[None]]
 
 log = logging.getLogger("convoq.worker")
 
-# TurnProtocol.commit or .fail bound to its turn and outcome: ends the head turn, hands
-# over the next one.
-Ending = Callable[[TurnEnding], Awaitable[Acquired | None]]
+# TurnProtocol.commit_and_hand_off or .fail_and_hand_off bound to its turn and outcome:
+# ends the head turn, hands over the next one.
+Ending = Callable[[TurnEnding], Awaitable[Handoff]]
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Runner:
         self._profiles = profiles
         self._config = config
         self._on_finished = on_finished
-        self._window = profiles.history_window()
+        self._windows = profiles.windows()
         # Set at warm shutdown: no new turn starts, running ones finish within the grace
         # or are handed back.
         self._closing = asyncio.Event()
@@ -156,20 +156,14 @@ class Runner:
     async def _acquire(
         self, cid: str, head: str | None, fence: int, report: DrainReport
     ) -> Acquired | None:
-        ended: list[str] = []
+        config = self._config
+        taking = Taking(
+            config.worker_id, config.lease_ms, self._windows, config.max_attempts, fence
+        )
         with tracing.span("convoq.acquire", {"convoq.conversation_id": cid}):
-            acquired = await self._protocol.acquire(
-                cid,
-                worker_id=self._config.worker_id,
-                lease_ms=self._config.lease_ms,
-                window=self._window,
-                max_attempts=self._config.max_attempts,
-                failed=ended,
-                head=head,
-                fence=fence,
-            )
-        await self._failed_on_the_way(cid, ended, report)
-        return acquired
+            handoff = await self._protocol.take(cid, taking, head=head)
+        await self._failed_on_the_way(cid, handoff.failed, report)
+        return handoff.turn
 
     async def _hand_back(self, acq: Acquired, report: DrainReport) -> None:
         """Free the lease of a turn this worker will not run (it shuts down), so another
@@ -264,22 +258,18 @@ class Runner:
         return await profile.run_turn(job)
 
     async def _history(self, acq: Acquired, profile: AgentProfile) -> list[Message]:
-        """The window this turn asks for, from what came with the lease when it suffices.
-        A token budget is chosen by the store from the counts kept with each turn."""
+        """The turn's window: the one that came with the lease (its agent's, or its own
+        ``keep_last_turns``, see :meth:`Profiles.windows`), unless a token budget or a
+        summary applies: then the store chooses it from the counts kept with each turn."""
         options = acq.turn.options
+        budget = options.get("max_history_tokens", profile.max_history_tokens)
+        if budget is None and profile.compaction is None:
+            return list(acq.history)
         wanted = options.get("keep_last_turns")
         keep = int(wanted) if wanted is not None else profile.keep_last_turns
-        budget = options.get("max_history_tokens", profile.max_history_tokens)
-        if budget is not None or profile.compaction is not None:
-            # A budget or a summary: the store chooses the window (reading only it).
-            limit = None if budget is None else int(budget)
-            window = Window(keep or None, limit, profile.token_counter, with_summary=True)
-            return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
-        if keep == self._window:
-            return list(acq.history)
-        if self._window and 0 < keep < self._window:
-            return last_turns(list(acq.history), keep)
-        return await self._protocol.history(acq.turn.conversation_id, last_turns=keep or None)
+        limit = None if budget is None else int(budget)
+        window = Window(keep or None, limit, profile.token_counter, with_summary=True)
+        return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
 
     async def _commit(
         self, run: TurnRun, outcome: Completed, report: DrainReport
@@ -290,7 +280,7 @@ class Runner:
             return await self._end(
                 run,
                 report,
-                lambda ending: self._protocol.commit(
+                lambda ending: self._protocol.commit_and_hand_off(
                     turn.conversation_id,
                     turn.turn_id,
                     outcome.messages,
@@ -301,6 +291,7 @@ class Runner:
                 ),
                 done=report.expired if isinstance(outcome, Expired) else report.succeeded,
                 replayed=report.succeeded,
+                stored=True,
             )
         except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
             # Refused before anything was written (cancelled while it ran, or too big to
@@ -316,9 +307,12 @@ class Runner:
         return await self._end(
             run,
             report,
-            lambda ending: self._protocol.fail(turn.conversation_id, turn.turn_id, error, ending),
+            lambda ending: self._protocol.fail_and_hand_off(
+                turn.conversation_id, turn.turn_id, error, ending
+            ),
             done=report.failed,
             replayed=report.abandoned,
+            stored=False,
         )
 
     async def _end(
@@ -329,31 +323,29 @@ class Runner:
         *,
         done: list[str],
         replayed: list[str],
+        stored: bool,
     ) -> Acquired | None:
         """Commit or fail the head turn (``end``, with the events still buffered), then run
         the finished hook for it and for any turn the hand-off failed on the way; return
         the next turn under the lease."""
         acq = run.acq
         cid, tid = acq.turn.conversation_id, acq.turn.turn_id
-        ended: list[str] = []
         config = self._config
         # Traced as one span: the script ends this turn and hands over the next.
-        stored = done is not report.failed
         end = _observed.in_span("convoq.commit" if stored else "convoq.fail", end)
-        requeued: list[str] | None = [] if await self._fair.others_waiting() else None
+        requeue = await self._fair.others_waiting()
         try:
             async with run.events.pending() as events:
                 ending = TurnEnding(
                     fence=acq.fence,
                     lease_ms=config.lease_ms,
-                    window=self._window,
+                    window=self._windows,
                     max_attempts=config.max_attempts,
                     next_turn_id=acq.next_turn_id,
                     events=events,
-                    failed=ended,
-                    requeued=requeued,
+                    requeue=requeue,
                 )
-                following = await run.while_leased(
+                handoff = await run.while_leased(
                     lambda: until_durable(lambda: end(ending), f"ending of {cid}/{tid}"), "ending"
                 )
         except NotDurableError as exc:
@@ -381,10 +373,10 @@ class Runner:
         if stored:
             await self._compact_later(cid, acq.turn.agent)
         await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
-        await self._failed_on_the_way(cid, ended, report)
-        if requeued:
-            return await self._requeue(cid, requeued[0], acq.fence, report)
-        return following
+        await self._failed_on_the_way(cid, handoff.failed, report)
+        if handoff.requeued is not None:
+            return await self._requeue(cid, handoff.requeued, acq.fence, report)
+        return handoff.turn
 
     async def _requeue(
         self, cid: str, head: str, fence: int, report: DrainReport
@@ -409,7 +401,9 @@ class Runner:
             except Exception as exc:  # the turn is stored: a lost compaction comes again
                 log.warning("could not queue compaction of %s: %s", cid, exc)
 
-    async def _failed_on_the_way(self, cid: str, turn_ids: list[str], report: DrainReport) -> None:
+    async def _failed_on_the_way(
+        self, cid: str, turn_ids: tuple[str, ...], report: DrainReport
+    ) -> None:
         """Turns acquire failed before they could run (over max attempts): finished like
         any other, so their callbacks go out too."""
         for tid in turn_ids:

@@ -27,7 +27,6 @@ from convoq import mcp
 from convoq._sync import LoopThread, set_blocking_threads
 from convoq.compaction import compact_idle
 from convoq.errors import ConfigurationError, ConversationMemoryError, UnknownTurnError
-from convoq.limits import queue_limits
 from convoq.memory.redis import RedisConversationMemory
 from convoq.netguard import CallbackPolicy
 from convoq.observe import metrics, tracing
@@ -117,17 +116,7 @@ class WorkerRuntime:
         # Each turn in flight holds a connection only per command; renewers and the
         # sweeper add a few. Beyond the limit commands wait for a free connection.
         redis = connect(self.redis_url, max_connections=2 * s.concurrency + 16)
-        protocol = TurnProtocol(
-            redis,
-            self.keys,
-            max_attachment_bytes=s.max_attachment_bytes,
-            max_turn_bytes=s.max_turn_bytes,
-            turn_ttl_s=s.turn_ttl_s,
-            conversation_ttl_s=s.conversation_ttl_s,
-            queue_limits=queue_limits(s),
-            min_replicas_acked=s.min_replicas_acked,
-            replica_ack_timeout_ms=s.replica_ack_timeout_ms,
-        )
+        protocol = TurnProtocol.from_settings(redis, s)
         config = RunnerConfig(
             worker_id=self.worker_id,
             lease_ms=s.lease_ms,

@@ -69,7 +69,7 @@ def run_a_turn(python: Path, redis_url: str, tmp_path: Path) -> str:
         CONVOQ_REDIS_URL=redis_url,
         CONVOQ_PREFIX=f"plain{uuid.uuid4().hex[:8]}",
         CONVOQ_HOME=str(home),
-        CONVOQ_AGENTS="convoq.demo_agents",
+        CONVOQ_AGENTS="convoq.cli.demo_agents",
     )
     driver = tmp_path / DRIVER.name
     shutil.copyfile(DRIVER, driver)

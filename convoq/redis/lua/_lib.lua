@@ -364,8 +364,39 @@ end
 -- max attempts, error JSON for a turn over max attempts.
 local function take_options(first)
   return {ttl = ARGV[first], maxlen = ARGV[first + 1], lease_ms = ARGV[first + 2],
-    window = tonumber(ARGV[first + 3]), max_attempts = tonumber(ARGV[first + 4]),
+    windows = ARGV[first + 3], max_attempts = tonumber(ARGV[first + 4]),
     over_attempts = ARGV[first + 5]}
+end
+
+-- The history window (turns, 0 = all) a turn is handed out with. o.windows is the JSON
+-- [default, {agent name: turns}] the worker decided once per agent profile; -1: that
+-- agent's window is chosen by the store (a token budget or a summary, read apart), so one
+-- turn comes along. A turn's own keep_last_turns option wins over its agent's window; its
+-- own max_history_tokens has the store choose too. Options are decoded only when they
+-- name one of those (most turns carry neither).
+local function turn_window(rec, o)
+  if type(o.windows) == 'string' then
+    o.windows = cjson.decode(o.windows)  -- once per call: commit may hand out a turn too
+  end
+  local window = o.windows[2][rec.agent or ''] or o.windows[1]
+  if window < 0 then
+    return 1
+  end
+  local options = rec.options
+  if options and (string.find(options, '"keep_last_turns"', 1, true)
+      or string.find(options, '"max_history_tokens"', 1, true)) then
+    local ok, asked = pcall(cjson.decode, options)
+    if ok and type(asked) == 'table' then
+      if type(asked.max_history_tokens) == 'number' then
+        return 1
+      end
+      local keep = asked.keep_last_turns
+      if type(keep) == 'number' and keep >= 0 and keep == math.floor(keep) then
+        return keep
+      end
+    end
+  end
+  return window
 end
 
 -- Whether a counter field's value (false: not set) would take HINCRBY.
@@ -453,7 +484,8 @@ end
 -- handed out: dropped when its record is gone or finished, failed when over max attempts.
 -- A head parked undecided whose approval expired runs on, stamped with expired_ms.
 -- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
--- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false}
+-- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false,
+-- the window in turns (turn_window())}
 --      or {'DROPPED', id of the turn failed here or false} (the head moved on)
 --      or {'CORRUPT', key} (nothing written).
 -- Every key is checked by its first read (touch()), or its first write (the events),
@@ -487,7 +519,8 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     return {'DROPPED', tid}
   end
   -- All reads that can fail come before the first write.
-  local win, corrupt = load_window(h.lead, h.turns, h.blobs, o.window)
+  local window = turn_window(rec, o)
+  local win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
   if not win then
     return {'CORRUPT', corrupt}
   end
@@ -515,7 +548,7 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     fields[#fields + 1] = name
     fields[#fields + 1] = value
   end
-  return {'OK', fence, fields, kind, state, win[1], win[2], win[3], peek}
+  return {'OK', fence, fields, kind, state, win[1], win[2], win[3], peek, window}
 end
 
 -- After the head turn ended (and left the inbox): free the lease when no turn waits, else

@@ -11,14 +11,14 @@
 -- ARGV[1] = tid: the turn id the caller saw at the inbox head (its keys are KEYS[7..10])
 -- ARGV[2] = worker id ('' keeps the holder of a handed-off lease)
 -- ARGV[3] = hand-off fence: the caller's lease from commit/fail ('0' = none)
--- ARGV[4 .. 9] = take_options(): turn ttl ms, events MAXLEN, lease ms, history window in
---                turns (0 = all), max attempts, error JSON over max attempts
+-- ARGV[4 .. 9] = take_options(): turn ttl ms, events MAXLEN, lease ms, history windows by
+--                agent (turn_window()), max attempts, error JSON over max attempts
 -- Takes the lease (a new fence, or the handed-off one) and hands out the head turn with
 -- its history window, in one round trip (take_head() in _lib.lua, shared with commit and
 -- fail, which hand out the next turn the same way).
 -- Returns {'OK', fence, turn record as field/value list, 'journal'|'cont'|false,
 --          state JSON or false, lead elements, window elements, {sha, bytes, ...},
---          id of the turn queued behind it or false}
+--          id of the turn queued behind it or false, window in turns}
 --      or {'EMPTY'} (nothing queued; a handed-off lease is freed) / {'BUSY'} (lease live,
 --         or the head is parked undecided)
 --      or {'RETRY', head, failed}: the head is another turn (or the head was just failed

@@ -22,7 +22,7 @@
 --           its tool results say so; it is stored all the same)
 -- ARGV[7] = next tid: the turn the caller expects next (acquire's peek), '' = none
 -- ARGV[8 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
---                 window, max attempts, error JSON over max attempts
+--                 windows by agent (turn_window()), max attempts, error JSON over max attempts
 -- ARGV[14] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
 --           the conversation's counters ('{}': nothing reported)
 -- ARGV[15] = n: events the turn emitted since its last write

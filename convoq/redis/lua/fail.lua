@@ -18,7 +18,7 @@
 -- ARGV[4] = final status: 'failed' or 'cancelled'
 -- ARGV[5] = next tid: the turn the caller expects next (acquire's peek), '' = none
 -- ARGV[6 .. 11] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
---                 window, max attempts, error JSON over max attempts
+--                 windows by agent (turn_window()), max attempts, error JSON over max attempts
 -- ARGV[12] = n: events the turn emitted since its last write
 -- ARGV[13 .. 12+2n] = type, data, type, data, ... (appended before "done")
 -- Ends the head turn without storing anything in history; guards as commit (a queued

@@ -1,7 +1,7 @@
 """``convoq demo``: the whole distributed stack on one machine, with no configuration.
 
 An embedded redis-server in a temporary home, one worker process running the profiles of
-:mod:`convoq.demo_agents`, and a client in this process: two conversations submitted
+:mod:`convoq.cli.demo_agents`, and a client in this process: two conversations submitted
 fire-and-forget, memory across turns, an image and a PDF remembered, per-turn status
 events, a tool call parked for approval and approved from here, and a signed webhook
 received by a small HTTP server in this process. Everything is stopped at the end.
@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from convoq._demo_gateway import gateway_server, http_turn
+from convoq.cli._demo_gateway import gateway_server, http_turn
 from convoq.client import Client
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 from convoq.queue.signing import SIGNATURE_HEADER, verify_signature
@@ -261,7 +261,7 @@ def _worker_env(url: str, home: Path, secret: str) -> dict[str, str]:
     env.update(
         CONVOQ_REDIS_URL=url,
         CONVOQ_PREFIX=f"demo{secrets.token_hex(3)}",
-        CONVOQ_AGENTS="convoq.demo_agents",
+        CONVOQ_AGENTS="convoq.cli.demo_agents",
         CONVOQ_HOME=str(home),
         CONVOQ_WEBHOOK_SECRET=secret,
         # The demo's webhook receiver listens on loopback, which callbacks may not reach

@@ -1,4 +1,4 @@
-"""Agent profiles of ``convoq demo`` (``CONVOQ_AGENTS=convoq.demo_agents``).
+"""Agent profiles of ``convoq demo`` (``CONVOQ_AGENTS=convoq.cli.demo_agents``).
 
 Offline, each profile runs a small scripted model that really reads the history it is
 sent (names, attachments, tool results). With ``OPENAI_API_KEY`` set, the same profiles

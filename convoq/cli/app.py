@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
-from convoq import _cli_transfer
-from convoq._cli_asks import submit_asks
-from convoq._cli_render import (
+from convoq.cli import _transfer
+from convoq.cli._asks import submit_asks
+from convoq.cli._render import (
     console,
     err_console,
     fail,
@@ -186,7 +186,7 @@ def demo(
 ) -> None:
     """Run the whole stack on an embedded Redis: worker, turns, attachments, approval,
     and the HTTP gateway with its approvals inbox."""
-    from convoq.demo import run_demo
+    from convoq.cli.demo import run_demo
 
     _settings()  # a bad CONVOQ_* value is one line here, not a traceback from the client
     with reported():
@@ -347,13 +347,9 @@ def clear(
     console.print(f"cleared {conversation_id}")
 
 
-_cli_transfer.register(app, _settings)
+_transfer.register(app, _settings)
 
 
 def main() -> None:
     """The ``convoq`` entry point."""
     app(prog_name="convoq")
-
-
-if __name__ == "__main__":
-    main()

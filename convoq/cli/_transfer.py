@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from convoq._cli_render import console, err_console, fail, reported
+from convoq.cli._render import console, err_console, fail, reported
 from convoq.memory.base import StoredConversationMemory
 from convoq.memory.file import FileConversationMemory
 from convoq.memory.transfer import export_conversation, import_conversation

@@ -1,0 +1,214 @@
+"""Ending a run: the fenced writes of the turn a worker holds under its lease.
+
+``checkpoint`` journals the turn so far; ``commit`` stores it, ``fail`` ends it storing
+nothing, ``park`` keeps it waiting for approvals. Each checks the caller's fence and that
+the turn is the running inbox head, inside Redis, before anything is written; commit and
+fail then hand out the next turn in the same call (:mod:`convoq.redis._taking`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from convoq.errors import InvalidMessageError, ProtocolError
+from convoq.messages import Message, MessageRole
+from convoq.redis._codec import (
+    Encoded,
+    check_turn_size,
+    counters_arg,
+    encode_element,
+    usage_of,
+)
+from convoq.redis._records import Acquired, Handoff, TurnEnding
+from convoq.redis._replies import EndReply, cancel_requested
+from convoq.redis._taking import TakingMixin
+from convoq.turn_state import TurnEvent, TurnState
+
+
+class EndingMixin(TakingMixin):
+    """``checkpoint``, ``commit``, ``fail`` and ``park``."""
+
+    async def checkpoint(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        fence: int,
+        state: TurnState,
+        events: Sequence[TurnEvent] = (),
+    ) -> bool:
+        """Journal the turn so far (a rerun starts from here), after appending ``events`` to
+        its stream. Fenced like commit. Returns True when a cancel was requested: the
+        runner stops before its next step."""
+        keys = [self.keys.inbox(cid), self.keys.lease(cid), self.keys.turn(cid, turn_id)]
+        keys += [self.keys.journal(cid, turn_id), self.keys.events(cid, turn_id)]
+        args = [turn_id, fence, state.model_dump_json(), self.turn_ttl_ms, self.events_maxlen]
+        reply = await self.scripts.run("checkpoint", keys, [*args, *self.event_args(events)])
+        if reply[0] != "OK":
+            raise self.refusal(reply, cid, turn_id, fence)
+        return cancel_requested(reply)
+
+    def _ending_keys(self, cid: str, turn_id: str) -> list[str]:
+        return [self.keys.inbox(cid), self.keys.lease(cid), *self.keys.turn_keys(cid, turn_id)]
+
+    async def commit(
+        self,
+        cid: str,
+        turn_id: str,
+        messages: list[Message],
+        ending: TurnEnding,
+        *,
+        stop_if_cancelled: bool = False,
+        output: Any = None,
+        expired: bool = False,
+    ) -> Acquired | None:
+        """The turn :meth:`commit_and_hand_off` hands out next (None: none), for a caller
+        that owes nothing to turns failed on the way (they are failed all the same)."""
+        handoff = await self.commit_and_hand_off(
+            cid,
+            turn_id,
+            messages,
+            ending,
+            stop_if_cancelled=stop_if_cancelled,
+            output=output,
+            expired=expired,
+        )
+        return handoff.turn
+
+    async def commit_and_hand_off(
+        self,
+        cid: str,
+        turn_id: str,
+        messages: list[Message],
+        ending: TurnEnding,
+        *,
+        stop_if_cancelled: bool = False,
+        output: Any = None,
+        expired: bool = False,
+    ) -> Handoff:
+        """Append the whole turn (user message first) exactly once, mark it succeeded (or,
+        with ``expired``, expired: its approval ran out and its tool results say so) with
+        ``result = {"text", "messages"}`` (``messages``: what the turn added after the user
+        message), append ``ending.events`` and then "done" to its stream, and hand out the
+        next queued turn under the same fence, or none with the lease freed. Turns failed
+        on the way to the next one come back in :attr:`Handoff.failed` (as :meth:`take`).
+        When ``ending.next_turn_id`` is the next turn, it comes back in this same round trip.
+        ``output``: a turn with an output type, its validated answer (JSON), kept in the
+        result as ``"output"``.
+
+        Raises:
+            StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
+            was written; treat it as success); TurnCancelledError with
+            ``stop_if_cancelled`` when a cancel was requested (nothing was written: fail the
+            turn as cancelled).
+        """
+        keys, args = self.commit_call(
+            cid,
+            turn_id,
+            messages,
+            ending,
+            stop_if_cancelled=stop_if_cancelled,
+            output=output,
+            expired=expired,
+        )
+        reply = await self.run_acked("commit", cid, keys, args)
+        if reply[0] != "OK":
+            raise self.refusal(reply, cid, turn_id, ending.fence)
+        return await self.handed(cid, EndReply.parse(reply), ending)
+
+    def commit_call(
+        self,
+        cid: str,
+        turn_id: str,
+        messages: list[Message],
+        ending: TurnEnding,
+        *,
+        stop_if_cancelled: bool = False,
+        output: Any = None,
+        expired: bool = False,
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
+        element, result, counters, encoded = self._stored_turn(messages, output, expired)
+        following = self.next_turn_keys(cid, ending.expected_next)
+        keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
+        keys += self._ending_keys(cid, turn_id)
+        keys += [self.keys.lead(cid), *following] if following else []
+        args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
+        args += ["expired" if expired else "succeeded"]
+        args += [ending.expected_next or "", *self.take_args(ending.taking())]
+        args.append(counters)
+        return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
+
+    def _stored_turn(
+        self, messages: list[Message], output: Any = None, expired: bool = False
+    ) -> tuple[bytes, str, str, Encoded]:
+        """The history element of a committed turn, its result JSON, the usage counters to
+        add to the conversation's and its blobs. An expired turn ends with tool results,
+        not an answer: its text is empty."""
+        if not messages or messages[0].role != MessageRole.USER:
+            raise InvalidMessageError("a committed turn starts with its user message", rule="turn")
+        encoded = Encoded()
+        element = encode_element(messages, self.limits, encoded)
+        check_turn_size(encoded, self.limits)
+        final = messages[-1]
+        usage = usage_of(messages[1:])
+        result: dict[str, Any] = {
+            "text": "" if expired else final.text,
+            "messages": [m.model_dump(mode="json") for m in messages[1:]],
+            "usage": usage.model_dump(),
+            "finish_reason": final.finish_reason,
+        }
+        if final.refusal is not None:
+            result["refusal"] = final.refusal
+        if output is not None:
+            result["output"] = output
+        return element, self.json_arg(result, "result"), counters_arg(usage), encoded
+
+    async def fail(
+        self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
+    ) -> Acquired | None:
+        """The turn :meth:`fail_and_hand_off` hands out next (None: none)."""
+        return (await self.fail_and_hand_off(cid, turn_id, error, ending)).turn
+
+    async def fail_and_hand_off(
+        self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
+    ) -> Handoff:
+        """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
+        error of type TurnCancelledError ends it as cancelled. ``ending.events`` go to its
+        stream before "done". Guards and hand-off as :meth:`commit_and_hand_off`."""
+        status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
+        following = self.next_turn_keys(cid, ending.expected_next)
+        keys = self._ending_keys(cid, turn_id)
+        keys += [*self.keys.history_keys(cid), *following] if following else []
+        args = [turn_id, ending.fence, self.json_arg(error, "error"), status]
+        args += [ending.expected_next or "", *self.take_args(ending.taking())]
+        reply = await self.run_acked("fail", cid, keys, [*args, *self.event_args(ending.events)])
+        if reply[0] != "OK":
+            raise self.refusal(reply, cid, turn_id, ending.fence)
+        return await self.handed(cid, EndReply.parse(reply), ending)
+
+    async def park(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        fence: int,
+        state: TurnState,
+        approval_ttl_ms: int,
+        events: Sequence[TurnEvent] = (),
+    ) -> None:
+        """Store the continuation and wait for decisions on ``state``'s undecided calls; the
+        conversation stays reserved until they are decided or the approval expires.
+        ``events`` go to its stream first. A replay for a turn already parked with this
+        fence is a no-op."""
+        waiting = state.undecided
+        if not waiting:
+            raise ProtocolError("park needs a state with tool calls waiting for a decision")
+        pending = self.json_arg([call.id for call in waiting], "pending")
+        result = {"pending_approvals": [call.model_dump(mode="json") for call in waiting]}
+        args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
+        args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
+        reply = await self.run_acked("park", cid, self._ending_keys(cid, turn_id), args)
+        if reply[0] not in ("OK", "PARKED"):
+            raise self.refusal(reply, cid, turn_id, fence)
