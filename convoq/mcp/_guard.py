@@ -88,7 +88,7 @@ def guarded_client(
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
     # httpx2 takes no network backend: its transport hands every request to this pool,
     # rebuilt around the guarded backend (TLS as httpx2's default: certificates checked
-    # against the URL's host name). tests/test_mcp_http.py pins that the guard is used.
+    # against the URL's host name). tests/mcp/test_mcp.py pins that the guard is used.
     transport._pool = httpcore2.AsyncConnectionPool(
         ssl_context=httpx2.create_ssl_context(trust_env=False),
         network_backend=_GuardedBackend(CallbackPolicy(allowed_networks), server),

@@ -80,7 +80,7 @@ class RedisConversationMemory(StoredConversationMemory):
     with a sync pool (no hop to that loop), through the same steps as the async calls.
     """
 
-    # The protocol's window read answers exactly the window (tests/test_redis_memory.py
+    # The protocol's window read answers exactly the window (tests/redis/test_redis_memory.py
     # checks windows of any appends against the window rules).
     _reads_exact_windows = True
 

@@ -48,7 +48,7 @@ from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 WORKER_AGENTS = "myapp.agents"
 SKIP = re.compile(r"<!--\s*skip-example:\s*(.+?)\s*-->")
 FILE_HEADER = re.compile(r"#\s*([\w./-]+\.py)\b")

@@ -32,7 +32,7 @@ from tests.support.openai_server import OpenAIServer
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
 PDF = b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj<<>>endobj\n%%EOF\n"
-RECORDED = Path(__file__).parent / "fixtures" / "anthropic_stream.sse"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "anthropic_stream.sse"
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = ToolSpec(name="get_weather", description="Weather for a city.", parameters=CITY)
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import services
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])

@@ -8,7 +8,7 @@ from pathlib import Path
 from convoq.observe import metrics
 from convoq.settings import ConvoqSettings
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def _texts() -> dict[str, str]:

@@ -21,7 +21,7 @@ from tests.support.workers import WorkerPool, running_pool, wait_until
 
 pytestmark = pytest.mark.slow
 
-KEDA = Path(__file__).resolve().parents[1] / "deploy" / "k8s" / "keda.yaml"
+KEDA = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "keda.yaml"
 CONVERSATIONS = 6
 TURNS_EACH = 5
 

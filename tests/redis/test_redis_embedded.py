@@ -118,7 +118,7 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path) -> None
     code = (
         "import sys; from convoq.redis import embedded; print(embedded.embedded_url(sys.argv[1]))"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     starters = [
         subprocess.Popen([sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, env=env)
         for _ in range(3)
@@ -144,7 +144,7 @@ def test_a_long_home_path_falls_back_to_a_loopback_port(tmp_path: Path) -> None:
 def test_run_foreground_prints_the_url_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     home = tmp_path / "fg"
     code = "import sys; from convoq.redis import embedded; embedded.run_foreground(sys.argv[1])"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with subprocess.Popen(
         [sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, env=env
     ) as process:
@@ -167,7 +167,7 @@ def test_run_foreground_stops_its_server_on_sighup(tmp_path: Path) -> None:
     the ``convoq redis`` command's test."""
     home = tmp_path / "hup"
     code = "import sys; from convoq.redis import embedded; embedded.run_foreground(sys.argv[1])"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with subprocess.Popen(
         [sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, env=env
     ) as process:

@@ -32,8 +32,8 @@ from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart,
 from convoq.window import last_turns
 from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
-REPO = Path(__file__).resolve().parent.parent
-APPEND_WORKER = Path(__file__).resolve().parent / "support" / "append_worker.py"
+REPO = Path(__file__).resolve().parents[2]
+APPEND_WORKER = Path(__file__).resolve().parents[1] / "support" / "append_worker.py"
 
 
 def magic_bytes(prefix: bytes, seed: int, size: int = 6 * 1024) -> bytes:

@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from convoq.observe import metrics
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def _exposed_names() -> set[str]:

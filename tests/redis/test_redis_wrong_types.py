@@ -14,8 +14,8 @@ from convoq.errors import CorruptDataError
 from convoq.messages import FilePart, Message, TextPart
 from convoq.redis import KeySchema, TurnProtocol
 from convoq.redis.protocol import TurnEnding
+from tests.redis.test_redis_bad_input import snapshot
 from tests.support.protocol_helpers import exchange, open_protocol, submit_all
-from tests.test_redis_bad_input import snapshot
 
 CID = "wrong-types"
 LEASE = 30_000

@@ -34,7 +34,7 @@ from tests.support.openai_server import OpenAIServer
 from tests.support.protocol_helpers import open_protocol
 from tests.support.telemetry import memory_exporter, parse, value
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
