@@ -74,8 +74,14 @@ def test_a_quiet_partition_gets_no_more_turns_than_a_crowded_one(
 
 
 def test_a_worker_holds_four_kicks_per_slot() -> None:
-    config = worker_config(ConvoqSettings(concurrency=3), "redis://x")
+    config = worker_config(ConvoqSettings(concurrency=3, fast_paths=True), "redis://x")
     assert (config["worker_concurrency"], config["worker_prefetch_multiplier"]) == (3, 4)
+
+
+def test_with_the_fast_paths_off_a_worker_holds_no_kick_beyond_its_slots() -> None:
+    # No line of its own to count them: waiting conversations stay in the broker.
+    config = worker_config(ConvoqSettings(concurrency=3, fast_paths=False), "redis://x")
+    assert (config["worker_concurrency"], config["worker_prefetch_multiplier"]) == (3, 1)
 
 
 def lpushes(r: redis.Redis) -> int:
