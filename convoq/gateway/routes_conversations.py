@@ -11,7 +11,7 @@ from convoq.errors import ConversationBusyError
 from convoq.gateway.auth import Principal, requires
 from convoq.gateway.inputs import Cid
 from convoq.gateway.models import Approval, Approvals, History
-from convoq.gateway.routes_turns import Client
+from convoq.gateway.routes_turns import AppClient
 from convoq.usage import Usage
 
 router = APIRouter(tags=["conversations"])
@@ -24,7 +24,7 @@ router = APIRouter(tags=["conversations"])
 )
 async def messages(
     cid: Cid,
-    client: Client,
+    client: AppClient,
     _: Annotated[Principal, Depends(requires("read"))],
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
@@ -42,7 +42,7 @@ async def messages(
     summary="Tokens a conversation's stored turns reported, summed (scope: read)",
 )
 async def usage(
-    cid: Cid, client: Client, _: Annotated[Principal, Depends(requires("read"))]
+    cid: Cid, client: AppClient, _: Annotated[Principal, Depends(requires("read"))]
 ) -> Usage:
     """One read of the counters each commit adds to, whatever the history's length."""
     return await client.usage(cid)
@@ -53,7 +53,7 @@ async def usage(
 )
 async def delete_conversation(
     cid: Cid,
-    client: Client,
+    client: AppClient,
     _: Annotated[Principal, Depends(requires("admin"))],
     force: Annotated[bool, Query(description="Also while turns are queued or running")] = False,
 ) -> Response:
@@ -77,7 +77,7 @@ async def delete_conversation(
     summary="Turns awaiting approval, newest first (scope: approve)",
 )
 async def approvals(
-    client: Client,
+    client: AppClient,
     principal: Annotated[Principal, Depends(requires("approve"))],
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,

@@ -46,7 +46,8 @@ def client_of(request: Request) -> AsyncClient:
     return client
 
 
-Client = Annotated[AsyncClient, Depends(client_of)]
+# The application's one AsyncClient, injected into each route (not convoq.Client).
+AppClient = Annotated[AsyncClient, Depends(client_of)]
 
 
 def turns_url(request: Request, cid: str) -> str:
@@ -73,7 +74,7 @@ async def submit_turn(
     cid: Cid,
     request: Request,
     response: Response,
-    client: Client,
+    client: AppClient,
     _: Annotated[Principal, Depends(requires("submit"))],
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> TurnAccepted:
@@ -118,7 +119,7 @@ async def submit_turn(
 async def get_turn(
     cid: Cid,
     tid: Tid,
-    client: Client,
+    client: AppClient,
     _: Annotated[Principal, Depends(requires("read"))],
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll seconds")] = 0,
     until: Annotated[
@@ -145,7 +146,7 @@ async def get_turn(
 async def turn_events_sse(
     cid: Cid,
     tid: Tid,
-    client: Client,
+    client: AppClient,
     _: Annotated[Principal, Depends(requires("read"))],
     last_event_id: Annotated[str | None, Header(max_length=64, json_schema_extra=_EVENT_ID)] = None,
     after: Annotated[
@@ -176,7 +177,7 @@ async def decide(
     tid: Tid,
     call_id: CallId,
     request: Request,
-    client: Client,
+    client: AppClient,
     principal: Annotated[Principal, Depends(requires("approve"))],
 ) -> DecisionResult:
     """Record the decision, with who decided (the API key's name, or ``by`` for a key
@@ -200,7 +201,7 @@ async def decide(
 
 @router.post("/{tid}/cancel", response_model=CancelResult, summary="Cancel a turn (scope: submit)")
 async def cancel(
-    cid: Cid, tid: Tid, client: Client, _: Annotated[Principal, Depends(requires("submit"))]
+    cid: Cid, tid: Tid, client: AppClient, _: Annotated[Principal, Depends(requires("submit"))]
 ) -> CancelResult:
     """Queued or parked: cancelled at once. Running: it stops at its next step
     ("stopping"). Already final: "finished"."""
@@ -209,7 +210,7 @@ async def cancel(
 
 @router.post("/{tid}/discard", status_code=204, summary="Discard a parked turn (scope: approve)")
 async def discard(
-    cid: Cid, tid: Tid, client: Client, _: Annotated[Principal, Depends(requires("approve"))]
+    cid: Cid, tid: Tid, client: AppClient, _: Annotated[Principal, Depends(requires("approve"))]
 ) -> Response:
     """End a turn awaiting approval as cancelled; nothing is stored, later turns run. The
     turn stays readable (status "cancelled"): this ends it, it does not delete it."""
