@@ -9,6 +9,7 @@ received by a small HTTP server in this process. Everything is stopped at the en
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -201,6 +202,12 @@ def run_demo(console: Console | None = None, *, serve: bool = False) -> int:
     from convoq.redis import embedded
 
     out = console or Console()
+    gateway = _gateway_installed()
+    if serve and not gateway:
+        out.print(
+            "error: --serve runs the HTTP gateway: pip install 'convoq[gateway]'", markup=False
+        )
+        return 2
     started = time.monotonic()
     secret = secrets.token_hex(16)
     mode = "openai gpt-4.1-mini" if os.environ.get("OPENAI_API_KEY") else "offline scripted model"
@@ -223,20 +230,24 @@ def run_demo(console: Console | None = None, *, serve: bool = False) -> int:
             stack.enter_context(
                 worker_process(WORKER_NAME, env, log, *options, registered=client.workers)
             )
-            web, key = stack.enter_context(gateway_server(env))
+            web, key = stack.enter_context(gateway_server(env)) if gateway else ("", "")
+        where = f"\ngateway {web}\ninbox   {web}/inbox#key={key}" if gateway else ""
         out.print(
-            Panel(
-                f"Redis   {url}\nworker  {WORKER_NAME}, {mode}\ngateway {web}"
-                f"\ninbox   {web}/inbox#key={key}",
-                title="convoq demo",
-            )
+            Panel(f"Redis   {url}\nworker  {WORKER_NAME}, {mode}{where}", title="convoq demo")
         )
         _conversations(out, client)
         _events(out, client)
         _approval(out, client)
         _webhook(out, client, hook_url, hooks, secret)
         _history(out, client)
-        http_turn(out, web, key)
+        if gateway:
+            http_turn(out, web, key)
+        else:
+            out.print(
+                "the HTTP gateway part needs pip install 'convoq[gateway]'",
+                style="dim",
+                markup=False,
+            )
         if serve:
             _serve(out, client, web, key)
         out.print("[dim]stopping the worker and the embedded Redis...[/dim]")
@@ -270,3 +281,8 @@ def _worker_env(url: str, home: Path, secret: str) -> dict[str, str]:
         CONVOQ_WEBHOOK_RETRY_BASE_S="0.5",
     )
     return env
+
+
+def _gateway_installed() -> bool:
+    """Whether the gateway's web stack (the ``gateway`` extra) is installed."""
+    return all(importlib.util.find_spec(name) is not None for name in ("fastapi", "uvicorn"))
