@@ -20,7 +20,29 @@ from convoq.models.base import ModelRequest
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
-class OpenAIChatModel(HTTPModel):
+class OpenAIHTTPModel(HTTPModel):
+    """What OpenAI's wire formats share: the base URL (``OPENAI_BASE_URL``, else
+    OpenAI's) and the key (``OPENAI_API_KEY``) with the header that carries it."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        api_key_header: str = "Authorization",
+        **options: Unpack[HTTPOptions],
+    ) -> None:
+        url = base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL")
+        super().__init__(model, url or DEFAULT_BASE_URL, **options)
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.api_key_header = api_key_header
+
+    def _auth_headers(self) -> dict[str, str]:
+        return openai_auth(self.api_key, self.api_key_header, self.base_url)
+
+
+class OpenAIChatModel(OpenAIHTTPModel):
     """A chat model behind ``POST {base_url}/chat/completions``.
 
     Args:
@@ -52,17 +74,13 @@ class OpenAIChatModel(HTTPModel):
         structured_output: bool = True,
         **options: Unpack[HTTPOptions],
     ) -> None:
-        url = base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL")
-        super().__init__(model, url or DEFAULT_BASE_URL, **options)
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self.api_key_header = api_key_header
+        super().__init__(
+            model, api_key=api_key, base_url=base_url, api_key_header=api_key_header, **options
+        )
         self.structured_output = structured_output
 
     def _url(self) -> str:
         return f"{self.base_url}/chat/completions"
-
-    def _auth_headers(self) -> dict[str, str]:
-        return openai_auth(self.api_key, self.api_key_header, self.base_url)
 
     def _build_body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         return build_body(

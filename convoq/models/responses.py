@@ -8,17 +8,16 @@ window and asks the server to store nothing (``store: false``).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Unpack
 
 from convoq.models._http_attempt import WireCodec
-from convoq.models._http_model import HTTPModel, HTTPOptions
+from convoq.models._http_model import HTTPOptions
 from convoq.models._responses_wire import ResponsesStream, build_body, parse_response
 from convoq.models.base import ModelRequest
-from convoq.models.openai import DEFAULT_BASE_URL, openai_auth
+from convoq.models.openai import OpenAIHTTPModel
 
 
-class OpenAIResponsesModel(HTTPModel):
+class OpenAIResponsesModel(OpenAIHTTPModel):
     """A model behind ``POST {base_url}/responses``.
 
     Settings map to ``temperature``, ``top_p``, ``max_output_tokens``, ``tool_choice`` and
@@ -53,17 +52,13 @@ class OpenAIResponsesModel(HTTPModel):
         strict_tools: bool | None = None,
         **options: Unpack[HTTPOptions],
     ) -> None:
-        url = base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL")
-        super().__init__(model, url or DEFAULT_BASE_URL, **options)
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self.api_key_header = api_key_header
+        super().__init__(
+            model, api_key=api_key, base_url=base_url, api_key_header=api_key_header, **options
+        )
         self.strict_tools = strict_tools
 
     def _url(self) -> str:
         return f"{self.base_url}/responses"
-
-    def _auth_headers(self) -> dict[str, str]:
-        return openai_auth(self.api_key, self.api_key_header, self.base_url)
 
     def _build_body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         return build_body(self.model, request, stream=stream, extra_body=self.extra_body,

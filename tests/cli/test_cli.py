@@ -31,19 +31,6 @@ pytestmark = pytest.mark.slow
 pool = module_pool(1)
 
 
-@pytest.fixture
-def run(pool: WorkerPool):  # type: ignore[no-untyped-def]
-    runner = CliRunner()
-
-    def invoke(*args: str, code: int = 0) -> str:
-        result = runner.invoke(app, list(args), env=pool.env)
-        output = result.output + (result.stderr if result.stderr_bytes is not None else "")
-        assert result.exit_code == code, output
-        return output
-
-    return invoke
-
-
 def _cid() -> str:
     return f"cli-{uuid.uuid4().hex[:8]}"
 

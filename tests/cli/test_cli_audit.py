@@ -8,9 +8,7 @@ import uuid
 
 import pytest
 import redis
-from typer.testing import CliRunner
 
-from convoq.cli import app
 from convoq.cli._render import print_history
 from convoq.messages import Decision, Message, ToolCall
 from tests.support.workers import WorkerPool, module_pool
@@ -18,19 +16,6 @@ from tests.support.workers import WorkerPool, module_pool
 pytestmark = pytest.mark.slow
 
 pool = module_pool(1)
-
-
-@pytest.fixture
-def run(pool: WorkerPool):  # type: ignore[no-untyped-def]
-    runner = CliRunner()
-
-    def invoke(*args: str, code: int = 0) -> str:
-        result = runner.invoke(app, list(args), env=pool.env)
-        output = result.output + (result.stderr if result.stderr_bytes is not None else "")
-        assert result.exit_code == code, output
-        return output
-
-    return invoke
 
 
 def _cid() -> str:

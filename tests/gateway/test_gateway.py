@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from convoq.cli.demo import tiny_pdf, tiny_png
-from tests.support.gateway import GatewayProcess, module_gateway, running_gateway
+from tests.support.gateway import GatewayProcess, module_gateway, running_gateway, turns_path
 from tests.support.workers import WorkerPool, module_pool
 
 pytestmark = pytest.mark.slow
@@ -28,13 +28,6 @@ pool = module_pool(2, max_turn_bytes=MAX_TURN_BYTES)
 gateway = module_gateway(callback_allowed_networks="")
 
 
-@pytest.fixture
-def r(pool: WorkerPool) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(pool.redis_url)
-    yield client
-    client.close()
-
-
 def _cid(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
 
@@ -43,18 +36,14 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _turns(cid: str) -> str:
-    return f"/v1/conversations/{cid}/turns"
-
-
 def _submit(http: httpx.Client, cid: str, text: str, agent: str = "echo", **extra: object) -> str:
-    response = http.post(_turns(cid), json={"message": text, "agent": agent, **extra})
+    response = http.post(turns_path(cid), json={"message": text, "agent": agent, **extra})
     assert response.status_code == 202, response.text
     return str(response.json()["turn_id"])
 
 
 def _wait(http: httpx.Client, cid: str, tid: str, until: str = "settled") -> dict[str, object]:
-    response = http.get(f"{_turns(cid)}/{tid}", params={"wait": 30, "until": until})
+    response = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 30, "until": until})
     assert response.status_code == 200, response.text
     body: dict[str, object] = response.json()
     return body
@@ -86,11 +75,11 @@ def test_no_key_or_an_unknown_key_is_401_and_nothing_is_written(
     for key_header in [None, "Bearer not-a-key-of-this-gateway", "Basic dXNlcjpwdw=="]:
         headers = {"Authorization": key_header} if key_header else {}
         body = {"message": "hi", "agent": "echo"}
-        response = httpx.post(f"{gateway.url}{_turns(cid)}", json=body, headers=headers)
+        response = httpx.post(f"{gateway.url}{turns_path(cid)}", json=body, headers=headers)
         _problem(response, 401, "Unauthorized")
         assert response.headers["www-authenticate"] == "Bearer"
     # An unauthenticated request with a bad body still gets 401, not 422.
-    _problem(httpx.post(f"{gateway.url}{_turns(cid)}", content=b"{nope"), 401, "Unauthorized")
+    _problem(httpx.post(f"{gateway.url}{turns_path(cid)}", content=b"{nope"), 401, "Unauthorized")
     _problem(httpx.get(f"{gateway.url}/v1/approvals"), 401, "Unauthorized")
     assert _keys_of(r, pool, cid) == []
     assert _queued_kicks(r, pool) == before
@@ -102,9 +91,9 @@ def test_a_key_without_the_scope_or_outside_its_prefix_is_403_and_nothing_change
     cid = _cid("scopes")
     before = _queued_kicks(r, pool)
     with gateway.client("reader") as reader, gateway.client("tenant") as tenant:
-        _problem(reader.post(_turns(cid), json={"message": "hi", "agent": "echo"}), 403,
+        _problem(reader.post(turns_path(cid), json={"message": "hi", "agent": "echo"}), 403,
                  "Forbidden")  # fmt: skip
-        _problem(tenant.post(_turns(cid), json={"message": "hi", "agent": "echo"}), 403,
+        _problem(tenant.post(turns_path(cid), json={"message": "hi", "agent": "echo"}), 403,
                  "Forbidden")  # fmt: skip
     assert _keys_of(r, pool, cid) == []
     assert _queued_kicks(r, pool) == before
@@ -115,9 +104,9 @@ def test_a_key_without_the_scope_or_outside_its_prefix_is_403_and_nothing_change
         stored = sorted(_keys_of(r, pool, cid))
         _problem(submitter.delete(f"/v1/conversations/{cid}"), 403, "Forbidden")
         _problem(submitter.get("/v1/approvals"), 403, "Forbidden")
-        call = f"{_turns(cid)}/{tid}/approvals/call-1"
+        call = f"{turns_path(cid)}/{tid}/approvals/call-1"
         _problem(submitter.post(call, json={"decision": "approve"}), 403, "Forbidden")
-        _problem(approver.post(_turns(cid), json={"message": "x", "agent": "echo"}), 403,
+        _problem(approver.post(turns_path(cid), json={"message": "x", "agent": "echo"}), 403,
                  "Forbidden")  # fmt: skip
         assert sorted(_keys_of(r, pool, cid)) == stored
         assert submitter.get(f"/v1/conversations/{cid}/messages").json()["total"] == 2
@@ -143,12 +132,12 @@ def test_submit_json_with_attachments_and_long_poll_the_result(gateway: GatewayP
         ]
     }  # fmt: skip
     with gateway.client("submitter") as http:
-        response = http.post(_turns(cid), json={"message": message, "agent": "echo"})
+        response = http.post(turns_path(cid), json={"message": message, "agent": "echo"})
         assert response.status_code == 202
         accepted = response.json()
         assert accepted["status"] == "queued"
         assert response.headers["location"] == accepted["links"]["self"]
-        assert accepted["links"]["self"].endswith(f"{_turns(cid)}/{accepted['turn_id']}")
+        assert accepted["links"]["self"].endswith(f"{turns_path(cid)}/{accepted['turn_id']}")
         done = http.get(accepted["links"]["self"], params={"wait": 30}).json()
     files = f"image/png:None:{_digest(png)}, application/pdf:n.pdf:{_digest(pdf)}"
     assert done["status"] == "succeeded"
@@ -161,7 +150,7 @@ def test_submit_multipart_upload(gateway: GatewayProcess) -> None:
     cid = _cid("multipart")
     files = [("files", ("a.png", png, "image/png")), ("files", ("b.pdf", pdf, "application/pdf"))]
     with gateway.client("submitter") as http:
-        response = http.post(_turns(cid), data={"text": "upload", "agent": "echo"}, files=files)
+        response = http.post(turns_path(cid), data={"text": "upload", "agent": "echo"}, files=files)
         assert response.status_code == 202, response.text
         done = _wait(http, cid, response.json()["turn_id"])
     expected = f"image/png:None:{_digest(png)}, application/pdf:b.pdf:{_digest(pdf)}"
@@ -174,19 +163,19 @@ def test_history_window_and_token_budget_limit_what_the_model_sees(
     cid = _cid("window")
     with gateway.client("submitter") as http:
         for text in ("one", "two", "three"):
-            accepted = http.post(_turns(cid), json={"message": text, "agent": "echo"}).json()
+            accepted = http.post(turns_path(cid), json={"message": text, "agent": "echo"}).json()
             assert _wait(http, cid, accepted["turn_id"])["status"] == "succeeded"
         windowed = http.post(
-            _turns(cid), json={"message": "four", "agent": "echo", "keep_last_turns": 1}
+            turns_path(cid), json={"message": "four", "agent": "echo", "keep_last_turns": 1}
         ).json()
         assert _wait(http, cid, windowed["turn_id"])["text"] == "seen: three | four"
         # A budget no previous turn fits in: only the new message is sent (multipart too).
         form = {"text": "five", "agent": "echo", "max_history_tokens": "1"}
-        budget = http.post(_turns(cid), data=form, files=[("files", ("a.png", tiny_png()))])
+        budget = http.post(turns_path(cid), data=form, files=[("files", ("a.png", tiny_png()))])
         assert budget.status_code == 202, budget.text
         assert _wait(http, cid, budget.json()["turn_id"])["text"].startswith("seen: five files:")
         refused = http.post(
-            _turns(cid), json={"message": "six", "agent": "echo", "max_history_tokens": 0}
+            turns_path(cid), json={"message": "six", "agent": "echo", "max_history_tokens": 0}
         )
         assert refused.status_code == 422
         assert refused.headers["content-type"].startswith("application/problem+json")
@@ -197,8 +186,8 @@ def test_idempotency_key_header_returns_the_first_turn(gateway: GatewayProcess) 
     with gateway.client("submitter") as http:
         headers = {"Idempotency-Key": "order-7"}
         body = {"message": "once", "agent": "echo"}
-        first = http.post(_turns(cid), json=body, headers=headers).json()["turn_id"]
-        again = http.post(_turns(cid), json=body, headers=headers).json()["turn_id"]
+        first = http.post(turns_path(cid), json=body, headers=headers).json()["turn_id"]
+        again = http.post(turns_path(cid), json=body, headers=headers).json()["turn_id"]
         assert first == again
         _wait(http, cid, first)
         assert http.get(f"/v1/conversations/{cid}/messages").json()["total"] == 2
@@ -251,14 +240,14 @@ def test_sse_follows_a_turn_live_and_resumes_with_last_event_id(gateway: Gateway
     with gateway.client("admin") as http:
         tid = _submit(http, cid, "pay", agent="approver")
         seen: list[tuple[str, str, dict[str, object]]] = []
-        with http.stream("GET", f"{_turns(cid)}/{tid}/events") as response:
+        with http.stream("GET", f"{turns_path(cid)}/{tid}/events") as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             for event in _sse(response):
                 seen.append(event)
                 if event[1] == "status" and event[2].get("status") == "awaiting_approval":
                     # Decided while the stream is open: the rest arrives on it.
-                    call = http.get(f"{_turns(cid)}/{tid}").json()["pending_approvals"][0]
-                    url = f"{_turns(cid)}/{tid}/approvals/{call['id']}"
+                    call = http.get(f"{turns_path(cid)}/{tid}").json()["pending_approvals"][0]
+                    url = f"{turns_path(cid)}/{tid}/approvals/{call['id']}"
                     assert http.post(url, json={"decision": "approve"}).status_code == 200
         assert seen[-1][1] == "done"
         types = [e[1] for e in seen]
@@ -269,12 +258,12 @@ def test_sse_follows_a_turn_live_and_resumes_with_last_event_id(gateway: Gateway
         # A reader that dropped after the first events resumes exactly after them.
         cut = 2
         headers = {"Last-Event-ID": seen[cut - 1][0]}
-        with http.stream("GET", f"{_turns(cid)}/{tid}/events", headers=headers) as response:
+        with http.stream("GET", f"{turns_path(cid)}/{tid}/events", headers=headers) as response:
             rest = list(_sse(response))
         assert rest == seen[cut:]
-        with http.stream("GET", f"{_turns(cid)}/{tid}/events", params={"after": "0"}) as again:
+        with http.stream("GET", f"{turns_path(cid)}/{tid}/events", params={"after": "0"}) as again:
             assert list(_sse(again)) == seen
-        bad = http.get(f"{_turns(cid)}/{tid}/events", headers={"Last-Event-ID": "x; drop"})
+        bad = http.get(f"{turns_path(cid)}/{tid}/events", headers={"Last-Event-ID": "x; drop"})
         _problem(bad, 422, "InvalidEventId")
 
 
@@ -294,7 +283,7 @@ def test_approve_over_http_resumes_the_turn(gateway: GatewayProcess) -> None:
         assert mine[0]["expires_ms"] > inbox["now_ms"]
         with gateway.client("tenant") as tenant:  # approve scope, another prefix: not listed
             assert tid not in [t["turn_id"] for t in tenant.get("/v1/approvals").json()["turns"]]
-        url = f"{_turns(cid)}/{tid}/approvals/{calls[0]['id']}"
+        url = f"{turns_path(cid)}/{tid}/approvals/{calls[0]['id']}"
         decided = approver.post(url, json={"decision": "approve"})
         assert decided.status_code == 200 and decided.json()["outcome"] == "resume"
         done = _wait(http, cid, tid, until="final")
@@ -311,7 +300,7 @@ def test_deny_with_a_reason_and_discard_and_cancel(gateway: GatewayProcess) -> N
         cid = _cid("deny")
         tid = _submit(http, cid, "pay", agent="approver")
         call = _wait(http, cid, tid)["pending_approvals"][0]["id"]  # type: ignore[index]
-        url = f"{_turns(cid)}/{tid}/approvals/{call}"
+        url = f"{turns_path(cid)}/{tid}/approvals/{call}"
         http.post(url, json={"decision": "deny", "reason": "too much"})
         text = str(_wait(http, cid, tid, until="final")["text"])
         assert "denied" in text and "too much" in text
@@ -319,15 +308,15 @@ def test_deny_with_a_reason_and_discard_and_cancel(gateway: GatewayProcess) -> N
         cid = _cid("discard")
         tid = _submit(http, cid, "pay", agent="approver")
         assert _wait(http, cid, tid)["status"] == "awaiting_approval"
-        assert http.post(f"{_turns(cid)}/{tid}/discard").status_code == 204
-        assert http.get(f"{_turns(cid)}/{tid}").json()["status"] == "cancelled"
+        assert http.post(f"{turns_path(cid)}/{tid}/discard").status_code == 204
+        assert http.get(f"{turns_path(cid)}/{tid}").json()["status"] == "cancelled"
 
         cid = _cid("cancel")
         tid = _submit(http, cid, "pay", agent="approver")
         assert _wait(http, cid, tid)["status"] == "awaiting_approval"
-        assert http.post(f"{_turns(cid)}/{tid}/cancel").json() == {"outcome": "cancelled"}
-        assert http.post(f"{_turns(cid)}/{tid}/cancel").json() == {"outcome": "finished"}
-        cancelled = http.get(f"{_turns(cid)}/{tid}").json()
+        assert http.post(f"{turns_path(cid)}/{tid}/cancel").json() == {"outcome": "cancelled"}
+        assert http.post(f"{turns_path(cid)}/{tid}/cancel").json() == {"outcome": "finished"}
+        cancelled = http.get(f"{turns_path(cid)}/{tid}").json()
         assert cancelled["status"] == "cancelled"
         assert cancelled["error"]["type"] == "TurnCancelledError"
 
@@ -338,31 +327,33 @@ def test_errors_are_problem_json_carrying_the_convoq_error(
 ) -> None:
     cid = _cid("errors")
     with gateway.client("admin") as http:
-        missing = http.get(f"{_turns(cid)}/{uuid.uuid4().hex}")
+        missing = http.get(f"{turns_path(cid)}/{uuid.uuid4().hex}")
         assert _problem(missing, 404, "UnknownTurnError")["error"]["type"] == "UnknownTurnError"
-        unknown = http.post(_turns(cid), json={"message": "hi", "agent": "nobody"})
+        unknown = http.post(turns_path(cid), json={"message": "hi", "agent": "nobody"})
         body = _problem(unknown, 422, "UnknownAgentError")
         assert "echo" in body["error"]["details"]["known"]
-        hook = http.post(_turns(cid), json={"message": "hi", "agent": "echo",
+        hook = http.post(turns_path(cid), json={"message": "hi", "agent": "echo",
                                             "callback_url": "http://127.0.0.1:9/h"})  # fmt: skip
         refused = _problem(hook, 422, "InvalidCallbackUrlError")
         assert refused["error"]["details"]["address_class"] == "loopback"
         as_json = {"Content-Type": "application/json"}
-        bad = http.post(_turns(cid), content=b"{not json", headers=as_json)
+        bad = http.post(turns_path(cid), content=b"{not json", headers=as_json)
         _problem(bad, 422, "ValidationError")
-        _problem(http.post(_turns(cid), json={"agent": "echo"}), 422, "ValidationError")
-        _problem(http.post(_turns(cid), content=b"hi", headers={"Content-Type": "text/plain"}),
+        _problem(http.post(turns_path(cid), json={"agent": "echo"}), 422, "ValidationError")
+        _problem(http.post(turns_path(cid), content=b"hi", headers={"Content-Type": "text/plain"}),
                  415, "UnsupportedMediaType")  # fmt: skip
-        empty = http.post(_turns(cid), json={"message": {"content": []}, "agent": "echo"})
+        empty = http.post(turns_path(cid), json={"message": {"content": []}, "agent": "echo"})
         _problem(empty, 422, "ValidationError")  # the schema needs at least one part
         assert _keys_of(r, pool, cid) == []
 
         parked = _submit(http, cid, "pay", agent="approver")
         assert _wait(http, cid, parked)["status"] == "awaiting_approval"
-        busy = http.post(_turns(cid), json={"message": "x", "agent": "echo", "if_busy": "reject"})
+        busy = http.post(
+            turns_path(cid), json={"message": "x", "agent": "echo", "if_busy": "reject"}
+        )
         _problem(busy, 409, "ConversationBusyError")
         _problem(http.delete(f"/v1/conversations/{cid}"), 409, "ConversationBusyError")
-        http.post(f"{_turns(cid)}/{parked}/discard")
+        http.post(f"{turns_path(cid)}/{parked}/discard")
 
 
 def test_request_size_limit_is_413_and_nothing_is_written(
@@ -372,7 +363,7 @@ def test_request_size_limit_is_413_and_nothing_is_written(
     big = base64.b64encode(b"\x89PNG" + bytes(2 * MAX_TURN_BYTES)).decode()
     message = {"content": [{"type": "image", "data": big, "mime_type": "image/png"}]}
     with gateway.client("admin") as http:
-        declared = http.post(_turns(cid), json={"message": message, "agent": "echo"})
+        declared = http.post(turns_path(cid), json={"message": message, "agent": "echo"})
         _problem(declared, 413, "RequestTooLarge")
 
         def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
@@ -380,13 +371,13 @@ def test_request_size_limit_is_413_and_nothing_is_written(
             for start in range(0, len(payload), 65536):
                 yield payload[start : start + 65536]
 
-        streamed = http.post(_turns(cid), content=chunks(),
+        streamed = http.post(turns_path(cid), content=chunks(),
                              headers={"Content-Type": "application/json"})  # fmt: skip
         _problem(streamed, 413, "RequestTooLarge")
         # Under the body limit but over max_turn_bytes once decoded: the client's limit.
         small = base64.b64encode(b"\x89PNG" + bytes(MAX_TURN_BYTES // 2 + 10)).decode()
         two = [{"type": "image", "data": small, "mime_type": "image/png"}] * 2
-        over = http.post(_turns(cid), json={"message": {"content": two}, "agent": "echo"})
+        over = http.post(turns_path(cid), json={"message": {"content": two}, "agent": "echo"})
         assert _problem(over, 413, "InvalidMessageError")["error"]["details"]["limit"] == (
             MAX_TURN_BYTES
         )

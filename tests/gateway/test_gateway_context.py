@@ -6,16 +6,14 @@ it names; the turn view and the approvals inbox (in a headless browser) show who
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
 import redis
 
 from tests.support.browser import browser_fixture, page_fixture  # noqa: F401  (fixtures)
-from tests.support.gateway import GatewayProcess, key_of, module_gateway
+from tests.support.gateway import GatewayProcess, key_of, module_gateway, turns_path
 from tests.support.workers import WorkerPool, module_pool
 
 pytestmark = pytest.mark.slow
@@ -24,30 +22,19 @@ pool = module_pool(1)
 gateway = module_gateway()
 
 
-@pytest.fixture
-def r(pool: WorkerPool) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(pool.redis_url)
-    yield client
-    client.close()
-
-
 def _cid(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
 
 
-def _turns(cid: str) -> str:
-    return f"/v1/conversations/{quote(cid, safe='')}/turns"
-
-
 def _wait(http: httpx.Client, cid: str, tid: str, until: str = "settled") -> dict[str, Any]:
-    response = http.get(f"{_turns(cid)}/{tid}", params={"wait": 30, "until": until})
+    response = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 30, "until": until})
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
 
 
 def _submit(http: httpx.Client, cid: str, agent: str, **extra: Any) -> str:
-    response = http.post(_turns(cid), json={"message": "pay", "agent": agent, **extra})
+    response = http.post(turns_path(cid), json={"message": "pay", "agent": agent, **extra})
     assert response.status_code == 202, response.text
     return str(response.json()["turn_id"])
 
@@ -76,9 +63,9 @@ def test_bad_metadata_is_422_and_nothing_is_queued(
     with gateway.client("submitter") as http:
         if "data" in body:
             files = {"files": ("a.txt", b"x", "text/plain")}
-            response = http.post(_turns(cid), data=body["data"], files=files)
+            response = http.post(turns_path(cid), data=body["data"], files=files)
         else:
-            response = http.post(_turns(cid), json=body["json"])
+            response = http.post(turns_path(cid), json=body["json"])
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert "metadata" in response.text
@@ -93,7 +80,7 @@ def test_a_decision_records_the_key_name_or_the_by_an_allowed_key_gives(
         tid = _submit(http, cid, "double_approver")
         calls = [c["id"] for c in _wait(http, cid, tid)["pending_approvals"]]
     assert calls == ["call-a", "call-b"]
-    url = f"{_turns(cid)}/{tid}/approvals"
+    url = f"{turns_path(cid)}/{tid}/approvals"
     with gateway.client("approver") as approver, gateway.client("app") as app:
         refused = approver.post(f"{url}/call-a", json={"decision": "approve", "by": "mallory"})
         assert refused.status_code == 403 and "may not name" in refused.text
@@ -131,4 +118,4 @@ def test_the_inbox_page_shows_who_decided_a_call(page: Any, gateway: GatewayProc
     decided.wait_for(state="visible")
     assert (decided.text_content() or "").startswith("approved by approver at ")
     with gateway.client("approver") as approver:
-        approver.delete(f"{_turns(cid)}/{tid}")
+        approver.delete(f"{turns_path(cid)}/{tid}")

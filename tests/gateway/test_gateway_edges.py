@@ -6,7 +6,6 @@ callbacks a deployment cannot sign, errors in HTTP's terms, and the catch-all 50
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -16,24 +15,13 @@ import redis
 
 from convoq.gateway import create_app
 from convoq.settings import GatewayKey
-from tests.support.gateway import GatewayProcess, module_gateway, running_gateway
+from tests.support.gateway import GatewayProcess, module_gateway, running_gateway, turns_path
 from tests.support.workers import WorkerPool, module_pool
 
 pytestmark = pytest.mark.slow
 
 pool = module_pool(1)
 gateway = module_gateway()
-
-
-@pytest.fixture
-def r(pool: WorkerPool) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(pool.redis_url)
-    yield client
-    client.close()
-
-
-def _turns(cid: str) -> str:
-    return f"/v1/conversations/{quote(cid, safe='')}/turns"
 
 
 def _problem(response: httpx.Response, status: int, title: str) -> dict[str, object]:
@@ -49,7 +37,7 @@ def _final(http: httpx.Client, url: str, until: str = "final") -> dict[str, obje
     return body
 
 
-def _stored_turns(r: redis.Redis, pool: WorkerPool) -> set[bytes]:
+def _storedturns_path(r: redis.Redis, pool: WorkerPool) -> set[bytes]:
     return set(r.scan_iter(match=f"{pool.prefix}:*:turn:*"))
 
 
@@ -58,29 +46,29 @@ def test_ids_outside_latin1_work_end_to_end_and_links_are_percent_encoded(
     gateway: GatewayProcess, pool: WorkerPool, r: redis.Redis, label: str
 ) -> None:
     cid = f"{label.replace('/', '-')}-{uuid.uuid4().hex[:6]}"
-    before = _stored_turns(r, pool)
+    before = _storedturns_path(r, pool)
     with gateway.client("admin") as http:
-        response = http.post(_turns(cid), json={"message": "hi", "agent": "echo"})
+        response = http.post(turns_path(cid), json={"message": "hi", "agent": "echo"})
         assert response.status_code == 202, response.text
         accepted = response.json()
         assert accepted["conversation_id"] == cid
         location = response.headers["location"]
         assert location == accepted["links"]["self"]
         assert location.isascii() and " " not in location
-        assert location.endswith(f"{_turns(cid)}/{accepted['turn_id']}")
+        assert location.endswith(f"{turns_path(cid)}/{accepted['turn_id']}")
         assert accepted["links"]["events"] == f"{location}/events"
         done = _final(http, location)
         assert done["status"] == "succeeded" and done["text"] == "seen: hi"
         assert done["conversation_id"] == cid
         history = http.get(f"/v1/conversations/{quote(cid, safe='')}/messages").json()
     assert history["total"] == 2  # stored once: the answer reported the one write
-    assert len(_stored_turns(r, pool) - before) == 1
+    assert len(_storedturns_path(r, pool) - before) == 1
 
 
 def test_a_path_that_is_not_utf8_is_422_and_nothing_is_written(
     gateway: GatewayProcess, pool: WorkerPool, r: redis.Redis
 ) -> None:
-    before = _stored_turns(r, pool)
+    before = _storedturns_path(r, pool)
     with gateway.client("admin") as http:
         for path in ["%FF", "ok%C3", "%C3%28-x"]:
             submitted = http.post(
@@ -91,15 +79,17 @@ def test_a_path_that_is_not_utf8_is_422_and_nothing_is_written(
         # The id U+FFFD itself, sent as its UTF-8 bytes, is an id like any other.
         replacement = http.get(f"/v1/conversations/{quote(chr(0xFFFD))}/messages")
         assert replacement.status_code == 200
-    assert _stored_turns(r, pool) == before
+    assert _storedturns_path(r, pool) == before
     assert list(r.scan_iter(match=f"{pool.prefix}:*%EF%BF%BD*")) == []
 
 
 def _park(http: httpx.Client, cid: str) -> str:
-    response = http.post(_turns(cid), json={"message": "pay", "agent": "approver"})
+    response = http.post(turns_path(cid), json={"message": "pay", "agent": "approver"})
     assert response.status_code == 202, response.text
     tid = str(response.json()["turn_id"])
-    assert _final(http, f"{_turns(cid)}/{tid}", until="settled")["status"] == "awaiting_approval"
+    assert (
+        _final(http, f"{turns_path(cid)}/{tid}", until="settled")["status"] == "awaiting_approval"
+    )
     return tid
 
 
@@ -126,14 +116,14 @@ def test_approvals_are_filtered_by_the_keys_prefix_before_the_limit_and_paged(
             assert seen[:3] == [tid for _, tid in reversed(parked)]  # newest first
         finally:
             for cid, tid in parked:
-                admin.post(f"{_turns(cid)}/{tid}/discard")
+                admin.post(f"{turns_path(cid)}/{tid}/discard")
 
 
 def test_out_of_range_event_ids_are_422_before_the_stream_starts(gateway: GatewayProcess) -> None:
     cid = f"events-{uuid.uuid4().hex[:6]}"
     with gateway.client("admin") as http:
-        tid = http.post(_turns(cid), json={"message": "hi", "agent": "echo"}).json()["turn_id"]
-        url = f"{_turns(cid)}/{tid}/events"
+        tid = http.post(turns_path(cid), json={"message": "hi", "agent": "echo"}).json()["turn_id"]
+        url = f"{turns_path(cid)}/{tid}/events"
         for bad in ["99999999999999999999-0", "0-99999999999999999999", "18446744073709551616-0"]:
             _problem(http.get(url, headers={"Last-Event-ID": bad}), 422, "InvalidEventId")
             _problem(http.get(url, params={"after": bad}), 422, "InvalidEventId")
@@ -155,26 +145,26 @@ def test_an_idempotency_key_reused_for_another_request_is_409_and_a_replay_says_
     headers = {"Idempotency-Key": f"order-{uuid.uuid4().hex[:6]}"}
     with gateway.client("admin") as http:
         body = {"message": "once", "agent": "echo"}
-        first = http.post(_turns(cid), json=body, headers=headers)
+        first = http.post(turns_path(cid), json=body, headers=headers)
         assert first.status_code == 202 and first.json()["status"] == "queued"
         tid = first.json()["turn_id"]
-        assert _final(http, f"{_turns(cid)}/{tid}")["status"] == "succeeded"
-        replay = http.post(_turns(cid), json=body, headers=headers)
+        assert _final(http, f"{turns_path(cid)}/{tid}")["status"] == "succeeded"
+        replay = http.post(turns_path(cid), json=body, headers=headers)
         assert replay.status_code == 202
         assert replay.json()["turn_id"] == tid
         assert replay.json()["status"] == "succeeded"  # not "queued" again
-        before = _stored_turns(r, pool)
+        before = _storedturns_path(r, pool)
         for other, differs in [
             ({"message": "twice", "agent": "echo"}, ["message"]),
             ({"message": "once", "agent": "approver"}, ["agent"]),
             ({"message": "once", "agent": "echo", "keep_last_turns": 3}, ["keep_last_turns"]),
         ]:
-            refused = _problem(http.post(_turns(cid), json=other, headers=headers), 409,
+            refused = _problem(http.post(turns_path(cid), json=other, headers=headers), 409,
                                "IdempotencyKeyReusedError")  # fmt: skip
             assert refused["error"]["details"]["mismatch"] == differs  # type: ignore[index]
             assert refused["error"]["details"]["turn_id"] == tid  # type: ignore[index]
             assert "idempotency key" in str(refused["detail"])
-        assert _stored_turns(r, pool) == before
+        assert _storedturns_path(r, pool) == before
         assert http.get(f"/v1/conversations/{cid}/messages").json()["total"] == 2
 
 
@@ -184,12 +174,12 @@ def test_a_callback_url_is_refused_where_the_deployment_cannot_sign(
     cid = f"unsigned-{uuid.uuid4().hex[:6]}"
     with running_gateway(pool, tmp_path, webhook_secret="") as unsigned, unsigned.client() as http:
         body = {"message": "hi", "agent": "echo", "callback_url": "https://hooks.example.test/x"}
-        refused = _problem(http.post(_turns(cid), json=body), 422, "InvalidCallbackUrlError")
+        refused = _problem(http.post(turns_path(cid), json=body), 422, "InvalidCallbackUrlError")
         details = refused["error"]["details"]  # type: ignore[index]
         assert details["setting"] == "CONVOQ_WEBHOOK_SECRET"
         assert "CONVOQ_WEBHOOK_SECRET" in str(refused["detail"])
         # Without a callback the same deployment queues turns as usual.
-        accepted = http.post(_turns(cid), json={"message": "hi", "agent": "echo"})
+        accepted = http.post(turns_path(cid), json={"message": "hi", "agent": "echo"})
         assert accepted.status_code == 202
     assert len(list(r.scan_iter(match=f"{pool.prefix}:{{{cid}}}:turn:*"))) == 1
 
@@ -204,11 +194,11 @@ def test_errors_speak_http_and_name_no_turn_they_do_not_have(gateway: GatewayPro
             assert "force=True" not in str(busy["detail"]) and "if_busy" not in str(busy["detail"])
             assert "turn_id" not in busy["error"]["details"]  # type: ignore[index]
             body = {"message": "x", "agent": "echo", "if_busy": "reject"}
-            rejected = _problem(http.post(_turns(cid), json=body), 409, "ConversationBusyError")
+            rejected = _problem(http.post(turns_path(cid), json=body), 409, "ConversationBusyError")
             assert '"if_busy": "queue"' in str(rejected["detail"])
             assert "force" not in str(rejected["detail"])
         finally:
-            http.post(f"{_turns(cid)}/{tid}/discard")
+            http.post(f"{turns_path(cid)}/{tid}/discard")
         assert http.delete(f"/v1/conversations/{cid}", params={"force": "true"}).status_code == 204
 
 
@@ -288,17 +278,17 @@ def test_a_multipart_turn_needs_its_text_and_files_must_be_files(
     gateway: GatewayProcess, pool: WorkerPool, r: redis.Redis
 ) -> None:
     cid = f"form-{uuid.uuid4().hex[:6]}"
-    before = _stored_turns(r, pool)
+    before = _storedturns_path(r, pool)
     with gateway.client("admin") as http:
         png = [("files", ("a.png", b"\x89PNG-bytes", "image/png"))]
-        no_text = http.post(_turns(cid), data={"agent": "echo"}, files=png)
+        no_text = http.post(turns_path(cid), data={"agent": "echo"}, files=png)
         assert _problem(no_text, 422, "ValidationError")["errors"] == [
             {"loc": ["text"], "msg": "required, at least 1 character"}
         ]
-        as_field = http.post(_turns(cid), data={"agent": "echo", "text": "hi", "files": "x"},
+        as_field = http.post(turns_path(cid), data={"agent": "echo", "text": "hi", "files": "x"},
                              files=png)  # fmt: skip
         _problem(as_field, 422, "ValidationError")
-        unknown = http.post(_turns(cid), data={"agent": "echo", "text": "hi", "colour": "red"},
+        unknown = http.post(turns_path(cid), data={"agent": "echo", "text": "hi", "colour": "red"},
                             files=png)  # fmt: skip
         _problem(unknown, 422, "ValidationError")
-    assert _stored_turns(r, pool) == before
+    assert _storedturns_path(r, pool) == before

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -28,6 +29,11 @@ KEYS: dict[str, dict[str, Any]] = {
     # An app that decides approvals for its signed-in users and names them (by).
     "app": {"scopes": ["approve", "read"], "may_set_by": True},
 }
+
+
+def turns_path(cid: str) -> str:
+    """The turns route of a conversation, its id percent-encoded as a path segment."""
+    return f"/v1/conversations/{quote(cid, safe='')}/turns"
 
 
 def key_of(name: str) -> str:

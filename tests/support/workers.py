@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -207,6 +207,31 @@ class WorkerPool:
 
     def logs(self) -> str:
         return "\n\n".join(f"== {w.name}\n{w.log_tail()}" for w in self.workers)
+
+
+@contextmanager
+def supervised(
+    pool: WorkerPool, on_exit: Callable[[WorkerProcess], None] | None = None
+) -> Iterator[None]:
+    """Restart any worker process of ``pool`` that exits (killed, or on its own), like a
+    process supervisor; ``on_exit`` sees each exited worker before its restart."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.2):
+            for worker in pool.workers:
+                if not worker.alive():
+                    if on_exit is not None:
+                        on_exit(worker)
+                    worker.start()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextmanager

@@ -10,7 +10,6 @@ that supervisor: it restarts exited workers, as production would, and nothing el
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from tests.support import services
 from tests.support.rabbitmq import AMQP_URL, delete_amqp_queues
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, running_pool, wait_until
+from tests.support.workers import running_pool, supervised, wait_until
 
 # Run again with the fast paths off by `make test-slowpaths`.
 pytestmark = [pytest.mark.slow, pytest.mark.slowpaths]
@@ -38,7 +37,7 @@ def test_redis_killed_mid_run_loses_and_duplicates_nothing(store: str, tmp_path:
     with _store(store, tmp_path) as (url, broker_url, outage), running_pool(
         url, tmp_path, 2, agents="tests.support.chaos_agents",
         lease_ms=2000, sweep_interval_s=0.5, broker_url=broker_url,
-    ) as pool, pool.client() as client, _supervised(pool):  # fmt: skip
+    ) as pool, pool.client() as client, supervised(pool):  # fmt: skip
         _run_through_an_outage(outage, client)
     if broker_url == AMQP_URL:
         delete_amqp_queues(pool)
@@ -87,26 +86,6 @@ def _kill_and_restart(kill: Callable[[], None], start: Callable[[], None]) -> No
     kill()
     time.sleep(1.0)
     start()
-
-
-@contextmanager
-def _supervised(pool: WorkerPool) -> Iterator[None]:
-    """Restart any worker process that exits, like a process supervisor."""
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(0.2):
-            for worker in pool.workers:
-                if not worker.alive():
-                    worker.start()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _run_through_an_outage(outage: Callable[[], None], client: Client) -> None:

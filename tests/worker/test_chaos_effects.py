@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from convoq.client import TurnHandle
 from convoq.context import idempotency_key
 from convoq.messages import MessageRole
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, running_pool, wait_until
+from tests.support.workers import WorkerPool, running_pool, supervised, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +42,7 @@ def test_effects_happen_once_downstream_while_workers_die_inside_tools(
         with running_pool(
             redis_server.url, tmp_path, 3, agents="tests.support.chaos_agents",
             lease_ms=LEASE_MS, sweep_interval_s=0.5, max_attempts=50, concurrency=4,
-        ) as pool, pool.client() as client, _supervised(pool):  # fmt: skip
+        ) as pool, pool.client() as client, supervised(pool):  # fmt: skip
             handles = {f"pay-{c}-{_suffix(pool)}": [] for c in range(CONVERSATIONS)}
             submitter = threading.Thread(target=_submit_all, args=(client, handles))
             submitter.start()
@@ -88,26 +86,6 @@ def _kill_inside_tools(pool: WorkerPool, effects: redis.Redis) -> int:
         kills += 1
         time.sleep(1.0)  # let the conversation move on before the next kill
     return kills
-
-
-@contextmanager
-def _supervised(pool: WorkerPool) -> Iterator[None]:
-    """Restart any worker process that exits, like a supervisor."""
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(0.2):
-            for worker in pool.workers:
-                if not worker.alive():
-                    worker.start()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _check(

@@ -21,8 +21,6 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +31,13 @@ from convoq import Client
 from convoq.client import TurnHandle
 from convoq.messages import MessageRole
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, WorkerProcess, running_pool, wait_until
+from tests.support.workers import (
+    WorkerPool,
+    WorkerProcess,
+    running_pool,
+    supervised,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +58,13 @@ class Chaos:
     cut_off: set[int] = field(default_factory=set)  # pids killed, paused or exited
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def note_exit(self, worker: WorkerProcess) -> None:
+        """Count a worker that exited on its own (one the chaos cut off is counted there)."""
+        with self.lock:
+            if worker.pid not in self.cut_off:
+                self.exits += 1
+                self.cut_off.add(worker.pid)
+
 
 def test_full_chaos_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tool_log = tmp_path / "tool-runs.log"
@@ -67,7 +78,7 @@ def test_full_chaos_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             server.url, tmp_path, 3, agents="tests.support.chaos_agents",
             lease_ms=LEASE_MS, concurrency=CONCURRENCY, sweep_interval_s=0.5,
             max_attempts=50, shutdown_grace_s=1,
-        ) as pool, pool.client() as client, _supervised(pool, chaos):  # fmt: skip
+        ) as pool, pool.client() as client, supervised(pool, chaos.note_exit):  # fmt: skip
             handles = _run(pool, server, client, chaos)
             _check(client, handles, tool_log, chaos)
     finally:
@@ -169,30 +180,6 @@ def _a_lease_holder(pool: WorkerPool, server: RedisServer) -> WorkerProcess | No
         return None
     finally:
         r.close()
-
-
-@contextmanager
-def _supervised(pool: WorkerPool, chaos: Chaos) -> Iterator[None]:
-    """Restart any worker process that exits (killed, or on its own), like a supervisor."""
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(0.2):
-            for worker in pool.workers:
-                if not worker.alive():
-                    with chaos.lock:
-                        if worker.pid not in chaos.cut_off:
-                            chaos.exits += 1
-                            chaos.cut_off.add(worker.pid)
-                    worker.start()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _check(
