@@ -11,7 +11,7 @@ from convoq.redis._base import ProtocolBase
 from convoq.redis._cancelling import cancelled_arg, turn_control_keys
 from convoq.redis._codec import text
 from convoq.redis._records import ParkedTurn, decode_record
-from convoq.redis._replies import CountReply, Outcome
+from convoq.redis._replies import DiscardReply, Outcome
 from convoq.redis._taking import valid_turn_id
 from convoq.turn_state import Decision
 
@@ -53,10 +53,10 @@ class ApprovalsMixin(ProtocolBase):
         Returns True if more turns are queued (send a kick). Repeating it is a no-op."""
         args = [turn_id, cancelled_arg(self, reason), self.turn_ttl_ms, self.events_maxlen]
         keys = turn_control_keys(self, cid, turn_id)
-        reply = CountReply.parse("discard", await self.scripts.run("discard", keys, args))
+        reply = DiscardReply.parse(await self.scripts.run("discard", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id)
-        return reply.count > 0
+        return reply.queued > 0
 
     async def parked_turns(
         self, limit: int = 100, *, offset: int = 0, conversation_prefix: str = ""

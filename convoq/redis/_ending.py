@@ -22,7 +22,7 @@ from convoq.redis._codec import (
     usage_of,
 )
 from convoq.redis._records import Acquired, Handoff, TurnEnding
-from convoq.redis._replies import EndReply, LeaseReply, Outcome
+from convoq.redis._replies import EndReply, Outcome, RunningReply
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
 
@@ -64,7 +64,7 @@ class EndingMixin(TakingMixin):
         keys += [self.keys.journal(cid, turn_id), self.keys.events(cid, turn_id)]
         args = [turn_id, fence, state.model_dump_json(), self.turn_ttl_ms, self.events_maxlen]
         args += self.event_args(events)
-        reply = LeaseReply.parse("checkpoint", await self.scripts.run("checkpoint", keys, args))
+        reply = RunningReply.parse("checkpoint", await self.scripts.run("checkpoint", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id, fence)
         return reply.cancel_requested

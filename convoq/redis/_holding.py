@@ -18,7 +18,7 @@ from convoq.messages import Message
 from convoq.redis._base import ProtocolBase
 from convoq.redis._durable import replicated
 from convoq.redis._history import append_history
-from convoq.redis._replies import LeaseReply, Outcome
+from convoq.redis._replies import Outcome, ReserveReply
 
 
 def holder(token: str) -> str:
@@ -40,7 +40,7 @@ async def reserve(
     keys = [proto.keys.meta(cid), proto.keys.inbox(cid), proto.keys.lease(cid)]
     keys.append(proto.keys.spent(cid, token))
     args: list[Any] = [holder(token), lease_ms, "" if spent_ttl_ms is None else spent_ttl_ms]
-    reply = LeaseReply.parse("reserve", await proto.scripts.run("reserve", keys, args))
+    reply = ReserveReply.parse(await proto.scripts.run("reserve", keys, args))
     if reply.refusal is not None:
         raise proto.refusal(reply.refusal, cid, None)
     return reply.fence

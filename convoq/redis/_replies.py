@@ -54,7 +54,9 @@ class _Items:
         try:
             return int(value)
         except ValueError:
-            raise malformed(self.script, self.reply, f"an integer as item {i}") from None
+            raise malformed(
+                self.script, self.reply, f"{self.status} with an integer as item {i}"
+            ) from None
 
     def string(self, i: int) -> str:
         return text(self._get(i, (bytes, str), "a string"))
@@ -101,12 +103,12 @@ class Outcome:
 
 OUTCOMES: dict[str, tuple[str, ...]] = {
     "cancel": ("CANCELLED", "STOPPING", "FINISHED"),
-    "clear": ("OK", "RETRY"),  # RETRY: the conversation's keys changed, look again
+    "clear": ("OK", "RETRY"),  # RETRY: the inbox changed since it was read: read again
     "decide": ("RESUME", "PENDING"),
     "park": ("OK", "PARKED"),  # PARKED: a replay
     "release": ("OK", "STALE"),  # STALE: the lease had moved on, nothing to release
     "summarise": ("OK",),
-    "unreserve": ("OK", "GONE"),  # GONE: no such lease
+    "unreserve": ("OK", "GONE"),  # GONE: the lease is not this holder's (any more)
 }
 """The success statuses of each script whose reply is a status alone."""
 
@@ -162,9 +164,8 @@ class AdmitReply:
 
 @dataclass(frozen=True)
 class CountReply:
-    """'OK' and a count: turns uncounted (``unadmit``), dropped (``prune``), waiting in
-    the inbox after a ``discard``; else ``refusal``. ``discard`` of a turn already
-    cancelled is 'OK' too (a replay); of a turn ended otherwise, refused 'FINISHED'."""
+    """'OK' and a count: turns uncounted (``unadmit``) or dropped (``prune``); else
+    ``refusal``."""
 
     count: int = 0
     refusal: Refusal | None = None
@@ -174,28 +175,57 @@ class CountReply:
         r = _Items(script, reply)
         if r.status == "OK":
             return cls(r.sized(1).integer(1))
-        if script == "discard" and r.status == "FINISHED":
-            ended = r.sized(2).raw(1)
-            return cls(r.integer(2)) if ended == b"cancelled" else cls(refusal=r.refusal())
         return cls(refusal=r.refusal())
 
 
 @dataclass(frozen=True)
-class LeaseReply:
-    """'OK' of ``reserve`` (the lease's ``fence``), or of ``renew`` and ``checkpoint``
-    (``cancel_requested`` for the running turn); else ``refusal``."""
+class DiscardReply:
+    """``discard``: the turn ended cancelled, ``queued`` turns wait behind it ('OK', or
+    'FINISHED' as cancelled: a replay); else ``refusal`` ('FINISHED' otherwise: it ended
+    another way)."""
+
+    queued: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> DiscardReply:
+        r = _Items("discard", reply)
+        if r.status == "OK":
+            return cls(r.sized(1).integer(1))
+        if r.status == "FINISHED" and r.sized(2).raw(1) == b"cancelled":
+            return cls(r.integer(2))
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class ReserveReply:
+    """``reserve``: 'OK' with the ``fence`` of the lease taken; else ``refusal``."""
 
     fence: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> ReserveReply:
+        r = _Items("reserve", reply)
+        if r.status == "OK":
+            return cls(r.sized(1).integer(1))
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class RunningReply:
+    """'OK' of ``renew`` or ``checkpoint`` (the turn runs on), with whether a cancel was
+    requested for it; else ``refusal``."""
+
     cancel_requested: bool = False
     refusal: Refusal | None = None
 
     @classmethod
-    def parse(cls, script: str, reply: Any) -> LeaseReply:
+    def parse(cls, script: str, reply: Any) -> RunningReply:
         r = _Items(script, reply)
-        if r.status != "OK":
-            return cls(refusal=r.refusal())
-        r.sized(1)
-        return cls(fence=r.integer(1)) if script == "reserve" else cls(cancel_requested=r.flag(1))
+        if r.status == "OK":
+            return cls(r.sized(1).flag(1))
+        return cls(refusal=r.refusal())
 
 
 @dataclass(frozen=True)
@@ -234,13 +264,13 @@ class Taken:
 class TakeReply:
     """The reply of ``acquire``: ``status`` OK (``taken``), EMPTY, BUSY or RETRY (go on
     with ``head``); ``failed``: the turn this call failed on the way (over max attempts);
-    ``refused``: any other status, to turn into an error."""
+    ``refusal``: any other status, to turn into an error."""
 
     status: str
     taken: Taken | None = None
     head: bytes | None = None
     failed: str | None = None
-    refused: Refusal | None = None
+    refusal: Refusal | None = None
 
     @classmethod
     def parse(cls, reply: Any) -> TakeReply:
@@ -251,7 +281,7 @@ class TakeReply:
             return cls(r.status, failed=_failed(r.sized(0, 1), 1))
         if r.status == "RETRY":
             return cls(r.status, head=r.sized(1, 2).raw(1), failed=_failed(r, 2))
-        return cls(r.status, refused=r.refusal())
+        return cls(r.status, refusal=r.refusal())
 
 
 def _failed(r: _Items, index: int) -> str | None:
@@ -264,13 +294,13 @@ def _failed(r: _Items, index: int) -> str | None:
 class EndReply:
     """The 'OK' reply of ``commit`` or ``fail``: the turn queued next (None: the lease was
     freed), the turn failed on the way to it, and that turn handed out by the same call
-    when it was the one expected (``taken``; ``refused``: its take was refused). Another
-    status: ``refusal`` (the ending itself was refused)."""
+    when it was the one expected (``taken``; ``take_refusal``: its take was refused).
+    Another status: ``refusal`` (the ending itself was refused)."""
 
     next_turn_id: bytes | None = None
     failed: str | None = None
     taken: Taken | None = None
-    refused: Refusal | None = None
+    take_refusal: Refusal | None = None
     refusal: Refusal | None = None
 
     @classmethod
@@ -285,7 +315,7 @@ class EndReply:
         inner = _Items(script, carried)
         if inner.status == "OK":
             return cls(next_id, failed, taken=Taken.parse(inner))
-        return cls(next_id, failed, refused=inner.refusal())
+        return cls(next_id, failed, take_refusal=inner.refusal())
 
 
 @dataclass(frozen=True)
@@ -323,11 +353,10 @@ class WindowReply:
     def parse(cls, reply: Any) -> WindowReply:
         r = _Items("window", reply)
         if r.status == "DONE":
-            inline = None
-            if len(reply) > 4:  # the elements came along: all three of them
-                inline = (r.sized(6).array(4), r.array(5), r.array(6))
             summary = r.sized(3, 6).raw(3)
             found = None if summary is None else text(summary)
+            # The lead, elements and blob pairs come along all three, or none of them.
+            inline = None if len(reply) == 4 else (r.sized(6).array(4), r.array(5), r.array(6))
             return cls(True, found, r.integer(1), r.integer(2), inline)
         if r.status == "MORE":
             summary = r.sized(6).raw(6)
@@ -340,7 +369,8 @@ class WindowReply:
 def stored_data_error(
     code: str, reply: list[Any], keys: KeySchema, cid: str, script: str = "history"
 ) -> CorruptDataError | UnsupportedFormatVersionError | None:
-    """The error for a 'VERSION' or 'CORRUPT' reply of ``script``, else None."""
+    """The error for a 'VERSION' or 'CORRUPT' reply, else None (``script``: named when
+    the reply is malformed; the history module's ``load`` and ``append`` call this)."""
     if code not in ("VERSION", "CORRUPT"):
         return None
     error = refusal_error(_Items(script, reply).refusal(), keys, cid, None)

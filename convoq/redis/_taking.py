@@ -39,7 +39,7 @@ from convoq.redis._records import (
     decode_state,
 )
 from convoq.redis._refusals import corrupt_data
-from convoq.redis._replies import EndReply, LeaseReply, Outcome, Taken, TakeReply
+from convoq.redis._replies import EndReply, Outcome, RunningReply, Taken, TakeReply
 from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
@@ -117,7 +117,7 @@ class TakingMixin(ProtocolBase):
         if turn_id is not None:
             keys += [self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
             args.append(turn_id)
-        reply = LeaseReply.parse("renew", await self.scripts.run("renew", keys, args))
+        reply = RunningReply.parse("renew", await self.scripts.run("renew", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id, fence)
         return reply.cancel_requested
@@ -161,8 +161,8 @@ class TakingMixin(ProtocolBase):
             failed += [reply.failed] if reply.failed else []
             if reply.taken is not None:
                 return Handoff(await self._acquired(cid, tid, reply.taken), tuple(failed))
-            if reply.refused is not None:
-                raise self.refusal(reply.refused, cid, tid)
+            if reply.refusal is not None:
+                raise self.refusal(reply.refusal, cid, tid)
             if reply.status != "RETRY":
                 break  # EMPTY or BUSY
             head = reply.head
@@ -206,11 +206,11 @@ class TakingMixin(ProtocolBase):
             requeued = None if nxt is None else self._head_id(cid, nxt)
             return Handoff(requeued=requeued).after(ended.failed)
         try:
-            if ended.taken is None and ended.refused is None:
+            if ended.taken is None and ended.take_refusal is None:
                 return (await self._take(cid, nxt, ending.taking())).after(ended.failed)
             tid = self._head_id(cid, nxt or b"")
-            if ended.refused is not None:
-                raise self.refusal(ended.refused, cid, tid)
+            if ended.take_refusal is not None:
+                raise self.refusal(ended.take_refusal, cid, tid)
             assert ended.taken is not None
             return Handoff(await self._acquired(cid, tid, ended.taken)).after(ended.failed)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:

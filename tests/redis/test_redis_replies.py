@@ -31,10 +31,12 @@ from convoq.redis._refusals import ANY, REFUSALS, Refusal, refusal_error
 from convoq.redis._replies import (
     AdmitReply,
     CountReply,
+    DiscardReply,
     EndReply,
-    LeaseReply,
     LoadReply,
     Outcome,
+    ReserveReply,
+    RunningReply,
     SubmitReply,
     TakeReply,
     WindowReply,
@@ -111,10 +113,10 @@ async def test_a_stale_fence_reads_the_same_from_every_verb(
 def test_replies_parse_into_records() -> None:
     assert TakeReply.parse(["RETRY", b"t2", b"t1"]) == TakeReply("RETRY", head=b"t2", failed="t1")
     assert TakeReply.parse(["EMPTY"]) == TakeReply("EMPTY")
-    assert TakeReply.parse(["CORRUPT", b"k"]).refused == Refusal("acquire", "CORRUPT", (b"k",))
+    assert TakeReply.parse(["CORRUPT", b"k"]).refusal == Refusal("acquire", "CORRUPT", (b"k",))
     ended = EndReply.parse("commit", ["OK", b"t3", b"t2", [b"VERSION", b"9"]])
     assert (ended.next_turn_id, ended.failed) == (b"t3", "t2")
-    assert ended.refused == Refusal("commit", "VERSION", (b"9",))
+    assert ended.take_refusal == Refusal("commit", "VERSION", (b"9",))
     assert EndReply.parse("fail", ["OK", None]) == EndReply(None, None)
     assert EndReply.parse("fail", ["NOT_HEAD"]).refusal == Refusal("fail", "NOT_HEAD")
 
@@ -126,15 +128,14 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "acquire": TakeReply.parse,
     "load": LoadReply.parse,
     "window": WindowReply.parse,
+    "discard": DiscardReply.parse,
+    "reserve": ReserveReply.parse,
     **{name: (lambda n: lambda r: EndReply.parse(n, r))(name) for name in ("commit", "fail")},
     **{
-        name: (lambda n: lambda r: LeaseReply.parse(n, r))(name)
-        for name in ("reserve", "renew", "checkpoint")
+        name: (lambda n: lambda r: RunningReply.parse(n, r))(name)
+        for name in ("renew", "checkpoint")
     },
-    **{
-        name: (lambda n: lambda r: CountReply.parse(n, r))(name)
-        for name in ("unadmit", "prune", "discard")
-    },
+    **{name: (lambda n: lambda r: CountReply.parse(n, r))(name) for name in ("unadmit", "prune")},
     **{
         name: (lambda n: lambda r: Outcome.parse(n, r))(name)
         for name in ("cancel", "clear", "decide", "park", "release", "summarise", "unreserve")
@@ -240,11 +241,11 @@ async def test_real_replies_parse_into_their_records(
     committed = parsed["commit"][0]
     assert committed.next_turn_id == b"t2" and committed.taken.fence == seen["handed"].fence
     assert parsed["fail"][0] == EndReply(None, None)
-    assert parsed["renew"][0] == parsed["checkpoint"][0] == LeaseReply(cancel_requested=False)
-    assert parsed["reserve"][0] == LeaseReply(fence=seen["fence"])
+    assert parsed["renew"][0] == parsed["checkpoint"][0] == RunningReply(cancel_requested=False)
+    assert parsed["reserve"][0] == ReserveReply(fence=seen["fence"])
     assert parsed["unadmit"][-1] == CountReply(seen["uncounted"]) == CountReply(3)
     assert parsed["prune"][0] == CountReply(seen["dropped"]) == CountReply(1)
-    assert parsed["discard"][0] == CountReply(0)
+    assert parsed["discard"][0] == DiscardReply(queued=0)
     assert [o.status for o in parsed["decide"]] == ["RESUME"]
     assert parsed["park"][0] == parsed["clear"][0] == Outcome("OK")
     loaded = LoadReply.parse(seen["loaded"])
@@ -292,3 +293,26 @@ def test_a_refusal_missing_what_it_names_is_malformed() -> None:
         refusal_error(Refusal("prune", "CORRUPT"), keys, CID, None)
     corrupt = refusal_error(Refusal("prune", "CORRUPT", (b"p:{x}:turns",)), keys, CID, None)
     assert isinstance(corrupt, CorruptDataError) and corrupt.details["key"] == "p:{x}:turns"
+
+
+async def test_refusals_a_script_words_its_own_way_come_from_real_calls(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The ``(script, code)`` entries of the table: one script's refusal that reads
+    otherwise than the same code of another (prune's and reserve's BUSY, renew's ENDED,
+    discard's FINISHED, reserve's GONE)."""
+    async with open_protocol(redis_url, key_prefix) as proto:
+        await submit_all(proto, CID, "t1", "t2")
+        with pytest.raises(ConversationBusyError, match="prune it once it is idle"):
+            await proto.prune(CID, keep_last_turns=0)
+        with pytest.raises(ConversationBusyError, match="or use if_busy='wait'"):
+            await reserve(proto, CID, "tok", lease_ms=LEASE, spent_ttl_ms=None)
+        acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
+        assert acquired is not None
+        with pytest.raises(NotInboxHeadError, match="no longer running under this lease"):
+            await proto.renew(CID, fence=acquired.fence, lease_ms=LEASE, turn_id="t2")
+        await proto.commit(CID, "t1", exchange("t1"), TurnEnding(fence=acquired.fence))
+        with pytest.raises(TurnAlreadyAppliedError, match="was already committed"):
+            await proto.discard(CID, "t1")
+        with pytest.raises(ConvoqError, match="approval expired \\(or its conversation"):
+            await reserve(proto, "idle", "tok", lease_ms=LEASE, spent_ttl_ms=LEASE)
