@@ -31,6 +31,8 @@ Where each verb lives (the class is assembled here from these, over
 - :mod:`convoq.redis._taking`: ``acquire``/``take``, ``renew``, ``release`` and the
   hand-off of the next turn;
 - :mod:`convoq.redis._ending`: ``checkpoint``, ``commit``, ``fail``, ``park``;
+- :mod:`convoq.redis._holding`: in-process turns under the same lease (``reserve``,
+  ``unreserve``, ``commit_held``: functions over the protocol, for Redis memory);
 - :mod:`convoq.redis._approvals`: ``decide``, ``discard``, ``parked_turns``;
 - :mod:`convoq.redis._cancelling`: ``cancel``, ``is_cancel_requested``, ``clear``;
 - :mod:`convoq.redis._reading`: ``history``, ``window``, ``usage``;
