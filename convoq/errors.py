@@ -11,6 +11,7 @@
     │   ├── ConversationBusyError      another turn of this conversation is running
     │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
     │   ├── CorruptDataError           stored data that does not parse (the key is named)
+    │   ├── MalformedReplyError        a Redis script answered an unreadable reply (named)
     │   └── SummaryConflictError       the history or summary changed while it was summarised
     ├── ModelError                     the model call failed or answered nonsense
     │   ├── ModelHTTPError             the model endpoint answered an HTTP error
@@ -103,6 +104,11 @@ class UnsupportedFormatVersionError(ConversationMemoryError):
 
 class CorruptDataError(ConversationMemoryError):
     """Stored data does not parse; the key or path is named."""
+
+
+class MalformedReplyError(ConversationMemoryError):
+    """A Redis script answered a reply of another shape than it does (too short, too
+    long, an item of the wrong type); ``details`` names the script and shows the reply."""
 
 
 class SummaryConflictError(ConversationMemoryError):

@@ -26,7 +26,7 @@ class Limits:
 class QueueLimits:
     """How many turns may wait: per conversation (its inbox, checked inside the ``submit``
     script), per agent profile and in all (counted deployment-wide, see
-    :mod:`convoq.redis._admission`). ``None`` or 0: no limit."""
+    :mod:`convoq.redis._submitting`). ``None`` or 0: no limit."""
 
     per_conversation: int | None = defaults.MAX_QUEUED_PER_CONVERSATION
     per_agent: int | None = defaults.MAX_QUEUED_PER_AGENT

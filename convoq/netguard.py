@@ -36,7 +36,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from httpcore import AnyIOBackend, AsyncNetworkBackend, AsyncNetworkStream, ConnectError
@@ -48,6 +48,18 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # host, port -> addresses (OSError when there are none).
 Resolver = Callable[[str, int], Awaitable[list["IPAddress"]]]
+
+
+class Stream(Protocol):
+    """What :func:`connect_checked` needs of a connection (an httpcore or httpcore2
+    network stream)."""
+
+    def get_extra_info(self, info: str) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stream)
 
 # Bounded: a stalled resolver must not hold a submit (or a delivery) for ever.
 RESOLVE_TIMEOUT_S = 5.0
@@ -200,6 +212,38 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     return found
 
 
+async def connect_checked(
+    host: str,
+    port: int,
+    *,
+    resolver: Resolver,
+    check: Callable[[IPAddress, str], None],
+    connect: Callable[[str], Awaitable[S]],
+    connect_error: type[Exception],
+) -> S:
+    """A connection to ``host`` that only reaches addresses ``check`` lets pass (it raises
+    for one it refuses): every address the host resolves to is checked, then the
+    connection is made to the checked address itself (``connect``; no second lookup can
+    differ) and the socket's peer is checked too (the stream is closed if it is refused).
+    A host that does not resolve raises ``connect_error``. Each guarded network backend
+    (callbacks here, MCP servers in :mod:`convoq.mcp._guard`) connects through this."""
+    try:
+        addresses = await resolver(host, port)
+    except OSError as exc:
+        # A connect error to the HTTP client: the request may be retried later.
+        raise connect_error(str(exc)) from None
+    for address in addresses:
+        check(address, host)
+    stream = await connect(str(addresses[0]))
+    peer = stream.get_extra_info("server_addr")
+    try:
+        check(ipaddress.ip_address(str(peer[0]) if peer else "::"), host)
+    except Exception:
+        await stream.aclose()
+        raise
+    return stream
+
+
 class GuardedBackend(AsyncNetworkBackend):
     """An httpcore network backend that connects only to addresses ``policy`` allows.
 
@@ -222,23 +266,16 @@ class GuardedBackend(AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> AsyncNetworkStream:
-        try:
-            addresses = await self._resolve(host, port)
-        except OSError as exc:
-            # A connect error to httpx: the delivery is retried later.
-            raise ConnectError(str(exc)) from None
-        for address in addresses:
-            self.policy.check_address(address, host)
-        stream = await self._inner.connect_tcp(
-            str(addresses[0]), port, timeout, local_address, socket_options
+        return await connect_checked(
+            host,
+            port,
+            resolver=self._resolve,
+            check=self.policy.check_address,
+            connect=lambda address: self._inner.connect_tcp(
+                address, port, timeout, local_address, socket_options
+            ),
+            connect_error=ConnectError,
         )
-        peer = stream.get_extra_info("server_addr")
-        try:
-            self.policy.check_address(str(peer[0]) if peer else "::", host)
-        except InvalidCallbackUrlError:
-            await stream.aclose()
-            raise
-        return stream
 
     async def connect_unix_socket(
         self,

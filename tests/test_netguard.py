@@ -3,16 +3,26 @@ refused at submit and at delivery (against the address connected), unless allowe
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpcore
+import httpcore2
 import httpx
 import pytest
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
-from convoq.netguard import CallbackPolicy, IPAddress, address_class, parse_networks, resolve
+from convoq.netguard import (
+    CallbackPolicy,
+    IPAddress,
+    address_class,
+    connect_checked,
+    parse_networks,
+    resolve,
+)
 from convoq.worker.webhooks import guarded_transport, post_once
 from tests.support.redis_server import RedisServer
 from tests.support.tls import make_tls_files
@@ -178,6 +188,66 @@ async def test_delivery_connects_to_the_checked_address_not_a_second_lookup(
     assert attempt.outcome == "delivered"
     assert calls == ["hooks.example.test"]
     assert receiver.posts("/d")[0][2]["Host"] == f"hooks.example.test:{port}"
+
+
+async def _public(host: str, port: int) -> list[IPAddress]:
+    return [ipaddress.ip_address(PUBLIC)]
+
+
+async def test_a_refused_peer_closes_the_connection_it_got() -> None:
+    """The socket's peer is checked once connected: a connection that ends elsewhere than
+    the checked address (a NAT rule, a transparent proxy) is refused, and closed."""
+    closed = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client closes
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    dialled: list[str] = []
+
+    async def elsewhere(address: str) -> httpcore.AsyncNetworkStream:
+        dialled.append(address)
+        return await httpcore.AnyIOBackend().connect_tcp("127.0.0.1", port)
+
+    async with server:
+        with pytest.raises(InvalidCallbackUrlError, match=r"\(127\.0\.0\.1\), a loopback address"):
+            await connect_checked(
+                "hooks.example.test",
+                port,
+                resolver=_public,
+                check=CallbackPolicy().check_address,
+                connect=elsewhere,
+                connect_error=httpcore.ConnectError,
+            )
+        await asyncio.wait_for(closed.wait(), 5)
+    assert dialled == [PUBLIC]  # the checked address, not the name
+
+
+@pytest.mark.parametrize("flavour", [httpcore.ConnectError, httpcore2.ConnectError])
+async def test_a_host_that_does_not_resolve_is_a_connect_error_of_the_caller(
+    flavour: type[Exception],
+) -> None:
+    """Each HTTP client retries its own connect error: the callbacks' httpcore one, the MCP
+    SDK's httpcore2 one. Nothing is dialled."""
+
+    async def nowhere(host: str, port: int) -> list[IPAddress]:
+        raise OSError(f"{host!r} resolves to no address")
+
+    async def never(address: str) -> httpcore.AsyncNetworkStream:
+        raise AssertionError("dialled a host that did not resolve")
+
+    with pytest.raises(flavour, match="resolves to no address"):
+        await connect_checked(
+            "gone.example.test",
+            80,
+            resolver=nowhere,
+            check=CallbackPolicy().check_address,
+            connect=never,
+            connect_error=flavour,
+        )
 
 
 @pytest.mark.slow

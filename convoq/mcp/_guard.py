@@ -9,14 +9,13 @@ server's ``allowed_networks``).
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpcore2
 import httpx2
 
-from convoq.netguard import CallbackPolicy, IPAddress, resolve
+from convoq.netguard import CallbackPolicy, IPAddress, connect_checked, resolve
 
 # The SDK's own defaults: connect/write 30 s; reads wait long, a server may hold a stream.
 _TIMEOUT = httpx2.Timeout(30.0, read=300.0)
@@ -27,8 +26,9 @@ class RefusedAddressError(httpcore2.ConnectError):
 
 
 class _GuardedBackend(httpcore2.AsyncNetworkBackend):
-    """Resolves the host itself, refuses it if any address is refused, connects to the
-    checked address (no second lookup can differ) and checks the socket's peer."""
+    """Connects as the callbacks' guard does (:func:`~convoq.netguard.connect_checked`):
+    the host resolved here, every address checked, the connection made to the checked
+    address, and the socket's peer checked too."""
 
     def __init__(self, policy: CallbackPolicy, server: str) -> None:
         self._policy = policy
@@ -52,22 +52,16 @@ class _GuardedBackend(httpcore2.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore2.AsyncNetworkStream:
-        try:
-            addresses = await resolve(host, port)
-        except OSError as exc:
-            raise httpcore2.ConnectError(str(exc)) from None
-        for address in addresses:
-            self._check(address, host)
-        stream = await self._inner.connect_tcp(
-            str(addresses[0]), port, timeout, local_address, socket_options
+        return await connect_checked(
+            host,
+            port,
+            resolver=resolve,
+            check=self._check,
+            connect=lambda address: self._inner.connect_tcp(
+                address, port, timeout, local_address, socket_options
+            ),
+            connect_error=httpcore2.ConnectError,
         )
-        peer = stream.get_extra_info("server_addr")
-        try:
-            self._check(ipaddress.ip_address(str(peer[0]) if peer else "::"), host)
-        except RefusedAddressError:
-            await stream.aclose()
-            raise
-        return stream
 
     async def connect_unix_socket(
         self,

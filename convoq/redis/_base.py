@@ -31,7 +31,7 @@ from convoq.redis._cluster import (
 )
 from convoq.redis._codec import text
 from convoq.redis._durable import Acks, replicated
-from convoq.redis._replies import refusal_error
+from convoq.redis._refusals import Refusal, refusal_error
 from convoq.redis._urls import is_cluster_url, redacted
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
@@ -264,10 +264,11 @@ class ProtocolBase:
         return None if status is None else text(status)
 
     def refusal(
-        self, reply: list[Any], cid: str, tid: str | None, fence: int | None = None
+        self, refusal: Refusal, cid: str, tid: str | None, fence: int | None = None
     ) -> ConvoqError:
-        """The error for a script status that is not a success (:data:`REFUSALS`)."""
-        return refusal_error(reply, self.keys, cid, tid, fence)
+        """The error for a script status that is not a success (the one table,
+        :data:`~convoq.redis._refusals.REFUSALS`)."""
+        return refusal_error(refusal, self.keys, cid, tid, fence)
 
     def event_args(self, events: Sequence[TurnEvent]) -> list[str]:
         """``n, type, data, type, data, ...``: the events a fenced write appends first."""

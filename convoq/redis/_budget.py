@@ -28,7 +28,8 @@ from convoq.redis._history import (
     _raise_stored_errors,
     plain_window_steps,
 )
-from convoq.redis._replies import WindowReply, stored_data_error, version_error
+from convoq.redis._refusals import refusal_error, version_error
+from convoq.redis._replies import WindowReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Steps
 
@@ -54,11 +55,9 @@ def range_steps(
     args: list[Any] = [budget, keep, -1, 0, 0, "", "1" if with_summary else "0"]
     summary: str | None = None  # read by the first call only
     for _ in range(_MAX_CALLS):
-        reply = yield ScriptCall("window", script_keys, args)
-        error = stored_data_error(reply[0], reply, keys, cid)
-        if error is not None:
-            raise error
-        answer = WindowReply.parse(reply)
+        answer = WindowReply.parse((yield ScriptCall("window", script_keys, args)))
+        if answer.refusal is not None:
+            raise refusal_error(answer.refusal, keys, cid, None)
         summary = answer.summary if answer.summary is not None else summary
         if answer.done:
             return answer.first, answer.last, summary, answer.inline

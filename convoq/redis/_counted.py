@@ -20,7 +20,7 @@ from convoq.redis._codec import (
     text,
 )
 from convoq.redis._history import _blobs_steps, _raise_stored_errors
-from convoq.redis._replies import version_error
+from convoq.redis._refusals import version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, Steps
 from convoq.window import Window, newest_fitting

@@ -8,8 +8,9 @@ fail then hand out the next turn in the same call (:mod:`convoq.redis._taking`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, ParamSpec
 
 from convoq.errors import InvalidMessageError, ProtocolError
 from convoq.messages import Message, MessageRole
@@ -21,9 +22,27 @@ from convoq.redis._codec import (
     usage_of,
 )
 from convoq.redis._records import Acquired, Handoff, TurnEnding
-from convoq.redis._replies import EndReply, cancel_requested
+from convoq.redis._replies import EndReply, Outcome, RunningReply
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
+
+P = ParamSpec("P")
+
+
+def next_turn_only(
+    ending: Callable[P, Awaitable[Handoff]],
+) -> Callable[P, Coroutine[Any, Any, Acquired | None]]:
+    """``ending`` (a ``*_and_hand_off`` method) answering only the turn it hands out."""
+
+    @functools.wraps(ending)
+    async def next_turn(*args: P.args, **kwargs: P.kwargs) -> Acquired | None:
+        return (await ending(*args, **kwargs)).turn
+
+    next_turn.__doc__ = (
+        f"The turn :meth:`{ending.__name__}` hands out next (None: none), for a caller that"
+        " owes nothing to the turns failed on the way (they are failed all the same)."
+    )
+    return next_turn
 
 
 class EndingMixin(TakingMixin):
@@ -44,37 +63,14 @@ class EndingMixin(TakingMixin):
         keys = [self.keys.inbox(cid), self.keys.lease(cid), self.keys.turn(cid, turn_id)]
         keys += [self.keys.journal(cid, turn_id), self.keys.events(cid, turn_id)]
         args = [turn_id, fence, state.model_dump_json(), self.turn_ttl_ms, self.events_maxlen]
-        reply = await self.scripts.run("checkpoint", keys, [*args, *self.event_args(events)])
-        if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, fence)
-        return cancel_requested(reply)
+        args += self.event_args(events)
+        reply = RunningReply.parse("checkpoint", await self.scripts.run("checkpoint", keys, args))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, fence)
+        return reply.cancel_requested
 
     def _ending_keys(self, cid: str, turn_id: str) -> list[str]:
         return [self.keys.inbox(cid), self.keys.lease(cid), *self.keys.turn_keys(cid, turn_id)]
-
-    async def commit(
-        self,
-        cid: str,
-        turn_id: str,
-        messages: list[Message],
-        ending: TurnEnding,
-        *,
-        stop_if_cancelled: bool = False,
-        output: Any = None,
-        expired: bool = False,
-    ) -> Acquired | None:
-        """The turn :meth:`commit_and_hand_off` hands out next (None: none), for a caller
-        that owes nothing to turns failed on the way (they are failed all the same)."""
-        handoff = await self.commit_and_hand_off(
-            cid,
-            turn_id,
-            messages,
-            ending,
-            stop_if_cancelled=stop_if_cancelled,
-            output=output,
-            expired=expired,
-        )
-        return handoff.turn
 
     async def commit_and_hand_off(
         self,
@@ -112,10 +108,12 @@ class EndingMixin(TakingMixin):
             output=output,
             expired=expired,
         )
-        reply = await self.run_acked("commit", cid, keys, args)
-        if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, EndReply.parse(reply), ending)
+        reply = EndReply.parse("commit", await self.run_acked("commit", cid, keys, args))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, ending.fence)
+        return await self.handed(cid, reply, ending)
+
+    commit = next_turn_only(commit_and_hand_off)
 
     def commit_call(
         self,
@@ -165,12 +163,6 @@ class EndingMixin(TakingMixin):
             result["output"] = output
         return element, self.json_arg(result, "result"), counters_arg(usage), encoded
 
-    async def fail(
-        self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
-    ) -> Acquired | None:
-        """The turn :meth:`fail_and_hand_off` hands out next (None: none)."""
-        return (await self.fail_and_hand_off(cid, turn_id, error, ending)).turn
-
     async def fail_and_hand_off(
         self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
     ) -> Handoff:
@@ -183,10 +175,13 @@ class EndingMixin(TakingMixin):
         keys += [*self.keys.history_keys(cid), *following] if following else []
         args = [turn_id, ending.fence, self.json_arg(error, "error"), status]
         args += [ending.expected_next or "", *self.take_args(ending.taking())]
-        reply = await self.run_acked("fail", cid, keys, [*args, *self.event_args(ending.events)])
-        if reply[0] != "OK":
-            raise self.refusal(reply, cid, turn_id, ending.fence)
-        return await self.handed(cid, EndReply.parse(reply), ending)
+        args += self.event_args(ending.events)
+        reply = EndReply.parse("fail", await self.run_acked("fail", cid, keys, args))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, ending.fence)
+        return await self.handed(cid, reply, ending)
+
+    fail = next_turn_only(fail_and_hand_off)
 
     async def park(
         self,
@@ -209,6 +204,7 @@ class EndingMixin(TakingMixin):
         result = {"pending_approvals": [call.model_dump(mode="json") for call in waiting]}
         args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
         args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
-        reply = await self.run_acked("park", cid, self._ending_keys(cid, turn_id), args)
-        if reply[0] not in ("OK", "PARKED"):
-            raise self.refusal(reply, cid, turn_id, fence)
+        keys = self._ending_keys(cid, turn_id)
+        reply = Outcome.parse("park", await self.run_acked("park", cid, keys, args))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, fence)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from convoq.errors import ConversationBusyError, ConvoqError
 from convoq.messages import Message
 from convoq.redis._base import ProtocolBase
 from convoq.redis._durable import replicated
 from convoq.redis._history import append_history
+from convoq.redis._replies import Outcome, ReserveReply
 
 
 def holder(token: str) -> str:
@@ -40,27 +40,10 @@ async def reserve(
     keys = [proto.keys.meta(cid), proto.keys.inbox(cid), proto.keys.lease(cid)]
     keys.append(proto.keys.spent(cid, token))
     args: list[Any] = [holder(token), lease_ms, "" if spent_ttl_ms is None else spent_ttl_ms]
-    reply = await proto.scripts.run("reserve", keys, args)
-    if reply[0] == "OK":
-        return int(reply[1])
-    if reply[0] == "BUSY":
-        raise ConversationBusyError(
-            f"conversation {cid!r} has a turn queued, running or awaiting approval (in a"
-            " worker or another process); wait for it, or use if_busy='wait'",
-            conversation_id=cid,
-        )
-    if reply[0] == "SPENT":
-        raise ConvoqError(
-            "this continuation was already resumed or discarded; start a new turn",
-            conversation_id=cid,
-        )
-    if reply[0] == "GONE":
-        raise ConvoqError(
-            "this continuation's approval expired (or its conversation was cleared):"
-            " nothing of its turn was stored; start the turn again",
-            conversation_id=cid,
-        )
-    raise proto.refusal(reply, cid, None)
+    reply = ReserveReply.parse(await proto.scripts.run("reserve", keys, args))
+    if reply.refusal is not None:
+        raise proto.refusal(reply.refusal, cid, None)
+    return reply.fence
 
 
 async def unreserve(
@@ -76,9 +59,10 @@ async def unreserve(
     ``spent_ttl_ms``: mark the token spent (a discarded continuation)."""
     mode, ttl = ("park", park_ms) if park_ms is not None else ("free", spent_ttl_ms)
     keys = [proto.keys.lease(cid), proto.keys.spent(cid, token)]
-    reply = await proto.scripts.run("unreserve", keys, [holder(token), mode, ttl or ""])
-    if reply[0] not in ("OK", "GONE"):
-        raise proto.refusal(reply, cid, None)
+    args = [holder(token), mode, ttl or ""]
+    reply = Outcome.parse("unreserve", await proto.scripts.run("unreserve", keys, args))
+    if reply.refusal is not None:
+        raise proto.refusal(reply.refusal, cid, None)
 
 
 async def commit_held(

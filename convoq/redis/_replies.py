@@ -1,157 +1,231 @@
-"""Script replies as types, and the one table of refusals.
+"""Script replies as types: each Lua script's reply parsed once, into a small record.
 
-A Lua script answers with a list whose first item is a status. The replies of the scripts
-that hand out turns (``acquire``, and ``commit``/``fail`` with their hand-off) are parsed
-here into small records (:class:`Taken`, :class:`TakeReply`, :class:`EndReply`); no other
-module reads them by position. A status that is not a success becomes an error through
-:data:`REFUSALS` (or the stored-data errors ``VERSION``/``CORRUPT``), so each error has
-one wording: :func:`stale_fence` is the only place a :class:`StaleFenceError` is worded.
+A Lua script answers with a list whose first item is a status. Every reply is parsed
+here (``SubmitReply.parse(reply)``, ``Outcome.parse("cancel", reply)``, ...); no other
+module reads a reply by position. Each item is checked as it is read: a reply of another
+shape (too short, too long, an item of the wrong type) raises
+:class:`~convoq.errors.MalformedReplyError` naming the script, never an IndexError. A
+status that is no success of its script comes out as a
+:class:`~convoq.redis._refusals.Refusal`, which
+:func:`~convoq.redis._refusals.refusal_error` turns into its error (the one table of
+refusals, :mod:`convoq.redis._refusals`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from convoq.errors import (
-    ConversationBusyError,
-    ConvoqError,
-    CorruptDataError,
-    NotInboxHeadError,
-    ProtocolError,
-    StaleFenceError,
-    TurnAlreadyAppliedError,
-    TurnCancelledError,
-    UnknownTurnError,
-    UnsupportedFormatVersionError,
-)
-from convoq.redis._codec import FORMAT_VERSION, pairs_to_dict, text
+from convoq.errors import CorruptDataError, UnsupportedFormatVersionError
+from convoq.redis._codec import pairs_to_dict, text
+from convoq.redis._refusals import Refusal, malformed, refusal_error
+from convoq.redis._refusals import stale_fence as stale_fence  # the history's writes
+from convoq.redis._refusals import version_error as version_error  # and reads use them
 from convoq.redis.keys import KeySchema
 
 
-def stored_data_error(
-    code: str, reply: list[Any], keys: KeySchema, cid: str
-) -> CorruptDataError | UnsupportedFormatVersionError | None:
-    """The error for a 'VERSION' or 'CORRUPT' script reply, else None."""
-    if code == "VERSION":
-        return version_error(keys, cid, text(reply[1]))
-    if code == "CORRUPT":
-        key = text(reply[1])
-        return CorruptDataError(
-            f"stored data in {key} does not parse; restore it from a backup or clear the"
-            " conversation",
-            key=key,
-        )
-    return None
+class _Items:
+    """A script reply read item by item (1: the item after the status), each checked."""
 
+    def __init__(self, script: str, reply: Any) -> None:
+        status = reply[0] if isinstance(reply, list) and reply else None
+        if not isinstance(status, (str, bytes)):
+            raise malformed(script, reply, "a list that starts with a status")
+        self.script, self.reply, self.status = script, reply, text(status)
 
-def version_error(keys: KeySchema, cid: str, found: str) -> UnsupportedFormatVersionError:
-    return UnsupportedFormatVersionError(
-        f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
-        f" version {FORMAT_VERSION}; upgrade convoq, or export the conversation with the"
-        " convoq that wrote it and import it here",
-        key=keys.meta(cid),
-        format_version=found,
-    )
+    def sized(self, least: int, most: int | None = None) -> _Items:
+        """Check that ``least`` to ``most`` (default: exactly ``least``) items follow."""
+        most = least if most is None else most
+        if not least <= len(self.reply) - 1 <= most:
+            span = str(least) if least == most else f"{least} to {most}"
+            raise malformed(self.script, self.reply, f"{self.status} and {span} item(s)")
+        return self
 
+    def _get(self, i: int, types: tuple[type, ...], what: str, optional: bool = False) -> Any:
+        value = self.reply[i] if i < len(self.reply) else None
+        if (value is None and optional) or (
+            isinstance(value, types) and not isinstance(value, bool)
+        ):
+            return value
+        raise malformed(self.script, self.reply, f"{self.status} with {what} as item {i}")
 
-def stale_fence(cid: str, tid: str | None = None, fence: int | None = None) -> StaleFenceError:
-    """The lease a write was fenced with moved on: nothing was written."""
-    whose = f"turn {tid!r} of conversation {cid!r}" if tid else f"conversation {cid!r}"
-    held = "" if fence is None else f" (fence {fence} is no longer current)"
-    return StaleFenceError(
-        f"the lease on {whose} moved on{held}; nothing was written: stop working on it,"
-        " another writer holds the conversation now",
-        conversation_id=cid,
-        turn_id=tid,
-        fence=fence,
-    )
+    def integer(self, i: int) -> int:
+        value = self._get(i, (int, bytes), "an integer")
+        try:
+            return int(value)
+        except ValueError:
+            raise malformed(
+                self.script, self.reply, f"{self.status} with an integer as item {i}"
+            ) from None
+
+    def string(self, i: int) -> str:
+        return text(self._get(i, (bytes, str), "a string"))
+
+    def raw(self, i: int) -> bytes | None:
+        """A string item, or None for Lua's false or an absent item."""
+        value: bytes | None = self._get(i, (bytes,), "a string or nothing", optional=True)
+        return value
+
+    def array(self, i: int, optional: bool = False) -> Any:
+        return self._get(i, (list,), "a list", optional)
+
+    def pairs(self, i: int) -> dict[str, bytes]:
+        flat = self.array(i)
+        if len(flat) % 2 or not all(isinstance(item, bytes) for item in flat):
+            raise malformed(self.script, self.reply, f"name/value pairs as item {i}")
+        return pairs_to_dict(flat)
+
+    def flag(self, i: int) -> bool:
+        value = self._get(i, (bytes,), "'0' or '1'")
+        if value not in (b"0", b"1"):
+            raise malformed(self.script, self.reply, f"'0' or '1' as item {i}")
+        return bool(value == b"1")
+
+    def refusal(self) -> Refusal:
+        return Refusal(self.script, self.status, tuple(self.reply[1:]))
 
 
 @dataclass(frozen=True)
-class Refused:
-    """Whom a refused script call was about, and what the script said."""
+class Outcome:
+    """The reply of a script that answers a status alone: one of its successes
+    (:data:`OUTCOMES`), else ``refusal``."""
 
-    cid: str
-    tid: str | None  # None: a script of the whole conversation, whose error names no turn
-    fence: int | None
-    reply: list[Any]
+    status: str
+    refusal: Refusal | None = None
 
-    @property
-    def where(self) -> str:
-        if self.tid is None:
-            return f"conversation {self.cid!r}"
-        return f"turn {self.tid!r} of conversation {self.cid!r}"
-
-    def arg(self, index: int) -> str:
-        """Item ``index`` of the reply as text ('' when absent)."""
-        return text(self.reply[index]) if len(self.reply) > index else ""
-
-    @property
-    def details(self) -> dict[str, Any]:
-        if self.tid is None:
-            return {"conversation_id": self.cid}
-        return {"conversation_id": self.cid, "turn_id": self.tid}
+    @classmethod
+    def parse(cls, script: str, reply: Any) -> Outcome:
+        items = _Items(script, reply)
+        if items.status in OUTCOMES[script]:
+            return cls(items.sized(0).status)
+        return cls(items.status, items.refusal())
 
 
-def _protocol(message: Callable[[Refused], str]) -> Callable[[Refused], ConvoqError]:
-    return lambda r: ProtocolError(message(r), code=text(r.reply[0]), **r.details)
-
-
-REFUSALS: dict[str, Callable[[Refused], ConvoqError]] = {
-    "STALE": lambda r: stale_fence(r.cid, r.tid, r.fence),
-    "UNKNOWN": lambda r: UnknownTurnError(
-        f"no {r.where}: it never existed or its record expired", **r.details
-    ),
-    "APPLIED": lambda r: TurnAlreadyAppliedError(
-        f"{r.where} was already committed, failed or cancelled; nothing was written",
-        **r.details,
-    ),
-    "NOT_HEAD": lambda r: NotInboxHeadError(
-        f"{r.where} is not the turn being run (the inbox head); only the head can end",
-        **r.details,
-    ),
-    "CANCELLED": lambda r: TurnCancelledError(
-        f"{r.where} was cancelled while it ran; it ends cancelled, nothing is stored",
-        **r.details,
-    ),
-    "BUSY": lambda r: ConversationBusyError(
-        f"conversation {r.cid!r} has turns queued, running or awaiting approval; wait,"
-        " cancel them, or pass force=True / if_busy='queue'",
-        **r.details,
-    ),
-    "NOT_RUNNING": _protocol(lambda r: f"{r.where} is not running; acquire it first"),
-    "NOT_PARKED": _protocol(lambda r: f"{r.where} is {r.arg(1)}, not awaiting approval"),
-    "UNKNOWN_CALL": _protocol(
-        lambda r: f"{r.where} has no pending tool call by that id; pending: {r.arg(1)}"
-    ),
-    "DECIDED": _protocol(lambda r: f"that tool call of {r.where} was already decided otherwise"),
-    "EXPIRED": _protocol(lambda r: f"the approval for {r.where} expired; submit the turn again"),
+OUTCOMES: dict[str, tuple[str, ...]] = {
+    "cancel": ("CANCELLED", "STOPPING", "FINISHED"),
+    "clear": ("OK", "RETRY"),  # RETRY: the inbox changed since it was read: read again
+    "decide": ("RESUME", "PENDING"),
+    "park": ("OK", "PARKED"),  # PARKED: a replay
+    "release": ("OK", "STALE"),  # STALE: the lease had moved on, nothing to release
+    "summarise": ("OK",),
+    "unreserve": ("OK", "GONE"),  # GONE: the lease is not this holder's (any more)
 }
-"""Each refusal status of a script, and the error it becomes (one wording each)."""
+"""The success statuses of each script whose reply is a status alone."""
 
 
-def refusal_error(
-    reply: list[Any], keys: KeySchema, cid: str, tid: str | None, fence: int | None = None
-) -> ConvoqError:
-    """The error for a script reply whose status is not a success."""
-    code = text(reply[0])
-    stored = stored_data_error(code, reply, keys, cid)
-    if stored is not None:
-        return stored
-    refused = Refused(cid, tid, fence, reply)
-    known = REFUSALS.get(code)
-    if known is not None:
-        return known(refused)
-    return ProtocolError(
-        f"{refused.where}: the script answered {code!r}", code=code, **refused.details
-    )
+@dataclass(frozen=True)
+class SubmitReply:
+    """``submit``: 'OK' (queued at ``position`` with its first event ``event_id`` at
+    ``created_ms``; ``kicked``: the script pushed the kick), 'DUP' (an earlier submit
+    queued ``turn_id`` at ``position``, -1 when it left the inbox), 'FULL' (``waiting``
+    turns fill the inbox), else ``refusal``."""
+
+    status: str
+    position: int = 0
+    event_id: str = ""
+    created_ms: int = 0
+    kicked: bool = False
+    turn_id: str = ""
+    waiting: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> SubmitReply:
+        r = _Items("submit", reply)
+        if r.status == "OK":
+            r.sized(4)
+            return cls("OK", r.integer(1), r.string(2), r.integer(3), kicked=r.integer(4) == 1)
+        if r.status == "DUP":
+            return cls("DUP", r.sized(2).integer(2), turn_id=r.string(1))
+        if r.status == "FULL":
+            return cls("FULL", waiting=r.sized(1).integer(1))
+        return cls(r.status, refusal=r.refusal())
 
 
-def cancel_requested(reply: list[Any]) -> bool:
-    """The flag of an 'OK' reply of renew or checkpoint: a cancel was requested."""
-    return bool(reply[1] == b"1")
+@dataclass(frozen=True)
+class AdmitReply:
+    """``admit``: counted ('OK'), or ``full`` names the limit reached ('total' or
+    'agent') at ``count`` turns; else ``refusal``."""
+
+    full: str | None = None
+    count: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> AdmitReply:
+        r = _Items("admit", reply)
+        if r.status == "OK":
+            r.sized(0)
+            return cls()
+        if r.status == "FULL":
+            return cls(r.sized(2).string(1), r.integer(2))
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class CountReply:
+    """'OK' and a count: turns uncounted (``unadmit``) or dropped (``prune``); else
+    ``refusal``."""
+
+    count: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, script: str, reply: Any) -> CountReply:
+        r = _Items(script, reply)
+        if r.status == "OK":
+            return cls(r.sized(1).integer(1))
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class DiscardReply:
+    """``discard``: the turn ended cancelled, ``queued`` turns wait behind it ('OK', or
+    'FINISHED' as cancelled: a replay); else ``refusal`` ('FINISHED' otherwise: it ended
+    another way)."""
+
+    queued: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> DiscardReply:
+        r = _Items("discard", reply)
+        if r.status == "OK":
+            return cls(r.sized(1).integer(1))
+        if r.status == "FINISHED" and r.sized(2).raw(1) == b"cancelled":
+            return cls(r.integer(2))
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class ReserveReply:
+    """``reserve``: 'OK' with the ``fence`` of the lease taken; else ``refusal``."""
+
+    fence: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> ReserveReply:
+        r = _Items("reserve", reply)
+        if r.status == "OK":
+            return cls(r.sized(1).integer(1))
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class RunningReply:
+    """'OK' of ``renew`` or ``checkpoint`` (the turn runs on), with whether a cancel was
+    requested for it; else ``refusal``."""
+
+    cancel_requested: bool = False
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, script: str, reply: Any) -> RunningReply:
+        r = _Items(script, reply)
+        if r.status == "OK":
+            return cls(r.sized(1).flag(1))
+        return cls(refusal=r.refusal())
 
 
 @dataclass(frozen=True)
@@ -170,71 +244,78 @@ class Taken:
     window: int
 
     @classmethod
-    def parse(cls, reply: list[Any]) -> Taken:
-        kind = text(reply[3]) if isinstance(reply[3], bytes) else None
+    def parse(cls, r: _Items) -> Taken:
+        r.sized(9)
+        kind = r.raw(3)
         return cls(
-            fence=int(reply[1]),
-            fields=pairs_to_dict(reply[2]),
-            state_kind=kind,
-            state=reply[4] or None,
-            lead=reply[5],
-            elements=reply[6],
-            blobs=pairs_to_dict(reply[7]),
-            next_turn_id=reply[8] or None,
-            window=int(reply[9]),
+            fence=r.integer(1),
+            fields=r.pairs(2),
+            state_kind=None if kind is None else text(kind),
+            state=r.raw(4) or None,
+            lead=r.array(5),
+            elements=r.array(6, optional=True),
+            blobs=r.pairs(7),
+            next_turn_id=r.raw(8) or None,
+            window=r.integer(9),
         )
-
-
-def _failed(reply: list[Any], index: int) -> str | None:
-    """The turn a script failed on the way (item ``index``), if it says one."""
-    value = reply[index] if len(reply) > index else None
-    return text(value) if value else None
 
 
 @dataclass(frozen=True)
 class TakeReply:
     """The reply of ``acquire``: ``status`` OK (``taken``), EMPTY, BUSY or RETRY (go on
     with ``head``); ``failed``: the turn this call failed on the way (over max attempts);
-    ``refused``: any other status, the reply to turn into an error."""
+    ``refusal``: any other status, to turn into an error."""
 
     status: str
     taken: Taken | None = None
     head: bytes | None = None
     failed: str | None = None
-    refused: list[Any] | None = None
+    refusal: Refusal | None = None
 
     @classmethod
-    def parse(cls, reply: list[Any]) -> TakeReply:
-        status = text(reply[0])
-        if status == "OK":
-            return cls(status, taken=Taken.parse(reply))
-        if status in ("EMPTY", "BUSY"):
-            return cls(status, failed=_failed(reply, 1))
-        if status == "RETRY":
-            return cls(status, head=reply[1], failed=_failed(reply, 2))
-        return cls(status, refused=reply)
+    def parse(cls, reply: Any) -> TakeReply:
+        r = _Items("acquire", reply)
+        if r.status == "OK":
+            return cls(r.status, taken=Taken.parse(r))
+        if r.status in ("EMPTY", "BUSY"):
+            return cls(r.status, failed=_failed(r.sized(0, 1), 1))
+        if r.status == "RETRY":
+            return cls(r.status, head=r.sized(1, 2).raw(1), failed=_failed(r, 2))
+        return cls(r.status, refusal=r.refusal())
+
+
+def _failed(r: _Items, index: int) -> str | None:
+    """The turn a script failed on the way (item ``index``), if it says one."""
+    failed = r.raw(index)
+    return text(failed) if failed else None
 
 
 @dataclass(frozen=True)
 class EndReply:
     """The 'OK' reply of ``commit`` or ``fail``: the turn queued next (None: the lease was
     freed), the turn failed on the way to it, and that turn handed out by the same call
-    when it was the one expected (``taken``; ``refused``: its take was refused)."""
+    when it was the one expected (``taken``; ``take_refusal``: its take was refused).
+    Another status: ``refusal`` (the ending itself was refused)."""
 
-    next_turn_id: bytes | None
-    failed: str | None
+    next_turn_id: bytes | None = None
+    failed: str | None = None
     taken: Taken | None = None
-    refused: list[Any] | None = None
+    take_refusal: Refusal | None = None
+    refusal: Refusal | None = None
 
     @classmethod
-    def parse(cls, reply: list[Any]) -> EndReply:
-        next_id, failed = reply[1] or None, _failed(reply, 2)
-        carried = reply[3] if len(reply) > 3 else None
+    def parse(cls, script: str, reply: Any) -> EndReply:
+        r = _Items(script, reply)
+        if r.status != "OK":
+            return cls(refusal=r.refusal())
+        next_id, failed = r.sized(1, 3).raw(1) or None, _failed(r, 2)
+        carried = r.array(3, optional=True)
         if carried is None:
             return cls(next_id, failed)
-        if text(carried[0]) == "OK":
-            return cls(next_id, failed, taken=Taken.parse(carried))
-        return cls(next_id, failed, refused=[text(carried[0]), *carried[1:]])
+        inner = _Items(script, carried)
+        if inner.status == "OK":
+            return cls(next_id, failed, taken=Taken.parse(inner))
+        return cls(next_id, failed, take_refusal=inner.refusal())
 
 
 @dataclass(frozen=True)
@@ -247,31 +328,51 @@ class LoadReply:
     blobs: dict[str, bytes]
 
     @classmethod
-    def parse(cls, reply: list[Any]) -> LoadReply:
-        return cls(reply[1], reply[2], pairs_to_dict(reply[3]))
+    def parse(cls, reply: Any) -> LoadReply:
+        r = _Items("load", reply).sized(3)
+        return cls(r.array(1), r.array(2, optional=True), r.pairs(3))
 
 
 @dataclass(frozen=True)
 class WindowReply:
-    """A reply of the ``window`` script (its statuses 'VERSION'/'CORRUPT' are refused
-    before parsing). ``done``: the window is the element range ``first..last`` (empty when
-    first > last), with the lead, elements and blob pairs when they came along
-    (``inline``); else call again with ``resume`` (keep, then the walk's position).
-    ``summary``: the stored summary's text, on the call that read it."""
+    """A reply of the ``window`` script. ``done``: the window is the element range
+    ``first..last`` (empty when first > last), with the lead, elements and blob pairs when
+    they came along (``inline``); else call again with ``resume`` (keep, then the walk's
+    position). ``summary``: the stored summary's text, on the call that read it.
+    ``refusal``: 'VERSION' or 'CORRUPT'."""
 
     done: bool
-    summary: str | None
+    summary: str | None = None
     first: int = 0
     last: int = -1
     inline: tuple[Any, Any, Any] | None = None
     resume: tuple[int, ...] = ()
+    refusal: Refusal | None = None
 
     @classmethod
-    def parse(cls, reply: list[Any]) -> WindowReply:
-        if text(reply[0]) == "DONE":
-            summary = None if reply[3] is None else text(reply[3])
-            inline = (reply[4], reply[5], reply[6]) if len(reply) > 4 else None
-            return cls(True, summary, int(reply[1]), int(reply[2]), inline)
-        summary = None if reply[6] is None else text(reply[6])
-        moved = tuple(int(value) for value in reply[1:5])
-        return cls(False, summary, resume=(int(reply[5]), *moved))
+    def parse(cls, reply: Any) -> WindowReply:
+        r = _Items("window", reply)
+        if r.status == "DONE":
+            summary = r.sized(3, 6).raw(3)
+            found = None if summary is None else text(summary)
+            # The lead, elements and blob pairs come along all three, or none of them.
+            inline = None if len(reply) == 4 else (r.sized(6).array(4), r.array(5), r.array(6))
+            return cls(True, found, r.integer(1), r.integer(2), inline)
+        if r.status == "MORE":
+            summary = r.sized(6).raw(6)
+            moved = tuple(r.integer(i) for i in range(1, 5))
+            found = None if summary is None else text(summary)
+            return cls(False, found, resume=(r.integer(5), *moved))
+        return cls(False, refusal=r.refusal())
+
+
+def stored_data_error(
+    code: str, reply: list[Any], keys: KeySchema, cid: str, script: str = "history"
+) -> CorruptDataError | UnsupportedFormatVersionError | None:
+    """The error for a 'VERSION' or 'CORRUPT' reply, else None (``script``: named when
+    the reply is malformed; the history module's ``load`` and ``append`` call this)."""
+    if code not in ("VERSION", "CORRUPT"):
+        return None
+    error = refusal_error(_Items(script, reply).refusal(), keys, cid, None)
+    assert isinstance(error, (CorruptDataError, UnsupportedFormatVersionError))
+    return error

@@ -1,5 +1,5 @@
-"""Retention on Redis: the idle TTL refreshed after each turn, pruning old turns, and
-erasing a conversation whole.
+"""Retention on Redis: the idle TTL refreshed after each turn, and pruning old turns
+(erasing a conversation whole is ``clear``, :mod:`convoq.redis._cancelling`).
 
 With ``conversation_ttl_s`` set, every per-turn key (turn record, events, idempotency key)
 is written with a TTL no longer than it, and the history keys get it afresh after every
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from convoq.errors import ConversationBusyError, ConvoqError
+from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.redis._base import ProtocolBase
-from convoq.redis._replies import stored_data_error
+from convoq.redis._replies import CountReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import ScriptCall
 
@@ -25,7 +25,7 @@ def touch_call(keys: KeySchema, cid: str, ttl_ms: int, also: Sequence[str] = ())
 
 
 class RetentionMixin(ProtocolBase):
-    """touch (idle TTL), prune, erase."""
+    """touch (idle TTL), prune."""
 
     async def touch(self, cid: str, *, also: Sequence[str] = ()) -> None:
         """Start the conversation's idle TTL afresh (a no-op without one); the keys in
@@ -48,15 +48,8 @@ class RetentionMixin(ProtocolBase):
             raise ConvoqError("keep_last_turns must be >= 0 (0 drops every turn)")
         keys = [*self.keys.history_keys(cid), self.keys.inbox(cid), self.keys.lease(cid)]
         keys.append(self.keys.summary(cid))
-        reply = await self.scripts.run("prune", keys, [keep_last_turns])
-        if reply[0] == "BUSY":
-            raise ConversationBusyError(
-                f"conversation {cid!r} has a turn queued, running or parked; prune it once"
-                " it is idle",
-                conversation_id=cid,
-            )
-        error = stored_data_error(reply[0], reply, self.keys, cid)
-        if error is not None:
-            raise error
+        reply = CountReply.parse("prune", await self.scripts.run("prune", keys, [keep_last_turns]))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, None)
         await self.touch(cid)
-        return int(reply[1])
+        return reply.count

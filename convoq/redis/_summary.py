@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 
-from convoq.errors import SummaryConflictError
 from convoq.messages import Message
 from convoq.redis._codec import text
 from convoq.redis._history import _raise_stored_errors, chunked_steps
-from convoq.redis._replies import stored_data_error
+from convoq.redis._refusals import refusal_error
+from convoq.redis._replies import Outcome
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Steps
 from convoq.summary import Summary, SummaryBasis
@@ -62,13 +62,6 @@ def commit_steps(keys: KeySchema, cid: str, summary: Summary, basis: SummaryBasi
     args = [summary.text, summary.watermark, summary.version]
     args += [basis.turns, basis.last, basis.version]
     script_keys = [keys.meta(cid), keys.turns(cid), keys.summary(cid)]
-    reply = yield ScriptCall("summarise", script_keys, args)
-    if reply[0] == "CHANGED":
-        raise SummaryConflictError(
-            f"the history or the summary of conversation {cid!r} changed while it was being"
-            " summarised; nothing was stored (compaction runs again later)",
-            conversation_id=cid,
-        )
-    error = stored_data_error(reply[0], reply, keys, cid)
-    if error is not None:
-        raise error
+    reply = Outcome.parse("summarise", (yield ScriptCall("summarise", script_keys, args)))
+    if reply.refusal is not None:
+        raise refusal_error(reply.refusal, keys, cid, None)

@@ -20,7 +20,6 @@ from convoq import defaults
 from convoq.errors import (
     ConvoqError,
     CorruptDataError,
-    NotInboxHeadError,
     UnsupportedFormatVersionError,
 )
 from convoq.ids import check_conversation_id, check_turn_id
@@ -39,7 +38,8 @@ from convoq.redis._records import (
     decode_record,
     decode_state,
 )
-from convoq.redis._replies import EndReply, Taken, TakeReply, cancel_requested, stale_fence
+from convoq.redis._refusals import corrupt_data
+from convoq.redis._replies import EndReply, Outcome, RunningReply, Taken, TakeReply
 from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
@@ -102,7 +102,7 @@ class TakingMixin(ProtocolBase):
             except ResponseError as exc:
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
-                raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, None) from None
+                raise corrupt_data(self.keys.inbox(cid)) from None
         return await self._take(cid, first, taking)
 
     async def renew(
@@ -117,25 +117,20 @@ class TakingMixin(ProtocolBase):
         if turn_id is not None:
             keys += [self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
             args.append(turn_id)
-        reply = await self.scripts.run("renew", keys, args)
-        if reply[0] == "ENDED":
-            raise NotInboxHeadError(
-                f"turn {turn_id!r} of conversation {cid!r} is no longer running under this"
-                " lease; its run has ended",
-                conversation_id=cid,
-                turn_id=turn_id,
-            )
-        if reply[0] != "OK":
-            raise stale_fence(cid, turn_id, fence)
-        return cancel_requested(reply)
+        reply = RunningReply.parse("renew", await self.scripts.run("renew", keys, args))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, fence)
+        return reply.cancel_requested
 
     async def release(self, cid: str, turn_id: str, *, fence: int) -> bool:
         """Hand the conversation back unfinished (a worker shutting down): free the lease
         held with ``fence`` so any worker takes ``turn_id`` at once (not counted as an
         attempt; its journal stays). False when the lease had moved on already."""
         keys = [self.keys.lease(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
-        reply = await self.scripts.run("release", keys, [fence, turn_id])
-        return bool(reply[0] == "OK")
+        reply = Outcome.parse("release", await self.scripts.run("release", keys, [fence, turn_id]))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, fence)
+        return reply.status == "OK"
 
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
@@ -166,8 +161,8 @@ class TakingMixin(ProtocolBase):
             failed += [reply.failed] if reply.failed else []
             if reply.taken is not None:
                 return Handoff(await self._acquired(cid, tid, reply.taken), tuple(failed))
-            if reply.refused is not None:
-                raise self.refusal(reply.refused, cid, tid)
+            if reply.refusal is not None:
+                raise self.refusal(reply.refusal, cid, tid)
             if reply.status != "RETRY":
                 break  # EMPTY or BUSY
             head = reply.head
@@ -179,7 +174,7 @@ class TakingMixin(ProtocolBase):
         try:
             return check_turn_id(text(head))
         except ConvoqError as exc:
-            raise self.refusal(["CORRUPT", self.keys.inbox(cid)], cid, None) from exc
+            raise corrupt_data(self.keys.inbox(cid)) from exc
 
     async def _acquired(self, cid: str, tid: str, taken: Taken) -> Acquired:
         """The turn ``take_head`` handed out (in acquire's reply, or one a hand-off
@@ -211,11 +206,11 @@ class TakingMixin(ProtocolBase):
             requeued = None if nxt is None else self._head_id(cid, nxt)
             return Handoff(requeued=requeued).after(ended.failed)
         try:
-            if ended.taken is None and ended.refused is None:
+            if ended.taken is None and ended.take_refusal is None:
                 return (await self._take(cid, nxt, ending.taking())).after(ended.failed)
             tid = self._head_id(cid, nxt or b"")
-            if ended.refused is not None:
-                raise self.refusal(ended.refused, cid, tid)
+            if ended.take_refusal is not None:
+                raise self.refusal(ended.take_refusal, cid, tid)
             assert ended.taken is not None
             return Handoff(await self._acquired(cid, tid, ended.taken)).after(ended.failed)
         except (CorruptDataError, UnsupportedFormatVersionError) as exc:

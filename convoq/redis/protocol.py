@@ -23,35 +23,36 @@ next fenced write (checkpoint, commit, fail, park), before that write's own even
 turn's stream keeps their order and "done" comes last; a checkpoint answers whether a
 cancel was requested, so the runner reads nothing between steps.
 
-Where each verb lives (the class is assembled from these, over :mod:`convoq.redis._base`):
+Where each verb lives (the class is assembled here from these, over
+:mod:`convoq.redis._base`, which holds the client, the scripts and the limits):
 
-- here: ``submit`` (queue a turn; limits in :mod:`convoq.redis._admission`) and ``usage``;
+- :mod:`convoq.redis._submitting`: ``submit`` and its queued-turn limits (admission,
+  uncounting ended turns, ``reconcile_admitted``);
 - :mod:`convoq.redis._taking`: ``acquire``/``take``, ``renew``, ``release`` and the
   hand-off of the next turn;
 - :mod:`convoq.redis._ending`: ``checkpoint``, ``commit``, ``fail``, ``park``;
-- :mod:`convoq.redis._control`: approvals (``decide``, ``discard``), ``cancel``, ``clear``,
-  sweeping and the agents' registry;
-- :mod:`convoq.redis._events`: event streams and turn records;
-  :mod:`convoq.redis._retention`: pruning old turns;
-- :mod:`convoq.redis._replies`: every script reply parsed, and the refusal table.
+- :mod:`convoq.redis._holding`: in-process turns under the same lease (``reserve``,
+  ``unreserve``, ``commit_held``: functions over the protocol, for Redis memory);
+- :mod:`convoq.redis._approvals`: ``decide``, ``discard``, ``parked_turns``;
+- :mod:`convoq.redis._cancelling`: ``cancel``, ``is_cancel_requested``, ``clear``;
+- :mod:`convoq.redis._reading`: ``history``, ``window``, ``usage``;
+- :mod:`convoq.redis._events`: turn records and event streams (``get_turn``,
+  ``read_events``, ``emit``);
+- :mod:`convoq.redis._retention`: ``touch`` (the idle TTL), ``prune``;
+- :mod:`convoq.redis._sweeping`: ``sweep_candidates``;
+- :mod:`convoq.redis._registry`: ``registered_agents``/``workers``/``prefixes``,
+  ``check_epoch``;
+- :mod:`convoq.redis._replies`: every script reply parsed into a record;
+  :mod:`convoq.redis._refusals`: the one table of refusals (status -> error).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
-
-from convoq.errors import (
-    ConvoqError,
-)
-from convoq.messages import Message, check_user_message
-from convoq.redis._admission import AdmissionMixin
-from convoq.redis._codec import (
-    check_message_limits,
-)
-from convoq.redis._control import ControlMixin
+from convoq.redis._approvals import ApprovalsMixin
+from convoq.redis._cancelling import CancellingMixin
 from convoq.redis._ending import EndingMixin
 from convoq.redis._events import EventsMixin, TurnEvents
+from convoq.redis._reading import ReadingMixin
 from convoq.redis._records import (
     Acquired,
     Handoff,
@@ -62,8 +63,10 @@ from convoq.redis._records import (
     TurnRecord,
     TurnStatus,
 )
+from convoq.redis._registry import RegistryMixin
 from convoq.redis._retention import RetentionMixin
-from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
+from convoq.redis._submitting import SubmittingMixin
+from convoq.redis._sweeping import SweepingMixin
 
 __all__ = [
     "Acquired",
@@ -79,7 +82,17 @@ __all__ = [
 ]
 
 
-class TurnProtocol(EndingMixin, ControlMixin, EventsMixin, RetentionMixin, AdmissionMixin):
+class TurnProtocol(
+    SubmittingMixin,
+    EndingMixin,  # over TakingMixin
+    ApprovalsMixin,
+    CancellingMixin,
+    ReadingMixin,
+    EventsMixin,
+    RetentionMixin,
+    SweepingMixin,
+    RegistryMixin,
+):
     """Queued turns of conversations in Redis (async; see the module docstring).
 
     Args:
@@ -100,51 +113,3 @@ class TurnProtocol(EndingMixin, ControlMixin, EventsMixin, RetentionMixin, Admis
 
     Entry points build it with :meth:`from_settings`, from the settings they resolved.
     """
-
-    async def submit(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        agent: str,
-        message: Message,
-        options: dict[str, Any],
-        idempotency_key: str | None = None,
-        if_busy: Literal["queue", "reject"] = "queue",
-        kick: tuple[str, str] | None = None,
-    ) -> SubmitResult:
-        """Queue a turn. Raises ConversationBusyError for ``if_busy="reject"`` on a busy
-        conversation, QueueFullError over a limit of :attr:`queue_limits` (nothing
-        stored either way).
-
-        ``kick``: ``(queue list, message)``, for a broker that is this very (non-cluster)
-        Redis: when the conversation was idle the script pushes ``message`` onto that list
-        itself, in the same call (:attr:`SubmitResult.kicked`)."""
-        keys = [self.keys.meta(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
-        keys += [self.keys.events(cid, turn_id), self.keys.lease(cid)]
-        if idempotency_key is not None:
-            keys.append(self.keys.idem(cid, idempotency_key))
-        if kick is not None:
-            keys.append(kick[0])
-        check_user_message(message)
-        if not isinstance(agent, str) or not agent:
-            raise ConvoqError("agent must be the non-empty name of an agent profile")
-        if if_busy not in ("queue", "reject"):
-            raise ConvoqError(f"if_busy must be 'queue' or 'reject', not {if_busy!r}")
-        raw = check_message_limits(message, self.limits)
-        args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
-        args += [self.turn_ttl_ms, self.events_maxlen]
-        queued: dict[str, Any] = {"status": "queued"}
-        if options.get("metadata"):
-            queued["metadata"] = options["metadata"]
-        return await self.admitted_submit(
-            cid, turn_id, agent, keys, args, kick=None if kick is None else kick[1],
-            queued_event=json.dumps(queued, separators=(",", ":")),
-        )  # fmt: skip
-
-    async def usage(self, cid: str) -> Usage:
-        """What the conversation's committed turns reported, summed: one read of its meta
-        hash, whatever the history's length (commit adds each turn's usage there)."""
-        fields = list(COUNTER_FIELDS.values())
-        values = await self.redis.hmget(self.keys.meta(cid), fields)
-        return counters_to_usage(dict(zip(fields, values, strict=True)))

@@ -1,6 +1,10 @@
-"""Admission: the limits on queued turns, enforced by ``submit``.
+"""Submitting a turn: ``submit``, and the limits on queued turns it enforces.
 
-Per conversation the limit is exact: the ``submit`` script compares the inbox's length
+``submit`` checks the turn (its message, agent and size) before anything is sent, then
+queues it in one script call: the turn record, its first event, its place in the inbox
+and, for a broker on this very Redis, the kick that wakes a worker.
+
+Admission. Per conversation the limit is exact: the ``submit`` script compares the inbox's length
 (the running turn included) with it before it writes anything.
 
 Per agent and in all, the turns waiting span conversations, hence Cluster slots, and no
@@ -27,20 +31,65 @@ for approval).
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
-from convoq.errors import InvalidConversationIdError, NotDurableError, QueueFullError
+from convoq.errors import ConvoqError, InvalidConversationIdError, NotDurableError, QueueFullError
 from convoq.ids import check_turn_id, from_key_part, key_part
+from convoq.messages import Message, check_user_message
 from convoq.redis._base import ProtocolBase
-from convoq.redis._codec import text
+from convoq.redis._codec import check_message_limits, text
 from convoq.redis._records import FINAL_STATUSES, SubmitResult
+from convoq.redis._replies import AdmitReply, CountReply, SubmitReply
 
 log = logging.getLogger("convoq.redis")
 
 
-class AdmissionMixin(ProtocolBase):
-    """The queued-turn limits of ``submit``, the uncount of ended turns, reconciling."""
+class SubmittingMixin(ProtocolBase):
+    """``submit``, its queued-turn limits, the uncount of ended turns, reconciling."""
+
+    async def submit(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        agent: str,
+        message: Message,
+        options: dict[str, Any],
+        idempotency_key: str | None = None,
+        if_busy: Literal["queue", "reject"] = "queue",
+        kick: tuple[str, str] | None = None,
+    ) -> SubmitResult:
+        """Queue a turn. Raises ConversationBusyError for ``if_busy="reject"`` on a busy
+        conversation, QueueFullError over a limit of :attr:`queue_limits` (nothing
+        stored either way).
+
+        ``kick``: ``(queue list, message)``, for a broker that is this very (non-cluster)
+        Redis: when the conversation was idle the script pushes ``message`` onto that list
+        itself, in the same call (:attr:`SubmitResult.kicked`)."""
+        keys = [self.keys.meta(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+        keys += [self.keys.events(cid, turn_id), self.keys.lease(cid)]
+        if idempotency_key is not None:
+            keys.append(self.keys.idem(cid, idempotency_key))
+        queue, kick_message = (None, None) if kick is None else kick
+        if queue is not None:
+            keys.append(queue)
+        check_user_message(message)
+        if not isinstance(agent, str) or not agent:
+            raise ConvoqError("agent must be the non-empty name of an agent profile")
+        if if_busy not in ("queue", "reject"):
+            raise ConvoqError(f"if_busy must be 'queue' or 'reject', not {if_busy!r}")
+        raw = check_message_limits(message, self.limits)
+        args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
+        args += [self.turn_ttl_ms, self.events_maxlen]
+        queued: dict[str, Any] = {"status": "queued"}
+        if options.get("metadata"):
+            queued["metadata"] = options["metadata"]
+        return await self.admitted_submit(
+            cid, turn_id, agent, keys, args, kick=kick_message,
+            queued_event=json.dumps(queued, separators=(",", ":")),
+        )  # fmt: skip
 
     def member(self, cid: str, turn_id: str) -> str:
         """The counted member of a turn: encoded conversation id, a space, the turn id."""
@@ -67,7 +116,7 @@ class AdmissionMixin(ProtocolBase):
         if counted:
             await self._admit(cid, turn_id, agent)
         try:
-            reply = await self.run_acked("submit", cid, keys, args)
+            reply = SubmitReply.parse(await self.run_acked("submit", cid, keys, args))
             result = self._submitted(reply, cid, turn_id)
         except NotDurableError:
             raise  # applied on the primary: stays counted (reconciled if the write is lost)
@@ -80,32 +129,33 @@ class AdmissionMixin(ProtocolBase):
             await self.unadmit_quietly(cid, turn_id)
         return result
 
-    def _submitted(self, reply: list[Any], cid: str, turn_id: str) -> SubmitResult:
-        if reply[0] == "OK":
-            position, event_id, created_ms, kicked = reply[1:5]
+    def _submitted(self, reply: SubmitReply, cid: str, turn_id: str) -> SubmitResult:
+        if reply.status == "OK":
             return SubmitResult(
                 turn_id,
-                int(position),
+                reply.position,
                 duplicate=False,
-                event_id=text(event_id),
-                created_ms=int(created_ms),
-                kicked=kicked == 1,
+                event_id=reply.event_id,
+                created_ms=reply.created_ms,
+                kicked=reply.kicked,
             )
-        if reply[0] == "DUP":
-            return SubmitResult(text(reply[1]), int(reply[2]), duplicate=True)
-        if reply[0] == "FULL":
+        if reply.status == "DUP":
+            return SubmitResult(reply.turn_id, reply.position, duplicate=True)
+        if reply.status == "FULL":
             raise self._full("conversation", self.queue_limits.per_conversation, cid)
-        raise self.refusal(reply, cid, turn_id)
+        assert reply.refusal is not None
+        raise self.refusal(reply.refusal, cid, turn_id)
 
     async def _admit(self, cid: str, turn_id: str, agent: str) -> None:
         limits = self.queue_limits
         members, counts, _ = self.keys.queue_keys()
         args = [self.member(cid, turn_id), agent, limits.total or 0, limits.per_agent or 0]
-        reply = await self.scripts.run("admit", [members, counts], args)
-        if reply[0] == "FULL":
-            which = text(reply[1])
-            limit = limits.total if which == "total" else limits.per_agent
-            raise self._full(which, limit, cid, agent=agent)
+        reply = AdmitReply.parse(await self.scripts.run("admit", [members, counts], args))
+        if reply.full is not None:
+            limit = limits.total if reply.full == "total" else limits.per_agent
+            raise self._full(reply.full, limit, cid, agent=agent)
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id)
 
     def _full(self, which: str, limit: int | None, cid: str, **details: Any) -> QueueFullError:
         whose = {
@@ -129,7 +179,11 @@ class AdmissionMixin(ProtocolBase):
             return 0
         members, counts, _ = self.keys.queue_keys()
         args = [self.member(cid, tid) for cid, tid in pairs]
-        return int((await self.scripts.run("unadmit", [members, counts], args))[1])
+        uncounted = await self.scripts.run("unadmit", [members, counts], args)
+        reply = CountReply.parse("unadmit", uncounted)
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, pairs[0][0], None)
+        return reply.count
 
     async def unadmit_quietly(self, cid: str, turn_id: str) -> None:
         """Uncount one turn; a failure is logged (the sweeper reconciles it later)."""

@@ -1,0 +1,209 @@
+"""The one table of refusals: how a script status that is not a success becomes an error.
+
+A reply is parsed in :mod:`convoq.redis._replies`; a status that is no success of its
+script comes out of it as a :class:`Refusal`, and :func:`refusal_error` turns that into
+the error :data:`REFUSALS` words for it, so each error has one wording whichever verb
+was refused: :func:`stale_fence` is the only place a :class:`StaleFenceError` is worded.
+A reply of another shape than its script answers is :func:`malformed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from convoq.errors import (
+    ConversationBusyError,
+    ConvoqError,
+    CorruptDataError,
+    MalformedReplyError,
+    NotInboxHeadError,
+    ProtocolError,
+    StaleFenceError,
+    SummaryConflictError,
+    TurnAlreadyAppliedError,
+    TurnCancelledError,
+    UnknownTurnError,
+    UnsupportedFormatVersionError,
+)
+from convoq.redis._codec import FORMAT_VERSION, text
+from convoq.redis.keys import KeySchema
+
+
+def malformed(script: str, reply: Any, wanted: str) -> MalformedReplyError:
+    shown = repr(reply)[:200]
+    return MalformedReplyError(
+        f"the {script} script answered {shown}, not {wanted}: a reply this convoq cannot"
+        " read; check that the server is Redis 6.2 or later and that no proxy between"
+        " changes script replies",
+        script=script,
+        reply=shown,
+    )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A reply whose status is not a success of its script, to become an error."""
+
+    script: str
+    code: str
+    args: tuple[Any, ...] = ()
+
+
+def version_error(keys: KeySchema, cid: str, found: str) -> UnsupportedFormatVersionError:
+    return UnsupportedFormatVersionError(
+        f"conversation {cid!r} is stored in format version {found!r} but this convoq reads"
+        f" version {FORMAT_VERSION}; upgrade convoq, or export the conversation with the"
+        " convoq that wrote it and import it here",
+        key=keys.meta(cid),
+        format_version=found,
+    )
+
+
+def corrupt_data(key: str) -> CorruptDataError:
+    return CorruptDataError(
+        f"stored data in {key} does not parse; restore it from a backup or clear the conversation",
+        key=key,
+    )
+
+
+def stale_fence(cid: str, tid: str | None = None, fence: int | None = None) -> StaleFenceError:
+    """The lease a write was fenced with moved on: nothing was written."""
+    whose = f"turn {tid!r} of conversation {cid!r}" if tid else f"conversation {cid!r}"
+    held = "" if fence is None else f" (fence {fence} is no longer current)"
+    return StaleFenceError(
+        f"the lease on {whose} moved on{held}; nothing was written: stop working on it,"
+        " another writer holds the conversation now",
+        conversation_id=cid,
+        turn_id=tid,
+        fence=fence,
+    )
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Whom a refused script call was about, and what the script said."""
+
+    refusal: Refusal
+    keys: KeySchema
+    cid: str
+    tid: str | None  # None: a script of the whole conversation, whose error names no turn
+    fence: int | None
+
+    @property
+    def where(self) -> str:
+        if self.tid is None:
+            return f"conversation {self.cid!r}"
+        return f"turn {self.tid!r} of conversation {self.cid!r}"
+
+    @property
+    def said(self) -> str:
+        """The item after the status as text ('' when absent)."""
+        args = self.refusal.args
+        return text(args[0]) if args and isinstance(args[0], (bytes, str)) else ""
+
+    @property
+    def named(self) -> str:
+        """The item after the status, which this refusal must carry (a key, a version)."""
+        said = self.said
+        if not said:
+            r = self.refusal
+            raise malformed(r.script, [r.code, *r.args], f"{r.code} and what it is about")
+        return said
+
+    @property
+    def details(self) -> dict[str, Any]:
+        if self.tid is None:
+            return {"conversation_id": self.cid}
+        return {"conversation_id": self.cid, "turn_id": self.tid}
+
+
+def _protocol(message: Callable[[Refused], str]) -> Callable[[Refused], ConvoqError]:
+    return lambda r: ProtocolError(message(r), code=r.refusal.code, **r.details)
+
+
+def _continuation(message: str) -> Callable[[Refused], ConvoqError]:
+    return lambda r: ConvoqError(message, conversation_id=r.cid)
+
+
+ANY = "*"
+
+REFUSALS: dict[tuple[str, str], Callable[[Refused], ConvoqError]] = {
+    (ANY, "VERSION"): lambda r: version_error(r.keys, r.cid, r.named),
+    (ANY, "CORRUPT"): lambda r: corrupt_data(r.named),
+    (ANY, "STALE"): lambda r: stale_fence(r.cid, r.tid, r.fence),
+    (ANY, "UNKNOWN"): lambda r: UnknownTurnError(
+        f"no {r.where}: it never existed or its record expired", **r.details
+    ),
+    (ANY, "APPLIED"): lambda r: TurnAlreadyAppliedError(
+        f"{r.where} was already committed, failed or cancelled; nothing was written",
+        **r.details,
+    ),
+    ("discard", "FINISHED"): lambda r: REFUSALS[(ANY, "APPLIED")](r),
+    (ANY, "NOT_HEAD"): lambda r: NotInboxHeadError(
+        f"{r.where} is not the turn being run (the inbox head); only the head can end",
+        **r.details,
+    ),
+    ("renew", "ENDED"): lambda r: NotInboxHeadError(
+        f"{r.where} is no longer running under this lease; its run has ended", **r.details
+    ),
+    (ANY, "CANCELLED"): lambda r: TurnCancelledError(
+        f"{r.where} was cancelled while it ran; it ends cancelled, nothing is stored",
+        **r.details,
+    ),
+    (ANY, "BUSY"): lambda r: ConversationBusyError(
+        f"conversation {r.cid!r} has turns queued, running or awaiting approval; wait,"
+        " cancel them, or pass force=True / if_busy='queue'",
+        **r.details,
+    ),
+    ("prune", "BUSY"): lambda r: ConversationBusyError(
+        f"conversation {r.cid!r} has a turn queued, running or parked; prune it once it is idle",
+        **r.details,
+    ),
+    ("reserve", "BUSY"): lambda r: ConversationBusyError(
+        f"conversation {r.cid!r} has a turn queued, running or awaiting approval (in a"
+        " worker or another process); wait for it, or use if_busy='wait'",
+        **r.details,
+    ),
+    ("reserve", "SPENT"): _continuation(
+        "this continuation was already resumed or discarded; start a new turn"
+    ),
+    ("reserve", "GONE"): _continuation(
+        "this continuation's approval expired (or its conversation was cleared):"
+        " nothing of its turn was stored; start the turn again"
+    ),
+    ("summarise", "CHANGED"): lambda r: SummaryConflictError(
+        f"the history or the summary of conversation {r.cid!r} changed while it was being"
+        " summarised; nothing was stored (compaction runs again later)",
+        **r.details,
+    ),
+    (ANY, "NOT_RUNNING"): _protocol(lambda r: f"{r.where} is not running; acquire it first"),
+    (ANY, "NOT_PARKED"): _protocol(lambda r: f"{r.where} is {r.said}, not awaiting approval"),
+    (ANY, "UNKNOWN_CALL"): _protocol(
+        lambda r: f"{r.where} has no pending tool call by that id; pending: {r.said}"
+    ),
+    (ANY, "DECIDED"): _protocol(
+        lambda r: f"that tool call of {r.where} was already decided otherwise"
+    ),
+    (ANY, "EXPIRED"): _protocol(
+        lambda r: f"the approval for {r.where} expired; submit the turn again"
+    ),
+}
+"""Each refusal status, and the error it becomes (one wording each): ``(ANY, code)`` for
+whichever script answers it, ``(script, code)`` where one script's refusal reads its own."""
+
+
+def refusal_error(
+    refusal: Refusal, keys: KeySchema, cid: str, tid: str | None, fence: int | None = None
+) -> ConvoqError:
+    """The error for a script reply whose status is not a success."""
+    refused = Refused(refusal, keys, cid, tid, fence)
+    known = REFUSALS.get((refusal.script, refusal.code)) or REFUSALS.get((ANY, refusal.code))
+    if known is not None:
+        return known(refused)
+    return ProtocolError(
+        f"{refused.where}: the {refusal.script} script answered {refusal.code!r}",
+        code=refusal.code,
+        **refused.details,
+    )
