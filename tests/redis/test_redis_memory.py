@@ -315,3 +315,15 @@ def test_a_loop_closed_without_shutdown_is_forgotten_on_the_next_call(
     memory.close()
     del loop
     gc.collect()  # the forgotten pool's sockets go here (their warning is ignored above)
+
+
+def test_a_turn_held_in_one_loop_commits_from_another(redis_url: str, key_prefix: str) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    asyncio.run(memory.areserve(CID, "turn-1"))  # its renewer ends with that loop
+    turn = [Message.user("q"), Message.assistant("a")]
+    asyncio.run(memory.acommit_turn(CID, "turn-1", turn))
+    assert memory.load(CID) == turn
+    # The lease went with the commit: another turn takes it at once.
+    asyncio.run(memory.areserve(CID, "turn-2"))
+    asyncio.run(memory.arelease(CID, "turn-2"))
+    memory.close()
