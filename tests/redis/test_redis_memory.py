@@ -327,3 +327,27 @@ def test_a_turn_held_in_one_loop_commits_from_another(redis_url: str, key_prefix
     asyncio.run(memory.areserve(CID, "turn-2"))
     asyncio.run(memory.arelease(CID, "turn-2"))
     memory.close()
+
+
+def test_an_idle_loops_pool_closes_when_that_loop_runs_again(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    url, name = _named(redis_url)
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(memory.aappend(CID, [Message.user("x")]))
+        memory.close()  # the loop is idle: nothing can run in it now
+        assert memory._loops.loops() == []
+        assert _open(redis_client, name) >= 1
+
+        async def until_closed() -> None:
+            deadline = time.monotonic() + 5
+            while _open(redis_client, name) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(until_closed())
+        assert _open(redis_client, name) == 0
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
