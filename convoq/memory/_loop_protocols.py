@@ -141,6 +141,13 @@ class LoopProtocols:
                 with contextlib.suppress(concurrent.futures.TimeoutError):
                     future.result(timeout=CLOSE_WAIT_S)
 
+    def close_soon(self) -> None:
+        """Ask each loop to close its client, waiting for none: the finalizer of a memory
+        dropped without close (a finalizer must not block)."""
+        if self._pid == os.getpid():
+            for loop, opened in self._take_all():
+                _close_in(loop, opened)
+
     def _forget_closed_loops(self) -> None:
         """Drop the clients of loops closed without shutting down (nothing can close them:
         their sockets go with the garbage collector)."""
@@ -173,12 +180,3 @@ def _close_in(
 
 async def _aclose(closer: AsyncGenerator[None, None]) -> None:
     await closer.aclose()
-
-
-def close_all(protocols: LoopProtocols) -> None:
-    """Finalizer of a memory dropped without close: ask each loop to close its client,
-    without waiting (a finalizer must not block)."""
-    if protocols._pid != os.getpid():
-        return
-    for loop, opened in protocols._take_all():
-        _close_in(loop, opened)

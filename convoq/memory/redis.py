@@ -20,7 +20,7 @@ from typing import TypeVar
 from convoq._sync import adrive, drive
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
-from convoq.memory._loop_protocols import LoopProtocols, close_all
+from convoq.memory._loop_protocols import LoopProtocols
 from convoq.memory._redis_holds import LeaseHolds
 from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
@@ -112,7 +112,7 @@ class RedisConversationMemory(StoredConversationMemory):
         self._given = TurnProtocol.from_settings(client, s) if client else None
         self._loops = LoopProtocols(s, partial(url_or_embedded, s.redis_url, s.home))
         # A memory dropped without close() must not leave sockets to the GC.
-        weakref.finalize(self, close_all, self._loops)
+        weakref.finalize(self, self._loops.close_soon)
         self._blocking: BlockingScripts | None = None
         self._blocking_lock = threading.Lock()
         self._holds = LeaseHolds(s.lease_ms)
