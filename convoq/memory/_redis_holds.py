@@ -37,7 +37,8 @@ class _Held:
 
 
 class LeaseHolds:
-    """Leases held by the turns running through one memory object (on one event loop)."""
+    """Leases held by the turns running through one memory object (each renewed in the
+    event loop that took it)."""
 
     def __init__(self, lease_ms: int) -> None:
         self.lease_ms = lease_ms
@@ -93,6 +94,13 @@ class LeaseHolds:
     async def _stop(self, cid: str, token: str) -> _Held | None:
         held = self._held.pop((cid, token), None)
         if held is None or held.renewer is None:
+            return held
+        renewer_loop = held.renewer.get_loop()
+        if renewer_loop is not asyncio.get_running_loop():
+            # Taken in another event loop (a memory serves every loop that calls it): that
+            # loop stops its renewer; a closed loop has stopped it already.
+            with contextlib.suppress(RuntimeError):
+                renewer_loop.call_soon_threadsafe(held.stop.set)
             return held
         held.stop.set()
         done, _ = await asyncio.wait({held.renewer}, timeout=_STOP_WAIT_S)

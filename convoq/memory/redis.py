@@ -9,24 +9,22 @@ the same conversations.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import secrets
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from convoq._sync import adrive, drive, left_in_parent, run_in_portal, run_sync
+from convoq._sync import adrive, drive
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
+from convoq.memory._loop_protocols import LoopProtocols
 from convoq.memory._redis_holds import LeaseHolds
 from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
-from convoq.redis._base import connect
 from convoq.redis._budget import budget_steps
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
@@ -75,9 +73,12 @@ class RedisConversationMemory(StoredConversationMemory):
     Settings resolve as everywhere in convoq: argument, else ``CONVOQ_*``, else default.
 
     Without ``client`` the memory owns its connections, so its sync and async methods may
-    be mixed from any thread or loop: async calls run on a pool that lives on convoq's
-    shared loop thread; sync ``load`` and ``append`` do their I/O on the caller's thread
-    with a sync pool (no hop to that loop), through the same steps as the async calls.
+    be mixed from any thread or loop: async calls run in the caller's event loop on a pool
+    of that loop's own, opened on its first call there and closed when that loop shuts
+    down (``asyncio.run``'s end) or when the memory is closed, whichever comes first; sync
+    ``load`` and ``append`` do their I/O on the caller's thread with a sync pool, through
+    the same steps as the async calls; other sync methods run on convoq's shared loop
+    thread (its pool is one more loop's).
     """
 
     # The protocol's window read answers exactly the window (tests/redis/test_redis_memory.py
@@ -107,16 +108,13 @@ class RedisConversationMemory(StoredConversationMemory):
         )
         self._settings = s
         self._keys = KeySchema(s.prefix)
-        self._url = s.redis_url
-        self._home = s.home
         self._limits = Limits(s.max_attachment_bytes, s.max_turn_bytes)
         self._given = TurnProtocol.from_settings(client, s) if client else None
-        self._owned: TurnProtocol | None = None
-        self._owned_pid = os.getpid()
-        self._lock: asyncio.Lock | None = None
+        self._loops = LoopProtocols(s, partial(url_or_embedded, s.redis_url, s.home))
+        # A memory dropped without close() must not leave sockets to the GC.
+        weakref.finalize(self, self._loops.close_soon)
         self._blocking: BlockingScripts | None = None
         self._blocking_lock = threading.Lock()
-        self._resolved_url: str | None = None
         self._holds = LeaseHolds(s.lease_ms)
 
     async def _read(self, conversation_id: str, window: Window) -> list[Message]:
@@ -242,20 +240,19 @@ class RedisConversationMemory(StoredConversationMemory):
         return self._blocking
 
     def _url_to_use(self) -> str:
-        if self._resolved_url is None:
-            self._resolved_url = url_or_embedded(self._url, self._home)
-        return self._resolved_url
+        return self._loops.url()
 
     async def aclose(self) -> None:
-        """Close the connection pool this memory opened (a given client is left alone)."""
+        """Close the connection pools this memory opened (a given client is left alone);
+        the memory stays usable (a later call opens new ones)."""
         if self._given is None:
             self._close_blocking()
-            await run_in_portal(self._close_owned())
+            await self._loops.aclose()
 
     def close(self) -> None:
         if self._given is None:
             self._close_blocking()
-            run_sync(self._close_owned())
+            self._loops.close()
 
     def _close_blocking(self) -> None:
         with self._blocking_lock:
@@ -263,51 +260,12 @@ class RedisConversationMemory(StoredConversationMemory):
         if scripts is not None:
             scripts.client.close()
 
-    def _leave_parent_connections(self) -> None:
-        """In a forked child: the pool so far lives on the parent's loop, its sockets are
-        the parent's. Left alone (never closed here), a new one opens on first use."""
-        if self._owned_pid != os.getpid():
-            left_in_parent(self._owned)
-            self._owned, self._lock, self._owned_pid = None, None, os.getpid()
-
-    async def _close_owned(self) -> None:
-        self._leave_parent_connections()
-        if self._owned is not None:
-            protocol, self._owned = self._owned, None
-            await protocol.redis.aclose()
-
     async def _run(self, call: Callable[[TurnProtocol], Awaitable[T]]) -> T:
         if self._given is not None:
             return await call(self._given)
-        return await run_in_portal(self._run_owned(call))
-
-    async def _run_owned(self, call: Callable[[TurnProtocol], Awaitable[T]]) -> T:
-        return await call(await self._protocol())
-
-    async def _protocol(self) -> TurnProtocol:
-        """The owned protocol, created on first use (on the shared loop thread)."""
-        self._leave_parent_connections()
-        if self._owned is not None:
-            return self._owned
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._owned is None:
-                url = await asyncio.to_thread(self._url_to_use)
-                client = connect(url)
-                self._owned = TurnProtocol.from_settings(client, self._settings)
-                # A memory dropped without close() must not leave sockets to the GC.
-                weakref.finalize(self, _close_soon, asyncio.get_running_loop(), client, os.getpid())
-        return self._owned
+        return await call(await self._loops.current())
 
 
 def _ttl_until(until_ms: int) -> int:
     """How long a spent mark must live so its continuation cannot run again (ms)."""
     return max(until_ms - now_ms(), 0) + _SPENT_MARGIN_MS
-
-
-def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncRedis, pid: int) -> None:
-    if os.getpid() != pid:  # a forked child: the parent closes its own sockets
-        return
-    with contextlib.suppress(RuntimeError):  # the loop is gone at interpreter exit
-        asyncio.run_coroutine_threadsafe(client.aclose(), loop)

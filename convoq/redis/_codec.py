@@ -41,7 +41,7 @@ import gc
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,8 @@ _WINDOW_FIELD = b"w="
 # What plain_messages looks for: a header's first byte, and its attachments field.
 _STARTS_ONLY, _ANY_KIND = frozenset(_STARTS), frozenset(_STARTS + _CONTINUES)
 _BLOBS_MARK = b" " + _BLOBS_FIELD
+# A body is a JSON array: its brackets are checked, then stripped to join bodies in one.
+_OPEN, _CLOSE = ord("["), ord("]")
 
 
 @dataclass
@@ -191,8 +193,11 @@ def decode_elements(
     try:
         for header in headers:
             if not header.blobs:
-                if len(header.body) > 2:  # "[]" holds nothing
-                    run.append(header.body[1:-1])
+                body = header.body
+                if len(body) < 2 or body[0] != _OPEN or body[-1] != _CLOSE:
+                    raise ValueError("the element body is no JSON array")
+                if len(body) > 2:  # "[]" holds nothing
+                    run.append(body[1:-1])
                 continue
             messages += _validate_run(run)
             run = []
@@ -223,11 +228,19 @@ def plain_messages(
 
 def _plain_bodies(elements: list[bytes], kinds: frozenset[int]) -> list[bytes] | None:
     """The JSON bodies (array brackets stripped; empty arrays left out) of elements whose
-    header's first byte is in ``kinds`` and which refer to no attachment, else None."""
+    header's first byte is in ``kinds``, which refer to no attachment and whose body is
+    bracketed as an array, else None."""
     bodies: list[bytes] = []
     for element in elements:
         newline = element.find(b"\n")
-        if newline < 1 or element[0] not in kinds or element.find(_BLOBS_MARK, 1, newline) >= 0:
+        if (
+            newline < 1
+            or len(element) - newline < 3  # no room for "[]" after the header line
+            or element[0] not in kinds
+            or element.find(_BLOBS_MARK, 1, newline) >= 0
+            or element[newline + 1] != _OPEN
+            or element[-1] != _CLOSE
+        ):
             return None
         if len(element) - newline > 3:  # more than "[]" after the header line
             bodies.append(element[newline + 2 : -1])
@@ -237,7 +250,16 @@ def _plain_bodies(elements: list[bytes], kinds: frozenset[int]) -> list[bytes] |
 def _validate_run(bodies: list[memoryview] | list[bytes]) -> list[Message]:
     if not bodies:
         return []
-    return MessageList.validate_json(b"[" + b",".join(bodies) + b"]")
+    return MessageList.validate_json(_json_array(bodies))
+
+
+def _json_array(bodies: Sequence[bytes | memoryview]) -> bytes:
+    """``[body,body,...]`` (``bodies`` not empty) built in one copy: the brackets join the
+    first and the last body, not the whole (each ``b"[" + ... + b"]"`` of a long history
+    copied all of it again, which cost several times the join itself)."""
+    if len(bodies) == 1:
+        return b"[" + bodies[0] + b"]"
+    return b",".join([b"[" + bodies[0], *bodies[1:-1], bytes(bodies[-1]) + b"]"])
 
 
 # Reads of at least this many elements decode with the cyclic garbage collector paused.

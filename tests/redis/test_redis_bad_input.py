@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -138,6 +139,41 @@ async def test_malformed_stored_turn_names_its_key(
         await proto.acquire(CID, worker_id="w", lease_ms=LEASE, window=3)
     assert caught.value.details["key"] == turns
     assert snapshot(redis_client, proto.keys.prefix) == before  # no lease, no attempt
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # A message wrapped in something that is no array: stripping the first and last
+        # byte of each body, as the one-call decode of many bodies does, would make a
+        # message of it.
+        b'x{"role":"user","content":[{"type":"text","text":"forged"}]}y',
+        b'{{"role":"user","content":[{"type":"text","text":"forged"}]}}',
+        b"[",
+        b"",
+    ],
+)
+async def test_a_stored_body_that_is_no_json_array_is_refused_by_every_read(
+    proto: TurnProtocol,
+    memory: RedisConversationMemory,
+    redis_client: redis.Redis,
+    body: bytes,
+) -> None:
+    await memory.aappend(CID, [Message.user("fine"), Message.assistant("yes")])
+    turns = proto.keys.turns(CID)
+    redis_client.rpush(turns, b"T w=9\n" + body)
+    reads = [
+        lambda: memory.aload(CID),  # the whole history, read in chunks
+        lambda: memory.aload(CID, last_turns=2),  # a window by plain reads
+        lambda: proto.history(CID, last_turns=300),  # longer than plain reads take
+    ]
+    for read in reads:
+        with pytest.raises(CorruptDataError) as caught:
+            await read()
+        assert caught.value.details["key"] == turns
+    for keep in (None, 2):
+        with pytest.raises(CorruptDataError):
+            await asyncio.to_thread(memory.load, CID, last_turns=keep)
 
 
 async def test_a_missing_blob_or_a_broken_record_names_its_key(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -172,3 +174,180 @@ async def test_sync_and_async_reads_agree_also_when_read_in_chunks(
         assert memory.load(CID, last_turns=window) == expected
         assert await memory.aload(CID, last_turns=window) == expected
     await memory.aclose()
+
+
+# -- a memory made from a URL: a pool per event loop ------------------------------------------
+def _named(redis_url: str) -> tuple[str, str]:
+    """The URL with a client name of its own, and that name: CLIENT LIST then shows exactly
+    the connections the memory has open."""
+    name = f"m{uuid.uuid4().hex[:10]}"
+    return f"{redis_url}{'&' if '?' in redis_url else '?'}client_name={name}", name
+
+
+def _open(redis_client: redis.Redis, name: str) -> int:
+    return sum(1 for c in redis_client.client_list() if c["name"] == name)
+
+
+def _eventually_none_open(redis_client: redis.Redis, name: str) -> None:
+    deadline = time.monotonic() + 5
+    while _open(redis_client, name) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _open(redis_client, name) == 0
+
+
+def test_two_event_loops_in_turn_each_use_their_own_pool_closed_with_the_loop(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    url, name = _named(redis_url)
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+    seen: list[tuple[asyncio.AbstractEventLoop, int]] = []
+
+    async def a_turn_in_this_loop(n: int) -> list[str]:
+        await memory.aappend(CID, [Message.user(f"q{n}"), Message.assistant(f"a{n}")])
+        loaded = [m.text for m in await memory.aload(CID, last_turns=5)]
+        # The pool in use is this loop's: the async call did not hop to another thread.
+        assert memory._loops.loops() == [asyncio.get_running_loop()]
+        seen.append((asyncio.get_running_loop(), _open(redis_client, name)))
+        return loaded
+
+    assert asyncio.run(a_turn_in_this_loop(1)) == ["q1", "a1"]
+    # asyncio.run's shutdown closed that loop's pool: no connection is left open.
+    assert memory._loops.loops() == []
+    assert _open(redis_client, name) == 0
+    assert asyncio.run(a_turn_in_this_loop(2)) == ["q1", "a1", "q2", "a2"]
+    assert _open(redis_client, name) == 0
+    (first, open_in_first), (second, open_in_second) = seen
+    assert first is not second and open_in_first >= 1 and open_in_second >= 1
+    memory.close()
+
+
+def test_sync_and_async_calls_mix_from_threads_and_loops(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    url, name = _named(redis_url)
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+
+    async def in_a_loop(tag: str) -> None:
+        for n in range(5):
+            await memory.aappend(CID, [Message.user(f"{tag}{n}")])
+            # A sync call from inside a running loop still works (I/O on this thread).
+            assert memory.load(CID, last_turns=1)[-1].text.startswith(("a", "b", "s"))
+
+    def sync_calls() -> None:
+        for n in range(5):
+            memory.append(CID, [Message.user(f"s{n}")])
+
+    threads = [
+        threading.Thread(target=asyncio.run, args=(in_a_loop("a"),)),
+        threading.Thread(target=asyncio.run, args=(in_a_loop("b"),)),
+        threading.Thread(target=sync_calls),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    texts = {m.text for m in memory.load(CID)}
+    assert texts == {f"{tag}{n}" for tag in "abs" for n in range(5)}
+    # A method with no sync path of its own runs on the bridge loop, with that loop's pool.
+    assert memory.summary(CID) is None
+    assert asyncio.run(memory.aunsummarised_turns(CID)) == 15
+    memory.close()
+    _eventually_none_open(redis_client, name)
+
+
+def test_close_closes_the_pool_of_every_loop_and_the_memory_stays_usable(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    url, name = _named(redis_url)
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+    # A loop that keeps running on another thread while the memory is closed.
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    try:
+        asyncio.run_coroutine_threadsafe(memory.aappend(CID, [Message.user("x")]), loop).result(10)
+        assert memory.summary(CID) is None  # the bridge loop's pool
+        memory.load(CID)  # the sync pool
+        assert len(memory._loops.loops()) == 2
+        assert _open(redis_client, name) >= 3
+        memory.close()
+        assert memory._loops.loops() == []
+        assert _open(redis_client, name) == 0  # close waited for the other loops' closes
+        # Closed is not dead: the next call opens a pool again, and aclose closes it.
+        assert asyncio.run_coroutine_threadsafe(memory.aload(CID), loop).result(10) == [
+            Message.user("x")
+        ]
+        asyncio.run_coroutine_threadsafe(memory.aclose(), loop).result(10)
+        assert _open(redis_client, name) == 0
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+
+
+async def test_aclose_closes_the_running_loops_pool_at_once(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    url, name = _named(redis_url)
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+    await memory.aappend(CID, [Message.user("x")])
+    assert await asyncio.to_thread(_open, redis_client, name) >= 1
+    await memory.aclose()
+    assert await asyncio.to_thread(_open, redis_client, name) == 0
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_loop_closed_without_shutdown_is_forgotten_on_the_next_call(
+    redis_url: str, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(memory.aappend(CID, [Message.user("x")]))
+    loop.close()  # no shutdown_asyncgens: nothing could close that loop's pool
+    assert memory._loops.loops() == [loop]
+
+    async def load() -> list[Message]:
+        loaded = await memory.aload(CID)
+        assert memory._loops.loops() == [asyncio.get_running_loop()]
+        return loaded
+
+    assert asyncio.run(load()) == [Message.user("x")]
+    memory.close()
+    del loop
+    gc.collect()  # the forgotten pool's sockets go here (their warning is ignored above)
+
+
+def test_a_turn_held_in_one_loop_commits_from_another(redis_url: str, key_prefix: str) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    asyncio.run(memory.areserve(CID, "turn-1"))  # its renewer ends with that loop
+    turn = [Message.user("q"), Message.assistant("a")]
+    asyncio.run(memory.acommit_turn(CID, "turn-1", turn))
+    assert memory.load(CID) == turn
+    # The lease went with the commit: another turn takes it at once.
+    asyncio.run(memory.areserve(CID, "turn-2"))
+    asyncio.run(memory.arelease(CID, "turn-2"))
+    memory.close()
+
+
+def test_an_idle_loops_pool_closes_when_that_loop_runs_again(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    url, name = _named(redis_url)
+    memory = RedisConversationMemory(url, prefix=key_prefix)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(memory.aappend(CID, [Message.user("x")]))
+        memory.close()  # the loop is idle: nothing can run in it now
+        assert memory._loops.loops() == []
+        assert _open(redis_client, name) >= 1
+
+        async def until_closed() -> None:
+            deadline = time.monotonic() + 5
+            while _open(redis_client, name) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(until_closed())
+        assert _open(redis_client, name) == 0
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
