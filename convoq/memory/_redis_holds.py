@@ -18,7 +18,7 @@ from convoq.errors import ConversationBusyError, StaleFenceError
 from convoq.messages import Message
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._holding import commit_held, reserve, unreserve
-from convoq.redis._replies import stale_fence
+from convoq.redis._refusals import stale_fence
 from convoq.redis.protocol import TurnProtocol
 
 log = logging.getLogger("convoq.memory")

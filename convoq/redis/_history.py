@@ -41,7 +41,8 @@ from convoq.redis._codec import (
     text,
     usage_of,
 )
-from convoq.redis._replies import LoadReply, stale_fence, stored_data_error, version_error
+from convoq.redis._refusals import refusal_error, version_error
+from convoq.redis._replies import AppendReply, LoadReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Scripts, Steps
 from convoq.window import last_turns as window_last_turns
@@ -86,11 +87,9 @@ def load_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[list[
         plain = yield from plain_window_steps(keys, cid, window)
         if plain is not None:
             return plain
-        reply = yield ScriptCall("load", keys.history_keys(cid), [window])
-        error = stored_data_error(reply[0], reply, keys, cid)
-        if error is not None:
-            raise error
-        loaded = LoadReply.parse(reply)
+        loaded = LoadReply.parse((yield ScriptCall("load", keys.history_keys(cid), [window])))
+        if loaded.refusal is not None:
+            raise refusal_error(loaded.refusal, keys, cid, None)
         if loaded.elements is not None:
             return decode_window(keys, cid, loaded.lead, loaded.elements, loaded.blobs)
     return (yield from chunked_steps(keys, cid, window))
@@ -261,13 +260,10 @@ def append_steps(
     args: list[Any] = [APPEND_ID_TTL_MS, "" if fence is None else fence, lead_element, orphan]
     args += [counters, len(elements), *elements, *encoded.blob_args()]
     script_keys = [*keys.history_keys(cid), applied, keys.lease(cid)]
-    reply = yield ScriptCall("append", script_keys, args)
-    if reply[0] == "STALE":
-        raise stale_fence(cid, fence=fence)
-    error = stored_data_error(reply[0], reply, keys, cid)
-    if error is not None:
-        raise error
-    return bool(reply[0] == "OK")
+    appended = AppendReply.parse((yield ScriptCall("append", script_keys, args)))
+    if appended.refusal is not None:
+        raise refusal_error(appended.refusal, keys, cid, None, fence)
+    return appended.applied
 
 
 async def append_history(

@@ -13,15 +13,11 @@ refusals, :mod:`convoq.redis._refusals`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from convoq.errors import CorruptDataError, UnsupportedFormatVersionError
 from convoq.redis._codec import pairs_to_dict, text
-from convoq.redis._refusals import Refusal, malformed, refusal_error
-from convoq.redis._refusals import stale_fence as stale_fence  # the history's writes
-from convoq.redis._refusals import version_error as version_error  # and reads use them
-from convoq.redis.keys import KeySchema
+from convoq.redis._refusals import Refusal, malformed
 
 
 class _Items:
@@ -320,17 +316,43 @@ class EndReply:
 
 @dataclass(frozen=True)
 class LoadReply:
-    """The 'OK' reply of ``load``: the lead and window elements and the blobs they refer
-    to; ``elements`` None when the window was too long for one script call."""
+    """``load``: 'OK' with the lead and window elements and the blobs they refer to
+    (``elements`` None when the window was too long for one script call); else
+    ``refusal`` ('VERSION' or 'CORRUPT')."""
 
-    lead: Any
-    elements: Any
-    blobs: dict[str, bytes]
+    lead: Any = None
+    elements: Any = None
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    refusal: Refusal | None = None
 
     @classmethod
     def parse(cls, reply: Any) -> LoadReply:
-        r = _Items("load", reply).sized(3)
+        r = _Items("load", reply)
+        if r.status != "OK":
+            return cls(refusal=r.refusal())
+        r.sized(3)
         return cls(r.array(1), r.array(2, optional=True), r.pairs(3))
+
+
+@dataclass(frozen=True)
+class AppendReply:
+    """``append``: 'OK' (the turn was written; ``applied`` True) or 'APPLIED' (an append
+    with that id was applied before: nothing written, ``applied`` False); else
+    ``refusal`` ('STALE', 'VERSION' or 'CORRUPT')."""
+
+    applied: bool
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> AppendReply:
+        r = _Items("append", reply)
+        if r.status == "OK":
+            r.sized(1).integer(1)
+            return cls(True)
+        if r.status == "APPLIED":
+            r.sized(0)
+            return cls(False)
+        return cls(False, r.refusal())
 
 
 @dataclass(frozen=True)
@@ -364,15 +386,3 @@ class WindowReply:
             found = None if summary is None else text(summary)
             return cls(False, found, resume=(r.integer(5), *moved))
         return cls(False, refusal=r.refusal())
-
-
-def stored_data_error(
-    code: str, reply: list[Any], keys: KeySchema, cid: str, script: str = "history"
-) -> CorruptDataError | UnsupportedFormatVersionError | None:
-    """The error for a 'VERSION' or 'CORRUPT' reply, else None (``script``: named when
-    the reply is malformed; the history module's ``load`` and ``append`` call this)."""
-    if code not in ("VERSION", "CORRUPT"):
-        return None
-    error = refusal_error(_Items(script, reply).refusal(), keys, cid, None)
-    assert isinstance(error, (CorruptDataError, UnsupportedFormatVersionError))
-    return error

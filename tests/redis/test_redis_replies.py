@@ -26,10 +26,12 @@ from convoq.errors import (
 from convoq.limits import QueueLimits
 from convoq.messages import Message, ToolCall
 from convoq.redis import TurnEnding, TurnProtocol
+from convoq.redis._history import append_history
 from convoq.redis._holding import commit_held, reserve, unreserve
 from convoq.redis._refusals import ANY, REFUSALS, Refusal, refusal_error
 from convoq.redis._replies import (
     AdmitReply,
+    AppendReply,
     CountReply,
     DiscardReply,
     EndReply,
@@ -127,6 +129,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "admit": AdmitReply.parse,
     "acquire": TakeReply.parse,
     "load": LoadReply.parse,
+    "append": AppendReply.parse,
     "window": WindowReply.parse,
     "discard": DiscardReply.parse,
     "reserve": ReserveReply.parse,
@@ -215,6 +218,12 @@ async def _drive_every_script(proto: TurnProtocol) -> dict[str, Any]:
     summary = Summary.of("said t1", watermark=1, version=1)
     await adrive(commit_steps(proto.keys, CID, summary, basis), proto.scripts.perform)
     seen["dropped"] = await proto.prune(CID, keep_last_turns=0)
+    # A memory's append, then the same append again (applied before: nothing written).
+    turn = exchange("t4")
+    for key in ("appended", "replayed"):
+        seen[key] = await append_history(
+            proto.scripts, proto.keys, "mem", turn, proto.limits, append_id="a1"
+        )
     return seen
 
 
@@ -248,6 +257,8 @@ async def test_real_replies_parse_into_their_records(
     assert parsed["discard"][0] == DiscardReply(queued=0)
     assert [o.status for o in parsed["decide"]] == ["RESUME"]
     assert parsed["park"][0] == parsed["clear"][0] == Outcome("OK")
+    assert parsed["append"] == [AppendReply(True), AppendReply(False)]
+    assert (seen["appended"], seen["replayed"]) == (True, False)
     loaded = LoadReply.parse(seen["loaded"])
     assert loaded.lead == [] and len(loaded.elements) == 1
     window = parsed["window"][0]
@@ -274,6 +285,8 @@ async def test_real_replies_parse_into_their_records(
         ("window", ["DONE", 0, -1, None, []]),  # inline answers carry three lists
         ("window", ["MORE", 1, 2, 3]),
         ("load", ["OK", [], []]),
+        ("append", ["OK"]),  # the total is missing
+        ("append", ["APPLIED", 1]),
         ("cancel", []),  # no status at all
         ("decide", None),
         ("park", [7]),  # a status that is no string
