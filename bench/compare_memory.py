@@ -146,8 +146,8 @@ async def _measure(urls: dict[str, str], table: Table) -> None:
             names = {"convoq": "convoq", "off": "convoq, fast paths off",
                      "session": session_name, "langchain": langchain_name,
                      "validate": "validate_json alone of those messages"}  # fmt: skip
-            per_round = 5 if size < 10_000 else 2
-            medians = await alternating_ms(for_rounds(7, 3), per_round, calls)
+            per_round = 10 if size < 10_000 else 3
+            medians = await alternating_ms(for_rounds(9, 3), per_round, calls)
             for key, values in medians.items():
                 what = f"full load of {size:,} turns: {names[key]}"
                 for value in values:

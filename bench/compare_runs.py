@@ -239,7 +239,7 @@ def _bursts(systems: dict[str, System], table: Table) -> None:
     with ThreadPoolExecutor(CONVERSATIONS) as pool:
         for key in keys:  # warm-up: the threads, their connections
             _burst(pool, systems[key])
-        for n in range(for_rounds(6, 3)):
+        for n in range(for_rounds(8, 3)):
             for key in rotated(keys, n):
                 system = systems[key]
                 mode = "off" if key == "off" else "on"
