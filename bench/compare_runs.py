@@ -4,8 +4,10 @@ Celery task, each system on its own private redis-server with its own worker pro
 
 - End to end: one turn at a time, submit to result, on a new conversation (zero model:
   an async function answering "ok"; a 300-byte reply; a sync function) and on
-  conversations holding 10 and 1,000 stored turns (populated before timing, for convoq
-  and the hand-built task alike). Each round times every (row, system) cell in turn.
+  conversations holding 10 and 1,000 stored turns, populated before timing for convoq
+  and the hand-built task alike: each 10-turn turn on a conversation of its own, each
+  round's 1,000-turn turns on a conversation of that round (1,000 to 1,000 + turns per
+  round). Each round times every (row, system) cell in turn.
 - Burst: 50 conversations x 4 turns, the same 50 submitter threads for every system (each
   runs one conversation: its 4 turns submitted, then awaited). Peers: bare Celery (4
   tasks), the hand-built task as a Celery chain per conversation (its turns in order,
@@ -53,6 +55,8 @@ SECTION_BURST = "burst: 50 conversations x 4 turns, 50 submitter threads"
 SECTION_COST = "cost per plain turn"
 CONVERSATIONS, TURNS_EACH = 50, 4
 STORED = (10, 1_000)
+WARM_UP = 10  # untimed turns of each cell before the first round
+_CONCURRENT_TURNS = 500  # at most this many appends in flight while populating
 # convoq's agent (bench.compare) for each kind of zero-latency model; the peers call a
 # plain function in every case, so "sync" is their "ok".
 AGENTS = {"ok": "zero", "300": "zero300", "sync": "zerosync"}
@@ -69,7 +73,15 @@ class System:
     worker: Popen[bytes]
     turn: Callable[[str, str], None]
     conversation: Callable[[str], None]
-    stored: dict[int, str] = field(default_factory=dict)  # stored turns -> conversation id
+    # stored turns -> the populated conversations' ids (see ``stored_conversation``)
+    stored: dict[int, list[str]] = field(default_factory=dict)
+
+    def stored_conversation(self, size: int, round_number: int) -> str:
+        """A conversation holding ``size`` stored turns: for 10, one never used before;
+        else the round's own (round -1: the warm-up's)."""
+        if size == STORED[0]:
+            return self.stored[size].pop()
+        return self.stored[size][round_number + 1]
 
 
 def _new() -> str:
@@ -166,14 +178,37 @@ def _populate_convoq(url: str, prefix: str, mode: str, system: System) -> None:
         fast_paths_mode(mode)
         memory = RedisConversationMemory(client=connect(url), prefix=prefix)
         try:
-            for size in STORED:
-                system.stored[size] = f"stored-{size}"
-                await populate_convoq(memory, system.stored[size], size)
-            assert len(await memory.aload(system.stored[STORED[-1]])) == 2 * STORED[-1]
+            for size, cids in _stored_ids().items():
+                system.stored[size] = cids
+                step = _CONCURRENT_TURNS // size or 1  # conversations populated at once
+                for first in range(0, len(cids), step):
+                    await asyncio.gather(
+                        *(populate_convoq(memory, c, size) for c in cids[first : first + step])
+                    )
+            for size, cids in system.stored.items():
+                assert len(await memory.aload(cids[-1])) == 2 * size
         finally:
             await memory.aclose()
 
     asyncio.run(populate())
+
+
+def _stored_ids() -> dict[int, list[str]]:
+    """The conversations to populate: for 10 turns one per timed turn (and warm-up turn),
+    for 1,000 one per round (and the warm-up)."""
+    rounds, per_round = _rounds(), _per_round()
+    return {
+        STORED[0]: [f"stored-10-{n}" for n in range(rounds * per_round + WARM_UP)],
+        STORED[1]: [f"stored-1000-{n}" for n in range(rounds + 1)],
+    }
+
+
+def _rounds() -> int:
+    return for_rounds(10, 3)
+
+
+def _per_round() -> int:
+    return for_rounds(30, 10)
 
 
 def _populate_hand(url: str, system: System) -> None:
@@ -182,11 +217,18 @@ def _populate_hand(url: str, system: System) -> None:
     async def populate() -> None:
         client = aioredis.Redis.from_url(url)
         try:
-            for size in STORED:
-                system.stored[size] = f"stored-{size}"
-                session = session_type(system.stored[size], redis_client=client,
-                                       key_prefix=peers.HAND_PREFIX)  # fmt: skip
-                await populate_session(session, size)
+            for size, cids in _stored_ids().items():
+                system.stored[size] = cids
+                sessions = [session_type(cid, redis_client=client, key_prefix=peers.HAND_PREFIX)
+                            for cid in cids]  # fmt: skip
+                step = _CONCURRENT_TURNS // size or 1
+                for first in range(0, len(sessions), step):
+                    await asyncio.gather(
+                        *(populate_session(s, size) for s in sessions[first : first + step])
+                    )
+            for size, cids in system.stored.items():
+                last = session_type(cids[-1], redis_client=client, key_prefix=peers.HAND_PREFIX)
+                assert len(await last.get_items()) == 2 * size
         finally:
             await client.aclose()
 
@@ -205,13 +247,12 @@ E2E_ROWS = [
 
 
 def _end_to_end(systems: dict[str, System], table: Table) -> None:
-    per_round = for_rounds(30, 10)
     cells = [(row, key) for row in E2E_ROWS for key in row[4]]
     for row, key in cells:  # warm-up, untimed: connections, imports, the workers' threads
-        _timed_turns(systems[key], row[2], row[3], 10)
-    for n in range(for_rounds(10, 3)):
+        _timed_turns(systems[key], row[2], row[3], WARM_UP, -1)
+    for n in range(_rounds()):
         for (row_key, title, kind, stored, _), key in rotated(cells, n):
-            ms = _timed_turns(systems[key], kind, stored, per_round)
+            ms = _timed_turns(systems[key], kind, stored, _per_round(), n)
             table.add(f"{row_key}-{key}", SECTION_E2E, f"{title}: {systems[key].name}", "ms",
                       statistics.median(ms))  # fmt: skip
     for row_key, title, _, _, keys in E2E_ROWS:
@@ -223,10 +264,12 @@ def _end_to_end(systems: dict[str, System], table: Table) -> None:
         table.ratio(f"{title}: convoq off / on", f"{row_key}-off", f"{row_key}-convoq")
 
 
-def _timed_turns(system: System, kind: str, stored: int, turns: int) -> list[float]:
+def _timed_turns(
+    system: System, kind: str, stored: int, turns: int, round_number: int
+) -> list[float]:
     samples = []
     for _ in range(turns):
-        cid = system.stored[stored] if stored else _new()
+        cid = system.stored_conversation(stored, round_number) if stored else _new()
         start = time.perf_counter()
         system.turn(cid, kind)
         samples.append((time.perf_counter() - start) * 1000)

@@ -134,7 +134,7 @@ def _table(medians: dict[tuple[str, int, str], list[float]], rounds: int) -> str
     lines = [
         f"median [min-max] over {rounds} rounds of each round's median; x10: per-round ratio"
         " to the 10-turn conversation",
-        f"{'store':<12}{'turns':>7}  {'append ms':<27}{'x10':<19}{'load-10 ms':<27}x10",
+        f"{'store':<12}{'turns':>7}  {'append ms':<27}{'x10':<22}{'load-10 ms':<27}x10",
     ]
     stores = dict.fromkeys(store for store, _, _ in medians)  # in their first round's order
     for store in sorted(stores):
@@ -145,7 +145,7 @@ def _table(medians: dict[tuple[str, int, str], list[float]], rounds: int) -> str
                 base = medians[store, SIZES[0], op]
                 cells += [spread(values, 3), spread(ratios(values, base), 1)]
             lines.append(
-                f"{store:<12}{size:>7}  {cells[0]:<27}{cells[1]:<19}{cells[2]:<27}{cells[3]}"
+                f"{store:<12}{size:>7}  {cells[0]:<27}{cells[1]:<22}{cells[2]:<27}{cells[3]}"
             )
     return "\n".join(lines)
 
