@@ -156,6 +156,7 @@ async def _measure(urls: dict[str, str], table: Table) -> None:
                         f"full{size}-convoq")  # fmt: skip
             table.ratio(f"full load {size:,}: validate_json alone / RedisSession",
                         f"full{size}-validate", f"full{size}-session")  # fmt: skip
+        fast_paths_mode("on")  # the last timed call may have been the off memory's
         await _url_or_client(from_url, convoq, table)
     finally:
         fast_paths_mode(None)
