@@ -1,9 +1,15 @@
-"""Run benchmarks by name: ``python -m bench [NAME ...]`` (no name: all of them)."""
+"""Run benchmarks by name: ``python -m bench [--quick] [NAME ...]`` (no name: all of them).
+
+``--quick`` (or ``BENCH_QUICK=1``) runs fewer rounds where a benchmark offers it, for
+iterating. Each benchmark's output starts and ends with the machine's load average."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from bench._harness import load_line
 
 # name -> module with a ``main() -> None``. Add a line here to register a benchmark.
 BENCHMARKS: dict[str, str] = {
@@ -27,14 +33,18 @@ BENCHMARKS: dict[str, str] = {
 
 
 def main(argv: list[str]) -> int:
-    names = argv or list(BENCHMARKS)
+    if "--quick" in argv:
+        os.environ["BENCH_QUICK"] = "1"
+    names = [name for name in argv if name != "--quick"] or list(BENCHMARKS)
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
         print(f"unknown benchmark {', '.join(unknown)}; choose from: {', '.join(BENCHMARKS)}")
         return 2
     for name in names:
         print(f"== {name} ({BENCHMARKS[name]})", flush=True)
+        print(load_line("start"), flush=True)
         importlib.import_module(BENCHMARKS[name]).main()
+        print(load_line("end"), flush=True)
     return 0
 
 

@@ -1,12 +1,18 @@
-"""convoq next to what users would pick instead, measured side by side in one run on one
-redis-server (the system's, else the embedded one): three runs, medians and ranges, one
-table. The numbered rows are the bars of the performance work (see bench/README.md).
+"""convoq next to what users would pick instead, each system on its own private
+redis-server (all configured alike: ``bench._harness.PERSISTENCE``), every history
+populated before anything is timed, the systems alternating round by round. Each row is
+a median [min-max] over rounds of a round's figure; each ratio is taken round by round
+(two systems of the same round) and shown as median [min-max] of those per-round ratios.
+A bar is met only when every round's ratio meets it.
 
-Peers (``bench.peers``): OpenAI Agents' RedisSession, langchain-community's
-RedisChatMessageHistory, a bare Celery task with a Redis result backend and ``.get()``, and
-a hand-built Celery task (RedisSession last 10 turns + model + ``add_items``).
+Systems: convoq, convoq with ``CONVOQ_FAST_PATHS=off`` (its own worker, client and
+memory in that mode), a bare Celery task with a Redis result backend and ``.get()``, a
+hand-built Celery task (RedisSession last 10 turns + model + ``add_items``; for a burst
+also as a Celery chain per conversation, the peer that keeps each conversation's turns in
+order), OpenAI Agents' RedisSession alone and langchain-community's
+RedisChatMessageHistory (``bench.peers``).
 
-Run ``python -m bench compare`` (``make bench`` installs the peers and runs everything).
+Run ``python -m bench compare`` (``--quick`` or ``BENCH_QUICK=1``: fewer rounds).
 This module is also the agent profile module of the convoq workers it starts.
 """
 
@@ -14,25 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
-import redis
+from celery import Celery
 
+from bench._harness import PERSISTENCE_TEXT, quick, ratios, spread
+from bench.peers import REPLIES
 from convoq import Agent
 from convoq.models import ModelRequest, ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = 3
+FULL_SIZES = (1_000, 10_000)  # stored turns of the whole-history loads
 
 
 # -- the agents of the convoq workers ---------------------------------------------------------
@@ -41,112 +48,123 @@ async def _half_second(_request: ModelRequest) -> str:
     return "ok"
 
 
-def _blocking_half_second(_request: ModelRequest) -> str:
-    time.sleep(0.5)  # a sync model function, as users write them
-    return "ok"
-
-
 async def _at_once(_request: ModelRequest) -> str:
-    # Async, like a model client awaiting its server: a sync function would run on the
-    # worker's blocking-call threads, a thread hop per call.
-    return "ok"
+    # Async, like a model client awaiting its server.
+    return REPLIES["ok"]
 
 
-zero = Agent(ScriptedModel(_at_once, name="zero"), name="zero")
+async def _at_once_300(_request: ModelRequest) -> str:
+    return REPLIES["300"]
+
+
+def _at_once_sync(_request: ModelRequest) -> str:
+    return REPLIES["ok"]  # a plain function, as users write them
+
+
+# The last 10 turns go to the model, as the hand-built task's ``get_items(limit=20)``
+# (an Agent's default, keep_last_turns=0, sends the whole history).
+WINDOW = 10
+zero = Agent(ScriptedModel(_at_once, name="zero"), name="zero", keep_last_turns=WINDOW)
+zero300 = Agent(ScriptedModel(_at_once_300, name="zero300"), name="zero300",
+                keep_last_turns=WINDOW)  # fmt: skip
+zerosync = Agent(ScriptedModel(_at_once_sync, name="zerosync"), name="zerosync",
+                 keep_last_turns=WINDOW)  # fmt: skip
 slow = Agent(ScriptedModel(_half_second, name="slow"), name="slow")
-blocking = Agent(ScriptedModel(_blocking_half_second, name="blocking"), name="blocking")
 
 
 # -- the table ---------------------------------------------------------------------------------
+@dataclass
 class Row:
-    """One measured figure: a value per run, shown as median [min-max]."""
+    """One measured figure: one value per round."""
 
-    def __init__(self, item: str, what: str, unit: str) -> None:
-        self.item, self.what, self.unit = item, what, unit
-        self.values: list[float] = []
+    section: str
+    what: str
+    unit: str
+    values: list[float]
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
 
-    def shown(self) -> str:
-        if not self.values:
-            return "n/a"
-        low, high = min(self.values), max(self.values)
-        digits = 3 if self.median < 10 else 1
-        return f"{self.median:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}] {self.unit}"
+@dataclass
+class Ratio:
+    """``a / b`` round by round; with a bar (``op`` "<=" or ">=", ``limit``) when it is one.
+    Without ``b``: ``a``'s own values against the bar."""
+
+    what: str
+    a: str
+    b: str | None
+    op: str = ""
+    limit: float = 0.0
+
+    def values(self, rows: dict[str, Row]) -> list[float]:
+        if self.b is None:
+            return rows[self.a].values
+        return ratios(rows[self.a].values, rows[self.b].values)
+
+    def met(self, values: list[float]) -> bool:
+        """Every round's value meets the bar: a range that crosses it is not met."""
+        if self.op == "<=":
+            return max(values) <= self.limit
+        return min(values) >= self.limit
 
 
 class Table:
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
-        self.checks: list[tuple[str, Callable[[], tuple[str, bool]]]] = []
+        self.ratios: list[Ratio] = []
+        self.bars: list[Ratio] = []
 
-    def add(self, key: str, item: str, what: str, unit: str, value: float) -> None:
-        self.rows.setdefault(key, Row(item, what, unit)).values.append(value)
+    def add(self, key: str, section: str, what: str, unit: str, value: float) -> None:
+        self.rows.setdefault(key, Row(section, what, unit, [])).values.append(value)
 
-    def bar(self, item: str, check: Callable[[], tuple[str, bool]]) -> None:
-        self.checks.append((item, check))
+    def ratio(self, what: str, a: str, b: str) -> None:
+        self.ratios.append(Ratio(what, a, b))
+
+    def bar(self, what: str, a: str, b: str | None, op: str, limit: float) -> None:
+        self.bars.append(Ratio(what, a, b, op, limit))
 
     def render(self) -> str:
         width = max(len(r.what) for r in self.rows.values()) + 2
-        lines = [f"{'item':<5}{'measured':<{width}}median [min-max] of {RUNS} runs"]
+        lines = [f"{'measured':<{width}}median [min-max] over rounds (rounds)"]
+        section = ""
         for row in self.rows.values():
-            lines.append(f"{row.item:<5}{row.what:<{width}}{row.shown()}")
-        lines.append("")
-        lines.append("bars (ratios of medians from this run):")
-        for item, check in self.checks:
+            if row.section != section:
+                section = row.section
+                lines.append(f"-- {section}")
+            digits = 3 if statistics.median(row.values) < 10 else 1
+            shown = f"{spread(row.values, digits)} {row.unit}"
+            lines.append(f"{row.what:<{width}}{shown} ({len(row.values)})")
+        lines += ["", "ratios, round by round: median [min-max] of the per-round ratios"]
+        width = max(len(r.what) for r in [*self.ratios, *self.bars]) + 2
+        for r in self.ratios:
+            lines.append(f"  {r.what:<{width}}{self._shown(r)}")
+        lines += ["", "bars (met only when every round meets it):"]
+        for r in self.bars:
             try:
-                text, met = check()
-            except (KeyError, statistics.StatisticsError, ZeroDivisionError) as exc:
-                text, met = f"not measured ({exc})", False
-            lines.append(f"  {item:<4} {'MET ' if met else 'NOT '} {text}")
+                values = r.values(self.rows)
+                verdict = "MET " if r.met(values) else "NOT "
+                shown = f"{spread(values)}  (bar {r.op} {r.limit:g})"
+            except (KeyError, ValueError, ZeroDivisionError) as exc:
+                verdict, shown = "NOT ", f"not measured ({exc!r})"
+            lines.append(f"  {verdict} {r.what:<{width}}{shown}")
         return "\n".join(lines)
 
-
-# -- infrastructure ----------------------------------------------------------------------------
-@contextmanager
-def redis_server(directory: Path) -> Iterator[str]:
-    """A private redis-server (AOF everysec) on a free port; its URL."""
-    import socket
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        from convoq.redis import embedded
-
-        url = embedded.embedded_url(directory)
+    def _shown(self, r: Ratio) -> str:
         try:
-            yield url
-        finally:
-            embedded.stop(directory)
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-               "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        yield url
-    finally:
-        client.close()
-        server.terminate()
-        server.wait(10)
+            return spread(r.values(self.rows))
+        except (KeyError, ValueError, ZeroDivisionError) as exc:
+            return f"not measured ({exc!r})"
 
 
-def worker_env(url: str, prefix: str, home: Path, concurrency: int) -> dict[str, str]:
-    # The fast-paths switch passes through: `CONVOQ_FAST_PATHS=off python -m bench ...`
-    # measures what the shortcuts save.
+# -- workers -----------------------------------------------------------------------------------
+def worker_env(
+    url: str, prefix: str, home: Path, concurrency: int, fast_paths: str | None = None
+) -> dict[str, str]:
+    """The environment of a convoq worker (agents from this module) or a peer worker on
+    the server at ``url``. ``fast_paths`` sets ``CONVOQ_FAST_PATHS``; else the caller's
+    passes through (``CONVOQ_FAST_PATHS=off python -m bench fair``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOQ_")}
-    if "CONVOQ_FAST_PATHS" in os.environ:
+    if fast_paths is not None:
+        env["CONVOQ_FAST_PATHS"] = fast_paths
+    elif "CONVOQ_FAST_PATHS" in os.environ:
         env["CONVOQ_FAST_PATHS"] = os.environ["CONVOQ_FAST_PATHS"]
     env.update(
         CONVOQ_REDIS_URL=url,
@@ -160,41 +178,84 @@ def worker_env(url: str, prefix: str, home: Path, concurrency: int) -> dict[str,
     return env
 
 
-def start_convoq_worker(stack: ExitStack, env: dict[str, str], home: Path, client: Any) -> None:
+def start_convoq_worker(stack: ExitStack, env: dict[str, str], home: Path, client: Any) -> Popen:
+    """A convoq worker process, once registered; stopped when ``stack`` closes."""
     from convoq.worker._spawn import worker_process
 
     name = f"bench-{uuid.uuid4().hex[:6]}@localhost"
     log = home / f"{name}.log"
-    stack.enter_context(
+    return stack.enter_context(
         worker_process(name, env, log, "--loglevel=warning", registered=client.workers, cwd=ROOT)
     )
 
 
-def start_peer_worker(stack: ExitStack, env: dict[str, str], home: Path) -> None:
+def start_peer_worker(stack: ExitStack, env: dict[str, str], home: Path, app: Celery) -> Popen:
+    """A Celery worker of ``bench.peers`` (threads pool, 100 threads: convoq's slots) on
+    ``env``'s server, once it answers a task sent through ``app``."""
     from bench import peers
     from convoq.worker._spawn import process
 
+    name = f"peers-{uuid.uuid4().hex[:6]}"
     command = [sys.executable, "-m", "celery", "-A", "bench.peers:celery_app", "worker",
                "--pool=threads", "--concurrency=100", f"--queues={peers.QUEUE}",
                "--loglevel=warning", "--without-mingle", "--without-gossip",
-               "--hostname=peers@localhost"]  # fmt: skip
-    stack.enter_context(process(command, env, home / "peers.log", cwd=ROOT))
-    peers.celery_app.send_task("bench.bare", args=["ready"]).get(timeout=60)
+               f"--hostname={name}@localhost"]  # fmt: skip
+    child = stack.enter_context(process(command, env, home / f"{name}.log", cwd=ROOT))
+    app.send_task("bench.bare", args=["ready"]).get(timeout=60)
+    return child
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants, with their reaped children's
+    (``/proc/<pid>/stat``), in seconds."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, field 3 is first
+    total = sum(int(f) for f in fields[11:15]) / _TICKS  # utime stime cutime cstime
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        total += sum(process_cpu_s(int(child)) for child in children)
+    return total
 
 
 def main() -> None:
-    from bench import compare_runs
+    from bench import compare_memory, compare_runs
 
     started = time.monotonic()
+    rounds = "quick" if quick() else "full"
+    print(f"private redis-server per system ({PERSISTENCE_TEXT}); {rounds} rounds", flush=True)
+    table = Table()
     with tempfile.TemporaryDirectory(prefix="convoq-bench-") as tmp:
-        home = Path(tmp)
-        (home / "redis").mkdir()
-        with redis_server(home / "redis") as url:
-            version = redis.Redis.from_url(url).info()["redis_version"]
-            print(f"redis-server {version}, AOF everysec; {os.cpu_count()} CPUs", flush=True)
-            table = compare_runs.run_all(url, home)
+        compare_memory.run(Path(tmp) / "memory", table)
+        print(f"(memory rows done after {time.monotonic() - started:.0f}s)", flush=True)
+        compare_runs.run(Path(tmp) / "queued", table)
+    _bars(table)
     print(table.render())
     print(f"(took {time.monotonic() - started:.0f}s)")
+
+
+def _bars(t: Table) -> None:
+    for size in FULL_SIZES:
+        t.bar(f"full load at {size:,}: convoq / RedisSession", f"full{size}-convoq",
+              f"full{size}-session", "<=", 1.0)  # fmt: skip
+    for op in ("append", "load-10"):
+        t.bar(f"memory from a URL, async {op} / given a client", f"{op}-url", f"{op}-client",
+              "<=", 1.1)  # fmt: skip
+    t.bar("worker CPU per turn (burst): convoq / hand-built", "cpu-convoq", "cpu-hand", "<=", 1.0)
+    t.bar("burst 50 x 4: convoq / hand-built ordered chain", "burst-convoq", "burst-chain",
+          ">=", 1.0)  # fmt: skip
+    t.bar("burst 50 x 4: convoq / bare Celery", "burst-convoq", "burst-bare", ">=", 0.6)
+    t.bar("round trip, zero model, new conv: convoq / bare Celery", "new-convoq", "new-bare",
+          "<=", 1.3)  # fmt: skip
+    t.bar("Redis commands per plain turn: convoq", "cmds-convoq", None, "<=", 35)
 
 
 if __name__ == "__main__":

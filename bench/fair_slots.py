@@ -30,7 +30,8 @@ from pathlib import Path
 
 import redis
 
-from bench.compare import redis_server, start_convoq_worker, worker_env
+from bench._harness import redis_server
+from bench.compare import start_convoq_worker, worker_env
 from convoq import AsyncClient, Client
 
 SLOTS = 32

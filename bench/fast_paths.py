@@ -16,14 +16,13 @@ The worker's own line is measured by ``python -m bench fair`` (run it with
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 import timeit
 import uuid
 from collections.abc import Awaitable, Callable
 
-from bench._harness import embedded_redis, print_run
+from bench._harness import embedded_redis, fast_paths_mode, print_run
 from bench.memory_append import a_turn
 from convoq.client import AsyncClient
 from convoq.memory.redis import RedisConversationMemory
@@ -37,11 +36,6 @@ WINDOW = 10
 MODES = ("on", "off")
 
 
-def _in_mode(mode: str) -> None:
-    """Objects built now take the mode (the switch is read when they are built)."""
-    os.environ["CONVOQ_FAST_PATHS"] = mode
-
-
 async def _timed(samples: list[float], call: Callable[[], Awaitable[object]]) -> None:
     for _ in range(PER_ROUND):
         started = time.perf_counter()
@@ -53,7 +47,7 @@ async def _run(url: str) -> str:
     times: dict[tuple[str, str], list[float]] = {}
     async_memories, sync_memories, clients = {}, {}, {}
     for mode in MODES:
-        _in_mode(mode)
+        fast_paths_mode(mode)
         async_memories[mode] = RedisConversationMemory(client=connect(url), prefix=f"b-{mode}")
         sync_memories[mode] = RedisConversationMemory(url, prefix=f"bs-{mode}")
         settings = ConvoqSettings.resolve(redis_url=url, prefix=f"bc-{mode}", partitions=4)
@@ -61,12 +55,12 @@ async def _run(url: str) -> str:
     try:
         for n in range(ROUNDS):
             for mode in MODES:
-                _in_mode(mode)  # the sync memory builds its sync client on first use
+                fast_paths_mode(mode)  # the sync memory builds its sync client on first use
                 await _round(
                     n, mode, async_memories[mode], sync_memories[mode], clients[mode], times
                 )
     finally:
-        os.environ.pop("CONVOQ_FAST_PATHS", None)
+        fast_paths_mode(None)
         for mode in MODES:
             await async_memories[mode].aclose()
             await asyncio.to_thread(sync_memories[mode].close)

@@ -1,7 +1,7 @@
 """What the HTTP gateway adds to a turn, against the Python client, in one run.
 
 One embedded Redis, one worker process (the zero-latency ``zero`` profile of
-:mod:`bench.turn_latency`), one ``convoq gateway`` process. Sequential turns on fresh
+:mod:`bench.compare`), one ``convoq gateway`` process. Sequential turns on fresh
 conversations, alternating between the two paths so drift hits both alike:
 
 - Python client: ``Client.submit(...).wait()`` (the turn's event stream, in process);
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.turn_latency import ROOT, _env, _ms, _start_worker
+from bench.compare import ROOT, start_convoq_worker, worker_env
 from convoq.client import Client
 from convoq.worker._spawn import process
 
@@ -57,6 +57,12 @@ def _start_gateway(stack: ExitStack, env: dict[str, str], home: Path) -> str:
     raise RuntimeError(f"the gateway did not start; see {home / 'gateway.log'}")
 
 
+def _ms(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p90 = ordered[int(len(ordered) * 0.9) - 1]
+    return f"median {statistics.median(samples) * 1000:6.2f} ms   p90 {p90 * 1000:6.2f} ms"
+
+
 def client_turn(client: Client) -> float:
     started = time.perf_counter()
     client.submit(f"cl-{uuid.uuid4().hex[:10]}", "hi", agent="zero").wait(30)
@@ -81,9 +87,9 @@ def run(rounds: int = 200) -> None:
         home = Path(tmp)
         url = embedded.embedded_url(home)
         stack.callback(embedded.stop, home)
-        env = _env(url, f"benchgw{uuid.uuid4().hex[:6]}", home)
+        env = worker_env(url, f"benchgw{uuid.uuid4().hex[:6]}", home, 100)
         client = stack.enter_context(Client(url, prefix=env["CONVOQ_PREFIX"]))
-        _start_worker(stack, env, home, client)
+        start_convoq_worker(stack, env, home, client)
         base = _start_gateway(stack, env, home)
         headers = {"Authorization": f"Bearer {KEY}"}
         http = stack.enter_context(httpx.Client(base_url=base, headers=headers, timeout=60))

@@ -23,7 +23,7 @@ from pathlib import Path
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from bench.compare import redis_server
+from bench._harness import redis_server
 from bench.memory_append import a_turn
 from convoq.integrations.langchain import ConvoqChatMessageHistory
 from convoq.memory.redis import RedisConversationMemory

@@ -1,13 +1,18 @@
-"""Append and window-load cost as a conversation grows: RedisConversationMemory against a
-naive store that keeps one JSON file per conversation and rewrites it on every append.
+"""Append and window-load cost as a conversation grows: RedisConversationMemory (fast paths
+on, and off) against a naive store that keeps one JSON file per conversation and rewrites
+it on every append.
 
-For 10, 1,000 and 10,000 stored turns it prints the median time of one append (one turn)
-and of one load of the last 10 turns, with the ratio to the 10-turn case. Redis appends
-and window loads should stay flat (O(turn) / O(window)); the naive store grows with the
-history. Both are measured in the same run; Redis is a private embedded redis-server
-(AOF on, appendfsync everysec) on a unix socket.
+For 10, 1,000 and 10,000 stored turns it prints the time of one append (one turn) and of
+one load of the last 10 turns, and each size's ratio to the 10-turn case. Every size of
+every store is populated before anything is timed; then the (store, size) cells are timed
+in alternating rounds (the first cell rotates), so no size meets the server or the
+machine in a state of its own (a server that just took 10,000 appends, a busy minute).
+Each cell's figure is the median over rounds of its round medians, with the range; the
+ratios are taken round by round. Redis is a private embedded redis-server (AOF on,
+appendfsync everysec) on a unix socket; each store has its own conversations on it.
+Appends made while timing grow each conversation by up to ``rounds x samples`` turns.
 
-Run ``python -m bench memory`` (or ``python -m bench.memory_append``).
+Run ``python -m bench memory`` (``--quick``: fewer rounds).
 """
 
 from __future__ import annotations
@@ -20,16 +25,26 @@ from pathlib import Path
 
 import redis
 
-from bench._harness import embedded_redis, print_run, timings_ms
+from bench._harness import (
+    embedded_redis,
+    fast_paths_mode,
+    print_run,
+    quick,
+    ratios,
+    rotated,
+    spread,
+    timings_ms,
+)
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import Message, messages_from_json, messages_to_json
 from convoq.window import last_turns
 
 SIZES = (10, 1_000, 10_000)
 WINDOW = 10
-REDIS_SAMPLES = 200
-NAIVE_SAMPLES = 50
 POPULATE_BATCH = 250
+# (rounds, samples per round and cell: Redis, naive)
+FULL = (10, 20, 3)
+QUICK = (3, 20, 2)
 
 
 def a_turn(n: int) -> list[Message]:
@@ -62,47 +77,75 @@ class NaiveJsonStore:
         os.replace(temp, self._path(cid))
 
 
-async def _median_ms(samples: int, call: Callable[[], Awaitable[object]]) -> float:
-    return statistics.median(await timings_ms(samples, lambda _n: call()))
+# A store's calls: (append the turn numbered n, load the last 10 turns) of one conversation.
+Calls = tuple[Callable[[str, int], Awaitable[object]], Callable[[str], Awaitable[object]]]
 
 
-async def _redis_row(memory: RedisConversationMemory, size: int) -> tuple[float, float]:
-    cid = f"redis-{size}"
-    for first in range(0, size, POPULATE_BATCH):
-        batch = range(first, min(first + POPULATE_BATCH, size))
-        await asyncio.gather(*(memory.aappend(cid, a_turn(n)) for n in batch))
-    counter = iter(range(size, size + REDIS_SAMPLES))
-    append = await _median_ms(REDIS_SAMPLES, lambda: memory.aappend(cid, a_turn(next(counter))))
-    load = await _median_ms(REDIS_SAMPLES, lambda: memory.aload(cid, last_turns=WINDOW))
-    assert len(await memory.aload(cid, last_turns=WINDOW)) == 2 * WINDOW
+def _redis_calls(memory: RedisConversationMemory) -> Calls:
+    async def append(cid: str, n: int) -> None:
+        await memory.aappend(cid, a_turn(n))
+
+    async def load(cid: str) -> object:
+        return await memory.aload(cid, last_turns=WINDOW)
+
     return append, load
 
 
-async def _naive_row(store: NaiveJsonStore, size: int) -> tuple[float, float]:
-    cid = f"naive-{size}"
-    store.write(cid, [m for n in range(size) for m in a_turn(n)])
-    counter = iter(range(size, size + NAIVE_SAMPLES))
+def _naive_calls(store: NaiveJsonStore) -> Calls:
+    async def append(cid: str, n: int) -> None:
+        store.append(cid, a_turn(n))
 
-    async def append() -> None:
-        store.append(cid, a_turn(next(counter)))
+    async def load(cid: str) -> object:
+        return store.load(cid, WINDOW)
 
-    async def load() -> None:
-        store.load(cid, WINDOW)
-
-    return await _median_ms(NAIVE_SAMPLES, append), await _median_ms(NAIVE_SAMPLES, load)
+    return append, load
 
 
-def _table(rows: dict[str, list[tuple[int, float, float]]]) -> str:
+async def _populate_redis(memory: RedisConversationMemory, cid: str, size: int) -> None:
+    for first in range(0, size, POPULATE_BATCH):
+        batch = range(first, min(first + POPULATE_BATCH, size))
+        await asyncio.gather(*(memory.aappend(cid, a_turn(n)) for n in batch))
+
+
+async def _timed_rounds(
+    stores: dict[str, tuple[str | None, int, Calls]], rounds: int
+) -> dict[tuple[str, int, str], list[float]]:
+    """Round medians (ms) per (store, size, operation); every cell once per round."""
+    cells = [(store, size) for store in stores for size in SIZES]
+    medians: dict[tuple[str, int, str], list[float]] = {}
+    counter = iter(range(10**9))
+    for n in range(rounds):
+        for store, size in rotated(cells, n):
+            mode, samples, (append, load) = stores[store]
+            fast_paths_mode(mode)
+            cid = f"{store}-{size}"
+            timed = {
+                "append": lambda _i, a=append, c=cid: a(c, -next(counter)),
+                "load": lambda _i, f=load, c=cid: f(c),
+            }
+            for op, call in timed.items():
+                times = await timings_ms(samples, call)
+                medians.setdefault((store, size, op), []).append(statistics.median(times))
+    fast_paths_mode(None)
+    return medians
+
+
+def _table(medians: dict[tuple[str, int, str], list[float]], rounds: int) -> str:
     lines = [
-        f"{'store':<11}{'turns':>8}{'append ms':>12}{'x10-turn':>10}{'load-10 ms':>12}"
-        f"{'x10-turn':>10}"
+        f"median [min-max] over {rounds} rounds of each round's median; x10: per-round ratio"
+        " to the 10-turn conversation",
+        f"{'store':<12}{'turns':>7}  {'append ms':<27}{'x10':<22}{'load-10 ms':<27}x10",
     ]
-    for store, measured in rows.items():
-        base_append, base_load = measured[0][1], measured[0][2]
-        for size, append, load in measured:
+    stores = dict.fromkeys(store for store, _, _ in medians)  # in their first round's order
+    for store in sorted(stores):
+        for size in SIZES:
+            cells = []
+            for op in ("append", "load"):
+                values = medians[store, size, op]
+                base = medians[store, SIZES[0], op]
+                cells += [spread(values, 3), spread(ratios(values, base), 1)]
             lines.append(
-                f"{store:<11}{size:>8}{append:>12.3f}{append / base_append:>10.1f}"
-                f"{load:>12.3f}{load / base_load:>10.1f}"
+                f"{store:<12}{size:>7}  {cells[0]:<27}{cells[1]:<22}{cells[2]:<27}{cells[3]}"
             )
     return "\n".join(lines)
 
@@ -113,24 +156,38 @@ async def run() -> str:
 
 
 async def _run(work: Path, url: str) -> str:
-    memory = RedisConversationMemory(url, prefix="bench")
+    rounds, redis_samples, naive_samples = QUICK if quick() else FULL
+    memories: dict[str, RedisConversationMemory] = {}
+    for store, mode in (("redis", "on"), ("redis-off", "off")):
+        fast_paths_mode(mode)  # the switch is read when the memory builds its client
+        memories[store] = RedisConversationMemory(url, prefix=f"bench-{store}")
+    fast_paths_mode(None)
     try:
-        rows: dict[str, list[tuple[int, float, float]]] = {"redis": [], "naive-json": []}
-        store = NaiveJsonStore(work)
-        for size in SIZES:
-            rows["redis"].append((size, *await _redis_row(memory, size)))
-            rows["naive-json"].append((size, *await _naive_row(store, size)))
+        naive = NaiveJsonStore(work)
+        for size in SIZES:  # every size of every store before anything is timed
+            for store, memory in memories.items():
+                fast_paths_mode("off" if store == "redis-off" else "on")
+                await _populate_redis(memory, f"{store}-{size}", size)
+            naive.write(f"naive-json-{size}", [m for n in range(size) for m in a_turn(n)])
+        stores: dict[str, tuple[str | None, int, Calls]] = {
+            "redis": ("on", redis_samples, _redis_calls(memories["redis"])),
+            "redis-off": ("off", redis_samples, _redis_calls(memories["redis-off"])),
+            "naive-json": (None, naive_samples, _naive_calls(naive)),
+        }
+        medians = await _timed_rounds(stores, rounds)
         client = redis.Redis.from_url(url)
         version = client.info()["redis_version"]
         client.close()
         head = (
             f"redis-server {version} (embedded, unix socket, AOF everysec); one turn = user"
-            f" ~200 chars + assistant ~600 chars; medians of {REDIS_SAMPLES} (redis) /"
-            f" {NAIVE_SAMPLES} (naive) operations"
+            f" ~200 chars + assistant ~600 chars; redis-off = CONVOQ_FAST_PATHS=off;"
+            f" {redis_samples} (redis) / {naive_samples} (naive) calls per cell and round"
         )
-        return head + "\n" + _table(rows)
+        return head + "\n" + _table(medians, rounds)
     finally:
-        await memory.aclose()
+        fast_paths_mode(None)
+        for memory in memories.values():
+            await memory.aclose()
 
 
 def main() -> None:

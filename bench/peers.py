@@ -7,8 +7,9 @@
 - the task a user would write by hand: ``RedisSession`` last 10 turns + the model +
   ``add_items``, as a Celery task with a Redis result backend.
 
-This module is also the Celery app of the peer worker
-(``celery -A bench.peers:celery_app worker``); it reads ``BENCH_REDIS_URL``.
+This module is also the Celery app of the peer workers
+(``celery -A bench.peers:celery_app worker``); each reads its own server's URL from
+``BENCH_REDIS_URL`` (broker, result backend and the sessions of the hand-built task).
 """
 
 from __future__ import annotations
@@ -90,15 +91,19 @@ def make_app(url: str) -> Celery:
 celery_app = make_app(_URL)
 
 
-def zero_model(history: list[dict[str, Any]], text: str) -> str:
-    """The same zero-latency model convoq's benchmark turns use: it answers at once."""
-    return "ok"
+# The replies of the zero-latency models, by name; convoq's benchmark agents answer the same.
+REPLIES = {"ok": "ok", "300": ("It depends on the weather and the trains. " * 8)[:300]}
+
+
+def zero_model(history: list[dict[str, Any]], text: str, reply: str = "ok") -> str:
+    """The zero-latency model of the peers: a plain function that answers at once."""
+    return REPLIES[reply]
 
 
 @celery_app.task(name="bench.bare")
-def bare(text: str) -> str:
+def bare(text: str, reply: str = "ok") -> str:
     """The bare task: the model's answer as the task's result."""
-    return zero_model([], text)
+    return zero_model([], text, reply)
 
 
 _local = threading.local()
@@ -115,16 +120,19 @@ def _session_loop() -> tuple[asyncio.AbstractEventLoop, Any]:
     return _local.loop, _local.client
 
 
+HAND_PREFIX = "bench:hand"
+
+
 @celery_app.task(name="bench.handbuilt")
-def handbuilt(conversation_id: str, text: str) -> str:
+def handbuilt(conversation_id: str, text: str, reply: str = "ok") -> str:
     """RedisSession's last 10 turns, the model, then ``add_items`` of the turn."""
     session_type, _ = session_class()
     loop, client = _session_loop()
 
     async def turn() -> str:
-        session = session_type(conversation_id, redis_client=client, key_prefix="bench:hand")
+        session = session_type(conversation_id, redis_client=client, key_prefix=HAND_PREFIX)
         history = await session.get_items(limit=20)
-        answer = zero_model(history, text)
+        answer = zero_model(history, text, reply)
         await session.add_items(
             [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
         )

@@ -15,12 +15,14 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
 import redis
 
-from bench.compare import redis_server, start_convoq_worker, worker_env
+from bench._harness import redis_server
+from bench.compare import start_convoq_worker, worker_env
 from convoq.client import Client
 from convoq.redis.scripts import NAMES, source
 
@@ -34,18 +36,30 @@ def _calls(r: redis.Redis) -> Counter[str]:
     )
 
 
-def _per_turn(r: redis.Redis, client: Client) -> Counter[str]:
+def commands_per_turn(r: redis.Redis, turn: Callable[[], None], turns: int) -> Counter[str]:
+    """Commands per ``turn()`` by name on the server of ``r``, less what its idle clients
+    (pollers, the sweeper) sent in as long, measured over one second just before."""
     r.config_resetstat()
+    idle_started = time.perf_counter()
     time.sleep(1.0)
-    idle = _calls(r)  # pollers and the sweeper, per second
+    idle = _calls(r)
+    idle_seconds = time.perf_counter() - idle_started
     r.config_resetstat()
     started = time.perf_counter()
-    for _ in range(TURNS):
-        client.submit(f"cmd-{uuid.uuid4().hex[:10]}", "hi", agent="zero").wait(30)
+    for _ in range(turns):
+        turn()
     elapsed = time.perf_counter() - started
     busy = _calls(r)
-    busy.subtract({k: round(v * elapsed) for k, v in idle.items()})
-    return Counter({k: round(v / TURNS, 1) for k, v in busy.items() if v > 0})
+    busy.subtract({k: v * elapsed / idle_seconds for k, v in idle.items()})
+    return Counter({k: v / turns for k, v in busy.items() if v > 0 and k not in _OWN})
+
+
+# This measurement's own commands.
+_OWN = ("info", "config|resetstat", "config")
+
+
+def _plain_turn(client: Client, tag: str) -> None:
+    client.submit(f"{tag}-{uuid.uuid4().hex[:10]}", "hi", agent="zero").wait(30)
 
 
 def _script_time(r: redis.Redis, client: Client) -> None:
@@ -87,8 +101,8 @@ def main() -> None:
         for _ in range(20):
             client.submit(f"warm-{uuid.uuid4().hex[:10]}", "hi", agent="zero").wait(30)
         for run in range(3):
-            per = _per_turn(r, client)
-            shown = ", ".join(f"{k} {v:g}" for k, v in per.most_common() if v >= 0.5)
+            per = commands_per_turn(r, lambda: _plain_turn(client, "cmd"), TURNS)
+            shown = ", ".join(f"{k} {v:.1f}" for k, v in per.most_common() if v >= 0.5)
             print(f"run {run + 1}: {sum(per.values()):.1f} commands per turn: {shown}")
             cpu = time.process_time()
             handles = [client.submit(f"cpu-{uuid.uuid4().hex[:10]}", "hi", agent="zero")
