@@ -252,9 +252,15 @@ def _end_to_end(systems: dict[str, System], table: Table) -> None:
         _timed_turns(systems[key], row[2], row[3], WARM_UP, -1)
     for n in range(_rounds()):
         for (row_key, title, kind, stored, _), key in rotated(cells, n):
+            cpu = process_cpu_s(systems[key].worker.pid)
             ms = _timed_turns(systems[key], kind, stored, _per_round(), n)
+            cpu = process_cpu_s(systems[key].worker.pid) - cpu
             table.add(f"{row_key}-{key}", SECTION_E2E, f"{title}: {systems[key].name}", "ms",
                       statistics.median(ms))  # fmt: skip
+            if row_key == "h10":  # turns one at a time, each on a 10-turn history
+                table.add(f"cpu1-{key}", SECTION_E2E,
+                          f"worker CPU per turn, one at a time (10 stored turns): "
+                          f"{systems[key].name}", "ms", cpu / _per_round() * 1000)  # fmt: skip
     for row_key, title, _, _, keys in E2E_ROWS:
         base = "new-bare" if row_key == "newsync" else f"{row_key}-bare"
         if "bare" in keys or row_key == "newsync":
@@ -262,6 +268,8 @@ def _end_to_end(systems: dict[str, System], table: Table) -> None:
         if "hand" in keys:
             table.ratio(f"{title}: convoq / hand-built", f"{row_key}-convoq", f"{row_key}-hand")
         table.ratio(f"{title}: convoq off / on", f"{row_key}-off", f"{row_key}-convoq")
+    table.ratio("worker CPU per turn, one at a time: convoq / hand-built", "cpu1-convoq",
+                "cpu1-hand")  # fmt: skip
 
 
 def _timed_turns(
