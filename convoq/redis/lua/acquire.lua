@@ -61,7 +61,8 @@ local holder = ARGV[2]
 if holder == '' then
   holder = l[3] or ''
 end
-local taken = take_head(h, k, tid, holder, mine and l[1], o, now_ms(), queue[2] or false)
+-- No TIME: the clock comes from the "running" event's id (take_head()).
+local taken = take_head(h, k, tid, holder, mine and l[1], o, nil, queue[2] or false)
 if taken[1] ~= 'DROPPED' then
   return taken
 end
