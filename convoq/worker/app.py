@@ -4,13 +4,14 @@
 Configured for this job: JSON only; no result backend (the turn record in Redis is the
 result); ``acks_late`` + ``reject_on_worker_lost`` so a kick is not lost with a dying
 worker (with the fast paths on, kombu's ack emulation on a Redis broker is off: a killed
-worker's kicks are gone, and the sweeper re-kicks its conversations); a prefetch of a few kicks per slot, so kicks waiting for a slot wait in the
-process in the order they came (:mod:`convoq.worker._fair`); the ``threads`` pool with
-many slots per process, because turns wait on model calls; task events off by default
-(each costs a Redis PUBLISH per task state): Flower turns them on in running workers
-itself (its ``enable_events`` broadcast), and ``CONVOQ_TASK_EVENTS=true`` has them sent
-from the start, "task-sent" included. The broker defaults to the memory Redis; an AMQP
-broker (RabbitMQ) works too, Redis still holding memory.
+worker's kicks are gone, and the sweeper re-kicks its conversations); a prefetch of a few
+kicks per slot, so kicks waiting for a slot wait in the process in the order they came
+(:mod:`convoq.worker._fair`); the ``threads`` pool with many slots per process, because
+turns wait on model calls; task events off by default (each costs a Redis PUBLISH per task
+state): Flower turns them on in running workers itself (its ``enable_events`` broadcast),
+and ``CONVOQ_TASK_EVENTS=true`` has them sent from the start, "task-sent" included. The
+broker defaults to the memory Redis; an AMQP broker (RabbitMQ) works too, Redis still
+holding memory.
 
 ``app`` is built on first access from ``ConvoqSettings`` (``CONVOQ_*``), so importing this
 module starts nothing.
