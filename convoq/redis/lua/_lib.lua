@@ -608,7 +608,10 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   end
   -- All reads that can fail come before the first write.
   local window = turn_window(rec, o)
-  local win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
+  local win, corrupt = {{}, {}, {}}, nil
+  if not h.empty then  -- h.empty: the caller saw the conversation has no history
+    win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
+  end
   if not win then
     return {'CORRUPT', corrupt}
   end
