@@ -511,7 +511,12 @@ local function new_fence(meta)
       now_ms()
     end
     fence = istr(tonumber(clock_us) + 1)
-    redis.call('HSET', meta, 'fence', fence)
+    if stamped[meta] then
+      redis.call('HSET', meta, 'fence', fence)
+    else  -- a new conversation: its stamp goes along (submit leaves it to this write)
+      redis.call('HSET', meta, 'fence', fence, 'format_version', FORMAT)
+      stamped[meta] = true
+    end
   end
   fences[meta] = fence
   return fence

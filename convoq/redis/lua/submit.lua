@@ -87,7 +87,9 @@ local now = tonumber(string.match(queued, '^(%d+)'))
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
   'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now),
   'last_event', queued)
-stamp(meta)
+-- No format stamp here: the version names the layout of the history, and the first write
+-- of anything in the conversation's meta (acquire's fence, commit, a memory append)
+-- stamps it (the read above refuses another version all the same).
 if idem then
   redis.call('SET', idem, tid, 'PX', ARGV[6])
 end
