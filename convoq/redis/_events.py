@@ -142,12 +142,11 @@ def _unknown_turn(cid: str, turn_id: str) -> UnknownTurnError:
     )
 
 
-def _decoded(name: str, value: bytes | None) -> Any:
-    """A live field as read by HMGET, as the ending entry carries it (JSON values)."""
-    if value is None:
-        return None
-    if name in ("result", "error"):
-        return json.loads(value)
+def _decoded(name: str, value: Any) -> Any:
+    """A live field as HMGET read it: text, but result and error left as JSON bytes for
+    :func:`_refreshed` (where a value that does not parse is a CorruptDataError)."""
+    if value is None or name in ("result", "error"):
+        return value
     return text(value)
 
 
@@ -162,8 +161,8 @@ def _status_reached(events: Sequence[tuple[str, TurnEvent]]) -> str | None:
 
 
 def _refreshed(record: TurnRecord, live: dict[str, Any], key: str) -> TurnRecord:
-    """``record`` with its live fields as read now (JSON values: what an ending entry
-    carries, or :func:`_decoded` HMGET replies); CorruptDataError naming ``key``."""
+    """``record`` with its live fields as read now (what an ending entry carries, or
+    :func:`_decoded` HMGET replies); CorruptDataError naming ``key``."""
 
     def number(name: str) -> int | None:
         value = live.get(name)
@@ -173,13 +172,16 @@ def _refreshed(record: TurnRecord, live: dict[str, Any], key: str) -> TurnRecord
         status = str(live.get("status") or "")
         if status not in get_args(TurnStatus):
             raise ValueError(f"unknown status {status!r}")
-        result = live.get("result")
+        result, error = (
+            json.loads(v) if isinstance(v, bytes) else v
+            for v in (live.get("result"), live.get("error"))
+        )
         return dataclasses.replace(
             record,
             status=cast(TurnStatus, status),
             result=result,
             decisions=with_stored_decisions(record.decisions, result),
-            error=live.get("error"),
+            error=error,
             attempts=number("attempts") or 0,
             started_ms=number("started_ms"),
             finished_ms=number("finished_ms"),
