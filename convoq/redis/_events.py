@@ -68,7 +68,10 @@ class EventsMixin(ProtocolBase):
                 raise replies[0]
             reply = replies[0]
         else:
-            reply = await self.redis.xread({stream: after}, count=count, block=block)
+            # A pipeline, as the reads below: on a cluster it rides out a node's failover.
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xread({stream: after}, count=count, block=block)
+                (reply,) = await pipe.execute()
         events, live = read_entries(reply, after)
         if live is not None:
             return events, _refreshed(record, live, key)
@@ -78,7 +81,9 @@ class EventsMixin(ProtocolBase):
                 e.type == "status" and e.data.get("status") == "running" for _, e in events
             )
             return events, dataclasses.replace(record, status="running") if started else record
-        fields = await self.redis.hmget(key, _LIVE_FIELDS)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(key, _LIVE_FIELDS)
+            (fields,) = await pipe.execute()
         if fields[0] is None:
             raise _unknown_turn(cid, turn_id)
         live = {
