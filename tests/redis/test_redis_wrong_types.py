@@ -189,7 +189,7 @@ async def test_a_plain_turn_checks_no_key_type_of_its_own(
     assert sent.get("xadd", 0) == 3  # queued, running, commit's events in one entry
     # Meta was stamped by the first turn; started_ms goes with the run's other fields.
     assert sent.get("hsetnx", 0) == 0
-    assert sum(n for name, n in sent.items() if name != "info") <= 38
+    assert sum(n for name, n in sent.items() if name != "info") <= 36
 
 
 async def test_a_waiter_reads_record_and_last_event_without_a_transaction(
