@@ -304,28 +304,42 @@ local function element_header(raw)
   return kind, string.sub(raw, 2, newline - 1)
 end
 
--- Elements of the last `window` turns (0 = all), oldest first, walking back in batches so
--- only the window is read. Returns raws, headers; nil on a malformed element; false when
--- more than INLINE_MAX elements would be read (the client reads them in chunks).
+-- Elements of the last `window` turns (0 = all), oldest first, walking back from the end
+-- in batches (negative indexes: no LLEN) so only the window is read. Returns raws,
+-- headers; nil on a malformed element; false when more than INLINE_MAX elements would be
+-- read (the client reads them in chunks).
 local function window_elements(turns, window)
-  local raws_rev, heads_rev, starts = {}, {}, 0
-  local length = touch(turns, 'LLEN', turns)
-  if length == nil then
-    return nil
+  if window <= 0 then
+    -- One element past the limit says the whole history is too long to read here.
+    local all = touch(turns, 'LRANGE', turns, 0, INLINE_MAX)
+    if all == nil then
+      return nil
+    end
+    if #all > INLINE_MAX then
+      return false
+    end
+    local headers = {}
+    for i, raw in ipairs(all) do
+      local kind, header = element_header(raw)
+      if not kind then
+        return nil
+      end
+      headers[i] = header
+    end
+    return all, headers
   end
-  local stop = length - 1
-  if window <= 0 and stop >= INLINE_MAX then
-    return false
-  end
-  while stop >= 0 and (window <= 0 or starts < window) do
+  local raws_rev, heads_rev, starts, read = {}, {}, 0, 0
+  while starts < window do
     if #raws_rev >= INLINE_MAX then
       return false
     end
-    local start = 0
-    if window > 0 then
-      start = math.max(0, stop - math.min(window - starts, INLINE_MAX - #raws_rev) + 1)
+    local want = math.min(window - starts, INLINE_MAX - #raws_rev)
+    local batch = touch(turns, 'LRANGE', turns, -read - want, -read - 1)
+    if batch == nil then
+      return nil
     end
-    local batch = redis.call('LRANGE', turns, start, stop)
+    -- A short batch reached the first element, which starts a turn whatever its kind.
+    local at_start = #batch < want
     for i = #batch, 1, -1 do
       local kind, header = element_header(batch[i])
       if not kind then
@@ -333,14 +347,17 @@ local function window_elements(turns, window)
       end
       raws_rev[#raws_rev + 1] = batch[i]
       heads_rev[#heads_rev + 1] = header
-      if kind == 'T' or start + i - 1 == 0 then
+      if kind == 'T' or (at_start and i == 1) then
         starts = starts + 1
         if starts == window then
           break
         end
       end
     end
-    stop = start - 1
+    read = read + #batch
+    if at_start then
+      break
+    end
   end
   local raws, headers = {}, {}
   for i = #raws_rev, 1, -1 do
