@@ -38,10 +38,11 @@ async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
         yield protocol
 
 
-async def run_turn(proto: TurnProtocol, tid: str, *, meddle: bool = False) -> None:
-    """Submit, acquire and commit ``tid`` with the buffered events; ``meddle``: an entry
-    with an id a minute ahead goes to the stream after the run started, so the last id
-    the record remembers is stale and below the clock's reach."""
+async def run_turn(proto: TurnProtocol, tid: str, *, meddle: str = "") -> None:
+    """Submit, acquire and commit ``tid`` with the buffered events. ``meddle``: an entry a
+    minute ahead of the clock goes to the stream after the run started; the last id the
+    record remembers is the running event's ("stale": the ending's XADD is refused, and it
+    reads the stream's last id) or that entry's ("ahead": it reads it at once)."""
     await submit_all(proto, CID, tid)
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
     assert acquired is not None and acquired.turn.turn_id == tid
@@ -50,6 +51,8 @@ async def run_turn(proto: TurnProtocol, tid: str, *, meddle: bool = False) -> No
         last = (await proto.redis.xrevrange(stream, count=1))[0][0].decode()
         ahead = f"{int(last.split('-')[0]) + 60_000}-5"
         await proto.redis.xadd(stream, {"type": "tool_call", "data": "{}"}, id=ahead)
+        if meddle == "ahead":
+            await proto.redis.hset(proto.keys.turn(CID, tid), "last_event", ahead)
     ending = TurnEnding(fence=acquired.fence, lease_ms=LEASE, events=BUFFERED)
     await proto.commit(CID, tid, exchange(tid), ending)
 
@@ -59,9 +62,9 @@ def key(event_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-@pytest.mark.parametrize("meddle", [False, True], ids=["hinted", "stale-hint"])
+@pytest.mark.parametrize("meddle", ["", "stale", "ahead"])
 async def test_resuming_from_every_event_id_gets_exactly_the_events_after_it(
-    proto: TurnProtocol, redis_client: redis.Redis, meddle: bool
+    proto: TurnProtocol, redis_client: redis.Redis, meddle: str
 ) -> None:
     await run_turn(proto, "t1", meddle=meddle)
     everything = await proto.read_events(CID, "t1")

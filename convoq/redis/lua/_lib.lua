@@ -68,11 +68,13 @@ end
 -- turn's live fields as this call leaves them (what a waiter needs), carried along.
 -- One event is an entry of its own ('type', 'data'; id from the server clock). Several go
 -- as a JSON array ('events') in an entry whose id reserves an id per event: with n events
--- it is ms-(s+n-1), the events are ms-s .. ms-(s+n-1) (_events.py reads them so), and
--- ms-s is above the stream's last id, so every event id stays a strictly increasing stream
--- id a reader can resume from. ms is the later of `now` and the last id's ms (`last`, a
--- hint the turn record keeps, saves reading it; when the stream moved past the hint, the
--- XADD is refused and the real last id is read).
+-- it is ms-(s+n-1), the events are ms-s .. ms-(s+n-1) (_events.py reads them so), all of
+-- them above the stream's last id, so every event id is a strictly increasing stream id
+-- a reader can resume from. ms is the millisecond after the server clock `now` (no id the
+-- server gave out from its clock is there yet, so s = 0), unless the stream is ahead of
+-- the clock: the last id the record remembers (`last`) says so, or the XADD is refused;
+-- then the stream's real last id is read and the range follows it. (Nothing is written
+-- after such an entry: it ends the turn.)
 local function emit_events(events, maxlen, list, now, last, turn)
   local n = #list
   local fields
@@ -94,12 +96,23 @@ local function emit_events(events, maxlen, list, now, last, turn)
   end
   local function add(after)
     local ms, seq = stream_id(after)
-    local id_ms, first = now, 0
-    if ms and ms >= now then
+    local id_ms, first = now + 1, 0
+    if ms and ms > now then
       id_ms, first = ms, seq + 1
     end
     return touch(events, 'XADD', events, 'MAXLEN', '~', maxlen,
       istr(id_ms) .. '-' .. istr(first + n - 1), unpack(fields))
+  end
+  local function top()
+    local entries = touch(events, 'XREVRANGE', events, '+', '-', 'COUNT', 1)
+    return entries and (entries[1] and entries[1][1] or false)
+  end
+  local ms = stream_id(last)
+  if ms and ms > now then
+    last = top()
+    if last == nil then
+      return nil
+    end
   end
   local ok, id = pcall(add, last)
   if ok then
@@ -108,8 +121,7 @@ local function emit_events(events, maxlen, list, now, last, turn)
   if not string.find(tostring(id.err or id), 'equal or smaller', 1, true) then
     error(id)
   end
-  local top = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
-  return add(top[1] and top[1][1] or last)
+  return add(top())
 end
 
 -- Meta hashes this call saw stamped with FORMAT, and the fence each held when it was read
