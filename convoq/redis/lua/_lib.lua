@@ -535,7 +535,8 @@ local function new_fence(meta)
   else
     -- Seeded with the server time in microseconds (16 digits: exact as a Lua number) so
     -- fences keep increasing even after the conversation was cleared (and its meta with
-    -- the counter deleted).
+    -- the counter deleted). acquire has it from the "running" event's id, whole
+    -- milliseconds (x 1000): a fence after a clear then needs a millisecond more to pass.
     if not clock_us then
       now_ms()
     end
