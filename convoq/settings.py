@@ -142,8 +142,9 @@ class ConvoqSettings(BaseSettings):
     visibility_timeout_s: int = Field(
         default=defaults.VISIBILITY_TIMEOUT_S,
         ge=60,
-        description="Redis broker: an unacked task is redelivered after this long. Crash"
-        " recovery does not wait for it (the sweeper re-kicks after lease_ms).",
+        description="Redis broker with the fast paths off: an unacked task is redelivered"
+        " after this long (on, kombu keeps no unacked note). Crash recovery does not wait"
+        " for it (the sweeper re-kicks after lease_ms).",
     )
     fast_paths: bool = Field(
         default=defaults.FAST_PATHS,

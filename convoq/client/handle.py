@@ -260,8 +260,9 @@ class AsyncTurnHandle:
                     turn_id=self.turn_id,
                     status=record.status,
                 )
-            # Each wake-up (an event, or the block running out) brings the record's status
-            # along: no extra read once the turn is final.
+            # Each wake-up brings the record's status along: the entry that ends a turn
+            # carries its live fields (no read once it is final), a start says "running",
+            # and another status (or the block running out) has the record read.
             batch, record = await protocol.read_events_and_turn(
                 record, after=after, block_ms=block_ms
             )

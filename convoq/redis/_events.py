@@ -51,29 +51,45 @@ class EventsMixin(ProtocolBase):
     async def read_events_and_turn(
         self, record: TurnRecord, *, after: str, block_ms: int, count: int = 100
     ) -> tuple[list[tuple[str, TurnEvent]], TurnRecord]:
-        """:meth:`read_events`, and ``record`` brought up to date in the same round trip
-        (its status, result, error, attempts and times are read after the events: never
-        older than them). UnknownTurnError if the record is gone."""
+        """:meth:`read_events`, and ``record`` brought up to date (its status, result,
+        error, attempts and times, never older than the events): from the entry that ended
+        the turn, which carries them (commit's), else read after the events when they
+        change the status to one a waiter stops at, or none came. UnknownTurnError if the
+        record is gone."""
         cid, turn_id = record.conversation_id, record.turn_id
         key, stream = self.keys.turn(cid, turn_id), self.keys.events(cid, turn_id)
         block = block_ms if block_ms > 0 else None
         # Sent directly where it can be (a waiter wakes up at least twice a turn).
         blocking = ("BLOCK", block) if block is not None else ()
         xread = ("XREAD", "COUNT", count, *blocking, "STREAMS", stream, after)
-        replies = await self.scripts.direct([xread, ("HMGET", key, *_LIVE_FIELDS)])
+        replies = await self.scripts.direct([xread])
         if replies is not None:
-            for reply in replies:
-                if isinstance(reply, ResponseError):
-                    raise reply
-            reply, live = replies
+            if isinstance(replies[0], ResponseError):
+                raise replies[0]
+            reply = replies[0]
         else:
+            # A pipeline, as the reads below: on a cluster it rides out a node's failover.
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.xread({stream: after}, count=count, block=block)
-                pipe.hmget(key, _LIVE_FIELDS)
-                reply, live = await pipe.execute()
-        if live[0] is None:
+                (reply,) = await pipe.execute()
+        events, live = read_entries(reply, after)
+        if live is not None:
+            return events, _refreshed(record, live, key)
+        if events and _status_reached(events) is None:
+            # News, but none a waiter stops at: the record's status as the events say.
+            started = any(
+                e.type == "status" and e.data.get("status") == "running" for _, e in events
+            )
+            return events, dataclasses.replace(record, status="running") if started else record
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(key, _LIVE_FIELDS)
+            (fields,) = await pipe.execute()
+        if fields[0] is None:
             raise _unknown_turn(cid, turn_id)
-        return _events(reply), _refreshed(record, dict(zip(_LIVE_FIELDS, live, strict=True)), key)
+        live = {
+            name: _decoded(name, value) for name, value in zip(_LIVE_FIELDS, fields, strict=True)
+        }
+        return events, _refreshed(record, live, key)
 
     def _record(self, cid: str, turn_id: str, raw: dict[Any, Any]) -> TurnRecord:
         fields = {text(k): v for k, v in raw.items()}
@@ -115,12 +131,12 @@ class EventsMixin(ProtocolBase):
         key = self.keys.events(cid, turn_id)
         block = block_ms if block_ms > 0 else None
         if not live:
-            return _events(await self.redis.xread({key: after}, count=count, block=block))
+            return _events(await self.redis.xread({key: after}, count=count, block=block), after)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.reader(cid, turn_id), b"1", px=block_ms + _READER_GRACE_MS)
             pipe.xread({key: after}, count=count, block=block)
             _, reply = await pipe.execute()
-        return _events(reply)
+        return _events(reply, after)
 
 
 def _unknown_turn(cid: str, turn_id: str) -> UnknownTurnError:
@@ -131,24 +147,46 @@ def _unknown_turn(cid: str, turn_id: str) -> UnknownTurnError:
     )
 
 
-def _refreshed(record: TurnRecord, live: dict[str, bytes | None], key: str) -> TurnRecord:
-    """``record`` with its live fields as read now; CorruptDataError naming ``key``."""
+def _decoded(name: str, value: Any) -> Any:
+    """A live field as HMGET read it: text, but result and error left as JSON bytes for
+    :func:`_refreshed` (where a value that does not parse is a CorruptDataError)."""
+    if value is None or name in ("result", "error"):
+        return value
+    return text(value)
+
+
+def _status_reached(events: Sequence[tuple[str, TurnEvent]]) -> str | None:
+    """The last status among ``events`` a waiter may stop at (final, parked), or None."""
+    reached = None
+    for _, event in events:
+        status = event.data.get("status") if event.type in ("status", "done") else None
+        if isinstance(status, str) and status not in ("queued", "running"):
+            reached = status
+    return reached
+
+
+def _refreshed(record: TurnRecord, live: dict[str, Any], key: str) -> TurnRecord:
+    """``record`` with its live fields as read now (what an ending entry carries, or
+    :func:`_decoded` HMGET replies); CorruptDataError naming ``key``."""
 
     def number(name: str) -> int | None:
-        value = live[name]
-        return int(value) if value not in (None, b"") else None
+        value = live.get(name)
+        return int(value) if value not in (None, "") else None
 
     try:
-        status = text(live["status"] or b"")
+        status = str(live.get("status") or "")
         if status not in get_args(TurnStatus):
             raise ValueError(f"unknown status {status!r}")
-        result = json.loads(live["result"]) if live["result"] is not None else None
+        result, error = (
+            json.loads(v) if isinstance(v, bytes) else v
+            for v in (live.get("result"), live.get("error"))
+        )
         return dataclasses.replace(
             record,
             status=cast(TurnStatus, status),
             result=result,
             decisions=with_stored_decisions(record.decisions, result),
-            error=json.loads(live["error"]) if live["error"] is not None else None,
+            error=error,
             attempts=number("attempts") or 0,
             started_ms=number("started_ms"),
             finished_ms=number("finished_ms"),
@@ -161,18 +199,53 @@ def _refreshed(record: TurnRecord, live: dict[str, bytes | None], key: str) -> T
         ) from exc
 
 
-def _events(reply: Any) -> list[tuple[str, TurnEvent]]:
-    """``(stream id, event)`` pairs of an XREAD reply: redis-py's (each entry's fields as
-    a dict), or the raw one (fields as a flat list; streams as a list of pairs in RESP2, a
-    map in RESP3)."""
+def _id_key(event_id: str) -> tuple[int, int] | None:
+    """A stream id as numbers to compare ("ms" alone: ms-0, as XREAD reads it), or None."""
+    ms, _, seq = event_id.partition("-")
+    if not ms.isdigit() or not (seq.isdigit() or seq == ""):
+        return None
+    return int(ms), int(seq or 0)
+
+
+def read_entries(reply: Any, after: str = "0") -> tuple[list[tuple[str, TurnEvent]], Any]:
+    """``(event id, event)`` pairs of an XREAD reply, after event id ``after``, and the
+    turn's live fields an ending entry carried (the last one's; None when none did).
+
+    An entry is one event (fields ``type`` and ``data``; its id is the event's) or several
+    (``events``: a JSON array of ``{"type", "data"}``), stored under the id of the last
+    one: with n events in entry ms-s they are ms-(s-n+1) .. ms-s (the writer reserved
+    those ids, see emit_events() in lua/_lib.lua). A reader resuming from one of them gets
+    that entry again and skips the events up to it. The reply is redis-py's (each entry's
+    fields as a dict) or the raw one (fields as a flat list; streams as a list of pairs in
+    RESP2, a map in RESP3)."""
     events: list[tuple[str, TurnEvent]] = []
+    live = None
+    floor = _id_key(after)
     streams = reply.items() if isinstance(reply, dict) else reply or []
     for _stream, entries in streams:
         for entry_id, raw_fields in entries:
             fields = raw_fields if isinstance(raw_fields, dict) else _pairs(raw_fields)
-            data = json.loads(fields.get(b"data", b"{}"))
-            events.append((text(entry_id), TurnEvent(type=text(fields[b"type"]), data=data)))
-    return events
+            eid = text(entry_id)
+            batch = fields.get(b"events")
+            if batch is None:
+                data = json.loads(fields.get(b"data", b"{}"))
+                events.append((eid, TurnEvent(type=text(fields[b"type"]), data=data)))
+            else:
+                items = json.loads(batch)
+                ms, _, seq = eid.partition("-")
+                first = int(seq) - len(items) + 1
+                for i, item in enumerate(items):
+                    if floor is None or (int(ms), first + i) > floor:
+                        event = TurnEvent(type=item["type"], data=item["data"])
+                        events.append((f"{ms}-{first + i}", event))
+            if b"turn" in fields:
+                live = json.loads(fields[b"turn"])
+    return events, live
+
+
+def _events(reply: Any, after: str = "0") -> list[tuple[str, TurnEvent]]:
+    """The events of an XREAD reply after event id ``after`` (see :func:`read_entries`)."""
+    return read_entries(reply, after)[0]
 
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:

@@ -3,13 +3,15 @@
 
 Configured for this job: JSON only; no result backend (the turn record in Redis is the
 result); ``acks_late`` + ``reject_on_worker_lost`` so a kick is not lost with a dying
-worker; a prefetch of a few kicks per slot, so kicks waiting for a slot wait in the
-process in the order they came (:mod:`convoq.worker._fair`); the ``threads`` pool with
-many slots per process, because turns wait on model calls; task events off by default
-(each costs a Redis PUBLISH per task state): Flower turns them on in running workers
-itself (its ``enable_events`` broadcast), and ``CONVOQ_TASK_EVENTS=true`` has them sent
-from the start, "task-sent" included. The broker defaults to the memory Redis; an AMQP
-broker (RabbitMQ) works too, Redis still holding memory.
+worker (with the fast paths on, kombu's ack emulation on a Redis broker is off: a killed
+worker's kicks are gone, and the sweeper re-kicks its conversations); a prefetch of a few
+kicks per slot, so kicks waiting for a slot wait in the process in the order they came
+(:mod:`convoq.worker._fair`); the ``threads`` pool with many slots per process, because
+turns wait on model calls; task events off by default (each costs a Redis PUBLISH per task
+state): Flower turns them on in running workers itself (its ``enable_events`` broadcast),
+and ``CONVOQ_TASK_EVENTS=true`` has them sent from the start, "task-sent" included. The
+broker defaults to the memory Redis; an AMQP broker (RabbitMQ) works too, Redis still
+holding memory.
 
 ``app`` is built on first access from ``ConvoqSettings`` (``CONVOQ_*``), so importing this
 module starts nothing.
@@ -80,6 +82,14 @@ def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
         task_default_queue=queues[0],
         broker_heartbeat=30,
     )
+    if fast_paths(s.fast_paths):
+        # kombu's Redis transport notes each delivered kick as unacked and clears the note
+        # on the ack (8 commands a kick) so a kick of a dead worker comes back after the
+        # visibility timeout. The sweeper re-kicks such a conversation sooner (lease TTL +
+        # sweep period), and a kick is only a hint: the inbox holds the turn. A warm
+        # shutdown still puts the kicks held back into their queues.
+        options = {**config["broker_transport_options"], "ack_emulation": False}
+        config["broker_transport_options"] = options
     return config
 
 

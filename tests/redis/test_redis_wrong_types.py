@@ -172,9 +172,10 @@ def _calls(client: redis.Redis) -> dict[str, int]:
 async def test_a_plain_turn_checks_no_key_type_of_its_own(
     proto: TurnProtocol, redis_client: redis.Redis
 ) -> None:
-    """submit, acquire and commit of a plain turn send one TYPE (the history list, which
-    commit writes without reading) and do not stamp the format again: the first read of a
-    key, or the first write, is its type check."""
+    """submit, acquire and commit of a plain turn send no TYPE (the first read of a key, or
+    the first write, is its type check: commit's history push included) and do not stamp
+    the format again; acquire takes its clock from the "running" event's id (no TIME), and
+    commit's events go as one stream entry."""
     before = _calls(redis_client)
     await submit_all(proto, CID, "t1")
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE)
@@ -183,10 +184,13 @@ async def test_a_plain_turn_checks_no_key_type_of_its_own(
     await proto.commit(CID, "t1", exchange("t1"), ending)
     after = _calls(redis_client)
     sent = {name: n - before.get(name, 0) for name, n in after.items()}
-    assert sent.get("type", 0) == 1
+    assert sent.get("type", 0) == 0 and sent.get("rpop", 0) == 0
+    assert sent.get("time", 0) == 1  # commit's
+    assert sent.get("llen", 0) == 0  # the window is read from the end: no length first
+    assert sent.get("xadd", 0) == 3  # queued, running, commit's events in one entry
     # Meta was stamped by the first turn; started_ms goes with the run's other fields.
     assert sent.get("hsetnx", 0) == 0
-    assert sum(n for name, n in sent.items() if name != "info") <= 41
+    assert sum(n for name, n in sent.items() if name != "info") <= 35
 
 
 async def test_a_waiter_reads_record_and_last_event_without_a_transaction(

@@ -111,3 +111,35 @@ def test_profiles_decide_each_agents_window_once() -> None:
     assert profiles.windows() == AgentWindows(
         {"all": 0, "ten": 10, "budget": STORE_CHOOSES}, default=STORE_CHOOSES
     )
+
+
+def lranges(stats: redis.Redis) -> int:
+    return int(stats.info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+
+
+async def test_a_new_conversation_reads_no_history_and_one_with_only_its_lead_gets_it(
+    redis_url: str, key_prefix: str
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    stats = redis.Redis.from_url(redis_url)
+    try:
+        async with open_protocol(redis_url, key_prefix) as proto:
+            await proto.submit("fresh", "t1", agent="a", message=Message.user("hi"), options={})
+            before = lranges(stats)
+            fresh = await proto.acquire("fresh", worker_id="w", lease_ms=30_000)
+            # The inbox is read; the meta counts no history, so lead and turns are not.
+            assert lranges(stats) - before == 1
+            assert fresh is not None and fresh.history == []
+
+            await memory.aappend("led", [Message.system("be brief")])
+            await proto.submit("led", "t1", agent="a", message=Message.user("hi"), options={})
+            led = await proto.acquire("led", worker_id="w", lease_ms=30_000)
+            assert led is not None and led.history == [Message.system("be brief")]
+            await proto.commit("led", "t1", exchange("hi"), TurnEnding(fence=led.fence))
+            await proto.submit("led", "t2", agent="a", message=Message.user("more"), options={})
+            again = await proto.acquire("led", worker_id="w", lease_ms=30_000)
+            assert again is not None
+            assert again.history == [Message.system("be brief"), *exchange("hi")]
+    finally:
+        await memory.aclose()
+        stats.close()

@@ -81,3 +81,31 @@ def test_task_events_follow_the_setting() -> None:
     loud = worker_config(ConvoqSettings(task_events=True), "redis://x")
     assert loud["worker_send_task_events"] is True
     assert loud["task_send_sent_event"] is True
+
+
+def test_kombu_keeps_no_unacked_notes_with_the_fast_paths_on() -> None:
+    fast = worker_config(ConvoqSettings(fast_paths=True), "redis://x")
+    assert fast["broker_transport_options"]["ack_emulation"] is False
+    assert fast["broker_transport_options"]["visibility_timeout"] > 0
+    plain = worker_config(ConvoqSettings(fast_paths=False), "redis://x")
+    assert "ack_emulation" not in plain["broker_transport_options"]
+
+
+def _zadds(url: str) -> int:
+    with redis.Redis.from_url(url) as r:
+        return int(r.info("commandstats").get("cmdstat_zadd", {}).get("calls", 0))
+
+
+def test_a_kicked_turn_costs_the_broker_no_unacked_note_with_the_fast_paths_on(
+    pool: WorkerPool,
+) -> None:
+    # kombu notes a delivered message as unacked with a ZADD (convoq itself sends none).
+    before = _zadds(pool.redis_url)
+    with pool.client() as client:
+        result = client.submit(f"acks-{uuid.uuid4().hex[:8]}", "hi", agent="echo").wait(30)
+    assert result.status == "succeeded"
+    noted = _zadds(pool.redis_url) - before
+    if ConvoqSettings().fast_paths:
+        assert noted == 0
+    else:
+        assert noted >= 1

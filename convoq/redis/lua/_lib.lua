@@ -54,6 +54,76 @@ local function emit_first(events, maxlen, etype, data)
     data) ~= nil
 end
 
+-- A stream id 'ms-seq' as two numbers, or nil.
+local function stream_id(id)
+  local ms, seq = string.match(id or '', '^(%d+)%-(%d+)$')
+  if not ms then
+    return nil
+  end
+  return tonumber(ms), tonumber(seq)
+end
+
+-- Appends `list` ({type, data} pairs, in order) to `events` as ONE stream entry and returns
+-- its id; nil (nothing written) when `events` holds another type. `turn`: the JSON of the
+-- turn's live fields as this call leaves them (what a waiter needs), carried along.
+-- One event is an entry of its own ('type', 'data'; id from the server clock). Several go
+-- as a JSON array ('events') in an entry whose id reserves an id per event: with n events
+-- it is ms-(s+n-1), the events are ms-s .. ms-(s+n-1) (_events.py reads them so), all of
+-- them above the stream's last id, so every event id is a strictly increasing stream id
+-- a reader can resume from. ms is the millisecond after the server clock `now` (no id the
+-- server gave out from its clock is there yet, so s = 0), unless the stream is ahead of
+-- the clock: the last id the record remembers (`last`) says so, or the XADD is refused;
+-- then the stream's real last id is read and the range follows it. (Nothing is written
+-- after such an entry: it ends the turn.)
+local function emit_events(events, maxlen, list, now, last, turn)
+  local n = #list
+  local fields
+  if n == 1 then
+    fields = {'type', list[1][1], 'data', list[1][2]}
+  else
+    local items = {}
+    for i = 1, n do
+      items[i] = '{"type":' .. cjson.encode(list[i][1]) .. ',"data":' .. list[i][2] .. '}'
+    end
+    fields = {'events', '[' .. table.concat(items, ',') .. ']'}
+  end
+  if turn then
+    fields[#fields + 1] = 'turn'
+    fields[#fields + 1] = turn
+  end
+  if n == 1 then
+    return touch(events, 'XADD', events, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+  end
+  local function add(after)
+    local ms, seq = stream_id(after)
+    local id_ms, first = now + 1, 0
+    if ms and ms > now then
+      id_ms, first = ms, seq + 1
+    end
+    return touch(events, 'XADD', events, 'MAXLEN', '~', maxlen,
+      istr(id_ms) .. '-' .. istr(first + n - 1), unpack(fields))
+  end
+  local function top()
+    local entries = touch(events, 'XREVRANGE', events, '+', '-', 'COUNT', 1)
+    return entries and (entries[1] and entries[1][1] or false)
+  end
+  local ms = stream_id(last)
+  if ms and ms > now then
+    last = top()
+    if last == nil then
+      return nil
+    end
+  end
+  local ok, id = pcall(add, last)
+  if ok then
+    return id
+  end
+  if not string.find(tostring(id.err or id), 'equal or smaller', 1, true) then
+    error(id)
+  end
+  return add(top())
+end
+
 -- Meta hashes this call saw stamped with FORMAT, and the fence each held when it was read
 -- (false: none yet); new_fence() keeps the latter current (these tables are new in every
 -- call).
@@ -106,23 +176,32 @@ local function status_data(status)
   return '{"status":"' .. status .. '"}'
 end
 
--- k = {inbox, turn, journal, cont, events}. Ends a turn: the n events buffered in
+-- k = {inbox, turn, journal, cont, events[, last]}. Ends a turn: the n events buffered in
 -- ARGV[first ..] (type, data pairs; n may be 0), final status with its result or error,
 -- out of the inbox, scratch state dropped, "done" emitted, record set to expire. The
--- events are its first write, so an events key of another type refuses it (false, nothing
--- written) without a TYPE check; else true. k.turn and k.inbox were read already.
-local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, n)
+-- events go as one stream entry (emit_events(); k.last: the record's last event id, when
+-- read), and they are its first write, so an events key of another type refuses it
+-- (false, nothing written) without a TYPE check; else true. k.turn and k.inbox were read
+-- already. `run` ({attempts, started_ms} as the record holds them): the entry carries the
+-- record's live fields as they are now, so a waiter needs no read of the record.
+local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, n, run)
   local pending = {}
   for i = first or 1, (first or 1) + 2 * (n or 0) - 1, 2 do
     pending[#pending + 1] = {ARGV[i], ARGV[i + 1]}
   end
   pending[#pending + 1] = {'status', status_data(status)}
   pending[#pending + 1] = {'done', status_data(status)}
-  if not emit_first(k.events, maxlen, pending[1][1], pending[1][2]) then
-    return false
+  local live = nil
+  if run then
+    local function number(v)
+      return (v and string.match(v, '^%d+$')) and v or 'null'
+    end
+    live = '{"status":"' .. status .. '","' .. field .. '":' .. value .. ',"attempts":'
+      .. number(run.attempts) .. ',"started_ms":' .. number(run.started_ms)
+      .. ',"finished_ms":' .. istr(now) .. '}'
   end
-  for i = 2, #pending do
-    emit(k.events, maxlen, pending[i][1], pending[i][2])
+  if not emit_events(k.events, maxlen, pending, now, k.last, live) then
+    return false
   end
   redis.call('HSET', k.turn, 'status', status, field, value, 'finished_ms', istr(now))
   if k.cancel ~= false then  -- false: the caller read the record and saw no cancel flag
@@ -140,7 +219,8 @@ end
 -- inbox entries behind the head, default none: next and peek) when the caller may go on,
 -- else a refusal code ('CORRUPT' with the key that holds another type).
 local function guard_run(lease, inbox, turn, tid, fence, allowed, span)
-  local rec = touch(turn, 'HMGET', turn, 'status', 'cancel')
+  local rec = touch(turn, 'HMGET', turn, 'status', 'cancel', 'last_event', 'attempts',
+    'started_ms')
   if rec == nil then
     return 'CORRUPT', turn
   end
@@ -169,7 +249,8 @@ local function guard_run(lease, inbox, turn, tid, fence, allowed, span)
     return 'NOT_RUNNING'
   end
   return nil, rec[2] == '1',
-    {fence = l[1], holder = l[3] or '', next = queue[2] or false, peek = queue[3] or false}
+    {fence = l[1], holder = l[3] or '', next = queue[2] or false, peek = queue[3] or false,
+      last = rec[3] or nil, run = {attempts = rec[4], started_ms = rec[5]}}
 end
 
 -- Writes must not fail half way (Lua does not roll back), so a script checks the keys it
@@ -235,28 +316,42 @@ local function element_header(raw)
   return kind, string.sub(raw, 2, newline - 1)
 end
 
--- Elements of the last `window` turns (0 = all), oldest first, walking back in batches so
--- only the window is read. Returns raws, headers; nil on a malformed element; false when
--- more than INLINE_MAX elements would be read (the client reads them in chunks).
+-- Elements of the last `window` turns (0 = all), oldest first, walking back from the end
+-- in batches (negative indexes: no LLEN) so only the window is read. Returns raws,
+-- headers; nil on a malformed element; false when more than INLINE_MAX elements would be
+-- read (the client reads them in chunks).
 local function window_elements(turns, window)
-  local raws_rev, heads_rev, starts = {}, {}, 0
-  local length = touch(turns, 'LLEN', turns)
-  if length == nil then
-    return nil
+  if window <= 0 then
+    -- One element past the limit says the whole history is too long to read here.
+    local all = touch(turns, 'LRANGE', turns, 0, INLINE_MAX)
+    if all == nil then
+      return nil
+    end
+    if #all > INLINE_MAX then
+      return false
+    end
+    local headers = {}
+    for i, raw in ipairs(all) do
+      local kind, header = element_header(raw)
+      if not kind then
+        return nil
+      end
+      headers[i] = header
+    end
+    return all, headers
   end
-  local stop = length - 1
-  if window <= 0 and stop >= INLINE_MAX then
-    return false
-  end
-  while stop >= 0 and (window <= 0 or starts < window) do
+  local raws_rev, heads_rev, starts, read = {}, {}, 0, 0
+  while starts < window do
     if #raws_rev >= INLINE_MAX then
       return false
     end
-    local start = 0
-    if window > 0 then
-      start = math.max(0, stop - math.min(window - starts, INLINE_MAX - #raws_rev) + 1)
+    local want = math.min(window - starts, INLINE_MAX - #raws_rev)
+    local batch = touch(turns, 'LRANGE', turns, -read - want, -read - 1)
+    if batch == nil then
+      return nil
     end
-    local batch = redis.call('LRANGE', turns, start, stop)
+    -- A short batch reached the first element, which starts a turn whatever its kind.
+    local at_start = #batch < want
     for i = #batch, 1, -1 do
       local kind, header = element_header(batch[i])
       if not kind then
@@ -264,14 +359,17 @@ local function window_elements(turns, window)
       end
       raws_rev[#raws_rev + 1] = batch[i]
       heads_rev[#heads_rev + 1] = header
-      if kind == 'T' or start + i - 1 == 0 then
+      if kind == 'T' or (at_start and i == 1) then
         starts = starts + 1
         if starts == window then
           break
         end
       end
     end
-    stop = start - 1
+    read = read + #batch
+    if at_start then
+      break
+    end
   end
   local raws, headers = {}, {}
   for i = #raws_rev, 1, -1 do
@@ -437,12 +535,18 @@ local function new_fence(meta)
   else
     -- Seeded with the server time in microseconds (16 digits: exact as a Lua number) so
     -- fences keep increasing even after the conversation was cleared (and its meta with
-    -- the counter deleted).
+    -- the counter deleted). acquire has it from the "running" event's id, whole
+    -- milliseconds (x 1000): a fence after a clear then needs a millisecond more to pass.
     if not clock_us then
       now_ms()
     end
     fence = istr(tonumber(clock_us) + 1)
-    redis.call('HSET', meta, 'fence', fence)
+    if stamped[meta] then
+      redis.call('HSET', meta, 'fence', fence)
+    else  -- a new conversation: its stamp goes along (submit leaves it to this write)
+      redis.call('HSET', meta, 'fence', fence, 'format_version', FORMAT)
+      stamped[meta] = true
+    end
   end
   fences[meta] = fence
   return fence
@@ -450,13 +554,27 @@ end
 
 -- The writes of handing out a turn (record `rec`, a field -> value table, now on its
 -- `runs`-th run) under the lease held by `holder` with `fence`; `rec` is updated to what
--- the record holds then. False (nothing written) when its events key holds another type
--- (the "running" event is the first write).
+-- the record holds then. Returns the fence and the time of the call in ms (`now`, or when
+-- nil the "running" event's id: the server clock without a TIME call, else TIME); false
+-- (nothing written) when its events key holds another type (the "running" event is the
+-- first write).
 local function start_run(h, k, rec, runs, holder, fence, o, now)
   local status = rec.status
-  if status ~= 'running' and not emit_first(k.events, o.maxlen, 'status', status_data('running')) then
-    return false
+  local fields = {}
+  if status ~= 'running' then
+    local id = emit_events(k.events, o.maxlen, {{'status', status_data('running')}})
+    if not id then
+      return false
+    end
+    -- Commit's events go after it (emit_events() reads the hint from the record).
+    rec.last_event = id
+    fields = {'last_event', id}
+    if not now then
+      now = stream_id(id)
+      clock_us = clock_us or istr(now * 1000)  -- a new fence's seed (new_fence())
+    end
   end
+  now = now or now_ms()
   fence = fence or new_fence(h.meta)
   redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
     'expires_ms', istr(now + tonumber(o.lease_ms)))
@@ -464,7 +582,9 @@ local function start_run(h, k, rec, runs, holder, fence, o, now)
   stamp(h.meta)
   rec.attempts = istr(tonumber(rec.attempts or '0') + 1)
   rec.runs, rec.status = istr(runs), 'running'
-  local fields = {'attempts', rec.attempts, 'runs', rec.runs, 'status', 'running'}
+  for _, v in ipairs({'attempts', rec.attempts, 'runs', rec.runs, 'status', 'running'}) do
+    fields[#fields + 1] = v
+  end
   if not rec.started_ms then
     rec.started_ms = istr(now)
     fields[#fields + 1] = 'started_ms'
@@ -475,7 +595,7 @@ local function start_run(h, k, rec, runs, holder, fence, o, now)
     redis.call('HDEL', k.turn, 'result')  -- the pending approvals are decided now
     rec.result = nil
   end
-  return fence
+  return fence, now
 end
 
 -- Hands out the inbox head tid with its history window, its saved state and the id of
@@ -485,7 +605,8 @@ end
 -- A head parked undecided whose approval expired runs on, stamped with expired_ms.
 -- Returns {'OK', fence, turn record as field/value list, state kind, state, lead
 -- elements, window elements, {sha, bytes, ...}, id of the next queued turn or false,
--- the window in turns (turn_window())}
+-- the window in turns (turn_window())}. `now`: the caller's clock (ms), or nil: taken
+-- from the "running" event's id (or TIME when none is added).
 --      or {'DROPPED', id of the turn failed here or false} (the head moved on)
 --      or {'CORRUPT', key} (nothing written).
 -- Every key is checked by its first read (touch()), or its first write (the events),
@@ -513,14 +634,19 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
   local runs = tonumber(rec.runs or '0') + 1
   if runs > o.max_attempts then
-    if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen, now) then
+    k.last = rec.last_event
+    if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen,
+        now or now_ms()) then
       return {'CORRUPT', k.events}
     end
     return {'DROPPED', tid}
   end
   -- All reads that can fail come before the first write.
   local window = turn_window(rec, o)
-  local win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
+  local win, corrupt = {{}, {}, {}}, nil
+  if not h.empty then  -- h.empty: the caller saw the conversation has no history
+    win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
+  end
   if not win then
     return {'CORRUPT', corrupt}
   end
@@ -533,7 +659,7 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
       return {'CORRUPT', state}
     end
   end
-  fence = start_run(h, k, rec, runs, holder, fence, o, now)
+  fence, now = start_run(h, k, rec, runs, holder, fence, o, now)
   if not fence then
     return {'CORRUPT', k.events}
   end

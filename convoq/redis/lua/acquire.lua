@@ -30,10 +30,13 @@ redis.replicate_commands()
 local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[4]}
 local k = turn_keys(KEYS[5], KEYS[6], 7)
 local tid, o = ARGV[1], take_options(4)
-local refusal = meta_refusal(h.meta)
+-- `bytes` is read along: every write of history (commit, a memory append) counts its size
+-- there, so a meta without it has no history to read (a new conversation: two reads less).
+local refusal, counted = meta_refusal(h.meta, 'bytes')
 if refusal then
   return refusal
 end
+h.empty = not counted[1]
 -- First reads check their key's type (touch()): nothing is written before them.
 local queue = touch(k.inbox, 'LRANGE', k.inbox, 0, 1)  -- the head and the peek behind it
 if queue == nil then
@@ -61,7 +64,8 @@ local holder = ARGV[2]
 if holder == '' then
   holder = l[3] or ''
 end
-local taken = take_head(h, k, tid, holder, mine and l[1], o, now_ms(), queue[2] or false)
+-- No TIME: the clock comes from the "running" event's id (take_head()).
+local taken = take_head(h, k, tid, holder, mine and l[1], o, nil, queue[2] or false)
 if taken[1] ~= 'DROPPED' then
   return taken
 end

@@ -42,8 +42,8 @@
 --      or {'CORRUPT', key} (a key it writes holds the wrong type; nothing written).
 redis.replicate_commands()
 local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[10]}
--- Keys are checked by their first read (guard_run, meta_refusal) or, for the events, by
--- the first write (finish()); the others before any write.
+-- Keys are checked by their first read (guard_run, meta_refusal) or, for the history list
+-- and the events, by their first write (the RPUSH, finish()); the others before any write.
 local k = turn_keys(KEYS[4], KEYS[5], 6)
 local tid, o = ARGV[1], take_options(8)
 -- The inbox read two entries past the head: the next head and the peek behind it.
@@ -68,7 +68,7 @@ if refusal then
 end
 local n = tonumber(ARGV[15])
 local has_blobs = #ARGV >= 16 + 2 * n
-local bad_key = wrong_type('list', {h.turns}) or (has_blobs and wrong_type('hash', {h.blobs}))
+local bad_key = has_blobs and wrong_type('hash', {h.blobs})
 for i = 1, #counters do
   if not counter_ok(values[i]) then
     bad_key = bad_key or h.meta  -- HINCRBY would fail on it
@@ -79,11 +79,17 @@ if bad_key then
 end
 local now = now_ms()
 local status = ARGV[6] == 'expired' and 'expired' or 'succeeded'
-if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n) then
+-- The first write checks the history list's type (no TYPE call); the events check theirs
+-- by the next one, which takes the push back when it is refused: nothing stays written.
+if touch(h.turns, 'RPUSH', h.turns, ARGV[3]) == nil then
+  return {'CORRUPT', h.turns}
+end
+k.last = ahead.last
+if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n, ahead.run) then
+  redis.call('RPOP', h.turns)
   return {'CORRUPT', k.events}
 end
 local added = store_blobs(h.blobs, 16 + 2 * n)
-redis.call('RPUSH', h.turns, ARGV[3])
 local function plus(i, count)
   return istr(tonumber(values[i] or '0') + count)
 end

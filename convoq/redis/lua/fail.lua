@@ -38,7 +38,7 @@ if refused then
 end
 k.cancel = where
 local now = now_ms()
-emit_batch(k.events, o.maxlen, 13, tonumber(ARGV[12]))
-finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now)
+k.last = ahead.last
+finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now, 13, tonumber(ARGV[12]))
 local h = {meta = KEYS[7], turns = KEYS[8], blobs = KEYS[9], lead = KEYS[10]}
 return hand_over(h, k, ARGV[5], turn_keys(k.inbox, k.lease, 11), o, now, ahead)

@@ -12,7 +12,7 @@
 -- ARGV[4] = options JSON
 -- ARGV[5] = 'queue' or 'reject' (when the conversation is busy: turns queued, or its
 --           lease held)
--- ARGV[6] = turn ttl ms (idempotency key and event stream expiry)
+-- ARGV[6] = turn ttl ms (idempotency key expiry)
 -- ARGV[7] = events stream MAXLEN (approximate)
 -- ARGV[8] = the most turns the inbox may hold (0: no limit)
 -- ARGV[9] = data JSON of the "queued" status event (the status and the turn's metadata)
@@ -55,31 +55,41 @@ local refusal = meta_refusal(meta)
 if refusal then
   return refusal
 end
-local waiting = touch(inbox, 'LLEN', inbox)
+-- The turn joins the inbox first: the push is the inbox's type check and its length
+-- answers how many wait before it (no LLEN). A refusal below takes the push back (the
+-- turn id is the tail: RPOP), so a refused submit leaves nothing written.
+local waiting = touch(inbox, 'RPUSH', inbox, tid)
 if waiting == nil then
   return {'CORRUPT', inbox}
 end
+waiting = waiting - 1
 -- An in-process turn (an Agent on Redis memory) holds the lease with nothing queued.
 if ARGV[5] == 'reject' and (waiting > 0 or redis.call('EXISTS', lease) == 1) then
+  redis.call('RPOP', inbox)
   return {'BUSY'}
 end
 local max_waiting = tonumber(ARGV[8] or '0')
 if max_waiting > 0 and waiting >= max_waiting then
+  redis.call('RPOP', inbox)
   return {'FULL', waiting}
 end
--- The first write: an events key of another type refuses it, with nothing written.
+-- An events key of another type refuses it, with the push taken back.
 local queued = touch(events, 'XADD', events, 'MAXLEN', '~', ARGV[7], '*', 'type', 'status',
   'data', ARGV[9])
 if queued == nil then
+  redis.call('RPOP', inbox)
   return {'CORRUPT', events}
 end
--- The new stream's first id is the server time in ms: the record's creation time.
+-- The new stream's first id is the server time in ms: the record's creation time. The
+-- record keeps it as the stream's last id (a hint for emit_events()). The stream gets
+-- its TTL when the turn ends, as the record does: a queued turn keeps both.
 local now = tonumber(string.match(queued, '^(%d+)'))
 redis.call('HSET', turn, 'status', 'queued', 'agent', ARGV[2], 'input', ARGV[3],
-  'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now))
-redis.call('RPUSH', inbox, tid)
-stamp(meta)
-redis.call('PEXPIRE', events, ARGV[6])
+  'options', ARGV[4], 'attempts', '0', 'runs', '0', 'created_ms', istr(now),
+  'last_event', queued)
+-- No format stamp here: the version names the layout of the history, and the first write
+-- of anything in the conversation's meta (acquire's fence, commit, a memory append)
+-- stamps it (the read above refuses another version all the same).
 if idem then
   redis.call('SET', idem, tid, 'PX', ARGV[6])
 end
