@@ -154,3 +154,26 @@ def test_worker_refuses_a_dataset_that_came_back_empty(make_pool, r: redis.Redis
             turn.wait(3)  # the stale worker takes no kicks any more
         pool.start(1)  # a worker started on the current dataset serves it
         assert turn.wait(30).text == "seen: after"
+
+
+def test_kicks_a_killed_worker_held_back_run_on_another(make_pool, r: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    """A kick is a hint (the inbox holds the turn): the kicks a worker took from the
+    broker but had not started when it was killed are not restored by the broker (with
+    the fast paths on, kombu keeps no unacked note), and the sweeper kicks those
+    conversations again. Holds in both modes."""
+    pool: WorkerPool = make_pool(lease_ms=5000, sweep_interval_s=1.0, concurrency=1, partitions=1)
+    [first] = pool.start(1)
+    word = uuid.uuid4().hex[:8]
+    with pool.client() as client:
+        blocked = client.submit(f"held-a-{word}", f"{word} block", agent="blocker")
+        wait_until(lambda: r.llen(_tkey(pool, "ran", word)) == 1, 30, what="the model call")
+        # The one slot is busy: the next conversations' kicks wait inside the worker.
+        waiting = [client.submit(f"held-{n}-{word}", f"{word} {n}", agent="echo") for n in (1, 2)]
+        queue = f"{pool.prefix}.p0"
+        wait_until(lambda: r.llen(queue) == 0, 30, what="the worker taking the kicks")
+        first.kill()
+        r.set(_tkey(pool, "release", word), 1)
+        pool.start(1)
+        for n, handle in zip((1, 2), waiting, strict=True):
+            assert handle.wait(60).text == f"seen: {word} {n}"
+        assert blocked.wait(60).text == f"released {word} block"
