@@ -156,11 +156,12 @@ def test_worker_refuses_a_dataset_that_came_back_empty(make_pool, r: redis.Redis
         assert turn.wait(30).text == "seen: after"
 
 
+@pytest.mark.fast_paths  # with them off a worker takes no kick beyond its slots
 def test_kicks_a_killed_worker_held_back_run_on_another(make_pool, r: redis.Redis) -> None:  # type: ignore[no-untyped-def]
     """A kick is a hint (the inbox holds the turn): the kicks a worker took from the
     broker but had not started when it was killed are not restored by the broker (with
     the fast paths on, kombu keeps no unacked note), and the sweeper kicks those
-    conversations again. Holds in both modes."""
+    conversations again."""
     pool: WorkerPool = make_pool(lease_ms=5000, sweep_interval_s=1.0, concurrency=1, partitions=1)
     [first] = pool.start(1)
     word = uuid.uuid4().hex[:8]
