@@ -3,7 +3,9 @@ runner, the sweeper, and the sender of kicks.
 
 Celery's ``threads`` pool runs many tasks at once; each task submits its coroutine to the
 process's one loop (:class:`convoq._sync.LoopThread`), so Redis and httpx connection pools
-live as long as the process and many model calls are in flight per process.
+live as long as the process and many model calls are in flight per process. A drain kick
+that finds a free slot skips the pool: the consumer starts it on the loop itself
+(:meth:`WorkerRuntime.start_direct`, :mod:`convoq.worker._direct`).
 """
 
 from __future__ import annotations
