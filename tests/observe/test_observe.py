@@ -310,3 +310,19 @@ def test_worker_metrics_listen_on_loopback_unless_a_host_is_configured(
         assert _answers_on("127.0.0.2", server.port) is elsewhere
     finally:
         server.close()
+
+
+def test_metric_children_are_kept_up_to_a_bound_and_count_beyond_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics, "_children", {})
+    monkeypatch.setattr(metrics, "_MAX_CHILDREN", 3)
+    names = [f"bounded-tool-{n}" for n in range(6)]
+    for name in names * 2:
+        metrics.tool_called(name, "ok")
+    assert len(metrics._children) == 3
+    for name in names:
+        counted = REGISTRY.get_sample_value(
+            "convoq_tool_calls_total", {"tool": name, "outcome": "ok"}
+        )
+        assert counted == 2
