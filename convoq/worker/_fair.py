@@ -162,11 +162,12 @@ class SlotBacklog:
     def detach(self) -> None:
         """Stop using this process's line (shutdown): conversations go back through the
         broker; :meth:`flush` sends those still waiting in it. Drains waiting for a slot
-        stop waiting (the runner starts no turn any more)."""
+        stop waiting (the runner starts no turn any more) within ``_SLOT_POLL_S``, at once
+        after a flush."""
+        # No lock taken: this runs in a signal handler, maybe while the interrupted thread
+        # holds it. Waiting drains see the flag within _SLOT_POLL_S; flush wakes them.
         self._submit = None
-        with self._freed:
-            self._detached = True
-            self._freed.notify_all()
+        self._detached = True
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -262,7 +263,11 @@ class SlotBacklog:
 
     def flush(self) -> None:
         """Send every conversation waiting in this process's line through the broker
-        (blocking; at shutdown, so that other workers take them at once)."""
+        (blocking; at shutdown, so that other workers take them at once), and wake the
+        drains waiting for a slot after :meth:`detach`."""
+        if self._detached:
+            with self._freed:
+                self._freed.notify_all()
         while True:
             with self._line_lock:
                 if not self._line:
