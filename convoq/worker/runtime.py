@@ -41,6 +41,7 @@ from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.summary import Summary
 from convoq.worker import _observed, webhooks
+from convoq.worker._broker_client import reuse_clients
 from convoq.worker._fair import PREFETCH_MULTIPLIER, Kept, SlotBacklog
 from convoq.worker._shutdown import arm_exit_deadline
 from convoq.worker.profiles import Profiles, load_profiles
@@ -337,6 +338,7 @@ class WorkerRuntime:
         if not self.settings.fast_paths:
             log.info("fair slots: conversations go back through the broker (fast paths off)")
             return
+        reuse_clients(consumer)
         executor = getattr(getattr(consumer, "pool", None), "executor", None)
         window = getattr(consumer, "initial_prefetch_count", None)
         if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
