@@ -14,7 +14,9 @@ Only ``opentelemetry-api`` is used, through the global tracer provider: an appli
 configures the SDK and its exporters (``opentelemetry-instrument``, or its own code in the
 agents module); :func:`export_to_file` is a JSON-lines exporter for tests and debugging
 (``CONVOQ_TRACE_FILE`` on workers). Without ``opentelemetry-api`` installed, every
-function here is a no-op that imports nothing.
+function here is a no-op that imports nothing. With the API but no tracer provider set,
+:func:`span` opens no span at all: the API's spans would record nothing and only hand
+their parent's context on, and a worker opens several per turn.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from typing import Any, TypeVar
 
 try:
     from opentelemetry import propagate, trace
-    from opentelemetry.trace import Link, Status, StatusCode
+    from opentelemetry.trace import (
+        Link,
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        Status,
+        StatusCode,
+    )
 
     ENABLED = True
     # A proxy until the application installs a provider, then that provider's tracer.
@@ -50,8 +58,9 @@ def span(
 ) -> Iterator[None]:
     """A span around the block, child of the current span, or of ``parent`` (a carrier
     with ``traceparent``) when that belongs to another trace than the current span (the
-    current one is then linked). An exception leaving the block is recorded on it."""
-    if not ENABLED:
+    current one is then linked). An exception leaving the block is recorded on it.
+    Nothing is opened while no tracer provider is set (see the module docstring)."""
+    if not ENABLED or not recording():
         yield
         return
     context, links = None, []
@@ -77,6 +86,16 @@ async def traced(
     """Await ``coro`` inside a span (the span lives in the task that runs it)."""
     with span(name, attributes, parent=parent):
         return await coro
+
+
+def recording() -> bool:
+    """Whether an application set a tracer provider (``trace.set_tracer_provider`` or the
+    ``OTEL_PYTHON_TRACER_PROVIDER`` variable): until then the global one is the API's proxy,
+    whose spans record nothing."""
+    if not ENABLED:
+        return False
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, ProxyTracerProvider | NoOpTracerProvider)
 
 
 def record_error(error: BaseException) -> None:

@@ -23,6 +23,13 @@ waiting in a process's line keeps its lease only for the lease's period (nothing
 it there): if the process dies, or the wait is longer, the lease lapses and the sweeper
 kicks the conversation again, as for any stranded inbox.
 
+Kicks that find a free slot and nobody waiting start on the process's loop at once
+(:mod:`convoq.worker._direct`): they take a slot with :meth:`SlotBacklog.take_free_slot`
+and give it back with :meth:`SlotBacklog.release`. Drains started by the pool (kicks that
+came while every slot was busy, conversations from the line) then wait for a slot in
+:meth:`SlotBacklog.slot`, in the order they came, and a kick that finds one of them
+waiting goes the pool's way behind it.
+
 The own line and the count of held kicks are a fenced shortcut: they read Celery
 internals (the threads pool's ``executor``, ``celery.worker.state``'s reserved and active
 requests), checked with the Celery releases in :data:`CHECKED_WITH`. With
@@ -53,6 +60,8 @@ CHECKED_WITH = ("celery", ">=5.4,<5.8")
 # quiet partition). A killed worker's held kicks are not needed: the sweeper kicks any
 # inbox without a live lease.
 PREFETCH_MULTIPLIER = 4
+# A pool thread waiting for a slot looks again this often (a wake-up is not counted on).
+_SLOT_POLL_S = 0.5
 
 
 class Fairness(Protocol):
@@ -120,6 +129,11 @@ class SlotBacklog:
         self._worker_state = worker_state
         self._busy = 0
         self._busy_lock = threading.Lock()
+        # Pool threads waiting in slot() for one of the slots direct drains hold.
+        self._freed = threading.Condition(self._busy_lock)
+        self._slot_waiters = 0
+        self._direct = 0  # slots held by drains started without the pool
+        self._detached = False
         self._probe_lock: asyncio.Lock | None = None
         self._waiting = False
         self._fresh_until = 0.0
@@ -147,24 +161,59 @@ class SlotBacklog:
 
     def detach(self) -> None:
         """Stop using this process's line (shutdown): conversations go back through the
-        broker; :meth:`flush` sends those still waiting in it."""
+        broker; :meth:`flush` sends those still waiting in it. Drains waiting for a slot
+        stop waiting (the runner starts no turn any more) within ``_SLOT_POLL_S``, at once
+        after a flush."""
+        # No lock taken: this runs in a signal handler, maybe while the interrupted thread
+        # holds it. Waiting drains see the flag within _SLOT_POLL_S; flush wakes them.
         self._submit = None
+        self._detached = True
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
-        """Around each drain: the slot it holds counts as busy."""
-        with self._busy_lock:
+        """Around each drain the pool runs: the slot it holds counts as busy. While drains
+        started without the pool hold every slot, it waits for one (pool threads are
+        woken in the order they came), until :meth:`detach`."""
+        with self._freed:
+            crowded = self._busy >= self._slots and self._direct
+            if not self._detached and (crowded or self._slot_waiters):
+                self._slot_waiters += 1
+                try:
+                    while self._busy >= self._slots and not self._detached:
+                        self._freed.wait(_SLOT_POLL_S)
+                finally:
+                    self._slot_waiters -= 1
             self._busy += 1
         try:
             yield
         finally:
-            with self._busy_lock:
-                self._busy -= 1
+            self.release(direct=False)
+
+    def take_free_slot(self) -> bool:
+        """Take a slot for a drain started without the pool, if one is free and nothing
+        waits for it: no conversation in the line, no pool thread in :meth:`slot`, no kick
+        held in the pool's queue. Give it back with ``release(direct=True)``."""
+        with self._freed:
+            if self._detached or self._busy >= self._slots or self._slot_waiters or self._line:
+                return False
+            if self._worker_state and _prefetched_here():
+                return False
+            self._busy += 1
+            self._direct += 1
+            return True
+
+    def release(self, *, direct: bool) -> None:
+        """Give a slot back; a pool thread waiting in :meth:`slot` takes it."""
+        with self._freed:
+            self._busy -= 1
+            if direct:
+                self._direct -= 1
+            self._freed.notify()
 
     async def others_waiting(self) -> bool:
         if self._busy < self._slots:
             return False  # a free slot takes any waiting kick anyway
-        if self._line or (self._worker_state and _prefetched_here()):
+        if self._line or self._slot_waiters or (self._worker_state and _prefetched_here()):
             return True
         if self._probe_lock is None:
             self._probe_lock = asyncio.Lock()
@@ -180,7 +229,8 @@ class SlotBacklog:
 
     async def requeue(self, conversation_id: str, head: str, fence: int) -> None:
         kept = Kept(conversation_id, head, fence)
-        if self._submit is not None and self._held() < self._window:
+        # Drains started without the pool hold their kicks too (unacknowledged).
+        if self._submit is not None and self._held() + self._direct < self._window:
             with self._line_lock:
                 self._line.append(kept)
             try:
@@ -213,7 +263,11 @@ class SlotBacklog:
 
     def flush(self) -> None:
         """Send every conversation waiting in this process's line through the broker
-        (blocking; at shutdown, so that other workers take them at once)."""
+        (blocking; at shutdown, so that other workers take them at once), and wake the
+        drains waiting for a slot after :meth:`detach`."""
+        if self._detached:
+            with self._freed:
+                self._freed.notify_all()
         while True:
             with self._line_lock:
                 if not self._line:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -50,6 +51,41 @@ class HandedBack(Exception):
     stopped, and its turn is to be handed back to other workers."""
 
 
+class Closing:
+    """The worker's warm shutdown as its runs learn of it: set once, on the loop; each
+    watched run registers a callback instead of a task waiting for it."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._ids = itertools.count()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        callbacks, self._callbacks = list(self._callbacks.values()), {}
+        for callback in callbacks:
+            callback()
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once shutdown begins (at once if it has); returns the way to
+        stop watching."""
+        if self._set:
+            callback()
+            return lambda: None
+        key = next(self._ids)
+        self._callbacks[key] = callback
+
+        def unwatch() -> None:
+            self._callbacks.pop(key, None)
+
+        return unwatch
+
+
 @dataclass(frozen=True)
 class LeaseTerms:
     """How a run is held: its lease, its longest run, and the worker's shutdown (when
@@ -57,7 +93,7 @@ class LeaseTerms:
 
     lease_ms: int
     max_turn_s: float = defaults.MAX_TURN_S
-    closing: asyncio.Event | None = None
+    closing: Closing | None = None
     grace_s: float = defaults.SHUTDOWN_GRACE_S
 
     @property
@@ -180,51 +216,82 @@ async def with_lease(run: TurnRun, terms: LeaseTerms, work: Coroutine[Any, Any, 
     shuts down and the grace ran out. Whatever it cancels is waited for one renewal period
     at most; a task still running then is logged and left behind."""
     task = asyncio.ensure_future(work)
-    renewer = asyncio.create_task(_renew(run, terms))
+    watch = _Watch(run, terms)
     stop: Stop = "lost"
     try:
-        stop = await _watch(task, renewer, terms)
+        stop = await watch.until_stopped(task)
     finally:
+        watch.close()
         run.end()  # from here on nothing renews this lease, whatever is left running
         what = f"turn {run.acq.conversation_id}/{run.acq.turn.turn_id}"
         # Its writes are fenced and its lease no longer renewed: leaving it is safe.
-        await stop_bounded([task, renewer], terms.period_s, what)
+        started: list[asyncio.Future[Any]] = [task]
+        if watch.renewer is not None:
+            started.append(watch.renewer)
+        await stop_bounded(started, terms.period_s, what)
     if stop == "done":
         return task.result()
     raise _stopped_error(stop, run, terms)
 
 
-async def _watch(task: asyncio.Future[Any], renewer: asyncio.Task[Stop], terms: LeaseTerms) -> Stop:
-    """Until the work ends, the renewer stops it (lease lost, cancel), the deadline passes,
-    or shutdown's grace runs out."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + terms.max_turn_s
-    watched: set[asyncio.Future[Any]] = {task, renewer}
-    closing = terms.closing
-    closer = asyncio.ensure_future(closing.wait()) if closing is not None else None
-    try:
-        await asyncio.wait(
-            watched | ({closer} if closer else set()),
-            timeout=terms.max_turn_s,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-    finally:
-        if closer is not None:
-            closer.cancel()  # an Event.wait: no library in between, it does stop
-    shutting_down = closing is not None and closing.is_set()
-    if shutting_down and not watched & _done(watched):
-        # The turn may still finish within the grace, under its lease.
-        grace = max(0.0, min(terms.grace_s, deadline - loop.time()))
-        await asyncio.wait(watched, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return "done"
-    if renewer.done():
-        return renewer.result()
-    return "closing" if shutting_down and loop.time() < deadline else "deadline"
+class _Watch:
+    """What may stop a run besides its work ending: the renewer (started one renewal
+    period into the run, so a turn shorter than that has none), the deadline, and the
+    worker's shutdown. Each wakes one future through a callback: no task waits for them."""
 
+    def __init__(self, run: TurnRun, terms: LeaseTerms) -> None:
+        self._run, self._terms = run, terms
+        self._loop = asyncio.get_running_loop()
+        self._woken: asyncio.Future[None] = self._loop.create_future()
+        self.renewer: asyncio.Task[Stop] | None = None
+        self._timers = [self._loop.call_later(terms.period_s, self._start_renewing)]
+        closing = terms.closing
+        self._unwatch = closing.watch(self._wake) if closing is not None else None
 
-def _done(futures: set[asyncio.Future[Any]]) -> set[asyncio.Future[Any]]:
-    return {f for f in futures if f.done()}
+    def _wake(self, *_: object) -> None:
+        if not self._woken.done():
+            self._woken.set_result(None)
+
+    def _start_renewing(self) -> None:
+        if not self._run.ended:
+            self.renewer = asyncio.ensure_future(_renew(self._run, self._terms))
+            self.renewer.add_done_callback(self._wake)
+
+    def _stopped(self, task: asyncio.Future[Any]) -> bool:
+        return task.done() or (self.renewer is not None and self.renewer.done())
+
+    async def _sleep(self, timeout_s: float, task: asyncio.Future[Any]) -> None:
+        """Until the work ends, the renewer stops, shutdown begins or ``timeout_s``."""
+        if self._woken.done():
+            self._woken = self._loop.create_future()
+        if self._stopped(task):
+            return
+        self._timers.append(self._loop.call_later(timeout_s, self._wake))
+        await self._woken
+
+    async def until_stopped(self, task: asyncio.Future[Any]) -> Stop:
+        """Until the work ends, the renewer stops it (lease lost, cancel), the deadline
+        passes, or shutdown's grace runs out."""
+        terms, loop = self._terms, self._loop
+        deadline = loop.time() + terms.max_turn_s
+        task.add_done_callback(self._wake)
+        await self._sleep(terms.max_turn_s, task)
+        closing = terms.closing
+        shutting_down = closing is not None and closing.is_set()
+        if shutting_down and not self._stopped(task):
+            # The turn may still finish within the grace, under its lease.
+            await self._sleep(max(0.0, min(terms.grace_s, deadline - loop.time())), task)
+        if task.done():
+            return "done"
+        if self.renewer is not None and self.renewer.done():
+            return self.renewer.result()
+        return "closing" if shutting_down and loop.time() < deadline else "deadline"
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
 
 
 def _stopped_error(stop: Stop, run: TurnRun, terms: LeaseTerms) -> Exception:
@@ -243,15 +310,12 @@ def _stopped_error(stop: Stop, run: TurnRun, terms: LeaseTerms) -> Exception:
 
 
 async def _renew(run: TurnRun, terms: LeaseTerms) -> Stop:
-    """Renew every third of the lease until ``run.ended``: checked after every await, so a
-    cancellation swallowed inside a library cannot keep it going. Returns "lost" (the
-    lease moved on, or could not be renewed before it lapsed) or "cancel" (a cancel was
-    requested: the run stops now, not at its next step)."""
+    """Renew now, then every third of the lease, until ``run.ended``: checked after every
+    await, so a cancellation swallowed inside a library cannot keep it going. Returns
+    "lost" (the lease moved on, or could not be renewed before it lapsed) or "cancel" (a
+    cancel was requested: the run stops now, not at its next step)."""
     loop, cid = asyncio.get_running_loop(), run.acq.conversation_id
     while not run.ended:
-        await run.wait_end(terms.period_s)
-        if run.ended:
-            break
         sent = loop.time()
         try:
             cancel = await bounded(_renewal(run, terms.lease_ms), terms.period_s)
@@ -265,14 +329,15 @@ async def _renew(run: TurnRun, terms: LeaseTerms) -> Stop:
                 log.error("cannot renew the lease on %s: %s", cid, exc)
                 return "lost"
             log.warning("renewing the lease on %s failed, retrying: %s", cid, exc)
-            continue
-        if run.ended:
-            break
-        run.confirmed_at = max(run.confirmed_at, sent)
-        metrics.LEASE_RENEWALS.inc()
-        if cancel:
-            run.cancel_seen = True
-            return "cancel"
+        else:
+            if run.ended:
+                break
+            run.confirmed_at = max(run.confirmed_at, sent)
+            metrics.LEASE_RENEWALS.inc()
+            if cancel:
+                run.cancel_seen = True
+                return "cancel"
+        await run.wait_end(terms.period_s)
     return "done"
 
 

@@ -24,7 +24,6 @@ queued turn, its commit.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from convoq.window import Window
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
-from convoq.worker._lease import HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
+from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker.profiles import Profiles
 
 CompactHook = Callable[[str, str], Awaitable[None]]
@@ -121,7 +120,7 @@ class Runner:
         self._windows = profiles.windows()
         # Set at warm shutdown: no new turn starts, running ones finish within the grace
         # or are handed back.
-        self._closing = asyncio.Event()
+        self._closing = Closing()
         self._terms = LeaseTerms(
             config.lease_ms,
             max_turn_s=config.max_turn_s,

@@ -3,13 +3,16 @@ runner, the sweeper, and the sender of kicks.
 
 Celery's ``threads`` pool runs many tasks at once; each task submits its coroutine to the
 process's one loop (:class:`convoq._sync.LoopThread`), so Redis and httpx connection pools
-live as long as the process and many model calls are in flight per process.
+live as long as the process and many model calls are in flight per process. A drain kick
+that finds a free slot skips the pool: the consumer starts it on the loop itself
+(:meth:`WorkerRuntime.start_direct`, :mod:`convoq.worker._direct`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import gc
 import json
 import logging
@@ -17,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, cast
 
 from celery import Celery, current_task
@@ -38,6 +41,7 @@ from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.summary import Summary
 from convoq.worker import _observed, webhooks
+from convoq.worker._broker_client import reuse_clients
 from convoq.worker._fair import PREFETCH_MULTIPLIER, Kept, SlotBacklog
 from convoq.worker._shutdown import arm_exit_deadline
 from convoq.worker.profiles import Profiles, load_profiles
@@ -80,6 +84,10 @@ class WorkerRuntime:
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
         self._memory: RedisConversationMemory | None = None
+        # Kicks start drains on the loop directly (:mod:`._direct`) once the pool's line
+        # is attached; the drains so started, until they end.
+        self._direct = False
+        self._direct_runs: set[asyncio.Task[DrainReport]] = set()
         # Every profile's MCP servers: their health goes in the worker entry, their
         # sessions are closed at shutdown.
         servers = (s for a in self.profiles.values() for s in getattr(a, "mcp_servers", ()))
@@ -142,6 +150,66 @@ class WorkerRuntime:
             raise self._halted
         head, fence = _hints()
         return self._run_drain(conversation_id, head, fence, _kick_header(tracing.HEADER))
+
+    def start_direct(
+        self,
+        cid: str,
+        head: str | None,
+        fence: str | None,
+        traceparent: str | None,
+        *,
+        done: Callable[[], object],
+    ) -> bool:
+        """Start a drain of ``cid`` on the loop from the consumer (:mod:`._direct`) if a
+        slot is free and nothing waits for it; ``done`` (the kick's acknowledgement) is
+        called when it ends. False: nothing started, the kick goes Celery's way."""
+        state = self._state
+        if state is None or not self._direct or self._halted is not None:
+            return False
+        if self._warm_shutdown or not self.backlog.take_free_slot():
+            return False
+        try:
+            self._loop.loop.call_soon_threadsafe(
+                self._start_direct, state[2], cid, head, _fence(fence), traceparent, done
+            )
+        except RuntimeError:  # the loop is closed: shutting down
+            self.backlog.release(direct=True)
+            return False
+        return True
+
+    def _start_direct(
+        self,
+        runner: Runner,
+        cid: str,
+        head: str | None,
+        fence: int,
+        traceparent: str | None,
+        done: Callable[[], object],
+    ) -> None:
+        drain = runner.drain(cid, head=head, fence=fence)
+        task = asyncio.ensure_future(_observed.traced_drain(drain, cid, traceparent))
+        self._direct_runs.add(task)
+        task.add_done_callback(functools.partial(self._direct_ended, cid, done))
+
+    def _direct_ended(
+        self, cid: str, done: Callable[[], object], task: asyncio.Task[DrainReport]
+    ) -> None:
+        self._direct_runs.discard(task)
+        self.backlog.release(direct=True)
+        if task.cancelled():  # the loop stops: the kick stays unacknowledged
+            return
+        if (exc := task.exception()) is not None:
+            # As Celery reports a task that raised; the kick is acknowledged all the same.
+            log.error("drain of %s raised: %r", cid, exc, exc_info=exc)
+        try:
+            done()
+        except Exception:
+            log.exception("acknowledging the kick of %s failed", cid)
+
+    async def _direct_ended_all(self, timeout_s: float) -> None:
+        """Until every drain started directly ended, ``timeout_s`` at most."""
+        if self._direct_runs:
+            await asyncio.wait(set(self._direct_runs), timeout=timeout_s)
 
     def _drain_kept(self, kept: Kept) -> None:
         """Run a conversation this process sent back in its own line (on a pool thread)."""
@@ -270,11 +338,13 @@ class WorkerRuntime:
         if not self.settings.fast_paths:
             log.info("fair slots: conversations go back through the broker (fast paths off)")
             return
+        reuse_clients(consumer)
         executor = getattr(getattr(consumer, "pool", None), "executor", None)
         window = getattr(consumer, "initial_prefetch_count", None)
         if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
             window = window if isinstance(window, int) else None
             self.backlog.attach(executor.submit, self._drain_kept, window=window)
+            self._direct = True
             log.info("fair slots: conversations go back in this process's line (window %s)", window)
 
     def announce(self, hostname: str, queues: list[str]) -> None:
@@ -377,6 +447,15 @@ class WorkerRuntime:
             self._sweeper.cancel()
         if self._metrics is not None:
             self._metrics.close()
+        if self._state is not None and self._direct_runs:
+            # Drains started from the consumer are no pool tasks: Celery did not wait for
+            # them. Shutting down, they end within the grace or hand their turn back.
+            s = self.settings
+            wait_s = s.shutdown_grace_s + s.lease_ms / 1000 + 1
+            try:
+                self._loop.run(self._direct_ended_all(wait_s), timeout=wait_s + 1)
+            except Exception as exc:  # shutting down anyway
+                log.warning("waiting for the running drains failed: %s", exc)
         if self._state is not None:
             try:
                 self._loop.run(self._close(), timeout=_CLOSE_TIMEOUT_S)
@@ -402,10 +481,12 @@ def _hints() -> tuple[str | None, int]:
     """The inbox head named by the kick this thread runs (the ``HEAD_HEADER`` a client
     sets when its turn went to an idle conversation) or None, and the fence of a lease kept
     for it by a drain that gave its slot up (``FENCE_HEADER``) or 0."""
-    fence = _kick_header(FENCE_HEADER)
-    if not (fence and fence.isdigit() and len(fence) < 30):
-        fence = "0"
-    return _kick_header(HEAD_HEADER), int(fence)
+    return _kick_header(HEAD_HEADER), _fence(_kick_header(FENCE_HEADER))
+
+
+def _fence(header: str | None) -> int:
+    """The fence a ``FENCE_HEADER`` names, 0 when absent or not a fence."""
+    return int(header) if header and header.isdigit() and len(header) < 30 else 0
 
 
 def _kick_header(name: str) -> str | None:

@@ -18,7 +18,8 @@ from celery import Task
 
 from convoq.observe import metrics
 from convoq.queue import routing
-from convoq.worker import webhooks
+from convoq.settings import fast_paths
+from convoq.worker import _direct, webhooks
 
 if TYPE_CHECKING:
     from convoq.worker.app import ConvoqCelery
@@ -32,6 +33,10 @@ def register_tasks(app: ConvoqCelery) -> None:
     @app.task(name=routing.DRAIN_TASK, ignore_result=True)
     def drain(conversation_id: str) -> dict[str, int]:
         return _summary(app.runtime().drain(conversation_id))
+
+    if fast_paths(app.convoq_settings.fast_paths):
+        # A kick that finds a free slot skips Celery's request and pool (._direct).
+        drain.Strategy = _direct.STRATEGY
 
     @app.task(name=routing.RESUME_TASK, ignore_result=True)
     def resume(conversation_id: str, turn_id: str) -> dict[str, int]:

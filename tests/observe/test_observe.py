@@ -173,6 +173,35 @@ def test_without_opentelemetry_everything_runs_and_nothing_is_traced() -> None:
     assert out.stdout.decode().strip() == "hello"
 
 
+_API_ONLY = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from convoq.observe import tracing
+parent = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+assert tracing.ENABLED and not tracing.recording()
+with tracing.span("x", {"a": 1}, parent=parent):
+    assert trace.get_current_span() is trace.INVALID_SPAN  # no span was opened
+trace.set_tracer_provider(TracerProvider())
+assert tracing.recording()
+with tracing.span("x", {"a": 1}, parent=parent):
+    span = trace.get_current_span()
+    assert span.is_recording()
+    assert span.get_span_context().trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+print("ok")
+"""
+
+
+def test_with_the_api_but_no_tracer_provider_no_span_is_opened() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _API_ONLY],
+        env={"PYTHONPATH": str(ROOT)},
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    assert out.stdout.decode().strip() == "ok"
+
+
 def test_a_worker_trace_file_without_the_sdk_is_a_configuration_error(tmp_path: Path) -> None:
     script = (
         "import sys, pathlib; sys.modules['opentelemetry.sdk'] = None\n"
@@ -281,3 +310,19 @@ def test_worker_metrics_listen_on_loopback_unless_a_host_is_configured(
         assert _answers_on("127.0.0.2", server.port) is elsewhere
     finally:
         server.close()
+
+
+def test_metric_children_are_kept_up_to_a_bound_and_count_beyond_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics, "_children", {})
+    monkeypatch.setattr(metrics, "_MAX_CHILDREN", 3)
+    names = [f"bounded-tool-{n}" for n in range(6)]
+    for name in names * 2:
+        metrics.tool_called(name, "ok")
+    assert len(metrics._children) == 3
+    for name in names:
+        counted = REGISTRY.get_sample_value(
+            "convoq_tool_calls_total", {"tool": name, "outcome": "ok"}
+        )
+        assert counted == 2

@@ -124,6 +124,49 @@ async def test_the_broker_is_asked_only_while_every_slot_is_busy() -> None:
     assert counts == [1]
 
 
+def test_a_direct_drain_takes_a_free_slot_only() -> None:
+    backlog = SlotBacklog(2, lambda: 0, lambda cid, head, fence: None)
+    assert backlog.take_free_slot() and backlog.take_free_slot()
+    assert not backlog.take_free_slot()  # both slots held
+    backlog.release(direct=True)
+    assert backlog.take_free_slot()
+
+
+def _enter_slot(backlog: SlotBacklog) -> threading.Event:
+    """A pool thread entering ``backlog.slot()``; the event is set once it is in."""
+    entered = threading.Event()
+
+    def run() -> None:
+        with backlog.slot():
+            entered.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return entered
+
+
+async def test_a_pool_drain_waits_for_the_slot_a_direct_drain_holds() -> None:
+    backlog = SlotBacklog(1, lambda: 0, lambda cid, head, fence: None, refresh_s=0)
+    assert backlog.take_free_slot()
+    entered = _enter_slot(backlog)
+    assert not entered.wait(0.3)
+    # It waits for a slot: the runner's drains yield to it, and a new kick goes behind it.
+    assert await backlog.others_waiting()
+    backlog.release(direct=True)
+    assert entered.wait(5)
+    assert backlog.take_free_slot()
+
+
+def test_a_pool_drain_stops_waiting_at_shutdown() -> None:
+    backlog = SlotBacklog(1, lambda: 0, lambda cid, head, fence: None)
+    assert backlog.take_free_slot()
+    entered = _enter_slot(backlog)
+    assert not entered.wait(0.3)
+    backlog.detach()  # as at warm shutdown: from the signal handler, then a flush
+    backlog.flush()
+    assert entered.wait(5)  # the runner, shutting down, starts no turn
+    assert not backlog.take_free_slot()
+
+
 class Line:
     """A process line of its own (one pool thread), its runs and broker sends recorded."""
 
@@ -160,6 +203,17 @@ async def test_without_a_line_of_its_own_it_goes_back_through_the_broker() -> No
     backlog = SlotBacklog(1, lambda: 0, lambda *kick: sent.append(kick))
     await backlog.requeue("c1", "t2", 7)
     assert sent == [("c1", "t2", 7)]
+
+
+async def test_a_kick_does_not_start_directly_ahead_of_the_line() -> None:
+    line = Line()
+    hold = threading.Event()
+    line.pool.submit(hold.wait)  # the one pool thread is busy: the line waits
+    await line.backlog.requeue("c1", "t2", 7)
+    assert not line.backlog.take_free_slot()
+    hold.set()
+    line.settle()
+    assert line.ran == [Kept("c1", "t2", 7)]
 
 
 async def test_a_full_window_sends_it_through_the_broker() -> None:

@@ -309,3 +309,23 @@ async def test_fenced_writes_are_retried_through_a_redis_restart(
         assert [m.text for m in await protocol.history(CID)][-1] == "after done"
     finally:
         await protocol.close()
+
+
+async def test_a_turn_renews_once_a_period_and_a_short_one_never(proto: SwallowingProtocol) -> None:
+    # Renewed every LEASE_MS / 3 = 1 s, the first time one period into the run: a turn
+    # ending sooner sends no renewal at all; one running 2.5 s sends two, a period apart.
+    await submit(proto, "quick", "echo")
+    assert (await finishes(make_runner(proto).drain(CID))).succeeded == ["quick"]
+    assert proto.renewals == []
+
+    async def two_and_a_half_seconds(request: ModelRequest) -> str:
+        await asyncio.sleep(2.5)
+        return "slow"
+
+    slow = Agent(ScriptedModel(two_and_a_half_seconds), name="slow")
+    await submit(proto, "slow", "slow")
+    started = asyncio.get_running_loop().time()
+    assert (await finishes(make_runner(proto, slow).drain(CID))).succeeded == ["slow"]
+    assert len(proto.renewals) == 2
+    first, second = (t - started for t in proto.renewals)
+    assert 0.9 <= first < 2.0 and 0.9 <= second - first < 2.0

@@ -1,0 +1,103 @@
+"""Direct kicks: a ``convoq.drain`` kick that finds a free slot starts on the process's
+event loop from the consumer, without Celery's request, pool thread and the hop from that
+thread to the loop and back.
+
+Celery builds a handler per task (the task's ``Strategy``) that the consumer calls with
+each message of the task. Convoq's drain gets :func:`strategy`: a message it can take
+(protocol 2, the conversation id as its only argument, no ETA, expiry, revocation or
+task events, the runtime ready and not shutting down) and a slot of the process that is
+free with nothing waiting for it (:meth:`SlotBacklog.take_free_slot`) runs as a task on
+the loop; when the drain ends its slot is given back and the message is acknowledged
+through the consumer, as Celery acknowledges a late-acked task, also when the drain
+raised (``task_acks_on_failure_or_timeout``). Any other message goes Celery's way
+(Celery's own handler, built here).
+
+What is kept: the kick is acknowledged only after its drain (a worker killed meanwhile
+leaves it unacknowledged, and the broker's visibility timeout or the sweeper runs the
+conversation again); the prefetch window still bounds the kicks a process holds; no
+slot is used twice; a kick that came while others wait for a slot runs after them.
+
+A fenced shortcut: it relies on Celery's strategy interface (``task.Strategy``, the
+handler's arguments) and its message protocol 2, checked with the releases in
+:data:`CHECKED_WITH`, and is used only with ``CONVOQ_FAST_PATHS`` on and the threads pool
+(the runtime's line attached); off, every kick goes through Celery's request and pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery.worker import state
+from celery.worker.strategy import default
+
+from convoq.observe import tracing
+from convoq.queue.transport import FENCE_HEADER, HEAD_HEADER
+
+if TYPE_CHECKING:
+    from convoq.worker.app import ConvoqCelery
+    from convoq.worker.runtime import WorkerRuntime
+
+log = logging.getLogger("convoq.worker")
+CHECKED_WITH = ("celery", ">=5.4,<5.8")
+"""The Celery releases whose strategy interface and task messages this module relies on."""
+STRATEGY = "convoq.worker._direct:strategy"
+"""What the drain task's ``Strategy`` names with the fast paths on."""
+
+Handler = Callable[..., Any]
+
+
+def strategy(task: Any, app: ConvoqCelery, consumer: Any, **options: Any) -> Handler:
+    """The drain task's message handler (see the module docstring); Celery calls this once
+    per consumer start, with the arguments of its default strategy."""
+    celery_way = default(task, app, consumer, **options)
+    eventer = consumer.event_dispatcher
+    errors = consumer.connection_errors
+    runtime: WorkerRuntime | None = None
+
+    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any) -> Any:
+        nonlocal runtime
+        if runtime is None:
+            runtime = app.runtime()
+        kick = None if callbacks or _events_on(eventer) else _kick_of(message)
+        if kick is None or not runtime.start_direct(*kick, done=lambda: ack(log, errors)):
+            return celery_way(message, body, ack, reject, callbacks)
+        return None
+
+    return handler
+
+
+def _events_on(eventer: Any) -> bool:
+    """Whether task events are sent (then Celery's request sends them)."""
+    if eventer is None or not eventer.enabled:
+        return False
+    groups = eventer.groups
+    return not groups or "task" in groups
+
+
+def _kick_of(message: Any) -> tuple[str, str | None, str | None, str | None] | None:
+    """(conversation id, head hint, fence hint, traceparent) of a plain drain kick, or
+    None for anything Celery should handle (protocol 1, an ETA or expiry, a revoked id,
+    arguments other than one string)."""
+    headers = message.headers
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None
+    if headers.get("eta") or headers.get("expires") or headers.get("id") in state.revoked:
+        return None
+    try:
+        payload = message.decode()
+    except Exception:  # Celery's way reports it
+        return None
+    if not (isinstance(payload, list | tuple) and len(payload) == 3):
+        return None
+    args, kwargs, _embed = payload
+    if kwargs or not (isinstance(args, list) and len(args) == 1 and isinstance(args[0], str)):
+        return None
+    head, fence = _text(headers, HEAD_HEADER), _text(headers, FENCE_HEADER)
+    return args[0], head, fence, _text(headers, tracing.HEADER)
+
+
+def _text(headers: dict[str, Any], name: str) -> str | None:
+    value = headers.get(name)
+    return value if isinstance(value, str) else None
