@@ -129,6 +129,12 @@ class ConvoqSettings(BaseSettings):
         default=2.0, gt=0, description="First webhook retry delay; doubles per retry."
     )
     webhook_timeout_s: float = Field(default=10.0, gt=0, description="Per webhook POST.")
+    webhook_redeliver_after_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A callback still owed this long after its delivery was due (its"
+        " worker died holding it) is sent again by the sweeper.",
+    )
     callback_allowed_networks: str | None = Field(
         default=None,
         description="Networks callbacks may go to although not public (comma separated,"

@@ -130,6 +130,11 @@ class KeySchema:
         """Set of the agent profile names the workers run (clients check names against it)."""
         return f"{self.prefix}:registry:agents"
 
+    def owed_callbacks(self) -> str:
+        """Sorted set of the callbacks workers owe (JSON ``[cid, tid]`` -> when due again,
+        ms); see :mod:`convoq.worker._owed_callbacks`."""
+        return f"{self.prefix}:callbacks:owed"
+
     def workers(self) -> str:
         """Hash worker name -> JSON (pid, queues, agents, started_ms, seen_ms) of the
         workers; ``seen_ms`` is refreshed every sweep period, so a stale entry is a dead

@@ -41,8 +41,8 @@ from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings
 from convoq.summary import Summary
 from convoq.worker import _observed, webhooks
-from convoq.worker._broker_client import reuse_clients
 from convoq.worker._fair import PREFETCH_MULTIPLIER, Kept, SlotBacklog
+from convoq.worker._owed_callbacks import OwedCallbacks
 from convoq.worker._shutdown import arm_exit_deadline
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
@@ -84,6 +84,7 @@ class WorkerRuntime:
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
         self._memory: RedisConversationMemory | None = None
+        self._owed: OwedCallbacks | None = None
         # Kicks start drains on the loop directly (:mod:`._direct`) once the pool's line
         # is attached; the drains so started, until they end.
         self._direct = False
@@ -292,7 +293,31 @@ class WorkerRuntime:
         if self.protocol.queue_limits.counted:
             await self.protocol.unadmit_quietly(cid, tid)
         if options.get("callback_url"):
+            await self._owed_callbacks().owe(cid, tid)  # before the task: nothing in between
             await asyncio.to_thread(self.send, routing.DELIVER_CALLBACK_TASK, cid, tid)
+
+    def _owed_callbacks(self) -> OwedCallbacks:
+        if self._owed is None:
+            redis = self._ensure_open()[0]
+            self._owed = OwedCallbacks(redis, self.keys, self.settings.webhook_redeliver_after_s)
+        return self._owed
+
+    def callback_ended(self, cid: str, tid: str, retry_in_s: float | None = None) -> None:
+        """A delivery attempt of ``tid``'s callback ended: settled, or owed again in
+        ``retry_in_s`` (the retry's countdown)."""
+        owed = self._owed_callbacks()
+        if retry_in_s is None:
+            self.run(owed.settle(cid, tid))
+        else:
+            self.run(owed.owe(cid, tid, in_s=retry_in_s))
+
+    async def _send_overdue_callbacks(self) -> None:
+        """Send again the callbacks a dead worker held (see :mod:`._owed_callbacks`)."""
+        overdue = await self._owed_callbacks().overdue()
+        for cid, tid in overdue:
+            await asyncio.to_thread(self.send, routing.DELIVER_CALLBACK_TASK, cid, tid)
+        if overdue:
+            log.warning("sent %d overdue callback(s) again: %s", len(overdue), overdue[:10])
 
     async def _deliver(self, cid: str, tid: str) -> webhooks.Attempt:
         secret = self.settings.webhook_secret
@@ -338,7 +363,6 @@ class WorkerRuntime:
         if not self.settings.fast_paths:
             log.info("fair slots: conversations go back through the broker (fast paths off)")
             return
-        reuse_clients(consumer)
         executor = getattr(getattr(consumer, "pool", None), "executor", None)
         window = getattr(consumer, "initial_prefetch_count", None)
         if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
@@ -406,6 +430,7 @@ class WorkerRuntime:
             lock_key=self.keys.sweeper_lock(),
             guard=self._each_period,
             measure=lambda: _observed.measure_inboxes(redis, self.keys, self.settings.partitions),
+            also=self._send_overdue_callbacks,
         )
 
     async def _check_dataset(self) -> None:

@@ -43,6 +43,7 @@ class Sweeper:
         lock_key: str | None = None,
         guard: Callable[[], Awaitable[None]] | None = None,
         measure: Callable[[], Awaitable[None]] | None = None,
+        also: Callable[[], Awaitable[None]] | None = None,
         reconcile_grace_ms: int = 60_000,
     ) -> None:
         self._protocol = protocol
@@ -52,6 +53,7 @@ class Sweeper:
         self._lock_key = lock_key
         self._guard = guard
         self._measure = measure
+        self._also = also
         self._reconcile_grace_ms = reconcile_grace_ms
         self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
 
@@ -75,6 +77,8 @@ class Sweeper:
             log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
         # Turns that ended without being uncounted stop counting against the limits.
         await self._protocol.reconcile_admitted(grace_ms=self._reconcile_grace_ms)
+        if self._also is not None:
+            await self._also()  # the worker's own duties of the period (owed callbacks)
         return kicked
 
     async def run_forever(self) -> None:

@@ -53,6 +53,7 @@ def register_tasks(app: ConvoqCelery) -> None:
             log.info(
                 "callback %s/%s %s (%s)", conversation_id, turn_id, attempt.outcome, attempt.detail
             )
+            runtime.callback_ended(conversation_id, turn_id)
             return attempt.outcome
         settings = runtime.settings
         retries = int(self.request.retries or 0)
@@ -65,8 +66,10 @@ def register_tasks(app: ConvoqCelery) -> None:
                 attempt.detail,
             )
             metrics.WEBHOOKS.labels("given_up").inc()
+            runtime.callback_ended(conversation_id, turn_id)
             return "given_up"
         delay = webhooks.backoff_s(retries, settings.webhook_retry_base_s)
+        runtime.callback_ended(conversation_id, turn_id, retry_in_s=delay)
         log.warning(
             "callback %s/%s: %s; retry in %.1fs", conversation_id, turn_id, attempt.detail, delay
         )

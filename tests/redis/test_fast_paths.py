@@ -29,7 +29,7 @@ from convoq.queue.routing import partition_of
 from convoq.redis import _pipelined, connect
 from convoq.redis.scripts import Scripts
 from convoq.settings import ConvoqSettings, fast_paths
-from convoq.worker import _broker_client, _direct, _fair
+from convoq.worker import _direct, _fair
 from tests.support.workers import WorkerPool
 
 # Run again with the fast paths off by `make test-slowpaths`.
@@ -203,7 +203,6 @@ def test_the_installed_libraries_are_within_the_releases_the_shortcuts_were_chec
         *transport.CHECKED_WITH,
         _fair.CHECKED_WITH,
         _direct.CHECKED_WITH,
-        _broker_client.CHECKED_WITH,
     ]
     for package, specifier in bounds:
         installed = importlib.metadata.version(package)

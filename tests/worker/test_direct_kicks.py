@@ -50,6 +50,10 @@ def _held_kicks(r: redis.Redis, cid: str) -> int:
 def test_a_kick_is_acknowledged_only_after_its_drain(
     pool: WorkerPool, redis_client: redis.Redis
 ) -> None:
+    if fast_paths():
+        # kombu keeps unacked notes only with its ack emulation, which the fast paths turn
+        # off (a kick is a hint; the sweeper re-kicks): nothing to observe on Redis then.
+        pytest.skip("the Redis broker keeps no unacked note with the fast paths on")
     cid = f"held-{uuid.uuid4().hex[:6]}"
     with pool.client() as client:
         handle = client.submit(cid, "hi", agent="slow")

@@ -4,9 +4,11 @@ answers. Real worker processes, kill -9, short leases and sweeps."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -178,3 +180,54 @@ def test_kicks_a_killed_worker_held_back_run_on_another(make_pool, r: redis.Redi
         for n, handle in zip((1, 2), waiting, strict=True):
             assert handle.wait(60).text == f"seen: {word} {n}"
         assert blocked.wait(60).text == f"released {word} block"
+
+
+class _HangingFirst(BaseHTTPRequestHandler):
+    """A webhook receiver whose first POST gets no answer until ``release`` is set (the
+    worker delivering it is killed meanwhile); every later POST is answered 200."""
+
+    posts: list[bytes] = []
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).posts.append(body)
+        if len(type(self).posts) == 1:
+            type(self).release.wait(30)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        return
+
+
+def test_a_callback_whose_worker_died_delivering_it_is_sent_again(
+    make_pool, r: redis.Redis
+) -> None:  # type: ignore[no-untyped-def]
+    """The callbacks a worker owes stay in Redis until delivered: a worker killed in the
+    middle of a delivery (the task gone with it: with the fast paths on the broker keeps
+    no unacked note) leaves the callback owed, and the sweeper sends it again."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HangingFirst)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    pool: WorkerPool = make_pool(sweep_interval_s=0.5, webhook_redeliver_after_s=3)
+    [first] = pool.start(1)
+    owed = KeySchema(pool.prefix).owed_callbacks()
+    try:
+        with pool.client() as client:
+            cid = f"owed-{uuid.uuid4().hex[:8]}"
+            handle = client.submit(cid, "call me back", agent="echo", callback_url=url)
+            tid = handle.turn_id
+            assert handle.wait(30).text == "seen: call me back"
+            wait_until(lambda: _HangingFirst.posts, 30, what="the first delivery")
+            assert r.zcard(owed) == 1  # owed while its delivery is in flight
+            first.kill()
+            _HangingFirst.release.set()
+            pool.start(1)
+            wait_until(lambda: len(_HangingFirst.posts) >= 2, 60, what="the delivery again")
+            wait_until(lambda: r.zcard(owed) == 0, 30, what="the callback settled")
+        bodies = [json.loads(body) for body in _HangingFirst.posts]
+        assert {body["turn_id"] for body in bodies} == {tid}
+    finally:
+        server.shutdown()
+        server.server_close()
