@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from convoq.client import Client
 from convoq.settings import fast_paths
 from tests.support import services
 from tests.support.clock import TestClock, install_clock
 from tests.support.redis_cluster import RedisClusterNodes, plain_client
 from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerPool
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -78,6 +80,21 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def r(redis_client: redis.Redis) -> redis.Redis:
+    """``redis_client`` under the short name the worker and gateway tests use."""
+    return redis_client
+
+
+@pytest.fixture(scope="module")
+def client(pool: WorkerPool) -> Iterator[Client]:
+    """A Client of the module's worker pool (the module defines ``pool``, e.g. with
+    :func:`tests.support.workers.module_pool`); a module with a client of its own
+    defines ``client`` itself."""
+    with pool.client() as c:
+        yield c
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from convoq.client import SIGNATURE_HEADER, verify_signature
 from convoq.context import idempotency_key
 from convoq.errors import ConvoqError
 from convoq.messages import MessageRole
-from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     WEBHOOK_SECRET,
     WorkerPool,
@@ -32,19 +30,6 @@ pytestmark = pytest.mark.slow
 pool = module_pool(
     2, agents="tests.support.context_agents", lease_ms=2000, sweep_interval_s=0.5, concurrency=4
 )
-
-
-@pytest.fixture(scope="module")
-def client(pool: WorkerPool) -> Iterator[Client]:
-    with pool.client() as c:
-        yield c
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    plain = redis.Redis.from_url(redis_server.url)
-    yield plain
-    plain.close()
 
 
 def _cid() -> str:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 from typer.testing import CliRunner
 
@@ -27,12 +25,6 @@ from tests.support.workers import WorkerPool, module_pool
 TURN_USAGE = TOOL_CALL_USAGE + ANSWER_USAGE  # two model calls per "metered" turn
 
 pool = module_pool(1)
-
-
-@pytest.fixture(scope="module")
-def client(pool: WorkerPool) -> Iterator[Client]:
-    with pool.client() as c:
-        yield c
 
 
 def _cid() -> str:

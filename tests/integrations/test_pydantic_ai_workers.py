@@ -6,14 +6,12 @@ request or tool call runs again), and streamed events."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from convoq import Client
 from convoq.messages import MessageRole
-from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, module_pool, wait_until
 
 pytestmark = pytest.mark.slow
@@ -25,19 +23,6 @@ pool = module_pool(
     sweep_interval_s=0.5,
     concurrency=2,
 )
-
-
-@pytest.fixture(scope="module")
-def client(pool: WorkerPool) -> Iterator[Client]:
-    with pool.client() as c:
-        yield c
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    plain = redis.Redis.from_url(redis_server.url)
-    yield plain
-    plain.close()
 
 
 def _counts(r: redis.Redis, pool: WorkerPool, token: str, *what: str) -> dict[str, int]:

@@ -56,21 +56,8 @@ def pool(
 
 
 @pytest.fixture(scope="module")
-def client(pool: WorkerPool) -> Iterator[Client]:
-    with pool.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def spans() -> InMemorySpanExporter:
     return memory_exporter()
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(redis_server.url)
-    yield conn
-    conn.close()
 
 
 def _port(client: Client) -> int:

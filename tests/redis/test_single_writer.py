@@ -18,25 +18,11 @@ from convoq.errors import ConversationBusyError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
-from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, module_pool, wait_until
 
 pytestmark = pytest.mark.slow
 
 pool = module_pool(1)
-
-
-@pytest.fixture(scope="module")
-def client(pool: WorkerPool) -> Iterator[Client]:
-    with pool.client() as c:
-        yield c
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -24,13 +24,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def make_pool(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[type[WorkerPool]]:

@@ -45,12 +45,6 @@ pool = module_pool(3, max_turn_bytes=MAX_TURN_BYTES)
 
 
 @pytest.fixture(scope="module")
-def client(pool: WorkerPool) -> Iterator[Client]:
-    with pool.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def amqp_pool(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerPool]:
@@ -59,13 +53,6 @@ def amqp_pool(
     with running_pool(redis_server.url, logs, 1, broker_url=AMQP_URL, partitions=2) as started:
         yield started
     delete_amqp_queues(started)
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def _cid(label: str) -> str:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,6 @@ from tests.support.workers import running_pool, wait_until
 pytestmark = pytest.mark.slow
 
 CONVERSATIONS, ROUNDS = 16, 4
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def test_many_short_turns_on_short_leases_all_end(
