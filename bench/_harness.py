@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ from typing import Any
 
 import redis
 
+from convoq._ports import free_loopback_port
 from convoq.redis import embedded
 
 # Every private server the benchmarks start runs with these, whatever system it serves.
@@ -68,9 +68,7 @@ def redis_server(directory: Path) -> Iterator[str]:
         finally:
             embedded.stop(directory)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_loopback_port()
     command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
                *PERSISTENCE]  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)

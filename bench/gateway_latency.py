@@ -15,7 +15,6 @@ Run ``python -m bench gateway`` (or ``make bench``).
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,20 +26,15 @@ from pathlib import Path
 import httpx
 
 from bench.compare import ROOT, start_convoq_worker, worker_env
+from convoq._ports import free_loopback_port
 from convoq.client import Client
 from convoq.worker._spawn import process
 
 KEY = "bench-gateway-key-0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_gateway(stack: ExitStack, env: dict[str, str], home: Path) -> str:
-    port = _free_port()
+    port = free_loopback_port()
     keys = json.dumps([{"key": KEY, "scopes": ["submit", "read"], "name": "bench"}])
     env = {**env, "CONVOQ_GATEWAY_API_KEYS": keys}
     command = [sys.executable, "-m", "convoq.cli", "gateway", f"--port={port}"]

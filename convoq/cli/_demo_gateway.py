@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from convoq._ports import free_loopback_port
 from convoq.settings import ConvoqSettings, GatewayKey
 
 
@@ -27,9 +27,7 @@ def gateway_server(env: dict[str, str]) -> Iterator[tuple[str, str]]:
     from convoq.gateway import create_app
 
     key = secrets.token_urlsafe(24)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_loopback_port()
     settings = ConvoqSettings.resolve(
         redis_url=env["CONVOQ_REDIS_URL"],
         prefix=env["CONVOQ_PREFIX"],

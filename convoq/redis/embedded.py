@@ -26,7 +26,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from typing import Literal
 import redis
 
 from convoq import defaults
+from convoq._ports import free_loopback_port
 from convoq.errors import ConfigurationError
 
 Fsync = Literal["always", "everysec", "no"]
@@ -187,9 +187,7 @@ def _listen_args(home: Path) -> tuple[str, list[str]]:
             "--unixsocketperm",
             "700",
         ]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_loopback_port()
     return f"redis://127.0.0.1:{port}/0", ["--port", str(port), "--bind", "127.0.0.1"]
 
 

@@ -18,12 +18,13 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
+from convoq._ports import free_loopback_port
 from convoq.cli import app
 from convoq.cli.demo import tiny_pdf, tiny_png
 from convoq.client import Client
 from convoq.queue.routing import partition_of
 from convoq.redis.keys import KeySchema
-from tests.support.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, WorkerPool, module_pool, wait_until, worker_env
 
 pytestmark = pytest.mark.slow
@@ -210,7 +211,7 @@ Case = tuple[list[str], dict[str, str], int, str]  # arguments, environment, exi
 
 def _closed_redis() -> str:
     """A Redis URL to a loopback port nothing listens on: refused at once, no wait."""
-    return f"redis://127.0.0.1:{free_port()}/0"
+    return f"redis://127.0.0.1:{free_loopback_port()}/0"
 
 
 def _every_command(export: Path) -> list[list[str]]:
@@ -348,8 +349,8 @@ def _until_line(process: subprocess.Popen[str], wanted: str, timeout: float = 60
     ("args", "wanted"),
     [
         (["worker"], "Cannot connect to redis://"),
-        (["gateway", "--port", str(free_port())], "Uvicorn running"),
-        (["flower", "--port", str(free_port())], "Failed to enable events"),
+        (["gateway", "--port", str(free_loopback_port())], "Uvicorn running"),
+        (["flower", "--port", str(free_loopback_port())], "Failed to enable events"),
     ],
 )
 def test_servers_keep_trying_an_unreachable_redis_without_a_traceback(

@@ -409,6 +409,6 @@ def test_readyz_is_503_when_the_broker_is_unreachable(pool: WorkerPool, tmp_path
 
 
 def _closed_port() -> int:
-    from tests.support.gateway import free_port
+    from convoq._ports import free_loopback_port
 
-    return free_port()
+    return free_loopback_port()

@@ -4,7 +4,6 @@ set of API keys of every kind. Readiness is ``/healthz`` answering, not a sleep.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from convoq._ports import free_loopback_port
 from tests.support.workers import ROOT, WorkerPool
 
 KEYS: dict[str, dict[str, Any]] = {
@@ -44,17 +44,11 @@ def keys_setting() -> str:
     return json.dumps([{"key": key_of(n), "name": n, **spec} for n, spec in KEYS.items()])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class GatewayProcess:
     """``python -m convoq.cli gateway`` with ``env``; ``url`` once started."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.port = free_port()
+        self.port = free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**env, "CONVOQ_GATEWAY_API_KEYS": keys_setting()}
         self.log_path = log_path
@@ -105,7 +99,7 @@ def running_gateway(pool: WorkerPool, log_dir: Path, **settings: str) -> Iterato
     """A gateway on ``pool``'s Redis and prefix; ``settings`` are CONVOQ_* overrides."""
     env = dict(pool.env)
     env.update({f"CONVOQ_{k.upper()}": v for k, v in settings.items()})
-    gateway = GatewayProcess(env, log_dir / f"gateway-{free_port()}.log").start()
+    gateway = GatewayProcess(env, log_dir / f"gateway-{free_loopback_port()}.log").start()
     try:
         yield gateway
     finally:

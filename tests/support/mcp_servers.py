@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from convoq._ports import free_loopback_port
 from tests.support.workers import ROOT
 
 SERVER_MODULE = "tests.support.mcp_server"
@@ -43,18 +44,12 @@ def logged(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class HTTPServerProcess:
     """The test server over streamable HTTP (uvicorn on a loopback port)."""
 
     def __init__(self, log: Path, port: int | None = None) -> None:
         self.log = log
-        self.port = port or free_port()
+        self.port = port or free_loopback_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.used: list[Any] = []  # the convoq servers a test made for it, closed at the end
 

@@ -14,7 +14,8 @@ from urllib.parse import quote
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from tests.support.redis_server import free_port, redis_server_binary
+from convoq._ports import free_loopback_port
+from tests.support.redis_server import redis_server_binary
 from tests.support.tls import TlsFiles
 
 
@@ -49,9 +50,9 @@ class RedisClusterNodes:
         self.directory = directory
         self.cli = cli
         self.binary = redis_server_binary()
-        self.ports = [free_port() for _ in range(6)]
+        self.ports = [free_loopback_port() for _ in range(6)]
         # The bus port defaults to port + 10000, which may not exist.
-        self.bus_ports = {port: free_port() for port in self.ports}
+        self.bus_ports = {port: free_loopback_port() for port in self.ports}
         self.appendfsync = appendfsync
         self.node_timeout_ms = node_timeout_ms
         self.password = password
@@ -102,19 +103,24 @@ class RedisClusterNodes:
         ]  # fmt: skip
 
     def start(self) -> None:
-        for port in self.ports:
-            self._start_node(port)
-        for port in self.ports:
-            self._wait_ping(port)
-        nodes = [f"127.0.0.1:{port}" for port in self.ports]
-        create = ["--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"]
-        subprocess.run(
-            [self.cli, *self._cli_options(), *create],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        self._wait_ready()
+        """Start the six nodes and join them; on any failure, stop what started."""
+        try:
+            for port in self.ports:
+                self._start_node(port)
+            for port in self.ports:
+                self._wait_ping(port)
+            nodes = [f"127.0.0.1:{port}" for port in self.ports]
+            create = ["--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"]
+            subprocess.run(
+                [self.cli, *self._cli_options(), *create],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def _start_node(self, port: int) -> None:
         home = self.directory / str(port)
@@ -144,6 +150,10 @@ class RedisClusterNodes:
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
+                process = self.processes.get(port)
+                if process is not None and process.poll() is not None:
+                    log = (self.directory / str(port) / "redis.log").read_text(errors="replace")
+                    raise RuntimeError(f"cluster node on port {port} exited: {log[-1000:]}")
                 try:
                     if client.ping():
                         return

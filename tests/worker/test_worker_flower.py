@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.redis_server import RedisServer, free_port
+from convoq._ports import free_loopback_port
+from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, WorkerPool, wait_until
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def pool(
 
 @pytest.fixture
 def flower(pool: WorkerPool) -> Iterator[str]:
-    port = free_port()
+    port = free_loopback_port()
     command = [sys.executable, "-m", "convoq.cli", "flower", f"--port={port}",
                f"--basic-auth={AUTH[0]}:{AUTH[1]}"]  # fmt: skip
     log = open(pool.log_dir / "flower.log", "wb")  # noqa: SIM115
