@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from convoq._ports import free_loopback_port
 from convoq.errors import ModelError, ModelHTTPError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.models import Model, ModelRequest, OpenAIChatModel, ToolSpec, openai
@@ -423,9 +423,7 @@ async def test_timeout_is_retried(server: OpenAIServer) -> None:
 
 
 async def test_connection_refused_is_a_model_error() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_loopback_port()  # nothing listens there
     chat = openai("gpt-x", base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
                   max_retries=1, retry_base_delay=0)  # fmt: skip
     async with chat:
