@@ -25,6 +25,10 @@ def redis_cli_binary() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("redis-cli")
 
 
+class PortTakenError(RuntimeError):
+    """A node exited at start because something else listens on its port."""
+
+
 class RedisClusterNodes:
     """Six cluster-enabled redis-servers (AOF on) and the cluster made of them.
 
@@ -107,8 +111,8 @@ class RedisClusterNodes:
         try:
             for port in self.ports:
                 self._start_node(port)
-            for port in self.ports:
-                self._wait_ping(port)
+            for index in range(len(self.ports)):
+                self._wait_started(index)
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
             create = ["--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"]
             subprocess.run(
@@ -145,15 +149,32 @@ class RedisClusterNodes:
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
+    def _wait_started(self, index: int, attempts: int = 3) -> None:
+        """Wait for the node ``self.ports[index]``; one that found its port taken (by a
+        process outside the suite) is moved to another port, before the cluster is made."""
+        for _ in range(attempts - 1):
+            try:
+                self._wait_ping(self.ports[index])
+                return
+            except PortTakenError:
+                old = self.ports[index]
+                self.processes.pop(old).wait()
+                del self.bus_ports[old]
+                port = self.ports[index] = free_loopback_port()
+                self.bus_ports[port] = free_loopback_port()
+                self._start_node(port)
+        self._wait_ping(self.ports[index])
+
     def _wait_ping(self, port: int, timeout: float = 10.0) -> None:
-        client = self._node(port, socket_connect_timeout=0.2)
+        client = self._node(port, socket_connect_timeout=0.2, socket_timeout=1.0)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 process = self.processes.get(port)
                 if process is not None and process.poll() is not None:
                     log = (self.directory / str(port) / "redis.log").read_text(errors="replace")
-                    raise RuntimeError(f"cluster node on port {port} exited: {log[-1000:]}")
+                    error = PortTakenError if "Address already in use" in log else RuntimeError
+                    raise error(f"cluster node on port {port} exited: {log[-1000:]}")
                 try:
                     if client.ping():
                         return
