@@ -120,7 +120,7 @@ class RedisServer:
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2, socket_timeout=1.0)
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
