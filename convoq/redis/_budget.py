@@ -28,7 +28,7 @@ from convoq.redis._history import (
     _raise_stored_errors,
     plain_window_steps,
 )
-from convoq.redis._refusals import refusal_error, version_error
+from convoq.redis._refusals import cleared_while_read, refusal_error, version_error
 from convoq.redis._replies import WindowReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Steps
@@ -86,9 +86,7 @@ def budget_steps(
             lead, turns = read
             middle = [Message.system(summary)] if summary is not None else []
             return lead + middle + turns
-    raise ConversationMemoryError(
-        f"the history of conversation {cid!r} kept being cleared while it was read; try again"
-    )
+    raise cleared_while_read(cid)
 
 
 def _decode_inline(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from convoq.errors import ConversationMemoryError
 from convoq.messages import Message
 from convoq.redis._codec import (
     FORMAT_VERSION,
@@ -20,7 +19,7 @@ from convoq.redis._codec import (
     text,
 )
 from convoq.redis._history import _blobs_steps, _raise_stored_errors
-from convoq.redis._refusals import version_error
+from convoq.redis._refusals import cleared_while_read, version_error
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, Steps
 from convoq.window import Window, newest_fitting
@@ -36,9 +35,7 @@ def counted_steps(keys: KeySchema, cid: str, window: Window) -> Steps[list[Messa
         found = yield from _walk(keys, cid, window)
         if found is not None:
             return found
-    raise ConversationMemoryError(
-        f"the history of conversation {cid!r} kept being cleared while it was read; try again"
-    )
+    raise cleared_while_read(cid)
 
 
 def _head(keys: KeySchema, cid: str, with_summary: bool) -> Steps[tuple[list[Message], int, int]]:

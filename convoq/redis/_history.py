@@ -21,7 +21,6 @@ from redis.exceptions import ResponseError
 
 from convoq._sync import adrive
 from convoq.errors import (
-    ConversationMemoryError,
     CorruptDataError,
 )
 from convoq.limits import Limits
@@ -41,7 +40,7 @@ from convoq.redis._codec import (
     text,
     usage_of,
 )
-from convoq.redis._refusals import refusal_error, version_error
+from convoq.redis._refusals import cleared_while_read, refusal_error, version_error
 from convoq.redis._replies import AppendReply, LoadReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Batch, ScriptCall, Scripts, Steps
@@ -153,9 +152,7 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
             messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
             messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
             return window_last_turns(messages, window or None)
-    raise ConversationMemoryError(
-        f"the history of conversation {cid!r} kept being cleared while it was read; try again"
-    )
+    raise cleared_while_read(cid)
 
 
 async def read_chunked(scripts: Scripts, keys: KeySchema, cid: str, window: int) -> list[Message]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from convoq.errors import (
     ConversationBusyError,
+    ConversationMemoryError,
     ConvoqError,
     CorruptDataError,
     MalformedReplyError,
@@ -68,12 +69,23 @@ def corrupt_data(key: str) -> CorruptDataError:
     )
 
 
+def cleared_while_read(cid: str) -> ConversationMemoryError:
+    """A multi-step read found the history cleared under it every time it started over."""
+    return ConversationMemoryError(
+        f"the history of conversation {cid!r} kept being cleared while it was read; try again"
+    )
+
+
+def subject(cid: str, tid: str | None) -> str:
+    """What an error is about: a turn of a conversation, or the conversation."""
+    return f"turn {tid!r} of conversation {cid!r}" if tid else f"conversation {cid!r}"
+
+
 def stale_fence(cid: str, tid: str | None = None, fence: int | None = None) -> StaleFenceError:
     """The lease a write was fenced with moved on: nothing was written."""
-    whose = f"turn {tid!r} of conversation {cid!r}" if tid else f"conversation {cid!r}"
     held = "" if fence is None else f" (fence {fence} is no longer current)"
     return StaleFenceError(
-        f"the lease on {whose} moved on{held}; nothing was written: stop working on it,"
+        f"the lease on {subject(cid, tid)} moved on{held}; nothing was written: stop working on it,"
         " another writer holds the conversation now",
         conversation_id=cid,
         turn_id=tid,
@@ -93,9 +105,7 @@ class Refused:
 
     @property
     def where(self) -> str:
-        if self.tid is None:
-            return f"conversation {self.cid!r}"
-        return f"turn {self.tid!r} of conversation {self.cid!r}"
+        return subject(self.cid, self.tid)
 
     @property
     def said(self) -> str:
