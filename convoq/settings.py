@@ -8,11 +8,16 @@ go through it, so a client and a worker started in one environment agree.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import logging
 import os
 import re
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Self
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -242,11 +247,13 @@ def fast_paths(explicit: bool | None = None) -> bool:
     else ``CONVOQ_FAST_PATHS``, else on. For the parts that are built without settings
     at hand (the store's script runner); cheap enough to ask per connection.
 
-    The shortcuts, each in one module (see its docstring for the library versions it was
-    checked with): :mod:`convoq.redis._pipelined` (hot commands on redis-py's
-    connections), :func:`convoq.queue.transport.kick_message` (the kombu message the
-    submit script pushes), :mod:`convoq.worker._fair` (the threads pool's queue as the
-    process's own line, Celery's worker state).
+    Each shortcut is also on only inside the library releases it was checked with (its
+    module's ``CHECKED_WITH``, see :func:`fast_path`). The shortcuts, each in one module:
+    :mod:`convoq.redis._pipelined` (hot commands on redis-py's connections),
+    :func:`convoq.queue.transport.kick_message` (the kombu message the submit script
+    pushes), :mod:`convoq.worker._fair` (the threads pool's queue as the process's own
+    line, Celery's worker state), :mod:`convoq.worker._direct` (kicks started from the
+    consumer).
 
     Raises:
         ConfigurationError: ``CONVOQ_FAST_PATHS`` is not a boolean (on/off, 1/0, true/false).
@@ -254,6 +261,56 @@ def fast_paths(explicit: bool | None = None) -> bool:
     if explicit is not None:
         return explicit
     return _fast_paths_from(os.environ.get(FAST_PATHS_VARIABLE))
+
+
+def fast_path(
+    name: str, checked_with: Sequence[tuple[str, str]], explicit: bool | None = None
+) -> bool:
+    """Whether the fenced shortcut ``name`` is on: the switch is on (:func:`fast_paths`)
+    and every library it leans on is installed in a release it was checked with
+    (``checked_with``: ``(distribution, specifier)`` pairs, its module's ``CHECKED_WITH``,
+    read at each call). Outside them the shortcut turns itself off, and says so once per
+    process in a warning; the switch off decides first and logs nothing."""
+    if not fast_paths(explicit):
+        return False
+    outside = [_outside(package, spec) for package, spec in checked_with]
+    found = [problem for problem in outside if problem]
+    if not found:
+        return True
+    with _WARNED_LOCK:
+        first = name not in _WARNED
+        _WARNED.add(name)
+    if first:
+        _log.warning(
+            "fast path %s is off: %s; the library's public API is used instead (check the"
+            " shortcut against the release and widen its CHECKED_WITH, or install a checked"
+            " release)",
+            name,
+            "; ".join(found),
+        )
+    return False
+
+
+# The shortcuts that said they turned themselves off, so that each says it once.
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+_log = logging.getLogger("convoq")
+
+
+@functools.lru_cache(maxsize=64)
+def _outside(package: str, specifier: str) -> str | None:
+    """Why ``package`` is not in a release matching ``specifier`` (None if it is)."""
+    try:
+        installed = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return f"{package} is not installed"
+    try:
+        inside = installed in SpecifierSet(specifier)
+    except InvalidSpecifier:
+        return f"{package} bound {specifier!r} is not a version specifier"
+    if inside:
+        return None
+    return f"{package} {installed} is outside the releases it was checked with ({specifier})"
 
 
 _BOOL = TypeAdapter(bool)

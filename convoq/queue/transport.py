@@ -10,7 +10,8 @@ pushes it in the same call that queues the turn: one round trip, no ``send_task`
 That message is a fenced shortcut: it copies Celery's task message protocol 2 and kombu's
 Redis transport envelope, checked with the releases in :data:`CHECKED_WITH` (a test
 compares it field by field with what ``send_task`` writes). With ``CONVOQ_FAST_PATHS``
-off, :func:`direct_kicks` answers False and every kick goes through ``send_task``.
+off, or a Celery or kombu outside those releases, :func:`direct_kicks` answers False and
+every kick goes through ``send_task``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from celery import Celery
 from convoq import defaults
 from convoq.errors import ConfigurationError
 from convoq.observe import tracing
-from convoq.settings import fast_paths
+from convoq.settings import fast_path
 
 CHECKED_WITH = (("celery", ">=5.4,<5.8"), ("kombu", ">=5.4,<5.8"))
-"""The Celery and kombu releases :func:`kick_message` was checked with."""
+"""The Celery and kombu releases :func:`kick_message` was checked with: outside them
+:func:`direct_kicks` answers False (and says so once in the log)."""
 
 # The kick of a turn that went to an idle conversation names it in this message header:
 # the worker then takes it without reading the inbox head first (a hint, checked there).
@@ -152,11 +154,12 @@ def direct_kicks(
     (``fast_paths_on``, else ``CONVOQ_FAST_PATHS``), the broker is the store's Redis (no
     broker URL of its own, or the store's very URL: same server, same database), the store
     is one Redis (``redis://``, ``rediss://`` or the embedded server's ``unix://``, not a
-    cluster) and no "task-sent" event is wanted (only ``send_task`` publishes one)."""
+    cluster), no "task-sent" event is wanted (only ``send_task`` publishes one), and
+    Celery and kombu are releases of :data:`CHECKED_WITH`."""
     scheme = urlsplit(redis_url).scheme.lower()
     same = not broker_url or broker_url == redis_url
     wanted = same and scheme in ("redis", "rediss", "unix") and not task_events
-    return wanted and fast_paths(fast_paths_on)
+    return wanted and fast_path("template kick", CHECKED_WITH, fast_paths_on)
 
 
 def kick_message(task: str, queue: str, args: list[str], *, head: str | None = None) -> str:

@@ -19,8 +19,9 @@ A fenced shortcut: it leans on redis-py internals (``AbstractConnection._writer`
 ``read_response(timeout=math.inf)``, the pool's ``get_connection``/``release``), checked
 with redis-py 5.0 to 8.1 (:data:`CHECKED_WITH`). :func:`direct_for` and
 :func:`enabled_for` are the only ways in, and answer "no" when ``CONVOQ_FAST_PATHS`` is
-off (:func:`convoq.settings.fast_paths`): then redis-py sends everything. Only what it
-means to catch makes it step aside: an argument it does not pack (:class:`Unpackable`),
+off (:func:`convoq.settings.fast_paths`) or the installed redis-py is outside
+:data:`CHECKED_WITH` (:func:`convoq.settings.fast_path`): then redis-py sends everything.
+Only what it means to catch makes it step aside: an argument it does not pack (:class:`Unpackable`),
 NOSCRIPT, a connection that fails; any other error (a bug here) is raised, never turned
 into a silent fallback. Each call is counted and timed in
 ``convoq_redis_direct_seconds``, each step aside in ``convoq_redis_direct_fallbacks_total``
@@ -42,10 +43,11 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, ResponseError
 
 from convoq.observe import metrics
-from convoq.settings import fast_paths
+from convoq.settings import fast_path
 
 CHECKED_WITH = ("redis", ">=5.0,<8.2")
-"""The redis-py releases this module was checked with (a test compares the installed one)."""
+"""The redis-py releases this module was checked with: outside them it is off (and says
+so once in the log), whatever ``CONVOQ_FAST_PATHS`` says."""
 
 # Reads whose raw RESP2 reply equals what redis-py's response callback returns for them.
 _PLAIN_READS = frozenset({"GET", "HGET", "HMGET", "LINDEX", "LLEN", "LRANGE"})
@@ -61,9 +63,10 @@ class Unpackable(Exception):
 
 def enabled_for(client: object, explicit: bool | None = None) -> bool:
     """Whether hot commands on ``client`` go direct: a plain (not cluster) redis-py client,
-    with the fast paths on (``explicit``, else ``CONVOQ_FAST_PATHS``)."""
+    with the fast paths on (``explicit``, else ``CONVOQ_FAST_PATHS``) and redis-py in a
+    release of :data:`CHECKED_WITH`."""
     plain_client = isinstance(client, redis.Redis | aioredis.Redis)
-    return plain_client and fast_paths(explicit)
+    return plain_client and fast_path("redis direct", (CHECKED_WITH,), explicit)
 
 
 def direct_for(client: object, explicit: bool | None = None) -> AsyncDirect | None:

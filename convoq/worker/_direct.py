@@ -19,8 +19,9 @@ slot is used twice; a kick that came while others wait for a slot runs after the
 
 A fenced shortcut: it relies on Celery's strategy interface (``task.Strategy``, the
 handler's arguments) and its message protocol 2, checked with the releases in
-:data:`CHECKED_WITH`, and is used only with ``CONVOQ_FAST_PATHS`` on and the threads pool
-(the runtime's line attached); off, every kick goes through Celery's request and pool.
+:data:`CHECKED_WITH`, and is used only with ``CONVOQ_FAST_PATHS`` on, Celery in those
+releases (:func:`enabled`) and the threads pool (the runtime's line attached); off, every
+kick goes through Celery's request and pool.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from celery.worker.strategy import default
 
 from convoq.observe import tracing
 from convoq.queue.transport import FENCE_HEADER, HEAD_HEADER
+from convoq.settings import fast_path
 
 if TYPE_CHECKING:
     from convoq.worker.app import ConvoqCelery
@@ -41,11 +43,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("convoq.worker")
 CHECKED_WITH = ("celery", ">=5.4,<5.8")
-"""The Celery releases whose strategy interface and task messages this module relies on."""
+"""The Celery releases whose strategy interface and task messages this module relies on:
+outside them :func:`enabled` answers False (and says so once in the log)."""
 STRATEGY = "convoq.worker._direct:strategy"
 """What the drain task's ``Strategy`` names with the fast paths on."""
 
 Handler = Callable[..., Any]
+
+
+def enabled(explicit: bool | None = None) -> bool:
+    """Whether the drain task gets :func:`strategy`: the fast paths on (``explicit``, else
+    ``CONVOQ_FAST_PATHS``) and Celery a release of :data:`CHECKED_WITH`."""
+    return fast_path("direct kicks", (CHECKED_WITH,), explicit)
 
 
 def strategy(task: Any, app: ConvoqCelery, consumer: Any, **options: Any) -> Handler:

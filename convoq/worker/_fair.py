@@ -32,8 +32,9 @@ waiting goes the pool's way behind it.
 
 The own line and the count of held kicks are a fenced shortcut: they read Celery
 internals (the threads pool's ``executor``, ``celery.worker.state``'s reserved and active
-requests), checked with the Celery releases in :data:`CHECKED_WITH`. With
-``CONVOQ_FAST_PATHS`` off the worker attaches no line and reads no worker state: a
+requests), checked with the Celery releases in :data:`CHECKED_WITH` (:func:`enabled`).
+With ``CONVOQ_FAST_PATHS`` off, or a Celery outside those releases, the worker attaches
+no line and reads no worker state: a
 conversation goes back through the broker, and "others wait" is the broker's count alone.
 """
 
@@ -50,9 +51,12 @@ from typing import NamedTuple, Protocol
 
 from celery.worker import state
 
+from convoq.settings import fast_path
+
 log = logging.getLogger("convoq.worker")
 CHECKED_WITH = ("celery", ">=5.4,<5.8")
-"""The Celery releases whose pool and worker state this module reads."""
+"""The Celery releases whose pool and worker state this module reads: outside them
+:func:`enabled` answers False (and says so once in the log)."""
 # Kicks a worker process may hold unacknowledged, per slot (Celery's prefetch multiplier):
 # with room for more kicks than slots, the kicks waiting for a slot wait in this process's
 # line in the order they came, not in per-partition broker queues, which the consumer
@@ -62,6 +66,13 @@ CHECKED_WITH = ("celery", ">=5.4,<5.8")
 PREFETCH_MULTIPLIER = 4
 # A pool thread waiting for a slot looks again this often (a wake-up is not counted on).
 _SLOT_POLL_S = 0.5
+
+
+def enabled(explicit: bool | None = None) -> bool:
+    """Whether the process may keep its own line and read Celery's worker state: the fast
+    paths on (``explicit``, else ``CONVOQ_FAST_PATHS``) and Celery a release of
+    :data:`CHECKED_WITH`."""
+    return fast_path("own line", (CHECKED_WITH,), explicit)
 
 
 class Fairness(Protocol):
@@ -106,7 +117,8 @@ class SlotBacklog:
         window: kicks the process may hold unacknowledged (slots x prefetch multiplier).
         held: how many it holds (Celery's reserved requests, running ones included).
         worker_state: whether it may read Celery's worker state (the kicks this process
-            holds); False (fast paths off): only the broker's count says others wait.
+            holds) and keep its own line; False (fast paths off), or a Celery outside
+            :data:`CHECKED_WITH`: only the broker's count says others wait.
     """
 
     def __init__(
@@ -126,7 +138,7 @@ class SlotBacklog:
         self._refresh_s = refresh_s
         self._window = window or slots
         self._held = held
-        self._worker_state = worker_state
+        self._worker_state = enabled(worker_state)
         self._busy = 0
         self._busy_lock = threading.Lock()
         # Pool threads waiting in slot() for one of the slots direct drains hold.
@@ -142,6 +154,11 @@ class SlotBacklog:
         self._line_lock = threading.Lock()
         self._submit: Callable[[Callable[[], None]], object] | None = None
         self._run_kept: Callable[[Kept], None] | None = None
+
+    @property
+    def own_line(self) -> bool:
+        """Whether this process may keep its own line (:meth:`attach`): the fast path on."""
+        return self._worker_state
 
     def attach(
         self,

@@ -29,6 +29,7 @@ from convoq.queue.transport import broker_url_for, celery_base_config
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings, fast_paths
 from convoq.worker._fair import PREFETCH_MULTIPLIER
+from convoq.worker._fair import enabled as own_line_on
 from convoq.worker.runtime import WorkerRuntime, current_runtime, runtime_for
 from convoq.worker.tasks import register_tasks
 
@@ -70,7 +71,7 @@ def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
         # With the fast paths off the process keeps no line of its own, so a kick it held
         # beyond its slots would be counted by nobody: waiting conversations stay in the
         # broker, where the fairness check (the broker's count) sees them.
-        worker_prefetch_multiplier=PREFETCH_MULTIPLIER if fast_paths(s.fast_paths) else 1,
+        worker_prefetch_multiplier=PREFETCH_MULTIPLIER if own_line_on(s.fast_paths) else 1,
         worker_pool="threads",
         worker_concurrency=s.concurrency,
         worker_send_task_events=s.task_events,

@@ -360,7 +360,7 @@ class WorkerRuntime:
         """The task queue of the consumer's threads pool becomes the line conversations go
         back to (:mod:`._fair`); with any other pool, or the fast paths off, they go back
         through the broker."""
-        if not self.settings.fast_paths:
+        if not self.backlog.own_line:
             log.info("fair slots: conversations go back through the broker (fast paths off)")
             return
         executor = getattr(getattr(consumer, "pool", None), "executor", None)

@@ -18,7 +18,6 @@ from celery import Task
 
 from convoq.observe import metrics
 from convoq.queue import routing
-from convoq.settings import fast_paths
 from convoq.worker import _direct, webhooks
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ def register_tasks(app: ConvoqCelery) -> None:
     def drain(conversation_id: str) -> dict[str, int]:
         return _summary(app.runtime().drain(conversation_id))
 
-    if fast_paths(app.convoq_settings.fast_paths):
+    if _direct.enabled(app.convoq_settings.fast_paths):
         # A kick that finds a free slot skips Celery's request and pool (._direct).
         drain.Strategy = _direct.STRATEGY
 

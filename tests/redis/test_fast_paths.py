@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from celery import signals
 from packaging.specifiers import SpecifierSet
 from prometheus_client import REGISTRY
 
+from convoq import settings as settings_module
 from convoq.client import AsyncClient
 from convoq.errors import ConfigurationError
 from convoq.memory.redis import RedisConversationMemory
@@ -30,6 +32,8 @@ from convoq.redis import _pipelined, connect
 from convoq.redis.scripts import Scripts
 from convoq.settings import ConvoqSettings, fast_paths
 from convoq.worker import _direct, _fair
+from convoq.worker._fair import SlotBacklog
+from convoq.worker.app import worker_config
 from tests.support.workers import WorkerPool
 
 # Run again with the fast paths off by `make test-slowpaths`.
@@ -293,3 +297,98 @@ def test_with_the_switch_off_a_worker_sends_conversations_back_through_the_broke
         assert "go back through the broker (fast paths off)" in pool.logs()
     finally:
         pool.stop_all()
+
+
+# -- each shortcut only inside the releases it was checked with -------------------------------
+OUTSIDE = ">=0.0.1,<0.0.2"  # no release of any of the libraries is in it
+
+
+@pytest.fixture
+def warned(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Any:
+    """The shortcuts' "turned itself off" warnings logged from now on, by shortcut; this
+    process's memory of the ones already said starts empty (it is the process's own)."""
+    monkeypatch.setattr(settings_module, "_WARNED", set(), raising=False)
+    monkeypatch.setenv("CONVOQ_FAST_PATHS", "on")
+    caplog.set_level(logging.WARNING, logger="convoq")
+
+    def said(name: str) -> int:
+        return sum(f"fast path {name} is off" in r.getMessage() for r in caplog.records)
+
+    return said
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["checked", "outside"])
+async def test_direct_commands_only_with_a_checked_redis_py(
+    inside: bool, client: Any, key_prefix: str, warned: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not inside:
+        monkeypatch.setattr(_pipelined, "CHECKED_WITH", ("redis", OUTSIDE))
+    for _ in range(2):  # two stores, one warning
+        memory = RedisConversationMemory(client=client, prefix=key_prefix)
+        scripts, reads = direct_calls("script"), direct_calls("read")
+        window = await a_few_turns(memory, f"{CID} {uuid.uuid4().hex}")
+        assert window == [Message.user("q2"), Message.assistant("a2")]
+        assert (direct_calls("script") > scripts, direct_calls("read") > reads) == (
+            inside,
+            inside,
+        )
+    assert _pipelined.enabled_for(client) is inside
+    assert warned("redis direct") == (0 if inside else 1)
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["checked", "outside"])
+async def test_template_kicks_only_with_a_checked_celery_and_kombu(
+    inside: bool,
+    redis_url: str,
+    key_prefix: str,
+    publishes: list[tuple[str, str]],
+    warned: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(tracing, "carrier", lambda: {})  # as in the test above
+    if not inside:
+        kombu = importlib.metadata.version("kombu")
+        monkeypatch.setattr(transport, "CHECKED_WITH", (("celery", ">=5.4"), ("kombu", OUTSIDE)))
+    settings = ConvoqSettings.resolve(redis_url=redis_url, prefix=key_prefix, partitions=2)
+    for n in range(2):  # two clients, one warning
+        async with AsyncClient(settings=settings) as aclient:
+            await aclient.submit(f"kicked {n}", "hello", agent="echo")
+    ours = [task for task, queue in publishes if queue.startswith(f"{key_prefix}.p")]
+    assert ours == ([] if inside else ["convoq.drain"] * 2)
+    assert warned("template kick") == (0 if inside else 1)
+    if not inside:
+        said = next(r.getMessage() for r in caplog.records if "template kick" in r.getMessage())
+        assert f"kombu {kombu} is outside the releases it was checked with ({OUTSIDE})" in said
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["checked", "outside"])
+def test_the_own_line_and_direct_kicks_only_with_a_checked_celery(
+    inside: bool, warned: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not inside:
+        monkeypatch.setattr(_fair, "CHECKED_WITH", ("celery", OUTSIDE))
+        monkeypatch.setattr(_direct, "CHECKED_WITH", ("celery", OUTSIDE))
+    settings = ConvoqSettings(concurrency=2)
+    for _ in range(2):  # two workers' worth of asking, one warning each
+        # Without its own line a process holds no kicks beyond its slots.
+        config = worker_config(settings, "redis://x")
+        expected = _fair.PREFETCH_MULTIPLIER if inside else 1
+        assert config["worker_prefetch_multiplier"] == expected
+        assert SlotBacklog(2, lambda: 0, lambda cid, head, fence: None).own_line is inside
+        # What the drain task's registration asks before it names the direct strategy.
+        assert _direct.enabled(settings.fast_paths) is inside
+    assert (warned("own line"), warned("direct kicks")) == ((0, 0) if inside else (1, 1))
+
+
+def test_the_switch_off_decides_first_and_says_nothing(
+    warned: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_fair, "CHECKED_WITH", ("celery", OUTSIDE))
+    monkeypatch.setenv("CONVOQ_FAST_PATHS", "off")
+    assert _fair.enabled() is False
+    assert _fair.enabled(False) is False
+    assert warned("own line") == 0
+    # An explicit on still stays off outside the checked releases.
+    assert _fair.enabled(True) is False
+    assert warned("own line") == 1
