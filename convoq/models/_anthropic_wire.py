@@ -1,11 +1,18 @@
 """The Anthropic Messages request body, without I/O.
 
-convoq's neutral history maps onto it like this: system and developer messages become the
-top-level ``system`` blocks (in order); user messages carry ``text``, ``image`` (base64)
-and ``document`` blocks (PDFs as base64, ``text/plain`` as text); an assistant message is
-its text and ``tool_use`` blocks; tool results are ``tool_result`` blocks of a user
-message. Consecutive messages of one role are joined into one, as the API wants (parallel
-tool results in one user message, followed by the next user text).
+The body is that of API version :data:`API_VERSION` (sent as ``anthropic-version``).
+
+convoq's neutral history maps onto it like this: the *leading* system and developer
+messages (the instructions, a summary right after them) become the top-level ``system``
+blocks, in order. A system or developer message later in the history (a typed output's
+retry prompt, a framework's mid-conversation note) keeps its place as user-side text:
+hoisted into ``system`` it would become a standing instruction of every later request,
+and a retry would end with the rejected answer as an assistant prefill instead of the
+correction. User messages carry ``text``, ``image`` (base64) and ``document`` blocks (PDFs
+as base64, ``text/plain`` as text); an assistant message is its text and ``tool_use``
+blocks; tool results are ``tool_result`` blocks of a user message. Consecutive messages of
+one role are joined into one, their blocks in order, as the API wants (parallel tool
+results in one user message, followed by the next user text or a later system message).
 """
 
 from __future__ import annotations
@@ -18,7 +25,14 @@ from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart
 from convoq.models._wire_common import Json, b64, merge_extra, refuse_settings
 from convoq.models.base import ModelRequest, ModelSettings, OutputSpec, ToolSpec
 
-API = "Anthropic Messages API"
+API_VERSION = "2023-06-01"
+"""The one Messages API version convoq speaks: the ``anthropic-version`` header, and the
+request fields :func:`build_body` sends are those this version takes."""
+API = f"Anthropic Messages API (anthropic-version {API_VERSION})"
+# Settings fields this version takes under the same name (besides max_tokens, stop and
+# the tool choice, mapped below); seed it has no field for.
+SAMPLING = ("temperature", "top_p")
+MAX_TEMPERATURE = 1.0
 OutputMode = Literal["tool", "native"]
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 OUTPUT_TOOL_DESCRIPTION = "Give your final answer by calling this tool: its input is the answer."
@@ -35,14 +49,14 @@ def build_body(
 ) -> Json:
     """The JSON body of ``POST /v1/messages``."""
     settings = request.settings or ModelSettings()
-    # The API's current request types have no sampling fields (the official SDK dropped them).
-    refuse_settings(settings, API, "seed", "temperature", "top_p")
-    system = [_text_block(m) for m in request.messages if _is_instruction(m)]
-    turns = [m for m in request.messages if not _is_instruction(m)]
+    refuse_settings(settings, API, "seed")
+    lead, turns = split_lead(request.messages)
+    system = [block for block in (_text_block(m) for m in lead) if block["text"]]
     body: Json = {"model": model, "max_tokens": settings.max_tokens or max_tokens,
                   "messages": join_roles([wire_message(m) for m in turns])}  # fmt: skip
     if system:
         body["system"] = system
+    body.update(_sampling(settings))
     tools = [_tool(t) for t in request.tools]
     choice = _tool_choice(settings)
     if request.output is not None:
@@ -101,8 +115,29 @@ def _tool_choice(settings: ModelSettings) -> Json | None:
     return out
 
 
+def _sampling(settings: ModelSettings) -> Json:
+    """``temperature`` and ``top_p`` as given; a temperature above what the API takes
+    (0.0 to 1.0, where ModelSettings allows OpenAI's 2.0) is refused before sending."""
+    if settings.temperature is not None and settings.temperature > MAX_TEMPERATURE:
+        raise ModelError(
+            f"the {API} takes a temperature from 0.0 to {MAX_TEMPERATURE}, not"
+            f" {settings.temperature}; lower model_settings.temperature for this model"
+        )
+    values = {name: getattr(settings, name) for name in SAMPLING}
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def _is_instruction(message: Message) -> bool:
     return message.role in (MessageRole.SYSTEM, MessageRole.DEVELOPER)
+
+
+def split_lead(messages: list[Message]) -> tuple[list[Message], list[Message]]:
+    """The leading run of system and developer messages (sent as ``system``), and the
+    rest of the history, later system and developer messages in their places."""
+    for index, message in enumerate(messages):
+        if not _is_instruction(message):
+            return messages[:index], messages[index:]
+    return list(messages), []
 
 
 def _text_block(message: Message) -> Json:
@@ -115,7 +150,12 @@ def _text_block(message: Message) -> Json:
 
 
 def wire_message(message: Message) -> Json:
-    """One user, assistant or tool message as a Messages API message."""
+    """One message of the history after its leading system run as a Messages API message:
+    a system or developer message there is user-side text (the API has no system role in
+    ``messages``), joined with the user message beside it by :func:`join_roles`."""
+    if _is_instruction(message):
+        block = _text_block(message)
+        return {"role": "user", "content": [block] if block["text"] else []}
     if message.role == MessageRole.TOOL:
         result = {"type": "tool_result", "tool_use_id": message.tool_call_id or "",
                   "content": message.text}  # fmt: skip

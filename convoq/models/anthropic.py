@@ -14,24 +14,28 @@ from typing import Any, Unpack
 
 from convoq.errors import ModelError
 from convoq.models._anthropic_read import AnthropicStream, parse_message
-from convoq.models._anthropic_wire import OutputMode, build_body
+from convoq.models._anthropic_wire import API_VERSION, OutputMode, build_body
 from convoq.models._http_attempt import WireCodec
 from convoq.models._http_model import HTTPModel, HTTPOptions, key_headers
 from convoq.models.base import ModelRequest
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
-API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 
 class AnthropicModel(HTTPModel):
-    """A Claude model behind ``POST {base_url}/v1/messages``.
+    """A Claude model behind ``POST {base_url}/v1/messages``, speaking API version
+    :data:`API_VERSION` (``anthropic-version: 2023-06-01``).
 
-    Settings map to ``max_tokens`` (required by the API: ``max_tokens`` here when the
-    settings leave it unset), ``stop_sequences`` and ``tool_choice`` (``required`` is
-    ``any``; ``parallel_tool_calls=False`` is ``disable_parallel_tool_use``). The API's
-    request types have no ``seed``, ``temperature`` or ``top_p``: a ModelError says so
-    before anything is sent (``settings.extra_body`` reaches a server that takes them).
+    Settings map to that version's fields: ``max_tokens`` (required by the API:
+    ``max_tokens`` here when the settings leave it unset), ``temperature`` (0.0 to 1.0),
+    ``top_p``, ``stop_sequences`` and ``tool_choice`` (``required`` is ``any``;
+    ``parallel_tool_calls=False`` is ``disable_parallel_tool_use``). It has no ``seed``,
+    and takes no temperature above 1.0: a ModelError says so before anything is sent
+    (``settings.extra_body`` carries the version's other fields, ``top_k`` say).
+
+    Only the leading system and developer messages become ``system``; a later one (a
+    typed output's retry prompt among them) is sent in its place as user-side text.
 
     A typed output (``ModelRequest.output``) is asked for, by default, as a tool the model
     must call (``output_mode="tool"``): its input is the answer, and becomes the reply's

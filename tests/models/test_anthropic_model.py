@@ -26,6 +26,7 @@ from convoq.models import (
     anthropic,
 )
 from convoq.models._anthropic_read import HANDLED_EVENTS
+from convoq.models.anthropic import API_VERSION
 from convoq.usage import Usage
 from tests.support import sdk_wire as w
 from tests.support.openai_server import OpenAIServer
@@ -89,10 +90,7 @@ async def test_text_round_trip(server: OpenAIServer, model: AnthropicModel) -> N
     )
     sent = server.requests[0]
     assert sent.path == "/v1/messages"
-    assert (sent.headers["x-api-key"], sent.headers["anthropic-version"]) == (
-        "sk-ant",
-        "2023-06-01",
-    )
+    assert (sent.headers["x-api-key"], sent.headers["anthropic-version"]) == ("sk-ant", API_VERSION)
     assert "authorization" not in sent.headers
     hello = {"role": "user", "content": [{"type": "text", "text": "hello"}]}
     assert sent.json == {"model": "claude-x", "max_tokens": 4096, "messages": [hello]}
@@ -358,6 +356,8 @@ async def test_overloaded_529_is_retried_as_told(server: OpenAIServer) -> None:
 async def test_settings_on_the_wire(server: OpenAIServer, model: AnthropicModel) -> None:
     settings = ModelSettings(
         max_tokens=200,
+        temperature=0.3,
+        top_p=0.8,
         stop=["END"],
         tool_choice="required",
         parallel_tool_calls=False,
@@ -370,6 +370,8 @@ async def test_settings_on_the_wire(server: OpenAIServer, model: AnthropicModel)
     body = server.requests[0].json
     assert {k: v for k, v in body.items() if k not in ("model", "messages", "tools")} == {
         "max_tokens": 200,
+        "temperature": 0.3,
+        "top_p": 0.8,
         "stop_sequences": ["END"],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
         "metadata": {"user_id": "u-1"},
@@ -380,7 +382,7 @@ async def test_settings_on_the_wire(server: OpenAIServer, model: AnthropicModel)
     ("settings", "expected"),
     [
         (ModelSettings(seed=3), "no seed setting"),
-        (ModelSettings(temperature=0.5, top_p=0.9), "no temperature or top_p setting"),
+        (ModelSettings(temperature=1.2, top_p=0.9), "temperature from 0.0 to 1.0"),
     ],
 )
 async def test_settings_the_api_cannot_take_are_refused_before_sending(

@@ -23,6 +23,7 @@ from anthropic.types import message_create_params as anthropic_params
 from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses import response_create_params as responses_params
 from pydantic import BaseModel, TypeAdapter
+from typing_extensions import TypedDict  # as the SDK's own request types
 
 Json = dict[str, Any]
 
@@ -30,9 +31,29 @@ _RESPONSES = {
     True: TypeAdapter(responses_params.ResponseCreateParamsStreaming),
     False: TypeAdapter(responses_params.ResponseCreateParamsNonStreaming),
 }
+
+
+class _Sampling(TypedDict, total=False):
+    # The sampling fields of anthropic-version 2023-06-01 (convoq's API_VERSION), typed as
+    # the SDK's 0.x line had them: SDK 1.0 dropped them from its typed signature (its
+    # migration guide sends them through extra_body, into the body as they are), 2.0
+    # moved to another API version; the 2023-06-01 API takes them.
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+class _AnthropicStreaming(anthropic_params.MessageCreateParamsStreaming, _Sampling):
+    pass
+
+
+class _AnthropicNonStreaming(anthropic_params.MessageCreateParamsNonStreaming, _Sampling):
+    pass
+
+
 _ANTHROPIC = {
-    True: TypeAdapter(anthropic_params.MessageCreateParamsStreaming),
-    False: TypeAdapter(anthropic_params.MessageCreateParamsNonStreaming),
+    True: TypeAdapter(_AnthropicStreaming),
+    False: TypeAdapter(_AnthropicNonStreaming),
 }
 RESPONSES_EVENT = TypeAdapter(ResponseStreamEvent)
 ANTHROPIC_EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -93,7 +114,8 @@ def check_responses_body(body: Any) -> None:
 
 
 def check_anthropic_body(body: Any) -> None:
-    """Fail unless ``body`` is a valid ``messages.create`` request of the anthropic SDK."""
+    """Fail unless ``body`` is a valid ``messages.create`` request of the anthropic SDK, as
+    anthropic-version 2023-06-01 takes it (the SDK's types and the sampling fields)."""
     _conforms(_ANTHROPIC, body)
 
 
