@@ -28,6 +28,7 @@
     │   ├── NotInboxHeadError          the turn is not the one being run
     │   └── TurnAlreadyAppliedError    the turn was already committed, failed or cancelled
     ├── NotDurableError                fewer replicas than asked confirmed a write (retry it)
+    ├── RedisUnavailableError          Redis cannot be reached or did not answer (it is named)
     ├── UnknownTurnError               no such turn (or it expired)
     ├── UnknownAgentError              no agent profile by that name
     ├── TurnFailedError                a queued turn failed; carries the remote error
@@ -181,6 +182,13 @@ class NotDurableError(ConvoqError):
     """A write reached the primary but fewer replicas than ``min_replicas_acked`` confirmed
     it in time: a failover may still lose it. Retry it (every write script is replay-safe);
     ``details`` has ``replicas`` (confirmed) and ``wanted``."""
+
+
+class RedisUnavailableError(ConvoqError):
+    """The Redis a client uses cannot be reached or did not answer in time (after the
+    client's own reconnects); ``details["redis"]`` names it (its URL without the password,
+    or the embedded server's directory). Nothing is known to have changed: retry once it
+    answers."""
 
 
 class ProtocolError(ConvoqError):

@@ -66,3 +66,14 @@ def test_field_errors_pickle_with_their_fields() -> None:
 
 def test_lease_lost_is_a_protocol_error_in_the_tree() -> None:
     assert issubclass(errors.LeaseLostError, errors.ProtocolError)
+
+
+def test_the_tree_in_the_module_docstring_draws_every_class() -> None:
+    tree = errors.__doc__ or ""
+    assert [c.__name__ for c in all_classes() if c.__name__ not in tree.split()] == []
+
+
+def test_an_unreachable_redis_is_a_convoq_error_that_names_it() -> None:
+    err = errors.RedisUnavailableError("Redis does not answer", redis="redis://h:6379/0")
+    assert isinstance(err, ConvoqError) and not isinstance(err, errors.ConfigurationError)
+    assert error_from_data(err.to_data()).details["redis"] == "redis://h:6379/0"

@@ -38,6 +38,7 @@ from convoq.client._base import (
     idempotency_conflict,
     idempotency_mismatch,
 )
+from convoq.client._unreachable import mapped, unavailable
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError, UnknownTurnError
 from convoq.ids import check_conversation_id
@@ -58,9 +59,10 @@ from convoq.queue.transport import (
     sender_app,
 )
 from convoq.redis import TurnProtocol, connect
+from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._durable import until_durable
-from convoq.redis.embedded import url_or_embedded
+from convoq.redis.embedded import describe, url_or_embedded
 from convoq.redis.protocol import ParkedTurn, SubmitResult
 from convoq.settings import ConvoqSettings
 from convoq.usage import Usage
@@ -202,6 +204,11 @@ class AsyncClient:
             self._redis_url = url_or_embedded(None, self.settings.home)
         return self._redis_url
 
+    def redis_named(self) -> str:
+        """Which Redis this client uses, for messages: its URL without the password, or
+        the embedded server's directory (no I/O, nothing started)."""
+        return describe(self.settings.redis_url, self.settings.home)
+
     @property
     def broker_url(self) -> str:
         """The Celery broker kicks go to: the configured one, else the Redis."""
@@ -216,6 +223,7 @@ class AsyncClient:
             self._protocol = TurnProtocol.from_settings(self._redis, self.settings)
         return self._protocol
 
+    @mapped
     async def connect(self) -> AsyncClient:
         """Start the embedded Redis if needed and open the connections now rather than on
         first use (``async with`` does this)."""
@@ -224,6 +232,7 @@ class AsyncClient:
         await self.protocol.redis.ping()
         return self
 
+    @mapped
     async def submit(
         self,
         conversation_id: str,
@@ -278,6 +287,8 @@ class AsyncClient:
             ConversationBusyError: ``if_busy="reject"`` and a turn is in progress.
             QueueFullError: a limit on queued turns (``CONVOQ_MAX_QUEUED_*``); nothing
                 was queued.
+            RedisUnavailableError: Redis cannot be reached or did not answer (named); so
+                does every client and handle method.
         """
         sub = build_submission(
             conversation_id,
@@ -366,6 +377,7 @@ class AsyncClient:
         cid, tid = check_turn_ref(conversation_id, turn_id)
         return AsyncTurnHandle(self, cid, tid)
 
+    @mapped
     async def approve(
         self, turn: TurnRef, call_id: str, *, by: str | None = None, reason: str | None = None
     ) -> Literal["resume", "pending"]:
@@ -374,6 +386,7 @@ class AsyncClient:
         Returns "resume" when this was the last call to decide, else "pending"."""
         return await self._decide(turn, call_id, approved=True, reason=reason, by=by)
 
+    @mapped
     async def deny(
         self, turn: TurnRef, call_id: str, *, reason: str | None = None, by: str | None = None
     ) -> Literal["resume", "pending"]:
@@ -396,6 +409,7 @@ class AsyncClient:
                 await self._send(routing.RESUME_TASK, cid, tid)
         return outcome
 
+    @mapped
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:
         """Drop a parked turn: it ends cancelled, nothing is stored, later turns run."""
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
@@ -403,6 +417,7 @@ class AsyncClient:
             await self._uncount(cid, tid)
             await self._send(routing.DRAIN_TASK, cid)
 
+    @mapped
     async def cancel(self, turn: TurnRef) -> Literal["cancelled", "stopping", "finished"]:
         """Cancel a turn: a queued one never runs; a running one is stopped within a lease
         period (even in the middle of a model call) and stores nothing; a parked one is
@@ -420,6 +435,7 @@ class AsyncClient:
         if self.protocol.queue_limits.counted:
             await self.protocol.unadmit_quietly(cid, tid)
 
+    @mapped
     async def history(
         self, conversation_id: str, *, last_turns: int | None = None
     ) -> list[Message]:
@@ -428,15 +444,18 @@ class AsyncClient:
             check_conversation_id(conversation_id), last_turns=last_turns
         )
 
+    @mapped
     async def usage(self, conversation_id: str) -> Usage:
         """Tokens the conversation's stored turns reported, summed (one read, however long
         the history): ``requests`` model calls; all 0 for a server that reports none."""
         return await self.protocol.usage(check_conversation_id(conversation_id))
 
+    @mapped
     async def clear(self, conversation_id: str, *, force: bool = False) -> None:
         """Delete a conversation (ConversationBusyError while a turn runs, unless forced)."""
         await self.protocol.clear(check_conversation_id(conversation_id), force=force)
 
+    @mapped
     async def awaiting_approval(
         self, *, limit: int = 100, offset: int = 0, conversation_prefix: str = ""
     ) -> list[ParkedTurn]:
@@ -453,19 +472,27 @@ class AsyncClient:
         """Check that Redis and the broker answer within ``timeout_s`` each.
 
         Raises:
-            ConfigurationError: one did not answer (named, with why).
+            RedisUnavailableError: Redis did not answer (named, with why).
+            ConfigurationError: Redis answered with an error, or the broker did not
+                answer (named, with why).
         """
         try:
             await asyncio.wait_for(self.protocol.redis.ping(), timeout_s)
-        except (TimeoutError, OSError, RedisError) as exc:
+        except REDIS_UNAVAILABLE as exc:
+            raise unavailable(self.redis_named(), exc) from None
+        except (TimeoutError, OSError) as exc:  # the wait ran out, or the socket failed
+            raise unavailable(self.redis_named(), exc) from None
+        except RedisError as exc:
             raise ConfigurationError(f"Redis does not answer: {exc!r}"[:300]) from None
         await broker_reachable(self._sender(), timeout_s)
 
+    @mapped
     async def registered_agents(self) -> frozenset[str]:
         """Profile names the running workers registered in Redis."""
         self._registered = await self.protocol.registered_agents()
         return self._registered
 
+    @mapped
     async def workers(self) -> dict[str, dict[str, Any]]:
         """The running workers as they registered: name -> pid, queues, agents,
         started_ms and seen_ms (refreshed every sweep period; a stale one is dead)."""

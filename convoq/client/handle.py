@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from convoq._sync import iterate_sync
 from convoq.client._sync_methods import blocking
+from convoq.client._unreachable import mapped, mapped_stream
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
 from convoq.messages import Decision, Message, ToolCall
 from convoq.output import OutputType, output_shape
@@ -179,6 +180,7 @@ class AsyncTurnHandle:
     def __repr__(self) -> str:
         return f"AsyncTurnHandle({self.conversation_id!r}, {self.turn_id!r})"
 
+    @mapped
     async def record(self) -> TurnRecord:
         """The raw turn record (UnknownTurnError if it never existed or expired)."""
         return await self._client.protocol.get_turn(self.conversation_id, self.turn_id)
@@ -191,6 +193,7 @@ class AsyncTurnHandle:
         """The turn as it stands now, without waiting."""
         return result_from_record(await self.record())
 
+    @mapped
     async def wait(
         self,
         timeout: float | None = None,
@@ -213,6 +216,7 @@ class AsyncTurnHandle:
                 was cancelled and ``raise_on_error`` is true; also when ``until`` is
                 neither ``"settled"`` nor ``"final"``.
             OutputValidationError: the output does not fit ``output_type``.
+            RedisUnavailableError: Redis cannot be reached or did not answer (named).
         """
         if until not in ("settled", "final"):
             raise ConvoqError(f"until must be 'settled' or 'final', not {until!r}")
@@ -300,6 +304,7 @@ class AsyncTurnHandle:
         async for _, event in self.events_with_ids(after=after, timeout=timeout):
             yield event
 
+    @mapped_stream
     async def events_with_ids(
         self, *, after: str = "0", timeout: float | None = None
     ) -> AsyncIterator[tuple[str, TurnEvent]]:

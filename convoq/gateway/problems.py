@@ -33,6 +33,7 @@ from convoq.errors import (
     InvalidMessageError,
     ProtocolError,
     QueueFullError,
+    RedisUnavailableError,
     TurnTimeoutError,
     UnknownTurnError,
 )
@@ -50,6 +51,7 @@ _STATUS: tuple[tuple[type[ConvoqError], int], ...] = (
     (IdempotencyKeyReusedError, 409),
     (ProtocolError, 409),
     (TurnTimeoutError, 504),
+    (RedisUnavailableError, 503),
     (ConversationMemoryError, 503),
     (ConfigurationError, 503),
     (ConvoqError, 422),
@@ -144,6 +146,8 @@ def install(app: FastAPI) -> None:
         return problem(503, "RedisUnavailable", "Redis does not answer; try again shortly")
 
     # A cluster that cannot serve the slot now is, to a caller, a Redis that does not answer.
-    unavailable: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+    unavailable: tuple[type[Exception], ...] = (
+        RedisConnectionError, RedisTimeoutError, RedisUnavailableError,
+    )  # fmt: skip
     for error in (*unavailable, *CLUSTER_UNAVAILABLE):
         app.add_exception_handler(error, _redis_down)

@@ -37,6 +37,7 @@ import redis
 from convoq import defaults
 from convoq._ports import free_loopback_port
 from convoq.errors import ConfigurationError
+from convoq.redis._urls import redacted
 
 Fsync = Literal["always", "everysec", "no"]
 _SOCKET_PATH_MAX = 100  # sun_path is 104-108 bytes depending on the platform
@@ -67,6 +68,16 @@ def url_or_embedded(redis_url: str | None, home: str | Path | None = None) -> st
     if redis_url:
         return redis_url
     return embedded_url(home if home is not None else defaults.HOME)
+
+
+def describe(redis_url: str | None, home: str | Path | None = None) -> str:
+    """Which Redis a process uses, for messages: ``redis_url`` without its password, or,
+    when none is configured, the embedded server's directory (each directory has its own
+    server and its own data: a process started elsewhere sees none of it)."""
+    if redis_url:
+        return redacted(redis_url)
+    where = Path(home if home is not None else defaults.HOME).resolve()
+    return f"the embedded Redis under {where} (no CONVOQ_REDIS_URL set)"
 
 
 def embedded_url(
