@@ -125,6 +125,9 @@ def retry_prompt(spec: OutputSpec, errors: list[str]) -> Message:
     the application speaking, like the instructions. It is stored with the turn, as the
     rejected answer before it is: the turn keeps what was really exchanged (as it keeps
     tool calls), and its usage counts the rejected answer's tokens, which were spent.
+    Every model wire sends it where it stands (Anthropic's, which has no system role among
+    its messages, as user-side text): a retry request ends with it, and a later turn does
+    not carry it as a standing instruction.
     """
     lines = "\n".join(f"- {e}" for e in errors[:_MAX_ERRORS])
     return Message.system(

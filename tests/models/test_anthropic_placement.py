@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic as sdk
 import pytest
 from pydantic import BaseModel
 
@@ -277,3 +278,42 @@ def test_the_sdk_request_types_of_the_pinned_version_refuse_what_it_lacks() -> N
         w.check_anthropic_body({**body, "seed": 1})
     with pytest.raises(ValueError, match="temperature"):
         w.check_anthropic_body({**body, "temperature": "hot"})
+
+
+async def test_the_body_is_what_the_official_sdk_sends_at_the_pinned_version(
+    server: OpenAIServer,
+) -> None:
+    # The SDK at API_VERSION, its sampling fields given the way its migration guide says
+    # (extra_body, merged into the body as they are): convoq's body for the same retry
+    # request is the same JSON.
+
+    retry = [
+        Message.system("Be brief."),
+        Message.user("City?"),
+        Message.assistant('{"name": "Oslo"}'),
+        Message.system("Add the population."),
+    ]
+    settings = ModelSettings(temperature=0.2, top_p=0.5, max_tokens=64, stop=["END"])
+    for _ in range(2):
+        server.reply_raw(w.anthropic_message([w.text_block("ok")]).model_dump_json())
+    async with claude(server) as model:
+        await model.request(ModelRequest(messages=retry, settings=settings))
+    pinned = {"anthropic-version": API_VERSION}  # the SDK's own default is a later version
+    base = server.url.removesuffix("/v1")
+    client = sdk.AsyncAnthropic(base_url=base, api_key="k", max_retries=0, default_headers=pinned)
+    async with client:
+        await client.messages.create(
+            model="claude-x",
+            max_tokens=64,
+            stop_sequences=["END"],
+            system=[{"type": "text", "text": "Be brief."}],
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "City?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": '{"name": "Oslo"}'}]},
+                {"role": "user", "content": [{"type": "text", "text": "Add the population."}]},
+            ],
+            extra_body={"temperature": 0.2, "top_p": 0.5},
+        )
+    ours, theirs = checked(server)
+    assert ours == theirs
+    assert [r.headers["anthropic-version"] for r in server.requests] == [API_VERSION] * 2
