@@ -268,9 +268,10 @@ class TurnLoop:
         return True
 
     async def _needs_approval(self, ctx: RunContext[Any], call: ToolCall) -> bool:
-        """The tool's rule or the agent's policy asks for a human (unknown tools run into
-        their error instead)."""
-        if call.name not in self.tools:
+        """The tool's rule or the agent's policy asks for a human. Unknown tools and
+        arguments that do not fit the tool's schema run into their error instead: the
+        model hears of it at once, and nobody is asked to approve a call that cannot run."""
+        if call.name not in self.tools or not self.tools.get(call.name).fits(call.arguments):
             return False
         if await self.tools.get(call.name).needs_approval(ctx, call.arguments):
             return True

@@ -97,6 +97,15 @@ class Tool:
         """Whether this call waits for a human (the tool's ``requires_approval``)."""
         return await rule_says(self.requires_approval, ctx, arguments, f"tool {self.name!r}")
 
+    def fits(self, arguments: dict[str, Any]) -> bool:
+        """Whether :meth:`validate` accepts ``arguments`` (the check a call runs first,
+        made before anyone is asked to approve the call)."""
+        try:
+            self.validate(arguments)
+        except ToolError:
+            return False
+        return True
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 

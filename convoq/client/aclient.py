@@ -383,7 +383,9 @@ class AsyncClient:
     ) -> Literal["resume", "pending"]:
         """Approve a parked tool call; when all are decided the turn resumes on a worker.
         ``by`` (who decided) and ``reason`` are kept with the decision, its time too.
-        Returns "resume" when this was the last call to decide, else "pending"."""
+        Returns "resume" when this was the last call to decide, else "pending". The same
+        decision again (a retry) answers as the first and changes nothing; only another
+        verdict or reason on a decided call is refused (ProtocolError)."""
         return await self._decide(turn, call_id, approved=True, reason=reason, by=by)
 
     @mapped
@@ -400,14 +402,15 @@ class AsyncClient:
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         check_call_id(call_id)
         reason, by = check_decision_note(reason, by)
-        outcome = await self.protocol.decide(
+        decided = await self.protocol.record_decision(
             cid, tid, call_id=call_id, approved=approved, reason=reason, by=by
         )
-        if outcome == "resume":
+        # A repeat (a retry after a lost answer) owes no resume: the first decision sent it.
+        if decided.outcome == "resume" and not decided.repeated:
             attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}
             with tracing.span("convoq.resume", attributes):  # the resume kick's trace
                 await self._send(routing.RESUME_TASK, cid, tid)
-        return outcome
+        return decided.outcome
 
     @mapped
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from convoq.messages import Decision, Message, ToolCall
+from convoq.messages import Decision, FilePart, ImagePart, Message, ToolCall
 from convoq.redis.protocol import ParkedTurn, TurnRecord
 from convoq.usage import Usage
 
@@ -73,7 +73,10 @@ class TurnView(BaseModel):
             else [],
             error=record.error,
             attempts=record.attempts,
-            usage=Usage.model_validate(data["usage"]) if done and data.get("usage") else Usage(),
+            # Parked: the usage of the model calls made so far.
+            usage=Usage.model_validate(data["usage"])
+            if data.get("usage") and (done or record.status == "awaiting_approval")
+            else Usage(),
             finish_reason=data.get("finish_reason") if done else None,
             refusal=data.get("refusal") if done else None,
             output=data.get("output") if done else None,
@@ -107,13 +110,50 @@ class History(BaseModel):
     total: int
 
 
+class AttachmentNote(BaseModel):
+    """An attachment by name and type (its bytes are not sent)."""
+
+    kind: Literal["image", "file"]
+    mime_type: str
+    filename: str | None = None
+
+
+class RecentMessage(BaseModel):
+    """A message before the parked turn, as a person deciding reads it."""
+
+    role: str
+    text: str = Field(description="Its text, cut at 1000 characters.")
+    attachments: list[AttachmentNote] = Field(default_factory=list)
+    tool_calls: list[str] = Field(default_factory=list, description="Names of tools it called.")
+
+    @classmethod
+    def of(cls, recent: Any) -> RecentMessage:
+        notes = [AttachmentNote.model_validate(a, from_attributes=True) for a in recent.attachments]
+        return cls(role=recent.role, text=recent.text, attachments=notes,
+                   tool_calls=list(recent.tool_calls))  # fmt: skip
+
+
+def _attachment_note(part: ImagePart | FilePart) -> AttachmentNote:
+    filename = part.filename if isinstance(part, FilePart) else None
+    return AttachmentNote(kind=part.type, mime_type=part.mime_type, filename=filename)
+
+
 class Approval(BaseModel):
-    """A turn waiting for decisions on its tool calls (the approvals inbox)."""
+    """A turn waiting for decisions on its tool calls (the approvals inbox), with what a
+    person needs to decide: its metadata and the conversation before it."""
 
     conversation_id: str
     turn_id: str
     agent: str
     input_text: str
+    input_attachments: list[AttachmentNote] = Field(
+        default_factory=list, description="The turn's attachments, by name and type."
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict, description="As submitted.")
+    conversation: list[RecentMessage] = Field(
+        default_factory=list,
+        description="The messages of the conversation's last few stored turns, oldest first.",
+    )
     pending_approvals: list[ToolCall]
     parked_ms: int
     expires_ms: int
@@ -125,11 +165,15 @@ class Approval(BaseModel):
     def of(cls, parked: ParkedTurn) -> Approval:
         record = parked.record
         calls = (record.result or {}).get("pending_approvals") or []
+        attached = [_attachment_note(p) for p in record.input.attachments]
         return cls(
             conversation_id=record.conversation_id,
             turn_id=record.turn_id,
             agent=record.agent,
             input_text=record.input.text[:2000],
+            input_attachments=attached,
+            metadata=record.metadata,
+            conversation=[RecentMessage.of(m) for m in parked.recent],
             pending_approvals=[ToolCall.model_validate(c) for c in calls],
             parked_ms=parked.parked_ms,
             expires_ms=parked.expires_ms,

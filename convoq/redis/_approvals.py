@@ -5,19 +5,35 @@ until its calls are decided or the approval expires."""
 
 from __future__ import annotations
 
+import json
+import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from convoq.errors import CorruptDataError
 from convoq.redis._base import ProtocolBase
 from convoq.redis._cancelling import cancelled_arg, turn_control_keys
-from convoq.redis._codec import text
-from convoq.redis._records import ParkedTurn, decode_record
+from convoq.redis._codec import parse_header, text
+from convoq.redis._records import AttachmentNote, ParkedTurn, RecentMessage, decode_record
 from convoq.redis._replies import DiscardReply, Outcome
 from convoq.redis._taking import valid_turn_id
 from convoq.turn_state import Decision
 
+log = logging.getLogger("convoq.redis")
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What deciding a call came to: ``outcome`` "resume" (every call of the turn is
+    decided) or "pending"; ``repeated``: the same decision was recorded before, so
+    nothing was written now and no resume is owed for it."""
+
+    outcome: Literal["resume", "pending"]
+    repeated: bool = False
+
 
 class ApprovalsMixin(ProtocolBase):
-    """``decide``, ``discard``, ``parked_turns``."""
+    """``decide`` (``record_decision``), ``discard``, ``parked_turns``."""
 
     async def decide(
         self,
@@ -32,12 +48,29 @@ class ApprovalsMixin(ProtocolBase):
         """Record a decision on a pending tool call of a parked turn, with who decided
         (``by``) and the server time; it is also a "decision" event of the turn. "resume":
         all calls are decided, send a kick for ``cid``. Repeating a decision (same verdict
-        and reason) is a no-op.
+        and reason) writes nothing; :meth:`record_decision` says whether it was a repeat.
 
         Raises:
             UnknownTurnError; ProtocolError when the turn is not awaiting approval, the call
             id is not pending, it was decided otherwise, or the approval expired.
         """
+        decided = await self.record_decision(
+            cid, turn_id, call_id=call_id, approved=approved, reason=reason, by=by
+        )
+        return decided.outcome
+
+    async def record_decision(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        call_id: str,
+        approved: bool,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> Decided:
+        """:meth:`decide`, saying also whether the same decision was recorded before (a
+        retry: the first is kept, nothing is written, the resume was owed by the first)."""
         decision = Decision(approved=approved, reason=reason, by=by)
         raw = decision.model_dump_json(exclude={"at_ms"})
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
@@ -46,7 +79,9 @@ class ApprovalsMixin(ProtocolBase):
         reply = Outcome.parse("decide", await self.scripts.run("decide", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id)
-        return "resume" if reply.status == "RESUME" else "pending"
+        repeated = reply.status.startswith("KEPT_")
+        resume = reply.status in ("RESUME", "KEPT_RESUME")
+        return Decided("resume" if resume else "pending", repeated=repeated)
 
     async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool:
         """End a parked turn as cancelled, storing nothing, and free the conversation.
@@ -62,7 +97,9 @@ class ApprovalsMixin(ProtocolBase):
         self, limit: int = 100, *, offset: int = 0, conversation_prefix: str = ""
     ) -> list[ParkedTurn]:
         """Turns awaiting approval across the conversations whose id starts with
-        ``conversation_prefix``, newest first: ``limit`` of them from ``offset``.
+        ``conversation_prefix``, newest first: ``limit`` of them from ``offset``. Each
+        comes with the messages of its conversation's last few stored turns
+        (:func:`recent_messages`: bounded text, attachments by name and type only).
 
         A SCAN over the inboxes (as the sweeper's): its cost grows with the number of
         keys, so callers poll it every few seconds, not per request of a busy path.
@@ -86,9 +123,57 @@ class ApprovalsMixin(ProtocolBase):
         tid = valid_turn_id(head) if state == b"parked" and head is not None else None
         if tid is None:
             return None
-        raw: dict[Any, Any] = await self.redis.hgetall(self.keys.turn(cid, tid))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.turn(cid, tid))
+            pipe.lrange(self.keys.turns(cid), -RECENT_ELEMENTS, -1)
+            raw, elements = await pipe.execute()
         if not raw or raw.get(b"status") != b"awaiting_approval":
             return None  # decided (or expired) since the lease was read
         fields: dict[str, bytes] = {text(k): v for k, v in raw.items()}
         record = decode_record(cid, tid, fields, self.keys.turn(cid, tid))
-        return ParkedTurn(record, int(fields.get("parked_ms") or 0), int(expires_ms or 0))
+        recent = recent_messages(elements, self.keys.turns(cid))
+        return ParkedTurn(record, int(fields.get("parked_ms") or 0), int(expires_ms or 0), recent)
+
+
+RECENT_ELEMENTS = 6
+"""Stored elements (a turn each, mostly) read to show the conversation before a parked turn."""
+
+RECENT_TURNS = 3
+"""Of those, the turns whose messages are shown."""
+
+MAX_RECENT_TEXT = 1000
+"""Characters of a message's text shown; the rest is cut, marked with an ellipsis."""
+
+
+def recent_messages(elements: list[bytes], key: str) -> tuple[RecentMessage, ...]:
+    """The messages of the last RECENT_TURNS turns among stored ``elements``, for a person
+    to read: text cut at MAX_RECENT_TEXT characters, attachments by name and type only
+    (their bytes are never read). Elements that do not parse are left out (logged): the
+    turn still waits for a decision, and the inbox still shows it."""
+    turns: list[list[RecentMessage]] = []
+    for element in elements:
+        try:
+            header = parse_header(element, key=key)
+            raw_messages = json.loads(bytes(header.body))
+            shown = [_recent(raw) for raw in raw_messages]
+        except (CorruptDataError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("a stored element of %s does not parse (%r): not shown", key, exc)
+            continue
+        if header.starts_turn or not turns:
+            turns.append([])
+        turns[-1].extend(shown)
+    return tuple(m for turn in turns[-RECENT_TURNS:] for m in turn)
+
+
+def _recent(raw: dict[str, Any]) -> RecentMessage:
+    parts = raw.get("content") or []
+    said = "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
+    if len(said) > MAX_RECENT_TEXT:
+        said = said[:MAX_RECENT_TEXT] + "…"
+    notes = tuple(
+        AttachmentNote(str(p["type"]), str(p.get("mime_type", "")), p.get("filename"))
+        for p in parts
+        if p.get("type") in ("image", "file")
+    )
+    calls = tuple(str(c.get("name", "")) for c in raw.get("tool_calls") or [])
+    return RecentMessage(str(raw.get("role", "")), said, notes, calls)

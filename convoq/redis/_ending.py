@@ -25,6 +25,7 @@ from convoq.redis._records import Acquired, Handoff, TurnEnding
 from convoq.redis._replies import EndReply, Outcome, RunningReply
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
+from convoq.usage import turn_usage
 
 P = ParamSpec("P")
 
@@ -201,7 +202,12 @@ class EndingMixin(TakingMixin):
         if not waiting:
             raise ProtocolError("park needs a state with tool calls waiting for a decision")
         pending = self.json_arg([call.id for call in waiting], "pending")
-        result = {"pending_approvals": [call.model_dump(mode="json") for call in waiting]}
+        # The usage so far: the model calls made before the park were paid for already.
+        usage = turn_usage(state.messages[1:], requests=state.steps)
+        result = {
+            "pending_approvals": [call.model_dump(mode="json") for call in waiting],
+            "usage": usage.model_dump(),
+        }
         args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
         args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
         keys = self._ending_keys(cid, turn_id)

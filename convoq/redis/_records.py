@@ -144,13 +144,37 @@ class TurnEnding:
 
 
 @dataclass(frozen=True)
+class AttachmentNote:
+    """An attachment named, not carried: ``kind`` "image" or "file", its MIME type and
+    file name (None when it has none)."""
+
+    kind: str
+    mime_type: str
+    filename: str | None = None
+
+
+@dataclass(frozen=True)
+class RecentMessage:
+    """A stored message as a person deciding an approval reads it: role, text (cut
+    short), attachments by name and type only, and the names of the tools it called."""
+
+    role: str
+    text: str
+    attachments: tuple[AttachmentNote, ...] = ()
+    tool_calls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ParkedTurn:
     """A turn awaiting approval: its record (``result["pending_approvals"]`` are the calls
-    waiting), when it parked and when its approval expires (unix ms)."""
+    waiting), when it parked and when its approval expires (unix ms), and ``recent``: the
+    messages of the conversation's last stored turns before it (bounded, see
+    :meth:`~convoq.redis._approvals.ApprovalsMixin.parked_turns`)."""
 
     record: TurnRecord
     parked_ms: int
     expires_ms: int
+    recent: tuple[RecentMessage, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class Outcome:
 OUTCOMES: dict[str, tuple[str, ...]] = {
     "cancel": ("CANCELLED", "STOPPING", "FINISHED"),
     "clear": ("OK", "RETRY"),  # RETRY: the inbox changed since it was read: read again
-    "decide": ("RESUME", "PENDING"),
+    "decide": ("RESUME", "PENDING", "KEPT_RESUME", "KEPT_PENDING"),  # KEPT: a repeat
     "park": ("OK", "PARKED"),  # PARKED: a replay
     "release": ("OK", "STALE"),  # STALE: the lease had moved on, nothing to release
     "summarise": ("OK",),

@@ -1,11 +1,14 @@
 """The approvals inbox page in a real headless browser (Debian's chromium driven by
 Playwright): a turn parks on a worker, the page shows it live, a click approves it, the
 turn finishes on a worker and the page shows it gone; deny with a reason; markup in a
-message stays text. Skipped, saying why, where chromium or Playwright is missing
+message stays text; a card shows the turn's metadata and the conversation before it
+(bounded: the last few turns, text cut short, attachments by name and type only).
+Skipped, saying why, where chromium or Playwright is missing
 (``.ci/run`` installs both)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -13,21 +16,25 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from convoq import Client, Message
+from convoq.messages import FilePart, MessageRole, TextPart
 from tests.support.browser import browser_fixture, page_fixture  # noqa: F401  (fixtures)
 from tests.support.gateway import GatewayProcess, key_of, module_gateway
 from tests.support.workers import module_pool
 
 pytestmark = pytest.mark.slow
 
-pool = module_pool(1)
+pool = module_pool(1, agents="tests.support.worker_agents,tests.support.approval_agents")
 gateway = module_gateway()
 
 
-def _submit(gateway: GatewayProcess, cid: str, text: str = "pay") -> str:
+def _submit(
+    gateway: GatewayProcess, cid: str, text: str = "pay", *, agent: str = "approver", **more: Any
+) -> str:
     with gateway.client("submitter") as http:
         response = http.post(
             f"/v1/conversations/{quote(cid, safe='')}/turns",
-            json={"message": text, "agent": "approver"},
+            json={"message": text, "agent": agent, **more},
         )
         assert response.status_code == 202, response.text
         return str(response.json()["turn_id"])
@@ -113,3 +120,70 @@ def test_the_page_loads_nothing_from_elsewhere(gateway: GatewayProcess) -> None:
     assert response.status_code == 200
     assert "script-src 'self'" in response.headers["content-security-policy"]
     assert "http" not in response.text.split("<body>", 1)[1]
+
+
+def _earlier_turn(client: Client, cid: str, text: str, *files: FilePart) -> None:
+    message = Message(role=MessageRole.USER, content=[TextPart(text=text), *files])
+    assert client.submit(cid, message, agent="refunder").wait(30).text == f"noted: {text}"
+
+
+def test_a_card_shows_whose_turn_it_is_and_the_conversation_before_it(
+    page: Any, gateway: GatewayProcess, client: Client
+) -> None:
+    cid = f"inbox-{uuid.uuid4().hex[:8]}"
+    hello = "my order <img src=x onerror=window.pwned=1> never came"
+    receipt = FilePart(data=b"%PDF-1.4 receipt", mime_type="application/pdf",
+                       filename="receipt<b>.pdf")  # fmt: skip
+    _earlier_turn(client, cid, hello, receipt)
+    metadata = {"customer": "<b>Ada</b>", "order": "A-1", "cents": 500}
+    tid = _submit(gateway, cid, json.dumps({"amount": 5, "order": "A-1"}), agent="refunder",
+                  metadata=metadata)  # fmt: skip
+    _open_inbox(page, gateway)
+    item = page.locator(f'li.turn[data-turn-id="{tid}"]')
+    item.wait_for(state="visible")
+
+    assert item.locator("dl.metadata dt").all_text_contents() == ["customer", "order", "cents"]
+    assert item.locator("dl.metadata dd").all_text_contents() == ["<b>Ada</b>", "A-1", "500"]
+    messages = item.locator("details.conversation-before li.message")
+    assert messages.locator(".role").all_text_contents() == ["user", "assistant"]
+    assert messages.locator(".text").all_text_contents() == [hello, f"noted: {hello}"]
+    attachments = messages.nth(0).locator("ul.attachments li")
+    assert attachments.all_text_contents() == ["receipt<b>.pdf · application/pdf"]
+    # Everything stayed text: no element came from the data, no script ran.
+    assert item.locator("img").count() == 0 and item.locator("b").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert item.locator(".call .tool").text_content() == "refund"
+
+    item.locator("button.approve").click()
+    page.locator("#outcome").filter(has_text="the turn resumes on a worker").wait_for()
+    assert _final(gateway, cid, tid)["text"] == "refund: refunded 5 on A-1"
+
+
+def test_the_conversation_a_card_shows_is_bounded(client: Client, gateway: GatewayProcess) -> None:
+    cid = f"inbox-{uuid.uuid4().hex[:8]}"
+    _earlier_turn(client, cid, "the first turn, not shown")
+    long_text = "x" * 5000
+    big = FilePart(data=b"%PDF-1.4 " + b"0" * 200_000, mime_type="application/pdf",
+                   filename="big.pdf")  # fmt: skip
+    for text in ("second", long_text, "fourth"):
+        _earlier_turn(client, cid, text, *([big] if text == "second" else []))
+    tid = _submit(gateway, cid, json.dumps({"amount": 1, "order": "C-3"}), agent="refunder")
+    with gateway.client("approver") as http:
+        _final_or_parked = http.get(
+            f"/v1/conversations/{quote(cid, safe='')}/turns/{tid}", params={"wait": 30}
+        )
+        assert _final_or_parked.json()["status"] == "awaiting_approval"
+        response = http.get("/v1/approvals", params={"limit": 500})
+    [card] = [t for t in response.json()["turns"] if t["turn_id"] == tid]
+    shown = card["conversation"]
+    # The last three stored turns, a user message and an answer each.
+    assert [m["text"][:6] for m in shown if m["role"] == "user"] == ["second", "xxxxxx", "fourth"]
+    assert len(shown) == 6
+    [cut] = [m for m in shown if m["role"] == "user" and m["text"].startswith("x")]
+    assert cut["text"] == "x" * 1000 + "…"
+    assert shown[0]["attachments"] == [
+        {"kind": "file", "mime_type": "application/pdf", "filename": "big.pdf"}
+    ]
+    assert len(response.content) < 40_000  # the 200 kB attachment is named, never sent
+    with gateway.client("approver") as http:
+        http.post(f"/v1/conversations/{quote(cid, safe='')}/turns/{tid}/discard")

@@ -1,6 +1,7 @@
-// The approvals inbox: polls /v1/approvals, renders every parked turn, sends decisions.
+// The approvals inbox: polls /v1/approvals, renders every parked turn (its metadata, the
+// conversation before it, its input and pending calls), sends decisions.
 // Data from the server is only ever placed with textContent (tool arguments come from a
-// model and may hold markup). The API key comes from the URL fragment (#key=..., never
+// model, messages and metadata from users: any of them may hold markup). The API key comes from the URL fragment (#key=..., never
 // sent to the server in a URL) or the form, and is kept in sessionStorage for this tab.
 "use strict";
 
@@ -108,13 +109,53 @@ function renderCall(turn, call) {
   return node;
 }
 
+// Attachments by name and type only: the server never sends their bytes here.
+function renderAttachments(attachments, className) {
+  return el("ul", { className: "attachments " + className },
+    ...attachments.map((a) => el("li", {
+      textContent: (a.filename || "(" + a.kind + ")") + " · " + a.mime_type })));
+}
+
+// The turn's metadata as given at submit (whose refund is this?), values as JSON.
+function renderMetadata(metadata) {
+  const list = el("dl", { className: "metadata" });
+  for (const [name, value] of Object.entries(metadata || {})) {
+    list.append(el("dt", { textContent: name }),
+      el("dd", { textContent: typeof value === "string" ? value : JSON.stringify(value) }));
+  }
+  return list;
+}
+
+// The conversation's last few stored turns, oldest first: what led to this call.
+function renderConversation(messages) {
+  const list = el("ol", { className: "messages" }, ...messages.map((m) => {
+    const item = el("li", { className: "message" },
+      el("span", { className: "role", textContent: m.role }), " ",
+      el("span", { className: "text", textContent: m.text }));
+    item.dataset.role = m.role;
+    if (m.tool_calls.length) {
+      item.append(el("span", { className: "tool-calls",
+        textContent: " called " + m.tool_calls.join(", ") }));
+    }
+    if (m.attachments.length) item.append(renderAttachments(m.attachments, "message-attachments"));
+    return item;
+  }));
+  const heading = messages.length ? "Conversation before this turn (" + messages.length +
+    " messages)" : "No earlier turns in this conversation";
+  return el("details", { className: "conversation-before", open: messages.length > 0 },
+    el("summary", { textContent: heading }), list);
+}
+
 function renderTurn(turn) {
   const expires = el("span", { className: "expires" });
   const node = el("li", { className: "turn" },
     el("h2", {}, el("span", { className: "agent", textContent: turn.agent }), " · ",
       el("span", { className: "conversation", textContent: turn.conversation_id })),
     el("div", { className: "meta" }, "turn " + turn.turn_id + " · ", expires),
+    renderMetadata(turn.metadata),
+    renderConversation(turn.conversation || []),
     el("div", { className: "input", textContent: turn.input_text }),
+    renderAttachments(turn.input_attachments || [], "input-attachments"),
     ...turn.pending_approvals.map((call) => renderCall(turn, call)));
   node.dataset.turnId = turn.turn_id;
   node.dataset.conversationId = turn.conversation_id;

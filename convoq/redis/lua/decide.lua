@@ -9,16 +9,38 @@
 -- (at_ms), and emits it as a "decision" event (the audit trail: who, when, why). Once
 -- every pending call is decided the parked lease is dropped and the turn is marked for
 -- resumption: the next acquire hands it out with its continuation and the decisions.
--- A repeated decision with the same verdict and reason is a no-op (the first is kept).
--- Returns {'RESUME'} / {'PENDING'}
+-- The same decision again (verdict and reason; a client retrying after a lost reply, or
+-- this script resent) writes nothing and answers KEPT_RESUME / KEPT_PENDING, as the first
+-- did, even once a worker took the resumed turn: the caller sends no second resume.
+-- Returns {'RESUME'} / {'PENDING'} (recorded) or {'KEPT_RESUME'} / {'KEPT_PENDING'} (the
+--      same decision was recorded before: nothing written)
 --      or {'UNKNOWN'} / {'NOT_PARKED', status} / {'UNKNOWN_CALL', pending ids JSON}
---      or {'DECIDED'} (the call was decided differently) / {'EXPIRED'} (approval expired)
+--      or {'DECIDED'} (the call was decided otherwise) / {'EXPIRED'} (approval expired)
 --      or {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
 local lease, turn, events = KEYS[1], KEYS[2], KEYS[3]
 local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume')
 if not rec[1] then
   return {'UNKNOWN'}
+end
+local field = 'decision:' .. ARGV[1]
+local decision = cjson.decode(ARGV[2])
+-- A decision field only ever belongs to the calls the turn last parked on (park drops
+-- the ones before), so one found is this call's, whatever the turn's status is now.
+local previous = redis.call('HGET', turn, field)
+if previous then
+  local seen_ok, seen = pcall(cjson.decode, previous)
+  if not seen_ok or type(seen) ~= 'table' then
+    return {'CORRUPT', turn}
+  end
+  if seen.approved ~= decision.approved or seen.reason ~= decision.reason then
+    return {'DECIDED'}
+  end
+  -- Every call was decided once the turn was marked for resumption or left the park.
+  if rec[3] == '1' or rec[1] ~= 'awaiting_approval' then
+    return {'KEPT_RESUME'}
+  end
+  return {'KEPT_PENDING'}
 end
 if rec[1] ~= 'awaiting_approval' then
   return {'NOT_PARKED', rec[1]}
@@ -36,32 +58,26 @@ end
 if not known then
   return {'UNKNOWN_CALL', rec[2] or '[]'}
 end
-local field = 'decision:' .. ARGV[1]
-local previous = redis.call('HGET', turn, field)
-local decision = cjson.decode(ARGV[2])
-if previous then
-  local seen_ok, seen = pcall(cjson.decode, previous)
-  if not seen_ok or type(seen) ~= 'table' or seen.approved ~= decision.approved
-      or seen.reason ~= decision.reason then
-    return {'DECIDED'}
-  end
-else
-  if rec[3] ~= '1' and redis.call('HGET', lease, 'state') ~= 'parked' then
-    return {'EXPIRED'}
-  end
-  decision.at_ms = now_ms()
-  local stamped = cjson.encode(decision)
-  decision.call_id = ARGV[1]
-  -- The event is the first write: an events key of another type refuses the decision.
-  if not emit_first(events, ARGV[3], 'decision', cjson.encode(decision)) then
-    return {'CORRUPT', events}
-  end
-  redis.call('HSET', turn, field, stamped)
+if rec[3] ~= '1' and redis.call('HGET', lease, 'state') ~= 'parked' then
+  return {'EXPIRED'}
 end
+-- Whether this decision is the last one missing, read before the first write.
+local last = true
 for _, id in ipairs(pending) do
-  if redis.call('HEXISTS', turn, 'decision:' .. id) == 0 then
-    return {'PENDING'}
+  if id ~= ARGV[1] and redis.call('HEXISTS', turn, 'decision:' .. id) == 0 then
+    last = false
   end
+end
+decision.at_ms = now_ms()
+local stamped = cjson.encode(decision)
+decision.call_id = ARGV[1]
+-- The event is the first write: an events key of another type refuses the decision.
+if not emit_first(events, ARGV[3], 'decision', cjson.encode(decision)) then
+  return {'CORRUPT', events}
+end
+redis.call('HSET', turn, field, stamped)
+if not last then
+  return {'PENDING'}
 end
 if rec[3] ~= '1' then
   redis.call('HSET', turn, 'resume', '1')

@@ -8,7 +8,7 @@
 -- ARGV[2] = fence
 -- ARGV[3] = continuation: TurnState JSON
 -- ARGV[4] = JSON list of the pending tool call ids
--- ARGV[5] = result JSON {"pending_approvals": [...]}
+-- ARGV[5] = result JSON {"pending_approvals": [...], "usage": the usage so far}
 -- ARGV[6] = approval ttl ms (the parked lease expires with it)
 -- ARGV[7] = events stream MAXLEN (approximate)
 -- ARGV[8] = n: events the turn emitted since its last write
