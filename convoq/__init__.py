@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from convoq._sync import set_blocking_threads
 from convoq.agent import Agent
 from convoq.context import RunContext
-from convoq.errors import ConvoqError
+from convoq.errors import ConvoqError, ToolFailure
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import (
     FilePart,
@@ -97,6 +97,7 @@ __all__ = [
     "TokenizerCounter",
     "Tool",
     "ToolCall",
+    "ToolFailure",
     "TurnEvent",
     "TurnHandle",
     "TurnResult",

@@ -13,6 +13,7 @@ is left to do from the messages alone.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from convoq.context import Instructions, RunContext, TurnScope
 from convoq.errors import (
     ConvoqError,
     MaxStepsExceededError,
+    ToolError,
+    ToolFailure,
     TruncatedAnswerError,
     TurnCancelledError,
 )
@@ -31,11 +34,14 @@ from convoq.messages import Message, MessageRole, ToolCall
 from convoq.models.base import Model, ModelRequest, ModelSettings
 from convoq.observe import metrics, tracing
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
-from convoq.tools import ToolOutput, ToolRegistry
+from convoq.tools import Tool, ToolOutput, ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.usage import Usage, turn_usage
 
 DEFAULT_MAX_STEPS = 10
+# Failing tool calls are logged here (with the ids as record attributes, see
+# _report_tool_error), not under convoq.engine: operators filter tools on their own.
+tool_log = logging.getLogger("convoq.tools")
 
 
 @dataclass
@@ -285,14 +291,61 @@ class TurnLoop:
         if decision is not None and not decision.approved:
             metrics.tool_called(label, "denied")
             return ToolOutput(refused_result(decision))
+        tool: Tool | None = None
         try:
-            output = await self.tools.get(call.name).output(call.arguments, ctx)
+            tool = self.tools.get(call.name)
+            output = await tool.output(call.arguments, ctx)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             metrics.tool_called(label, "error")
             tracing.record_error(exc)
-            return ToolOutput(f"Error: {type(exc).__name__}: {exc}", is_error=True)
+            text = await _tool_error_text(tool, exc, ctx)
+            _report_tool_error(ctx, label, exc, text)
+            return ToolOutput(text, is_error=True)
         metrics.tool_called(label, "error" if output.is_error else "ok")
+        if output.is_error:  # an MCP server's isError answer: no exception, same report
+            _report_tool_error(ctx, label, None, output.text)
         return output
+
+
+async def _tool_error_text(tool: Tool | None, exc: Exception, ctx: RunContext[Any]) -> str:
+    """What the model reads when a call raised ``exc``: a ToolFailure's message as it is;
+    else the tool's ``error_text``, unless ``exc`` is convoq's ToolError about the call
+    (unknown tool, invalid arguments: words the model can act on); else
+    ``Error: <type>: <message>``. An ``error_text`` function that fails gets the default."""
+    if isinstance(exc, ToolFailure):
+        return exc.message
+    default = f"Error: {type(exc).__name__}: {exc}"
+    chosen = None if tool is None or isinstance(exc, ToolError) else tool.error_text
+    if chosen is None or isinstance(chosen, str):
+        return default if chosen is None else chosen
+    try:
+        text = await call_maybe_async(chosen, ctx, exc)
+    except Exception:
+        text = None
+        tool_log.warning("error_text of tool %r raised", ctx.tool_name, exc_info=True)
+    return text if isinstance(text, str) else default
+
+
+def _report_tool_error(ctx: RunContext[Any], label: str, exc: Exception | None, text: str) -> None:
+    """Count a failed call and log it with its ids, in the message and as record
+    attributes; with the traceback unless the tool (ToolFailure) or convoq (ToolError)
+    already said what went wrong. ``exc`` None: the tool reported an error (MCP isError)."""
+    metrics.tool_failed(ctx.agent or "", label)
+    ids = {
+        "agent": ctx.agent,
+        "conversation_id": ctx.conversation_id,
+        "turn_id": ctx.turn_id,
+        "tool_name": ctx.tool_name,
+        "tool_call_id": ctx.tool_call_id,
+    }
+    what = "reported an error" if exc is None else f"raised {type(exc).__name__}: {exc}"
+    explained = exc is None or isinstance(exc, ToolFailure | ToolError)
+    tool_log.warning(
+        "tool %r %s (conversation %r, turn %s, call %s); the model reads: %s",
+        ctx.tool_name, what, ctx.conversation_id, ctx.turn_id, ctx.tool_call_id,
+        text if len(text) <= 500 else text[:500] + "...",
+        exc_info=None if explained else exc, extra=ids,
+    )  # fmt: skip
 
 
 def _usage_so_far(state: TurnState) -> Usage:

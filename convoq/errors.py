@@ -21,6 +21,7 @@
     ├── InvalidModelSettingsError      model settings that cannot be sent (the field is named)
     ├── InvalidOutputTypeError         an output type that is no model, dataclass or schema
     ├── ToolError                      a tool is unknown or its arguments are invalid
+    ├── ToolFailure                    raised by a tool: its message is what the model reads
     ├── MaxStepsExceededError          the model/tool loop did not finish in max_steps
     ├── ProtocolError                  a turn-protocol script refused a transition
     │   ├── StaleFenceError            the caller's lease was taken over
@@ -172,6 +173,11 @@ class InvalidOutputTypeError(ConvoqError):
 
 class ToolError(ConvoqError):
     """A tool is unknown or was called with invalid arguments."""
+
+
+class ToolFailure(ConvoqError):
+    """Raised by a tool to tell the model why the call failed: the message reaches the
+    model as it is (no ``Error:`` prefix, no type name); the turn goes on."""
 
 
 class MaxStepsExceededError(ConvoqError):

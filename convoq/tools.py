@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_origin, get_type_hints, overload
 
@@ -38,12 +38,24 @@ class ToolOutput:
     is_error: bool = False
 
 
+ErrorText = str | Callable[[RunContext[Any], Exception], str | Awaitable[str]]
+"""What the model reads when a tool raises: a text, or a function (sync or async) of the
+call's context and the exception that returns it."""
+
+
 class Tool:
     """A callable tool: name, description, argument model and approval policy.
 
     ``requires_approval``: True, False, or a function ``(ctx, arguments) -> bool`` (sync
     or async) deciding per call; ``arguments`` is the dict the model sent.
+    ``error_text``: what the model reads when the tool raises (:data:`ErrorText`; None:
+    ``Error: <type>: <message>``). A :class:`~convoq.errors.ToolFailure`'s message, and
+    convoq's own :class:`~convoq.errors.ToolError` about the call (invalid arguments),
+    are read as they are.
     """
+
+    # Tools built without __init__ (an MCP server's) have none.
+    error_text: ErrorText | None = None
 
     def __init__(
         self,
@@ -52,11 +64,18 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         requires_approval: ApprovalRule = False,
+        error_text: ErrorText | None = None,
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.requires_approval = check_rule(requires_approval, f"tool {self.name!r}")
+        if error_text is not None and not (isinstance(error_text, str) or callable(error_text)):
+            raise ToolError(
+                f"tool {self.name!r}: error_text must be a str or a function"
+                f" (ctx, exception) -> str, not {type(error_text).__name__}"
+            )
+        self.error_text = error_text
         self.takes_context = _takes_context(fn)
         self.arguments_model = _arguments_model(fn, self.name, skip=int(self.takes_context))
 
@@ -153,6 +172,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     requires_approval: ApprovalRule = False,
+    error_text: ErrorText | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -163,12 +183,21 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     requires_approval: ApprovalRule = False,
+    error_text: ErrorText | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a tool: ``@tool``, ``@tool(requires_approval=True)`` or
-    ``@tool(requires_approval=lambda ctx, args: args["amount"] > 100)``."""
+    ``@tool(requires_approval=lambda ctx, args: args["amount"] > 100)``;
+    ``@tool(error_text=...)`` chooses what the model reads when it raises (see
+    :class:`Tool`)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, requires_approval=requires_approval)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            requires_approval=requires_approval,
+            error_text=error_text,
+        )
 
     return wrap(fn) if fn is not None else wrap
 

@@ -6,8 +6,11 @@ binary content (audio, blobs) :class:`~convoq.messages.FilePart` attachments, ea
 line in the text saying it is attached, so a model API that takes only text in tool
 results (Chat Completions) still learns of it. Structured content is given as its JSON
 when the result has no text block (servers should send it as text too). ``isError``
-results read ``Error: ...``, as a failing Python tool's do, and count as errors in the
-metrics.
+results read ``Error: <the server's text>`` (the server chose its words, as a Python tool
+raising ``ToolFailure`` does; there is no exception type to name) and are what the engine
+reports like a tool that raised: logged by ``convoq.tools`` with the call's ids, counted in
+``convoq_tool_errors_total``. A call convoq could not make raises ``ToolError``, which the
+model reads as ``Error: ToolError: ...``, as for any tool.
 """
 
 from __future__ import annotations

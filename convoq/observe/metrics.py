@@ -112,6 +112,12 @@ TOOL_CALLS = Counter(
     "Tool calls run by turns, by outcome (ok, error, denied).",
     ["tool", "outcome"],
 )
+TOOL_ERRORS = Counter(
+    "convoq_tool_errors_total",
+    "Tool calls that raised (or whose MCP server answered isError), by agent profile and"
+    " tool; each is logged with its ids by the convoq.tools logger.",
+    ["agent", "tool"],
+)
 LEASE_RENEWALS = Counter("convoq_lease_renewals_total", "Leases renewed while a turn ran.")
 LEASE_RENEWAL_ERRORS = Counter(
     "convoq_lease_renewal_errors_total", "Lease renewals that failed and were retried."
@@ -236,6 +242,11 @@ def tokens_used(model: str, counts: dict[str, int]) -> None:
 
 def tool_called(tool: str, outcome: str) -> None:
     _child(TOOL_CALLS, tool, outcome).inc()
+
+
+def tool_failed(agent: str, tool: str) -> None:
+    """A tool call raised, or reported an error (``agent``: '' for an unnamed Agent)."""
+    _child(TOOL_ERRORS, agent, tool).inc()
 
 
 def error_status(error: BaseException) -> str:
