@@ -72,7 +72,9 @@ async def test_only_the_leading_system_run_is_system_later_ones_keep_their_place
         Message.system("Be brief."),
         Message(role=MessageRole.DEVELOPER, content=[TextPart(text="Use metric units.")]),
         Message.system(SUMMARY_PREFIX + "The user lives in Oslo."),  # right after the lead
+        Message.system(""),  # empty text, which the API refuses: left out, here and later
         Message.user("Weather?"),
+        Message(role=MessageRole.DEVELOPER, content=[]),
         Message.assistant("Looking.", [call]),
         Message.tool_result(call, "sunny"),
         Message.system("The user switched to a phone."),  # a framework's mid-history note
