@@ -26,6 +26,12 @@ Deployments with internal receivers list their networks in an explicit allow-lis
 (``CONVOQ_CALLBACK_ALLOWED_NETWORKS="10.20.0.0/16,127.0.0.1"``); addresses inside one of
 them pass whatever their class.
 
+Each HTTP client that must stay inside the guard (webhook delivery, MCP servers over
+HTTP) uses a transport of its own over its HTTP library's public connection pool, whose
+public ``network_backend=`` argument is the guarded backend; and before its first
+request in a process it checks that this is where requests go (:class:`GuardCheck`): if
+one does not reach the backend, nothing is sent at all.
+
 This module sits below both the client and the workers: both import it, neither imports
 the other.
 """
@@ -33,9 +39,10 @@ the other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -287,3 +294,84 @@ class GuardedBackend(AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+PROBE_URL = "http://guard-probe.invalid/"
+"""Where :class:`GuardCheck` sends its probe (a name that never resolves: a transport that
+bypassed the probe's backend would fail to reach it, not reach something)."""
+PROBE_TIMEOUT_S = 5.0
+
+
+class ProbeReached(Exception):
+    """Raised by a probe's network backend when it is asked to connect: the request went
+    through the backend the transport was built over."""
+
+
+class GuardCheck:
+    """Whether one HTTP client's requests go through the network backend its transport is
+    built over, checked once per process before the first real request.
+
+    Args:
+        what: the client, for the error (``"webhook delivery"``).
+        probe: sends one request to :data:`PROBE_URL` through a transport built exactly as
+            the real ones are, over a backend that raises :class:`ProbeReached` when asked
+            to connect.
+    """
+
+    def __init__(self, what: str, probe: Callable[[], Awaitable[object]]) -> None:
+        self.what = what
+        self.probe = probe
+        self.ok = False
+
+    async def ensure(self) -> None:
+        """Return once the guard is known to be in force.
+
+        Raises:
+            ConfigurationError: the probe's request did not reach its backend (it was
+                answered, or failed some other way): real requests would bypass the
+                guard, so none is sent.
+        """
+        if self.ok:
+            return
+        try:
+            await asyncio.wait_for(self.probe(), PROBE_TIMEOUT_S)
+        except Exception as exc:
+            if _reached(exc):
+                self.ok = True
+                return
+            outcome = f"{type(exc).__name__}: {exc}"
+        else:
+            outcome = "it was answered"
+        raise ConfigurationError(
+            f"the address guard of {self.what} is not in force: a request did not go"
+            f" through the guarded network backend ({outcome}), so nothing is sent; the"
+            " installed HTTP library is not one this convoq was checked with (reinstall"
+            " the releases pyproject.toml names)",
+            client=self.what,
+        )
+
+
+def _reached(exc: BaseException | None) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ProbeReached):
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            return any(_reached(inner) for inner in exc.exceptions)
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@contextlib.contextmanager
+def errors_mapped(table: Mapping[type[Exception], type[Exception]]) -> Iterator[None]:
+    """Raise an HTTP core library's error as its client library's (the most specific
+    class ``table`` maps, found along the error's class hierarchy); others pass as they
+    are (the guard's refusals among them)."""
+    try:
+        yield
+    except Exception as exc:
+        for cls in type(exc).__mro__:
+            if cls in table:
+                raise table[cls](str(exc)) from exc
+        raise

@@ -12,18 +12,28 @@ from pathlib import Path
 import httpcore
 import httpcore2
 import httpx
+import httpx2
 import pytest
 
+from convoq import Agent
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
+from convoq.mcp import _guard, http_server
+from convoq.messages import MessageRole
+from convoq.models import ScriptedModel
 from convoq.netguard import (
+    PROBE_URL,
     CallbackPolicy,
+    GuardCheck,
     IPAddress,
     address_class,
     connect_checked,
     parse_networks,
     resolve,
 )
+from convoq.worker import webhooks
 from convoq.worker.webhooks import guarded_transport, post_once
+from tests.support.mcp_servers import HTTPServerProcess, seen
+from tests.support.models import call_tool_then_answer
 from tests.support.redis_server import RedisServer
 from tests.support.tls import make_tls_files
 from tests.support.workers import WebhookReceiver, running_pool, wait_until, webhook_receiver
@@ -294,3 +304,92 @@ async def test_tls_is_checked_against_the_url_host_not_the_connected_address(
             with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 await http.post(f"https://hooks.example.test:{port}/tls", content=b"{}")
         assert len(hooks.posts("/tls")) == 1
+
+
+# -- the guard cannot be bypassed quietly -----------------------------------------------------
+async def test_delivery_refuses_a_private_address_through_its_own_transport(
+    receiver: WebhookReceiver,
+) -> None:
+    """The delivery's transport is convoq's own (httpx's custom-transport interface over
+    httpcore's pool with the guarded backend): a name that resolves to a private address
+    is refused on the connection, and nothing reaches the receiver behind it."""
+
+    async def private(host: str, port: int) -> list[IPAddress]:
+        return [ipaddress.ip_address("10.0.0.7")]
+
+    port = receiver.server.server_address[1]
+    transport = guarded_transport(CallbackPolicy(), private)
+    assert isinstance(transport, webhooks.GuardedTransport)
+    attempt = await post_once(
+        f"http://hooks.example.test:{port}/p", b"{}", secret="s", timeout_s=5, resolver=private
+    )
+    assert (attempt.outcome, "a private address" in attempt.detail) == ("rejected", True)
+    assert receiver.posts("/p") == []
+
+
+def _bypassing(backend: object, ssl_context: object = None) -> httpx.AsyncBaseTransport:
+    """A transport that ignores the backend it is given: httpx's own, which dials
+    whatever the URL names."""
+    return httpx.AsyncHTTPTransport(trust_env=False)
+
+
+async def test_the_guard_check_catches_a_transport_that_bypasses_the_backend() -> None:
+    answered = httpx.MockTransport(lambda request: httpx.Response(200))
+
+    async def through(transport: httpx.AsyncBaseTransport) -> None:
+        async with httpx.AsyncClient(transport=transport, trust_env=False) as client:
+            await client.get(PROBE_URL)
+
+    with pytest.raises(ConfigurationError, match=r"not in force.*it was answered"):
+        await GuardCheck("a test client", lambda: through(answered)).ensure()
+    with pytest.raises(ConfigurationError, match=r"not in force.*ConnectError"):
+        await GuardCheck("a test client", lambda: through(_bypassing(None))).ensure()
+    check = GuardCheck("webhook delivery", webhooks.GUARD.probe)
+    await check.ensure()  # convoq's own transport reaches its backend
+    assert check.ok
+
+
+async def test_delivery_sends_nothing_when_its_transport_would_bypass_the_guard(
+    receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were delivery transports ever built so that requests skip the guarded backend, the
+    process's check refuses to send at all: the loopback receiver that such a transport
+    would reach gets nothing."""
+    monkeypatch.setattr(webhooks, "_transport_over", _bypassing)
+    monkeypatch.setattr(webhooks.GUARD, "ok", False)
+    for _ in range(2):  # not only the first delivery: every one until the check passes
+        attempt = await post_once(f"{receiver.url}/x", b"{}", secret="s", timeout_s=5)
+        assert attempt.outcome == "rejected"
+        assert "address guard of webhook delivery is not in force" in attempt.detail
+    assert receiver.posts("/x") == []
+
+
+@pytest.fixture
+def mcp_http(tmp_path: Path) -> Iterator[HTTPServerProcess]:
+    from convoq._sync import run_sync
+    from convoq.mcp import close_all
+
+    process = HTTPServerProcess(tmp_path / "mcp.log").start()
+    yield process
+    run_sync(close_all(process.used))
+    process.stop()
+
+
+def _tool_text(agent: Agent) -> str:
+    turn = agent.generate("add").turn
+    return next(m for m in turn if m.role == MessageRole.TOOL).text
+
+
+def test_an_mcp_client_connects_nowhere_when_its_transport_would_bypass_the_guard(
+    mcp_http: HTTPServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Allowed by its allow-list, the server would be reached by a transport that skips
+    the guarded backend; the process's check refuses to connect at all."""
+    monkeypatch.setattr(_guard, "_transport_over", lambda b: httpx2.AsyncHTTPTransport())
+    monkeypatch.setattr(_guard.GUARD, "ok", False)
+    server = http_server("g", mcp_http.url, allowed_networks="127.0.0.1")
+    mcp_http.used.append(server)
+    model = ScriptedModel(call_tool_then_answer("g__add", {"a": 1, "b": 1}))
+    text = _tool_text(Agent(model, mcp_servers=[server]))
+    assert "address guard of MCP servers over HTTP is not in force" in text
+    assert seen(tmp_path / "mcp.log") == []

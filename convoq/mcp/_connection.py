@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from convoq.mcp._dies_with_parent import wrap as dies_with_parent
-from convoq.mcp._guard import RefusedAddressError, guarded_client
+from convoq.mcp._guard import GUARD, RefusedAddressError, guarded_client
 from convoq.mcp.config import HTTPSpec, MCPServer, StdioSpec
 
 log = logging.getLogger("convoq.mcp")
@@ -147,6 +147,7 @@ def _found(spec: StdioSpec) -> str:
 
 @contextlib.asynccontextmanager
 async def _http(name: str, spec: HTTPSpec) -> AsyncIterator[Streams]:
+    await GUARD.ensure()  # nothing is sent unless the guard is in force
     async with (
         guarded_client(name, spec.headers, spec.allowed_networks) as client,
         streamable_http_client(spec.url, http_client=client) as streams,

@@ -4,18 +4,31 @@
 The MCP SDK speaks HTTP through httpx2/httpcore2, not httpx/httpcore, so the guarded
 network backend here is httpcore2's; which addresses pass is decided by the same
 :class:`~convoq.netguard.CallbackPolicy`, over ``CONVOQ_MCP_ALLOWED_NETWORKS`` (or the
-server's ``allowed_networks``).
+server's ``allowed_networks``). The SDK takes the HTTP client as its public
+``http_client=`` argument; that client's transport is :class:`GuardedTransport`, httpx2's
+custom-transport interface over httpcore2's pool with the guarded network backend, and
+:data:`GUARD` checks once per process that requests so built reach that backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import httpcore2
 import httpx2
 
-from convoq.netguard import CallbackPolicy, IPAddress, connect_checked, resolve
+from convoq.netguard import (
+    PROBE_URL,
+    CallbackPolicy,
+    GuardCheck,
+    IPAddress,
+    ProbeReached,
+    connect_checked,
+    errors_mapped,
+    resolve,
+)
 
 # The SDK's own defaults: connect/write 30 s; reads wait long, a server may hold a stream.
 _TIMEOUT = httpx2.Timeout(30.0, read=300.0)
@@ -78,13 +91,120 @@ class _GuardedBackend(httpcore2.AsyncNetworkBackend):
 def guarded_client(
     server: str, headers: Mapping[str, str], allowed_networks: str | None
 ) -> httpx2.AsyncClient:
-    """An httpx2 client for the MCP SDK that connects only where the guard allows."""
-    transport = httpx2.AsyncHTTPTransport(trust_env=False)
-    # httpx2 takes no network backend: its transport hands every request to this pool,
-    # rebuilt around the guarded backend (TLS as httpx2's default: certificates checked
-    # against the URL's host name). tests/mcp/test_mcp.py pins that the guard is used.
-    transport._pool = httpcore2.AsyncConnectionPool(
-        ssl_context=httpx2.create_ssl_context(trust_env=False),
-        network_backend=_GuardedBackend(CallbackPolicy(allowed_networks), server),
-    )
+    """An httpx2 client for the MCP SDK (its ``http_client=``) that connects only where the
+    guard allows. Await :data:`GUARD`'s ``ensure()`` before its first use in a process."""
+    backend = _GuardedBackend(CallbackPolicy(allowed_networks), server)
+    transport = _transport_over(backend)
     return httpx2.AsyncClient(headers=dict(headers), timeout=_TIMEOUT, transport=transport)
+
+
+class GuardedTransport(httpx2.AsyncBaseTransport):
+    """An httpx2 transport (its custom-transport interface) over httpcore2's connection
+    pool built on ``backend`` (httpcore2's public ``network_backend=``): every connection
+    is opened by ``backend``; nothing of httpx2's own transport is used. TLS as httpx2's
+    default: certificates checked against the URL's host name."""
+
+    def __init__(self, backend: httpcore2.AsyncNetworkBackend) -> None:
+        self._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=httpx2.create_ssl_context(trust_env=False), network_backend=backend
+        )
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if not isinstance(request.stream, httpx2.AsyncByteStream):
+            raise TypeError("an async transport takes requests of an async client")
+        url = request.url
+        core = httpcore2.Request(
+            method=request.method,
+            url=httpcore2.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with errors_mapped(_HTTPX2_ERRORS):
+            response = await self._pool.handle_async_request(core)
+        if not isinstance(response.stream, AsyncIterable):
+            raise TypeError("httpcore2's async pool answered with a sync body")
+        return httpx2.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_Body(response.stream),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+class _Body(httpx2.AsyncByteStream):
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with errors_mapped(_HTTPX2_ERRORS):
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+_HTTPX2_ERRORS: dict[type[Exception], type[Exception]] = {
+    httpcore2.TimeoutException: httpx2.TimeoutException,
+    httpcore2.ConnectTimeout: httpx2.ConnectTimeout,
+    httpcore2.ReadTimeout: httpx2.ReadTimeout,
+    httpcore2.WriteTimeout: httpx2.WriteTimeout,
+    httpcore2.PoolTimeout: httpx2.PoolTimeout,
+    httpcore2.NetworkError: httpx2.NetworkError,
+    httpcore2.ConnectError: httpx2.ConnectError,
+    httpcore2.ReadError: httpx2.ReadError,
+    httpcore2.WriteError: httpx2.WriteError,
+    httpcore2.ProxyError: httpx2.ProxyError,
+    httpcore2.UnsupportedProtocol: httpx2.UnsupportedProtocol,
+    httpcore2.ProtocolError: httpx2.ProtocolError,
+    httpcore2.LocalProtocolError: httpx2.LocalProtocolError,
+    httpcore2.RemoteProtocolError: httpx2.RemoteProtocolError,
+}
+
+# How MCP transports are built (the guard check probes this very function).
+_transport_over: Callable[[httpcore2.AsyncNetworkBackend], httpx2.AsyncBaseTransport] = (
+    GuardedTransport
+)
+
+
+class _ProbeBackend(httpcore2.AsyncNetworkBackend):
+    """Raises ProbeReached when asked to connect (see :class:`~convoq.netguard.GuardCheck`)."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        raise ProbeReached(host)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        raise ProbeReached(path)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+async def _probe() -> None:
+    async with httpx2.AsyncClient(transport=_transport_over(_ProbeBackend())) as client:
+        await client.get(PROBE_URL)
+
+
+GUARD = GuardCheck("MCP servers over HTTP", _probe)
+"""Checked before a process's first MCP connection over HTTP: a transport that does not
+route through the guarded backend connects nowhere."""

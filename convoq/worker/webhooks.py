@@ -2,19 +2,34 @@
 makes sense (retrying is the ``convoq.deliver_callback`` task's job). Redirects are never
 followed (a redirect could send the signed body elsewhere) and response bodies are not
 read. The payload and signature are the queue contract's (:mod:`convoq.queue.signing`).
+
+Every connection goes through the address guard (:mod:`convoq.netguard`): the POST is
+sent by :class:`GuardedTransport`, httpx's custom-transport interface over httpcore's
+pool with the guarded network backend, and a process checks once (:data:`GUARD`) that
+requests built so do reach that backend before it sends any.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpcore
 import httpx
 
-from convoq.errors import InvalidCallbackUrlError
-from convoq.netguard import CallbackPolicy, GuardedBackend, Resolver
+from convoq.errors import ConfigurationError, InvalidCallbackUrlError
+from convoq.netguard import (
+    PROBE_URL,
+    CallbackPolicy,
+    GuardCheck,
+    GuardedBackend,
+    ProbeReached,
+    Resolver,
+    errors_mapped,
+)
 from convoq.queue.signing import SIGNATURE_HEADER, sign
 
 USER_AGENT = "convoq-webhook/1"
@@ -49,6 +64,10 @@ async def post_once(
         SIGNATURE_HEADER: sign(secret, body),
     }
     try:
+        await GUARD.ensure()
+    except ConfigurationError as exc:
+        return Attempt("rejected", exc.message)
+    try:
         # stream(): the response body is never read, so a huge one costs nothing.
         async with (
             httpx.AsyncClient(
@@ -75,20 +94,128 @@ def guarded_transport(
     policy: CallbackPolicy,
     resolver: Resolver | None = None,
     ssl_context: ssl.SSLContext | None = None,
-) -> httpx.AsyncHTTPTransport:
+) -> httpx.AsyncBaseTransport:
     """An httpx transport that connects only where ``policy`` allows (see
     :class:`convoq.netguard.GuardedBackend`); ``ssl_context``: default, httpx's (system
     CAs, certificates checked against the URL's host name)."""
-    transport = httpx.AsyncHTTPTransport(trust_env=False)
-    # httpx takes no network backend; its transport delegates every request to this
-    # httpcore pool, so the pool is rebuilt around the guarded backend (the TLS context is
-    # httpx's default: certificates verified against the URL's host name).
-    # tests/test_netguard.py pins this: delivery goes through the guard or fails.
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
-        network_backend=GuardedBackend(policy, resolver),
-    )
-    return transport
+    return _transport_over(GuardedBackend(policy, resolver), ssl_context)
+
+
+class GuardedTransport(httpx.AsyncBaseTransport):
+    """An httpx transport (httpx's documented custom-transport interface) over httpcore's
+    connection pool built on ``backend`` (httpcore's public ``network_backend=``): every
+    connection a request needs is opened by ``backend``, and nothing of httpx's own
+    transport is used. TLS as httpx's default: certificates checked against the URL's
+    host name (httpcore passes it as server_hostname, whatever address was dialled)."""
+
+    def __init__(
+        self, backend: httpcore.AsyncNetworkBackend, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
+            network_backend=backend,
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(request.stream, httpx.AsyncByteStream):
+            raise TypeError("an async transport takes requests of an async client")
+        url = request.url
+        core = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with errors_mapped(_HTTPX_ERRORS):
+            response = await self._pool.handle_async_request(core)
+        if not isinstance(response.stream, AsyncIterable):
+            raise TypeError("httpcore's async pool answered with a sync body")
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_Body(response.stream),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with errors_mapped(_HTTPX_ERRORS):
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+_HTTPX_ERRORS: dict[type[Exception], type[Exception]] = {
+    httpcore.TimeoutException: httpx.TimeoutException,
+    httpcore.ConnectTimeout: httpx.ConnectTimeout,
+    httpcore.ReadTimeout: httpx.ReadTimeout,
+    httpcore.WriteTimeout: httpx.WriteTimeout,
+    httpcore.PoolTimeout: httpx.PoolTimeout,
+    httpcore.NetworkError: httpx.NetworkError,
+    httpcore.ConnectError: httpx.ConnectError,
+    httpcore.ReadError: httpx.ReadError,
+    httpcore.WriteError: httpx.WriteError,
+    httpcore.ProxyError: httpx.ProxyError,
+    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
+    httpcore.ProtocolError: httpx.ProtocolError,
+    httpcore.LocalProtocolError: httpx.LocalProtocolError,
+    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
+}
+
+# How delivery transports are built (the guard check probes this very function).
+_transport_over: Callable[
+    [httpcore.AsyncNetworkBackend, ssl.SSLContext | None], httpx.AsyncBaseTransport
+] = GuardedTransport
+
+
+class _ProbeBackend(httpcore.AsyncNetworkBackend):
+    """Raises ProbeReached when asked to connect (see :class:`~convoq.netguard.GuardCheck`)."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise ProbeReached(host)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise ProbeReached(path)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+async def _probe() -> None:
+    transport = _transport_over(_ProbeBackend(), None)
+    async with httpx.AsyncClient(transport=transport, trust_env=False) as client:
+        await client.get(PROBE_URL)
+
+
+GUARD = GuardCheck("webhook delivery", _probe)
+"""Checked before a process's first delivery: a transport that does not route through
+the guarded backend sends nothing."""
 
 
 def backoff_s(retries: int, base_s: float, cap_s: float = 600.0) -> float:
