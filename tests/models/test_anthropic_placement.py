@@ -215,6 +215,34 @@ def test_a_typed_output_retry_ends_with_the_correction_and_stays_in_place(
         assert bodies[2]["system"] == [{"type": "text", "text": "Be brief."}]
 
 
+@pytest.mark.parametrize("wire", WIRES, ids=lambda wire: wire.name)
+async def test_mid_history_system_and_developer_messages_keep_their_place_on_each_wire(
+    server: OpenAIServer, wire: Wire
+) -> None:
+    history = [
+        Message.system("Be brief."),
+        Message.user("Hi."),
+        Message.assistant("Hello."),
+        Message(role=MessageRole.DEVELOPER, content=[TextPart(text="Formal from now on.")]),
+        Message.user("Weather?"),
+        Message.system("The user switched to a phone."),
+    ]
+    wire.reply(server, {"ok": True})
+    async with wire.model(server) as model:
+        await model.request(ModelRequest(messages=history))
+    (body,) = [request.json for request in server.requests]
+    wire.check(body)
+    later = {"anthropic": "user"}.get(wire.name)
+    assert wire.flat(body) == [
+        ("system", "Be brief."),
+        ("user", "Hi."),
+        ("assistant", "Hello."),
+        (later or "developer", "Formal from now on."),
+        ("user", "Weather?"),
+        (later or "system", "The user switched to a phone."),
+    ]
+
+
 # -- sampling settings of the pinned version -----------------------------------------------
 
 
