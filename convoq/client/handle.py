@@ -55,7 +55,8 @@ class TurnResult:
         error: the turn's error rebuilt as a ConvoqError when failed, cancelled or
             expired.
         pending_approvals: tool calls waiting for approve/deny when parked.
-        usage: tokens the turn's model calls reported, summed (when succeeded).
+        usage: tokens the turn's model calls reported, summed (when succeeded; when
+            parked, those of the calls made so far).
         finish_reason: why the final model call stopped (``"length"``: cut off).
         refusal: the model's refusal text, when it refused instead of answering.
         output: with an output type, the validated answer as JSON (typed when it comes

@@ -40,7 +40,10 @@ class TurnView(BaseModel):
     pending_approvals: list[ToolCall] = Field(default_factory=list)
     error: dict[str, Any] | None = None
     attempts: int = 0
-    usage: Usage = Field(default_factory=Usage, description="Tokens its model calls reported.")
+    usage: Usage = Field(
+        default_factory=Usage,
+        description="Tokens its model calls reported (parked: those made so far).",
+    )
     finish_reason: str | None = Field(default=None, description='"length": cut off.')
     refusal: str | None = Field(default=None, description="The model's refusal, if it refused.")
     output: Any = Field(default=None, description="The validated answer (with an output type).")

@@ -183,7 +183,8 @@ async def decide(
     """Record the decision, with who decided (the API key's name, or ``by`` for a key
     allowed to name someone) and when; once every pending call is decided the turn
     resumes on a worker (``outcome`` "resume"). Answers with the turn as it stands after
-    the decision."""
+    the decision. The same decision again (a retry after a lost answer) answers as the
+    first did and changes nothing; another decision on a decided call is a 409."""
     body = await json_body(request, DecisionRequest)
     if body.by is not None and not principal.may_set_by:
         raise GatewayError(
