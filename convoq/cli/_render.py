@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from convoq.client import TurnResult
+from convoq.client._deployment import Deployment
 from convoq.errors import ConvoqError
 from convoq.messages import Decision, Message
 from convoq.redis._base import REDIS_UNAVAILABLE
@@ -184,3 +185,36 @@ def print_event(event: TurnEvent) -> None:
         console.print(f"\n[blue]tool_result[/blue] {shown}")
     elif event.type == "done":
         console.print(f"\n[bold]done[/bold]: {data.get('status')}")
+
+
+def print_workers(workers: dict[str, dict[str, Any]]) -> None:
+    """The registered workers as a table: alive or dead, when last seen, what they run."""
+    table = Table("worker", "alive", "last seen", "pid", "agents", "queues")
+    for name, info in sorted(workers.items()):
+        seen = info.get("last_seen_s")
+        alive = "[green]yes[/green]" if info.get("alive") else "[red]dead[/red]"
+        queues = info.get("queues") or []
+        shown = f"{queues[0]}..{queues[-1]} ({len(queues)})" if len(queues) > 1 else queues
+        table.add_row(
+            escape(name),
+            alive,
+            f"{seen:g}s ago" if isinstance(seen, (int, float)) else "never",
+            str(info.get("pid", "")),
+            escape(", ".join(info.get("agents") or [])),
+            escape(str(shown if queues else "")),
+        )
+    console.print(table)
+
+
+def print_deployment(found: Deployment) -> None:
+    """Which Redis and prefix, its workers alive and dead, and why turns would wait for
+    ever (a warning on stderr) when no worker is alive."""
+    alive = len(found.alive)
+    console.print(f"redis: {escape(found.redis)}")
+    console.print(f"prefix: {escape(found.prefix)}")
+    console.print(f"workers: {alive} alive, {len(found.workers) - alive} dead")
+    if found.workers:
+        print_workers(found.workers)
+    problem = found.problem()
+    if problem is not None:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(problem)}", soft_wrap=True)

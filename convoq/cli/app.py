@@ -22,10 +22,12 @@ from convoq.cli._render import (
     fail,
     login_name,
     parse_json_option,
+    print_deployment,
     print_error,
     print_event,
     print_history,
     print_result,
+    print_workers,
     reported,
 )
 from convoq.client import Client
@@ -268,10 +270,34 @@ def watch(
 
 
 @app.command()
-def status(conversation_id: str, turn_id: str) -> None:
-    """Print a turn's status (and its answer, error or pending approvals)."""
+def status(
+    conversation_id: Annotated[str | None, typer.Argument(show_default=False)] = None,
+    turn_id: Annotated[str | None, typer.Argument(show_default=False)] = None,
+) -> None:
+    """Print a turn's status (and its answer, error or pending approvals); without
+    arguments, the deployment: which Redis, its workers alive and dead, and a warning
+    when no worker would take a turn."""
+    if (conversation_id is None) != (turn_id is None):
+        raise typer.BadParameter(
+            "give both, or neither for the deployment", param_hint="CONVERSATION_ID TURN_ID"
+        )
     with _connected() as client:
-        print_result(client.handle(conversation_id, turn_id).result())
+        if conversation_id is None or turn_id is None:
+            print_deployment(client.deployment())
+        else:
+            print_result(client.handle(conversation_id, turn_id).result())
+
+
+@app.command()
+def workers() -> None:
+    """List the registered workers: alive or dead (missed 3 heartbeats), when last seen,
+    their agents and queues (a dead one is dropped after 12 missed heartbeats)."""
+    with _connected() as client:
+        found = client.workers()
+    if found:
+        print_workers(found)
+    else:
+        err_console.print(f"no worker is registered on {client.async_client.redis_named()}")
 
 
 @app.command()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +37,7 @@ from convoq.client._base import (
     idempotency_conflict,
     idempotency_mismatch,
 )
+from convoq.client._deployment import Deployment, check_deployment, deployment
 from convoq.client._unreachable import mapped, unavailable
 from convoq.client.handle import AsyncTurnHandle, TurnResult
 from convoq.errors import ConfigurationError, QueueFullError, UnknownAgentError, UnknownTurnError
@@ -70,13 +70,6 @@ from convoq.usage import Usage
 log = logging.getLogger("convoq.client")
 
 OnDone = Callable[[TurnResult], Any]
-LIVE_WORKER_MS = 60_000
-
-
-def _is_live(worker: dict[str, Any]) -> bool:
-    """A registered worker seen within the last minute (it refreshes every sweep period)."""
-    seen = worker.get("seen_ms")
-    return isinstance(seen, int) and time.time() * 1000 - seen < LIVE_WORKER_MS
 
 
 def _networks_setting(value: str | Collection[str] | None) -> str | None:
@@ -496,10 +489,20 @@ class AsyncClient:
         return self._registered
 
     @mapped
+    async def deployment(self) -> Deployment:
+        """The workers behind this client's Redis and prefix, alive or dead, whether any
+        ever registered, and :meth:`Deployment.problem` (why turns would wait for ever;
+        ``convoq status`` prints it)."""
+        return await deployment(self)
+
+    @mapped
     async def workers(self) -> dict[str, dict[str, Any]]:
-        """The running workers as they registered: name -> pid, queues, agents,
-        started_ms and seen_ms (refreshed every sweep period; a stale one is dead)."""
-        return await self.protocol.registered_workers()
+        """The workers as they registered: name -> pid, queues, agents, started_ms,
+        seen_ms, heartbeat_ms, and whether each is ``alive`` with when it was
+        ``last_seen`` (ISO 8601, UTC; ``last_seen_s``: seconds ago). A worker that missed
+        3 heartbeats (its sweep period, ``CONVOQ_SWEEP_INTERVAL_S``) is ``alive: False``;
+        one that missed 12 is no longer listed."""
+        return await self.protocol.registered_workers(heartbeat_s=self.settings.sweep_interval_s)
 
     def verify_webhook(self, header: str, body: bytes | str, tolerance_s: int = 300) -> bool:
         """Check a callback's ``X-Convoq-Signature`` with this client's ``webhook_secret``."""
@@ -521,32 +524,14 @@ class AsyncClient:
             )
 
     async def _check_deployment(self) -> None:
-        """Once per client: refuse to queue where no live worker would take the kick because
-        this client's partition count differs from every live worker's; warn when workers
-        run only under other prefixes."""
-        workers = await self.protocol.registered_workers()
-        live = [w for w in workers.values() if _is_live(w)]
-        counts = {w["partitions"] for w in live if isinstance(w.get("partitions"), int)}
-        if counts and self.partitions not in counts:
-            raise ConfigurationError(
-                f"this client routes kicks over {self.partitions} partitions but the live"
-                f" workers use {sorted(counts)}: set CONVOQ_PARTITIONS (or partitions=) to"
-                " the workers' value",
-                partitions=self.partitions,
-                workers_partitions=sorted(counts),
-            )
-        if not live:
-            others = sorted(await self.protocol.registered_prefixes() - {self.prefix})
-            if others:
-                log.warning(
-                    "no convoq worker is registered under prefix %r; workers have registered"
-                    " under %s: check CONVOQ_PREFIX (turns wait until a worker of prefix %r"
-                    " starts)",
-                    self.prefix,
-                    others,
-                    self.prefix,
-                )
+        """Once per client (see :func:`convoq.client._deployment.check_deployment`)."""
+        await check_deployment(self)
         self._deployment_checked = True
+
+    async def _stall_note(self) -> str:
+        """Why a turn of this client may wait for ever ("" when a worker is alive): for
+        the message of a wait that ran out."""
+        return (await deployment(self)).problem() or ""
 
     async def _send(
         self, task: str, conversation_id: str, *args: str, head: str | None = None

@@ -56,6 +56,7 @@ class Client:
     clear = blocking(AsyncClient.clear)
     registered_agents = blocking(AsyncClient.registered_agents)
     workers = blocking(AsyncClient.workers)
+    deployment = blocking(AsyncClient.deployment)
     awaiting_approval = blocking(AsyncClient.awaiting_approval)
     ping = blocking(AsyncClient.ping)
     close = blocking(AsyncClient.aclose)

@@ -259,9 +259,11 @@ class AsyncTurnHandle:
         while not await self._settled(record, until):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
+                # A turn nobody took may wait for ever: say why, when the registry knows.
+                note = await self._client._stall_note() if record.status == "queued" else ""
                 raise TurnTimeoutError(
                     f"turn {self.turn_id} is still {record.status} after {timeout}s;"
-                    " wait longer or check it with status()",
+                    f" {note or 'wait longer or check it with status()'}",
                     turn_id=self.turn_id,
                     status=record.status,
                 )

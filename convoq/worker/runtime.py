@@ -396,6 +396,8 @@ class WorkerRuntime:
             "agents": sorted(self.profiles),
             "started_ms": now,
             "seen_ms": now,
+            # Refreshed every sweep period: readers judge liveness by this worker's own.
+            "heartbeat_ms": int(self.settings.sweep_interval_s * 1000),
             "frozen_objects": gc.get_freeze_count(),  # see announce
         }
         if self._metrics is not None:
