@@ -1,5 +1,6 @@
 """Approvals a person can trust: a call whose arguments do not fit its tool goes back to
-the model as a tool error instead of waiting for anyone (in process and on a worker); the
+the model as a tool error instead of waiting for anyone (in process, on a worker, and for
+an MCP server's tool against the schema it listed); the
 same decision twice is one decision (no second resume is sent, no 409 for a retry), only
 another decision on a decided call conflicts; a parked turn shows the usage of the model
 calls it made so far (client and gateway)."""
@@ -10,6 +11,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -25,6 +27,7 @@ from convoq.redis.keys import KeySchema
 from convoq.turn_state import TurnState
 from tests.support.approval_agents import CALL_USAGE
 from tests.support.gateway import GatewayProcess, module_gateway
+from tests.support.models import call_tool_then_answer
 from tests.support.protocol_helpers import open_protocol, submit_all
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, module_pool
@@ -97,6 +100,23 @@ def test_arguments_that_fit_still_wait_for_approval() -> None:
     assert r.status == "awaiting_approval"
     assert [c.arguments for c in r.pending_approvals] == [{"amount": 5, "order": "A-1"}]
     assert ran == []
+
+
+def test_an_mcp_call_that_does_not_fit_the_listed_schema_reaches_no_one(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    from convoq.mcp import stdio_server
+    from tests.support.mcp_servers import seen, stdio_args
+
+    log = tmp_path / "mcp.log"
+    server = stdio_server("t", requires_approval=True, **stdio_args(log))
+    model = ScriptedModel(call_tool_then_answer("t__add", {"a": "lots", "b": 3}))
+    r = Agent(model, mcp_servers=[server]).generate("add")
+    assert r.status == "completed" and r.pending_approvals == []
+    assert r.text.startswith("tool said: Error: ToolError: invalid arguments for tool 't__add': a:")
+    assert seen(log) == []  # neither a person nor the server was asked
+    fits = Agent(ScriptedModel(call_tool_then_answer("t__add", {"a": 2, "b": 3})),
+                 mcp_servers=[server]).generate("add")  # fmt: skip
+    assert fits.status == "awaiting_approval"
 
 
 def _cid() -> str:

@@ -15,7 +15,9 @@ import re
 import time
 from typing import Any
 
+import jsonschema  # type: ignore[import-untyped]  # no stubs; the mcp SDK requires it
 import mcp.types as mt
+import referencing.exceptions
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
@@ -62,9 +64,15 @@ class MCPTool(Tool):
         return ToolSpec(name=self.name, description=self.description, parameters=self.schema)
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The server validates against its own schema; here only that it is an object."""
+        """``arguments`` checked against the input schema the server listed, before anyone
+        is asked to approve the call and before the server is called (it checks again). A
+        schema this process cannot apply (invalid, or referring elsewhere) leaves the
+        check to the server."""
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments for tool {self.name!r} must be a JSON object")
+        problems = _schema_problems(self.schema, arguments)
+        if problems:
+            raise ToolError(f"invalid arguments for tool {self.name!r}: {problems}")
         return dict(arguments)
 
     async def call(self, arguments: dict[str, Any], ctx: RunContext[Any] | None = None) -> str:
@@ -101,6 +109,21 @@ class _Unreachable(MCPTool):
         if state.tools is None:
             await _session(self.server)  # raises the reason it cannot be reached
         raise ToolError(f"MCP server {self.server.name!r} lists no tool {self.remote_name!r}")
+
+
+def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> str:
+    """What in ``arguments`` does not fit ``schema`` ('' when all fits, or when the schema
+    cannot be applied here: then the server is the judge)."""
+    try:
+        validator = jsonschema.validators.validator_for(schema)
+        validator.check_schema(schema)
+        errors = list(validator(schema).iter_errors(arguments))
+    except (jsonschema.SchemaError, referencing.exceptions.Unresolvable):
+        return ""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e.absolute_path) or 'arguments'}: {e.message}"
+        for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])
+    )
 
 
 def missing_tool(server: MCPServer, name: str) -> Tool:
