@@ -61,6 +61,8 @@ log = logging.getLogger("convoq.agent")
 
 AgentInput = str | Message | GenerationRequest
 
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+
 log = logging.getLogger("convoq.agent")
 
 
@@ -95,7 +97,8 @@ class Agent:
             ``convoq.compact`` task on workers); turns then send the leading messages,
             the summary and the turns after it.
         approval_ttl_s: how long a turn awaiting approval keeps its conversation; after
-            that its continuation is refused (default ``defaults.APPROVAL_TTL_S``).
+            that its continuation is refused (None: ``defaults.APPROVAL_TTL_S`` in
+            process, the workers' ``CONVOQ_APPROVAL_TTL_S`` for a worker profile).
         output_type: the shape of the final answer (a pydantic model, a dataclass or an
             object JSON schema; see :mod:`convoq.output`): the model is asked for it, the
             answer is validated and ``Response.output`` holds it typed. None: free text.
@@ -130,8 +133,8 @@ class Agent:
         max_steps: int = DEFAULT_MAX_STEPS,
         fail_on_length: bool = False,
         if_busy: Literal["reject", "wait"] = "reject",
-        busy_timeout_s: float = 30.0,
-        approval_ttl_s: float = defaults.APPROVAL_TTL_S,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        approval_ttl_s: float | None = None,
         compaction: CompactionPolicy | None = None,
         output_type: OutputType | None = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
@@ -143,7 +146,7 @@ class Agent:
     ) -> None:
         if if_busy not in ("reject", "wait"):
             raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
-        if not busy_timeout_s >= 0 or not approval_ttl_s > 0:
+        if not busy_timeout_s >= 0 or (approval_ttl_s is not None and not approval_ttl_s > 0):
             raise ConvoqError("busy_timeout_s must be >= 0 and approval_ttl_s > 0")
         if keep_last_turns < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
@@ -174,6 +177,7 @@ class Agent:
         self.compaction = compaction
         self.if_busy = if_busy
         self.busy_timeout_s = busy_timeout_s
+        # None: the default of where the turn parks (in process, or the worker's setting).
         self.approval_ttl_s = approval_ttl_s
         self.approval_policy = check_rule(approval_policy, "approval_policy")
         self._deps = DepsHolder(deps, deps_factory)
@@ -442,7 +446,7 @@ class Agent:
             raise
         if not isinstance(outcome, Completed):
             # Paused: the conversation stays reserved until resume, discard or the ttl.
-            expires = now_ms() + int(self.approval_ttl_s * 1000)
+            expires = now_ms() + int(self._approval_ttl() * 1000)
             paused = cont.model_copy(update={"state": outcome.state, "expires_ms": expires})
             await self._park(paused)
             return Response(
@@ -501,6 +505,32 @@ class Agent:
         """``deps``, or what ``deps_factory`` made in this process (made at first use)."""
         return await self._deps.get()
 
+    def worker_refusals(self) -> dict[str, str]:
+        """The options set on this agent that workers cannot honour, each with what to do
+        instead (the :class:`~convoq.profile.AgentProfile` interface: a worker refuses to
+        start with such a profile). Every other option is honoured on workers."""
+        refused: dict[str, str] = {}
+        if self.memory is not None:
+            refused["memory"] = (
+                "workers keep every conversation in their Redis store (CONVOQ_REDIS_URL),"
+                " never in an Agent's memory"
+            )
+        if self.conversation_id is not None:
+            refused["conversation_id"] = "each queued turn names its own conversation"
+        busy = (
+            "queued turns of a busy conversation wait in its inbox; say what a submit"
+            " does with client.submit(if_busy=...)"
+        )
+        if self.if_busy != "reject":
+            refused["if_busy"] = busy
+        if self.busy_timeout_s != DEFAULT_BUSY_TIMEOUT_S:
+            refused["busy_timeout_s"] = busy
+        return refused
+
+    def _approval_ttl(self) -> float:
+        """How long a turn parked in process waits for its decisions."""
+        return defaults.APPROVAL_TTL_S if self.approval_ttl_s is None else self.approval_ttl_s
+
     async def _compact(self, cont: Continuation) -> None:
         """Inline compaction after a stored turn: its failure never fails the turn."""
         stored = self._memory_of(cont)
@@ -542,7 +572,7 @@ class Agent:
     async def _park(self, cont: Continuation) -> None:
         if (stored := self._memory_of(cont)) is not None:
             try:
-                await stored[0].apark(stored[1], cont.token, ttl_s=self.approval_ttl_s)
+                await stored[0].apark(stored[1], cont.token, ttl_s=self._approval_ttl())
             except BaseException:
                 await self._release(cont)
                 raise
@@ -560,7 +590,7 @@ class Agent:
         """Until when a continuation's token must be remembered as spent (unix ms)."""
         if cont.expires_ms is not None:
             return cont.expires_ms
-        return now_ms() + int(self.approval_ttl_s * 1000)
+        return now_ms() + int(self._approval_ttl() * 1000)
 
     def _asked(self, output_type: OutputType | None, settings: SettingsLike | None) -> _Asked:
         """A call's output shape and settings (checked before anything runs)."""

@@ -5,6 +5,12 @@ history settings the store reads the window with, and :meth:`AgentProfile.run_tu
 takes a :class:`TurnJob` (the turn so far, its history window and the hooks the worker
 journals and streams through) and returns the engine's outcome. convoq's own
 :class:`~convoq.agent.Agent` is one; ``convoq.integrations`` adapt other frameworks' agents.
+
+Two members are optional (read with :func:`approval_ttl_of` and :func:`refusals_of`, so a
+profile written before them still is one): ``approval_ttl_s``, how long a turn of the
+profile parked for approval waits (None or absent: the worker's ``CONVOQ_APPROVAL_TTL_S``),
+and ``worker_refusals()``, the options set on the profile that a worker cannot honour,
+each with what to do instead: a worker refuses to start with such a profile.
 """
 
 from __future__ import annotations
@@ -54,3 +60,15 @@ class AgentProfile(Protocol):
     async def run_turn(self, job: TurnJob) -> Outcome:
         """Run the turn on from ``job.state`` until it completes or parks for approval."""
         ...
+
+
+def approval_ttl_of(profile: AgentProfile) -> float | None:
+    """The profile's own approval ttl in seconds (None: the worker's setting)."""
+    value = getattr(profile, "approval_ttl_s", None)
+    return None if value is None else float(value)
+
+
+def refusals_of(profile: AgentProfile) -> dict[str, str]:
+    """The options of ``profile`` a worker cannot honour, each with what to do instead."""
+    refusals = getattr(profile, "worker_refusals", None)
+    return dict(refusals()) if callable(refusals) else {}

@@ -6,7 +6,9 @@ agent the conversation's history window as ``message_history`` and commits the r
 messages as the turn; every model response and tool result is a journaled step, so a
 worker killed mid-turn leaves the next one to go on from there; a tool that requires
 approval parks the turn until ``approve``/``deny``, which resume it with Pydantic AI's own
-deferred tool results. See the README section "Pydantic AI agents on workers".
+deferred tool results. What a submit asks of the turn (``model_settings``, an output
+schema, ``metadata``) becomes the run's own arguments (:mod:`._pydantic_ai_options`). See
+the README section "Pydantic AI agents on workers".
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from convoq.errors import ConfigurationError
 try:
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
+    from pydantic_ai.exceptions import UnexpectedModelBehavior
 except ImportError as exc:  # pragma: no cover - the extra is installed in tests
     raise ConfigurationError(
         "convoq.integrations.pydantic_ai needs Pydantic AI: pip install 'convoq[pydantic-ai]'"
@@ -37,6 +40,7 @@ from convoq.integrations._pydantic_ai_messages import (
     to_pydantic_ai,
     user_prompt,
 )
+from convoq.integrations._pydantic_ai_options import asked_of
 from convoq.messages import Message, ToolCall
 from convoq.output import TypedOutput
 from convoq.profile import TurnJob
@@ -60,6 +64,7 @@ class DurableAgent:
         token_counter: TokenCounter | None = None,
         deps: Any = None,
         deps_factory: Callable[[], Any] | None = None,
+        approval_ttl_s: float | None = None,
     ) -> None:
         if not isinstance(agent, PydanticAgent):
             raise ConfigurationError(
@@ -74,6 +79,9 @@ class DurableAgent:
         if keep_last_turns < 0:
             raise ConfigurationError("keep_last_turns must be >= 0 (0 sends the whole history)")
         max_history_tokens = check_budget(max_history_tokens)
+        if approval_ttl_s is not None and not approval_ttl_s > 0:
+            raise ConfigurationError("approval_ttl_s must be > 0 (None: the workers' setting)")
+        self.approval_ttl_s = approval_ttl_s
         self.agent = agent
         self.keep_last_turns = keep_last_turns
         self.max_history_tokens = max_history_tokens
@@ -93,14 +101,8 @@ class DurableAgent:
         base = [m for m in state.messages if not is_journal_entry(m)] if started else []
         so_far = history + (to_pydantic_ai(base) if started else [])
         journal = TurnJournal(job, base, len(so_far))
-        result = await self.agent.run(
-            None if started else user_prompt(state.messages[0]),
-            message_history=so_far or None,
-            deferred_tool_results=_deferred_results(state),
-            output_type=self._output_type(),
-            deps=await self.provided_deps(),
-            capabilities=[JournalCapability(journal)],
-        )
+        prompt = None if started else user_prompt(state.messages[0])
+        result = await self._run(job, prompt, so_far, JournalCapability(journal))
         messages = base + to_convoq(result.new_messages(), journal.audit)
         steps = journal.steps
         if isinstance(result.output, DeferredToolRequests):
@@ -108,8 +110,33 @@ class DurableAgent:
         data = _jsonable(result.output)
         return Completed(messages, steps, output=TypedOutput(result.output, data))
 
-    def _output_type(self) -> Any:
-        declared = self.agent.output_type
+    async def _run(
+        self, job: TurnJob, prompt: Any, so_far: list[Any], journaled: JournalCapability
+    ) -> Any:
+        """One run of the agent with what the turn asks (its options as run arguments)."""
+        asked = asked_of(str(self.name), self.agent.model_settings, job.options)
+        check = asked.output
+        try:
+            return await self.agent.run(
+                prompt,
+                message_history=so_far or None,
+                deferred_tool_results=_deferred_results(job.state),
+                output_type=self._output_type(None if check is None else check.output_type()),
+                deps=await self.provided_deps(),
+                model_settings=asked.model_settings,
+                metadata=dict(job.metadata) if job.metadata else None,
+                capabilities=[journaled] if check is None else [journaled, check],
+            )
+        except UnexpectedModelBehavior as exc:
+            exhausted = None if check is None else check.exhausted(str(self.name))
+            if exhausted is not None:
+                raise exhausted from exc
+            raise
+
+    def _output_type(self, asked: Any = None) -> Any:
+        """The run's output type: the turn's (else the agent's), or a parked run's
+        requests for approval."""
+        declared = self.agent.output_type if asked is None else asked
         kinds = declared if isinstance(declared, list | tuple) else [declared]
         return declared if DeferredToolRequests in kinds else [*kinds, DeferredToolRequests]
 
@@ -140,6 +167,7 @@ def durable(
     token_counter: TokenCounter | None = None,
     deps: Any = None,
     deps_factory: Callable[[], Any] | None = None,
+    approval_ttl_s: float | None = None,
 ) -> DurableAgent:
     """A Pydantic AI agent as a convoq worker profile, named ``name`` or ``agent.name``.
 
@@ -150,6 +178,8 @@ def durable(
             ``token_counter`` (None: recorded usage, else an estimate).
         deps: the ``deps`` of every run; ``deps_factory`` instead makes them once per
             worker process.
+        approval_ttl_s: how long a turn parked for approval waits for its decisions
+            (None: the workers' ``CONVOQ_APPROVAL_TTL_S``).
 
     Raises:
         ConfigurationError: not a Pydantic AI agent, no name, or bad settings.
@@ -162,6 +192,7 @@ def durable(
         token_counter=token_counter,
         deps=deps,
         deps_factory=deps_factory,
+        approval_ttl_s=approval_ttl_s,
     )
 
 

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from convoq.errors import ConfigurationError, UnknownAgentError
-from convoq.profile import AgentProfile
+from convoq.profile import AgentProfile, approval_ttl_of, refusals_of
 from convoq.window import STORE_CHOOSES, AgentWindows
 
 ADAPTERS_GROUP = "convoq.profiles"
@@ -29,13 +29,19 @@ profile of that framework's agent (or returns None for objects it does not adapt
 
 
 class Profiles(Mapping[str, AgentProfile]):
-    """The profiles of a worker, by name."""
+    """The profiles of a worker, by name.
+
+    Raises:
+        ConfigurationError: a profile without a name, two with one name, or a profile
+            that sets an option workers cannot honour (named, with what to do instead).
+    """
 
     def __init__(self, agents: Iterable[AgentProfile]) -> None:
         self._agents: dict[str, AgentProfile] = {}
         for agent in agents:
             if agent.name is None:
                 raise ConfigurationError("an agent profile needs a name: Agent(..., name='...')")
+            check_servable(agent)
             other = self._agents.get(agent.name)
             if other is not None and other is not agent:
                 raise ConfigurationError(f"two agent profiles are named {agent.name!r}")
@@ -74,6 +80,33 @@ class Profiles(Mapping[str, AgentProfile]):
         return AgentWindows(
             {name: handed_window(agent) for name, agent in self._agents.items()},
             default=STORE_CHOOSES,
+        )
+
+    def approval_ttls_ms(self, default_s: float) -> dict[str, int]:
+        """How long a parked turn of each profile waits for its decisions, in ms: its own
+        ``approval_ttl_s``, else ``default_s`` (the worker's ``CONVOQ_APPROVAL_TTL_S``);
+        decided here once, like :meth:`windows`."""
+        ttls: dict[str, int] = {}
+        for name, agent in self._agents.items():
+            own = approval_ttl_of(agent)
+            ttls[name] = max(1, round((default_s if own is None else own) * 1000))
+        return ttls
+
+
+def check_servable(agent: AgentProfile) -> None:
+    """Refuse a profile that sets options a worker cannot honour (never dropped silently).
+
+    Raises:
+        ConfigurationError: naming the profile, each such option and what to do instead.
+    """
+    refused = refusals_of(agent)
+    if refused:
+        why = "; ".join(f"{option}: {reason}" for option, reason in refused.items())
+        raise ConfigurationError(
+            f"agent profile {agent.name!r} sets {sorted(refused)}, which workers cannot"
+            f" honour ({why}); leave them out of the profile the workers run",
+            profile=agent.name,
+            options=sorted(refused),
         )
 
 

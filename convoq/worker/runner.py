@@ -72,6 +72,7 @@ class RunnerConfig:
     worker_id: str
     lease_ms: int = defaults.LEASE_MS
     max_attempts: int = defaults.MAX_ATTEMPTS
+    # A profile's own approval_ttl_s wins over this one (Profiles.approval_ttls_ms).
     approval_ttl_s: int = defaults.APPROVAL_TTL_S
     # How long an event may wait for the turn's next write before it is sent on its own.
     event_flush_ms: int = defaults.EVENT_FLUSH_MS
@@ -118,6 +119,8 @@ class Runner:
         self._config = config
         self._on_finished = on_finished
         self._windows = profiles.windows()
+        # Each profile's own approval ttl, else the worker's: decided once, like windows.
+        self._approval_ttls_ms = profiles.approval_ttls_ms(config.approval_ttl_s)
         # Set at warm shutdown: no new turn starts, running ones finish within the grace
         # or are handed back.
         self._closing = Closing()
@@ -215,7 +218,7 @@ class Runner:
                             tid,
                             fence=acq.fence,
                             state=outcome.state,
-                            approval_ttl_ms=self._config.approval_ttl_s * 1000,
+                            approval_ttl_ms=self._approval_ttls_ms[acq.turn.agent],
                             events=events,
                         ),
                         f"park of {cid}/{tid}",
