@@ -118,7 +118,9 @@ def _document(app: FastAPI, settings: ConvoqSettings) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = document_of.complete(FastAPI.openapi(app), TurnRequest, DecisionRequest)
-            app.openapi_schema = document_of.with_limits(document, settings.max_turn_bytes)
+            app.openapi_schema = document_of.with_limits(
+                document, settings.max_turn_bytes, signs_callbacks=bool(settings.webhook_secret)
+            )
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

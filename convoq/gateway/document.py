@@ -4,8 +4,10 @@ FastAPI describes the routes and their bodies; this module adds what the gateway
 machinery answers: every error status a route can give, as RFC 9457 problem+json with its
 schema (auth, sizes, media types, validation, conflicts, limits, Redis down, bugs), the
 headers those answers carry, the bearer scheme (none on ``/healthz`` and ``/readyz``), the
-bodies read by hand (:mod:`.bodies`), the size limits of this deployment and, when the
-workers registered them, the agent names a submit may use.
+bodies read by hand (:mod:`.bodies`), the links from a submit to its turn and from a turn to
+its pending approvals (so a client, or a fuzzer's stateful phase, can follow them), the size
+limits of this deployment, whether it can sign callbacks and, when the workers registered
+them, the agent names a submit may use.
 """
 
 from __future__ import annotations
@@ -58,6 +60,37 @@ _HEADERS: dict[int, dict[str, Any]] = {
     429: {"Retry-After": {"schema": {"type": "string"}, "description": "Seconds to wait."}},
 }
 _PUBLIC = {"/healthz", "/readyz"}
+_TURNS = "/v1/conversations/{cid}/turns"
+_TURN = _TURNS + "/{tid}"
+# OpenAPI links: (path, method, status) -> link name -> (target path, method, parameters).
+# Values starting with "$" are runtime expressions on the answer; others are constants.
+# A submit's answer and a turn's view both name the turn this way.
+_THE_TURN = {"path.cid": "$response.body#/conversation_id", "path.tid": "$response.body#/turn_id"}
+_LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, Any]]]] = {
+    (_TURNS, "post", "202"): {
+        # Until settled: the answer comes once the turn is final or parked for approval.
+        "Turn": (_TURN, "get", {**_THE_TURN, "query.wait": 10, "query.until": "settled"}),
+        "Events": (_TURN + "/events", "get", {**_THE_TURN, "query.until": "settled"}),
+        "Cancel": (_TURN + "/cancel", "post", _THE_TURN),
+    },
+    (_TURN, "get", "200"): {
+        "DecidePending": (
+            _TURN + "/approvals/{call_id}",
+            "post",
+            {**_THE_TURN, "path.call_id": "$response.body#/pending_approvals/0/id"},
+        ),
+        "Discard": (_TURN + "/discard", "post", _THE_TURN),
+    },
+}
+_NEEDS_SECRET = (
+    " Needs the deployment's webhook signing secret (CONVOQ_WEBHOOK_SECRET): callbacks go"
+    " out signed only."
+)
+_NO_SECRET = {
+    "not": {},
+    "description": "This deployment has no webhook signing secret (CONVOQ_WEBHOOK_SECRET),"
+    " so it sends no callbacks: a submit with callback_url is refused (422).",
+}
 _MUTATING = {"post", "delete"}
 
 
@@ -74,7 +107,17 @@ def complete(document: dict[str, Any], *bodies: type[BaseModel]) -> dict[str, An
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
             _complete_operation(path, method, operation)
+    _add_links(document["paths"])
     return document
+
+
+def _add_links(paths: dict[str, Any]) -> None:
+    for (path, method, status), links in _LINKS.items():
+        answer = paths[path][method]["responses"][status]
+        answer["links"] = {
+            name: {"operationId": paths[target][verb]["operationId"], "parameters": parameters}
+            for name, (target, verb, parameters) in links.items()
+        }
 
 
 def _statuses(path: str, method: str, operation: dict[str, Any]) -> list[int]:
@@ -113,8 +156,11 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
         responses[str(status)] = entry
 
 
-def with_limits(document: dict[str, Any], max_turn_bytes: int) -> dict[str, Any]:
-    """The texts a turn may carry, bounded by this deployment's ``max_turn_bytes``."""
+def with_limits(
+    document: dict[str, Any], max_turn_bytes: int, *, signs_callbacks: bool
+) -> dict[str, Any]:
+    """The texts a turn may carry, bounded by this deployment's ``max_turn_bytes``; a
+    ``callback_url`` only where the deployment has a secret to sign callbacks with."""
     schemas = document["components"]["schemas"]
     schemas["TextIn"]["properties"]["text"]["maxLength"] = max_turn_bytes
     for option in schemas["TurnRequest"]["properties"]["message"].get("anyOf", []):
@@ -122,6 +168,12 @@ def with_limits(document: dict[str, Any], max_turn_bytes: int) -> dict[str, Any]
             option["maxLength"] = max_turn_bytes
     form = _submit(document)["content"]["multipart/form-data"]["schema"]
     form["properties"]["text"]["maxLength"] = max_turn_bytes
+    for properties in (schemas["TurnRequest"]["properties"], form["properties"]):
+        if signs_callbacks:
+            field = properties["callback_url"]
+            field["description"] = field.get("description", "") + _NEEDS_SECRET
+        else:
+            properties["callback_url"] = dict(_NO_SECRET)
     return document
 
 

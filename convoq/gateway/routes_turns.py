@@ -153,14 +153,19 @@ async def turn_events_sse(
         str | None,
         Query(max_length=64, description="As Last-Event-ID", json_schema_extra=_EVENT_ID),
     ] = None,
+    until: Annotated[
+        Literal["settled", "final"],
+        Query(description="final: end after done; settled: also once parked for approval"),
+    ] = "final",
 ) -> StreamingResponse:
     """Every event of the turn (status, text deltas, tool calls, approvals, done), from
-    the start or after ``Last-Event-ID``; the stream ends after ``done``."""
+    the start or after ``Last-Event-ID``; the stream ends after ``done`` (``until=settled``:
+    also at its ``awaiting_approval`` status while the turn is still parked for approval)."""
     start = check_event_id(last_event_id if last_event_id is not None else after)
     handle = client.handle(cid, tid)
     await handle.record()  # 404 before the stream starts
     return StreamingResponse(
-        turn_events(handle, start),
+        turn_events(handle, start, settled=until == "settled"),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

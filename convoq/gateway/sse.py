@@ -3,9 +3,11 @@
 Each event goes out as ``id: <stream id>``, ``event: <type>``, ``data: <JSON>``; the id is
 the event's id in the turn's Redis stream, so a reader that lost its connection reconnects
 with ``Last-Event-ID`` (browsers' EventSource do it by themselves) and gets exactly the
-events after it. The response ends after ``done``. Between events a comment line goes out
-every ``keepalive_s`` so proxies keep the connection open; the whole response is bounded by
-``max_s`` (the reader reconnects and goes on).
+events after it. The response ends after ``done``; with ``settled`` it also ends at an
+``awaiting_approval`` status event while the turn is still parked for approval (a reader
+that wants what follows the decision reconnects with ``Last-Event-ID``). Between events a
+comment line goes out every ``keepalive_s`` so proxies keep the connection open; the whole
+response is bounded by ``max_s`` (the reader reconnects and goes on).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from convoq.client import AsyncTurnHandle
 from convoq.errors import TurnTimeoutError
 from convoq.gateway.inputs import EVENT_ID
 from convoq.gateway.problems import GatewayError
+from convoq.turn_state import TurnEvent
 
 # At most 19 digits a part: every such id fits the two unsigned 64-bit numbers of a Redis
 # stream id (a larger one would fail XREAD after the response began).
@@ -44,8 +47,10 @@ async def turn_events(
     *,
     keepalive_s: float = KEEPALIVE_S,
     max_s: float = MAX_S,
+    settled: bool = False,
 ) -> AsyncIterator[str]:
-    """The SSE body: events after ``after`` until ``done`` (or ``max_s``)."""
+    """The SSE body: events after ``after`` until ``done`` (or ``max_s``); with
+    ``settled``, also until the turn is parked for approval."""
     yield f"retry: 1000\n: following turn {handle.turn_id}\n\n"
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline:
@@ -54,6 +59,17 @@ async def turn_events(
                 after = event_id
                 data = json.dumps(event.data, separators=(",", ":"))
                 yield f"id: {event_id}\nevent: {event.type}\ndata: {data}\n\n"
+                if settled and _parks(event) and await _parked(handle):
+                    return
             return  # done (or final with its stream expired)
         except TurnTimeoutError:
             yield ": keepalive\n\n"
+
+
+def _parks(event: TurnEvent) -> bool:
+    return event.type == "status" and event.data.get("status") == "awaiting_approval"
+
+
+async def _parked(handle: AsyncTurnHandle) -> bool:
+    """Still parked: a turn resumed since that status event goes on to later events."""
+    return (await handle.record()).status == "awaiting_approval"

@@ -412,3 +412,65 @@ def _closed_port() -> int:
     from convoq._ports import free_loopback_port
 
     return free_loopback_port()
+
+
+def test_events_until_settled_end_once_the_turn_is_parked(gateway: GatewayProcess) -> None:
+    cid = _cid("settled")
+    with gateway.client() as http:
+        tid = _submit(http, cid, "send 7 to bob", agent="approver")
+        events = f"{turns_path(cid)}/{tid}/events"
+        # Bounded: the stream must end by itself long before this timeout.
+        with http.stream("GET", events, params={"until": "settled"}, timeout=30) as sse:
+            assert sse.status_code == 200
+            lines = list(sse.iter_lines())
+        kinds = [line[7:] for line in lines if line.startswith("event: ")]
+        assert "approval_required" in kinds and "done" not in kinds, kinds
+        data = [line for line in lines if line.startswith("data: ")]
+        assert kinds[-1] == "status" and data[-1] == 'data: {"status":"awaiting_approval"}'
+
+        assert _wait(http, cid, tid)["status"] == "awaiting_approval"
+
+
+def test_the_document_links_a_submit_to_its_turn_and_a_turn_to_its_approvals(
+    gateway: GatewayProcess,
+) -> None:
+    with gateway.client() as http:
+        document = http.get("/openapi.json").json()
+    operations = {
+        op["operationId"]: path
+        for path, ops in document["paths"].items()
+        for op in ops.values()
+        if "operationId" in op
+    }
+    turns = document["paths"]["/v1/conversations/{cid}/turns"]
+    submit_links = turns["post"]["responses"]["202"]["links"]
+    view = document["paths"]["/v1/conversations/{cid}/turns/{tid}"]["get"]["responses"]["200"]
+    targets = {
+        name: operations[link["operationId"]]
+        for name, link in {**submit_links, **view["links"]}.items()
+    }
+    assert targets == {
+        "Turn": "/v1/conversations/{cid}/turns/{tid}",
+        "Events": "/v1/conversations/{cid}/turns/{tid}/events",
+        "Cancel": "/v1/conversations/{cid}/turns/{tid}/cancel",
+        "DecidePending": "/v1/conversations/{cid}/turns/{tid}/approvals/{call_id}",
+        "Discard": "/v1/conversations/{cid}/turns/{tid}/discard",
+    }
+    decide = view["links"]["DecidePending"]["parameters"]
+    assert decide["path.call_id"] == "$response.body#/pending_approvals/0/id"
+    # This deployment signs callbacks: the field is there and says what it needs.
+    callback = document["components"]["schemas"]["TurnRequest"]["properties"]["callback_url"]
+    assert "CONVOQ_WEBHOOK_SECRET" in callback["description"] and "not" not in callback
+
+
+def test_without_a_signing_secret_the_document_refuses_callback_url(redis_url: str) -> None:
+    from convoq.gateway.app import create_app
+    from convoq.settings import ConvoqSettings
+
+    app = create_app(ConvoqSettings.resolve(redis_url=redis_url, webhook_secret=None))
+    document = app.openapi()
+    json_field = document["components"]["schemas"]["TurnRequest"]["properties"]["callback_url"]
+    submit = document["paths"]["/v1/conversations/{cid}/turns"]["post"]["requestBody"]
+    form_field = submit["content"]["multipart/form-data"]["schema"]["properties"]["callback_url"]
+    for field in (json_field, form_field):
+        assert field["not"] == {} and "refused (422)" in field["description"]

@@ -5,8 +5,12 @@ Schemathesis reads ``/openapi.json`` and sends what it describes and what it ref
 examples at the boundaries of every limit, values outside them, missing and bad keys,
 methods a path does not serve, then chains of calls that follow the turns it created.
 Every answer is checked against the document (status, media type, headers, schema) and
-against HTTP (no 5xx, refused input refused, valid input accepted, a key needed). Bounded:
-a few examples per operation, one seed, a few minutes at most on a loaded machine.
+against HTTP (no 5xx, refused input refused, valid input accepted, a key needed). The
+stateful phase follows the document's links: a submit to its turn (long-polled until
+settled), its events (until settled) and its cancel; a turn to the decision on its first
+pending call (a real call id, from an agent that parks for approval) and to its discard.
+Bounded: a few examples per operation, a few steps per scenario, one seed, a few minutes at
+most on a loaded machine.
 
 The deployment lets callbacks reach every network (the document cannot know which
 networks a deployment allows) and its workers try each callback once, briefly. Content
@@ -16,6 +20,7 @@ input is told to count as the refusal it is.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,12 +35,22 @@ pytestmark = pytest.mark.slow
 
 MAX_TURN_BYTES = 64 * 1024
 EXAMPLES_PER_OPERATION = 8
+STATEFUL_STEPS = 6
+DECLARED_LINKS = (
+    5  # convoq.gateway.document: submit -> turn, events, cancel; turn -> decide, discard
+)
 SEED = 20261201
 # Schemathesis' own list of refusals (its default), plus 413.
 REFUSALS = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
             "5xx"]  # fmt: skip
 
-pool = module_pool(1, max_turn_bytes=MAX_TURN_BYTES, webhook_max_retries=0, webhook_timeout_s=1)
+pool = module_pool(
+    1,
+    agents="tests.support.fuzz_agents",
+    max_turn_bytes=MAX_TURN_BYTES,
+    webhook_max_retries=0,
+    webhook_timeout_s=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +65,10 @@ def gateway(pool: WorkerPool, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.mark.timeout(600)
 def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) -> None:
     config = tmp_path / "schemathesis.toml"
-    config.write_text(f"[checks.negative_data_rejection]\nexpected-statuses = {REFUSALS!r}\n")
+    config.write_text(
+        f"[checks.negative_data_rejection]\nexpected-statuses = {REFUSALS!r}\n"
+        f"[phases.stateful]\nmax-steps = {STATEFUL_STEPS}\n"
+    )
     command = [
         sys.executable, "-m", "schemathesis.cli", "--config-file", str(config),
         "run", f"{gateway.url}/openapi.json",
@@ -61,10 +79,9 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         "--workers", "1",
         "--generation-database", "none",
         "--no-shrink",  # a failure is reported as found: shrinking could replay long polls
-        # The stateful phase chains submits into long polls (?wait=) and event streams that
-        # stay open until a turn ends: minutes per run on a busy machine. Every operation
-        # is still fuzzed on its own, with every check.
-        "--phases", "examples,coverage,fuzzing",
+        # The links bound what the stateful phase waits for: a long poll and an event
+        # stream each end once the turn is final or parked for approval.
+        "--phases", "examples,coverage,fuzzing,stateful",
         "--request-timeout", "70",
         "--report-dir", str(tmp_path / "report"),
     ]  # fmt: skip
@@ -74,5 +91,10 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
     assert "Operations:       13 selected / 13 total" in output, output[-4000:]
+    # The stateful phase ran and followed every link the document declares (and those
+    # schemathesis infers), the decision on a real pending call among them.
+    assert "✅  Stateful" in output, output[-4000:]
+    links = re.search(r"API Links:\s+(\d+) covered / (\d+) selected", output)
+    assert links and links[1] == links[2] and int(links[1]) >= DECLARED_LINKS, output[-4000:]
     failures = output[output.find("=== FAILURES") :] if "=== FAILURES" in output else output
     assert run.returncode == 0, f"{failures[:20000]}\n--- gateway log ---\n{gateway.log_tail(20)}"
