@@ -21,7 +21,7 @@ from convoq.errors import ConfigurationError
 try:
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
-    from pydantic_ai.exceptions import UnexpectedModelBehavior
+    from pydantic_ai.exceptions import UnexpectedModelBehavior, UserError
 except ImportError as exc:  # pragma: no cover - the extra is installed in tests
     raise ConfigurationError(
         "convoq.integrations.pydantic_ai needs Pydantic AI: pip install 'convoq[pydantic-ai]'"
@@ -132,13 +132,38 @@ class DurableAgent:
             if exhausted is not None:
                 raise exhausted from exc
             raise
+        except UserError as exc:
+            if "output validators" not in str(exc):
+                raise
+            raise self._validators_refused(asked=check is not None) from exc
 
     def _output_type(self, asked: Any = None) -> Any:
-        """The run's output type: the turn's (else the agent's), or a parked run's
-        requests for approval."""
-        declared = self.agent.output_type if asked is None else asked
+        """The run's output type: the turn's, else the agent's own (None) when it already
+        takes a parked run's requests for approval, else the agent's with those."""
+        if asked is not None:
+            return [asked, DeferredToolRequests]
+        declared = self.agent.output_type
         kinds = declared if isinstance(declared, list | tuple) else [declared]
-        return declared if DeferredToolRequests in kinds else [*kinds, DeferredToolRequests]
+        return None if DeferredToolRequests in kinds else [*kinds, DeferredToolRequests]
+
+    def _validators_refused(self, *, asked: bool) -> ConfigurationError:
+        """Pydantic AI runs an agent's output validators only with its own output type."""
+        if asked:
+            return ConfigurationError(
+                f"the Pydantic AI profile {self.name!r} has output validators, which"
+                " Pydantic AI runs only with the agent's own output type: submit no"
+                " output_schema to it",
+                profile=self.name,
+                option="output_schema",
+            )
+        return ConfigurationError(
+            f"the Pydantic AI profile {self.name!r} has output validators, which Pydantic"
+            " AI runs only with the agent's own output type, and a parked turn needs"
+            " DeferredToolRequests in it: declare output_type=[YourType,"
+            " DeferredToolRequests] on the agent",
+            profile=self.name,
+            option="output_type",
+        )
 
     async def _park(
         self, job: TurnJob, requests: DeferredToolRequests, messages: list[Message], steps: int

@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.test import TestModel
 
 from convoq import Client
 from convoq.client._base import asked_options
 from convoq.engine import Completed
-from convoq.errors import InvalidModelSettingsError, OutputValidationError
+from convoq.errors import ConfigurationError, InvalidModelSettingsError, OutputValidationError
 from convoq.integrations.pydantic_ai import durable
 from convoq.messages import Message
 from convoq.profile import TurnJob
@@ -135,6 +136,40 @@ async def test_a_tool_choice_pydantic_ai_refuses_for_a_run_names_profile_and_opt
         await _run("hi", model_settings={"tool_choice": choice})
     assert "'pai-options'" in caught.value.message and "tool_choice" in caught.value.message
     assert caught.value.details == {"field": "tool_choice", "profile": "pai-options"}
+
+
+def _validated(output_type: Any, checked: list[str]) -> Agent[None, Any]:
+    agent = Agent(TestModel(custom_output_text="hi"), name="validated", output_type=output_type)
+
+    @agent.output_validator
+    def check(value: Any) -> Any:
+        checked.append(value)
+        return value
+
+    return agent
+
+
+async def test_an_agent_with_output_validators_runs_with_its_own_output_type() -> None:
+    checked: list[str] = []
+    profile = durable(_validated([str, DeferredToolRequests], checked))
+    done = await profile.run_turn(Recorder().job("hi", {}, {}))
+    assert isinstance(done, Completed) and done.text == "hi" and checked == ["hi"]
+
+
+@pytest.mark.parametrize(
+    ("output_type", "schema", "option"),
+    [(str, None, "output_type"), ([str, DeferredToolRequests], Seen, "output_schema")],
+)
+async def test_output_validators_pydantic_ai_cannot_run_are_refused_naming_the_profile(
+    output_type: Any, schema: Any, option: str
+) -> None:
+    checked: list[str] = []
+    job = Recorder().job("hi", asked_options(None, schema), {})
+    with pytest.raises(ConfigurationError) as caught:
+        await durable(_validated(output_type, checked)).run_turn(job)
+    assert "'validated'" in caught.value.message and option in caught.value.message
+    assert caught.value.details == {"profile": "validated", "option": option}
+    assert checked == []
 
 
 # -- on real workers -------------------------------------------------------------------
