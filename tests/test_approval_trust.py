@@ -19,10 +19,11 @@ import pytest
 import redis
 
 from convoq import Agent, Client, Message, ToolCall, tool
-from convoq.errors import ProtocolError
-from convoq.memory import InMemoryConversationMemory
+from convoq.errors import CorruptDataError, ProtocolError
+from convoq.memory import InMemoryConversationMemory, RedisConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
+from convoq.redis import TurnProtocol
 from convoq.redis.keys import KeySchema
 from convoq.turn_state import TurnState
 from tests.support.approval_agents import CALL_USAGE
@@ -165,16 +166,20 @@ def _kicks(r: redis.Redis, prefix: str) -> int:
 async def _park(url: str, prefix: str, cid: str, *call_ids: str) -> None:
     """A turn of ``cid`` parked on ``call_ids``, as a worker parks one."""
     async with open_protocol(url, prefix) as proto:
-        await submit_all(proto, cid, "t1")
-        taken = await proto.acquire(cid, worker_id="w1", lease_ms=30_000)
-        assert taken is not None
-        calls = [ToolCall(id=c, name="refund", arguments={"amount": 5}) for c in call_ids]
-        state = TurnState(
-            messages=[taken.turn.input, Message.assistant("", tool_calls=calls)],
-            steps=1,
-            pending=calls,
-        )
-        await proto.park(cid, "t1", fence=taken.fence, state=state, approval_ttl_ms=60_000)
+        await _park_with(proto, cid, *call_ids)
+
+
+async def _park_with(proto: TurnProtocol, cid: str, *call_ids: str) -> None:
+    await submit_all(proto, cid, "t1")
+    taken = await proto.acquire(cid, worker_id="w1", lease_ms=30_000)
+    assert taken is not None
+    calls = [ToolCall(id=c, name="refund", arguments={"amount": 5}) for c in call_ids]
+    state = TurnState(
+        messages=[taken.turn.input, Message.assistant("", tool_calls=calls)],
+        steps=1,
+        pending=calls,
+    )
+    await proto.park(cid, "t1", fence=taken.fence, state=state, approval_ttl_ms=60_000)
 
 
 async def _take(url: str, prefix: str, cid: str) -> None:
@@ -257,3 +262,42 @@ def test_over_http_the_same_decision_twice_is_a_success_and_another_a_409(
         other = http.post(path, json={"decision": "deny"})
         assert other.status_code == 409
         assert "already decided otherwise" in other.json()["detail"]
+
+
+def test_a_stored_decision_that_does_not_parse_is_corrupt_data_and_nothing_is_written(
+    redis_server: RedisServer, key_prefix: str, r: redis.Redis
+) -> None:
+    asyncio.run(_park(redis_server.url, key_prefix, "shop", "c1", "c2"))
+    keys = KeySchema(key_prefix)
+    r.hset(keys.turn("shop", "t1"), "decision:c1", "not json")
+    before = r.xlen(keys.events("shop", "t1"))
+
+    async def decide() -> None:
+        async with open_protocol(redis_server.url, key_prefix) as proto:
+            await proto.decide("shop", "t1", call_id="c1", approved=True)
+
+    with pytest.raises(CorruptDataError, match="does not parse"):
+        asyncio.run(decide())
+    assert r.xlen(keys.events("shop", "t1")) == before
+    assert r.hget(keys.turn("shop", "t1"), "resume") == b"0"
+
+
+def test_a_stored_turn_that_does_not_parse_is_left_out_of_the_conversation_shown(
+    redis_server: RedisServer, key_prefix: str, r: redis.Redis
+) -> None:
+    keys = KeySchema(key_prefix)
+
+    memory = RedisConversationMemory(redis_server.url, prefix=key_prefix)
+    memory.append("shop", [Message.user("first"), Message.assistant("one")])
+    memory.append("shop", [Message.user("second"), Message.assistant("two")])
+    memory.close()
+
+    async def listed() -> list[Any]:
+        async with open_protocol(redis_server.url, key_prefix) as proto:
+            await _park_with(proto, "shop", "c1")
+            turns = keys.turns("shop")  # damaged while the turn waits
+            r.linsert(turns, "BEFORE", r.lindex(turns, 1), b"garbage without a header")
+            return await proto.parked_turns()
+
+    [parked] = asyncio.run(listed())
+    assert [m.text for m in parked.recent] == ["first", "one", "second", "two"]
