@@ -321,6 +321,7 @@ class AsyncClient:
         trace = tracing.carrier()
         options = {**sub.options, tracing.OPTION: trace} if trace else sub.options
         protocol = self.protocol
+        await protocol.follow_retention()  # the idempotency key expires as the workers say
         # A traced kick is a span of its own, sent with send_task.
         kick = None if trace else self._direct_kick(sub.conversation_id, sub.turn_id)
         # Resent while replicas have not confirmed it: the same turn id makes it a replay.
@@ -409,6 +410,7 @@ class AsyncClient:
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:
         """Drop a parked turn: it ends cancelled, nothing is stored, later turns run."""
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
+        await self.protocol.follow_retention()  # the record expires as the workers say
         if await self.protocol.discard(cid, tid, reason=reason):
             await self._uncount(cid, tid)
             await self._send(routing.DRAIN_TASK, cid)
@@ -419,6 +421,7 @@ class AsyncClient:
         period (even in the middle of a model call) and stores nothing; a parked one is
         discarded. ``"finished"``: too late."""
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
+        await self.protocol.follow_retention()  # the record expires as the workers say
         outcome = await self.protocol.cancel(cid, tid)
         if outcome == "cancelled":
             await self._uncount(cid, tid)

@@ -29,15 +29,16 @@ any string may be one.
     convoq:registry:prefixes       set     prefixes workers run under (all deployments)
     {prefix}:registry:agents       set     agent profile names the workers run
     {prefix}:registry:workers      hash    worker name -> JSON (pid, queues, agents, seen_ms)
+    {prefix}:registry:retention    hash    the TTLs the workers keep turns and conversations
     {prefix}:registry:sweeper      string  short lock: one sweep per period across workers
     {prefix}:{~queued}:members     hash    "cid tid" -> "admitted_ms agent" of admitted turns
     {prefix}:{~queued}:counts      hash    agent -> turns admitted, "*" -> all of them
     {prefix}:{~queued}:cursor      string  where the reconciling HSCAN goes on
 
-The last seven are deployment-wide, outside any conversation. They can never equal a
-conversation key: those always carry a ``{cid}`` hash tag right after the prefix, and an
-encoded conversation id never contains ``~``. The ``{~queued}`` keys share one hash tag
-(one Cluster slot) so the admission scripts touch them together.
+The keys from the epoch marker on are deployment-wide, outside any conversation. They can
+never equal a conversation key: those always carry a ``{cid}`` hash tag right after the
+prefix, and an encoded conversation id never contains ``~``. The ``{~queued}`` keys share
+one hash tag (one Cluster slot) so the admission scripts touch them together.
 """
 
 from __future__ import annotations
@@ -140,6 +141,12 @@ class KeySchema:
         workers; ``seen_ms`` is refreshed every sweep period, so a stale entry is a dead
         worker."""
         return f"{self.prefix}:registry:workers"
+
+    def retention(self) -> str:
+        """Hash of the retention the workers run with (``turn_ttl_ms``,
+        ``conversation_ttl_ms``, 0 for none): every process writing keys of a conversation
+        gives them these TTLs (see :mod:`convoq.redis._retention`)."""
+        return f"{self.prefix}:registry:retention"
 
     @staticmethod
     def prefixes() -> str:

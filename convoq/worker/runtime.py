@@ -411,6 +411,8 @@ class WorkerRuntime:
             pipe.hset(self.keys.workers(), hostname, json.dumps(self._info))
             pipe.sadd(self.keys.prefixes(), self.keys.prefix)
             await pipe.execute()
+        # Clients give the keys they write these TTLs too (redis/_retention.py).
+        await self._ensure_open()[1].publish_retention()
 
     async def _each_period(self) -> None:
         """Before each sweep: check the dataset, then refresh this worker's entry."""
