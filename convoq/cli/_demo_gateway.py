@@ -16,6 +16,7 @@ import httpx
 from rich.console import Console
 
 from convoq._ports import free_loopback_port
+from convoq.models._sse import SSEBuffer, iter_lines
 from convoq.settings import ConvoqSettings, GatewayKey
 
 
@@ -68,12 +69,11 @@ def http_turn(console: Console, url: str, key: str) -> None:
 
 def _follow_until_parked(console: Console, http: httpx.Client, events_url: str) -> None:
     with http.stream("GET", events_url) as response:
-        kind = ""
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: ") and kind == "status":
-                status: Any = json.loads(line.removeprefix("data: ")).get("status")
+        events = SSEBuffer()  # the event stream read as the models' streams are
+        for line in iter_lines(response.iter_bytes()):
+            event = events.feed(line)
+            if event is not None and event.event == "status":
+                status: Any = json.loads(event.data).get("status")
                 console.print(f"  SSE status -> [cyan]{status}[/cyan]")
                 if status == "awaiting_approval":
                     return

@@ -25,6 +25,7 @@ import httpx
 
 from convoq.errors import ModelError, ModelHTTPError, ModelTimeoutError
 from convoq.messages import Message
+from convoq.models._sse import lines as sse_lines
 from convoq.models.base import TextDeltaHandler
 
 MAX_RETRY_AFTER = 60.0
@@ -178,7 +179,9 @@ async def _read_stream(
 ) -> Message:
     decoder = attempt.codec.stream()
     try:
-        async for line in response.aiter_lines():
+        # The event stream's own line ends (CR, LF, CRLF), not httpx's aiter_lines, which
+        # also splits at U+2028 and the like: characters a JSON string may hold raw.
+        async for line in sse_lines(response.aiter_bytes()):
             attempt.left()  # keep-alive comments must not keep the call open past its deadline
             text = decoder.feed(line)
             if text:

@@ -16,6 +16,7 @@ from typing import Any
 
 from convoq.errors import ModelError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
+from convoq.models._sse import SSEBuffer
 from convoq.models.base import ModelRequest, ModelSettings, OutputSpec, ToolSpec
 from convoq.usage import Usage
 
@@ -283,6 +284,7 @@ class StreamAssembler:
 
     def __init__(self) -> None:
         self.done = False
+        self._sse = SSEBuffer()
         self._text: list[str] = []
         self._refusal: list[str] = []
         self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
@@ -290,14 +292,13 @@ class StreamAssembler:
         self._usage: Usage | None = None
 
     def feed(self, line: str) -> str | None:
-        """Take one line of the stream; return its text delta, if any."""
-        if not line or line.startswith(":"):
-            return None
-        if line.startswith(("event:", "id:", "retry:")):
-            return None
-        if not line.startswith("data:"):
-            raise ModelError(f"the model stream sent a line that is not SSE: {_excerpt(line)}")
-        payload = line[5:].strip()
+        """Take one line of the stream (read as :mod:`convoq.models._sse` says); return the
+        text delta of the event it ends, if any."""
+        event = self._sse.feed(line)
+        return None if event is None else self._take_event(event.data)
+
+    def _take_event(self, data: str) -> str | None:
+        payload = data.strip()
         if payload == "[DONE]":
             self.done = True
             return None
@@ -348,6 +349,9 @@ class StreamAssembler:
 
     def finish(self) -> Message:
         """The assembled message; ModelError if the stream did not end with [DONE]."""
+        last = self._sse.flush()
+        if last is not None:
+            self._take_event(last.data)
         if not self.done:
             raise ModelError(
                 "the model stream ended before 'data: [DONE]'; the answer may be cut off"

@@ -228,7 +228,7 @@ class ResponsesStream:
 
     def feed(self, line: str) -> str | None:
         event = self._sse.feed(line)
-        return None if event is None else self._take(event_object(event[1]))
+        return None if event is None else self._take(event_object(event.data))
 
     def _take(self, event: Json) -> str | None:
         kind = event.get("type")
@@ -250,7 +250,7 @@ class ResponsesStream:
     def finish(self) -> Message:
         last = self._sse.flush()
         if last is not None:
-            self._take(event_object(last[1]))
+            self._take(event_object(last.data))
         if self._final is None:
             raise ModelError(
                 "the model stream ended before response.completed; the answer may be cut off"

@@ -444,7 +444,7 @@ def test_strict_needs_every_object_closed_and_fully_required_all_the_way_down(
 
 SSE_CASES = {
     "comments, ids and retry fields are skipped": (": keep-alive\nid: 7\nretry: 100\n", None),
-    "a line that is not SSE": ("<html>\n", "not SSE"),
+    "a line that is no known field is ignored, as the SSE standard says": ("<html>\n", None),
     "data that is not JSON": ("data: {oops\n\n", "not JSON"),
     "data that is not an object": ("data: [1]\n\n", "not a JSON object"),
 }
