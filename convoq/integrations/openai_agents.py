@@ -10,7 +10,6 @@ on Redis), and convoq's windows, exports and retention work on the conversation.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -107,22 +106,31 @@ class ConvoqSession:
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item (None for an empty session).
 
-        The store appends only, so this rewrites the conversation without its newest item
-        (clear, then append it back turn by turn): it is refused with
-        ConversationBusyError while a convoq turn of the conversation runs or is queued.
+        One atomic step of the memory (:meth:`~convoq.memory.ConversationMemory.apop_message`):
+        the newest stored message goes, or, when convoq wrote it as several items (text and
+        tool calls), only its last tool call; nothing else is read or rewritten, and items
+        another writer adds meanwhile stay, in order. While a convoq turn of the
+        conversation runs (or on Redis is queued) it waits up to ``busy_timeout_s``, then
+        raises ConversationBusyError.
         """
-        token = secrets.token_hex(16)
-        await self.memory.areserve(self.session_id, token, wait_s=self.busy_timeout_s)
-        try:
-            messages = await self.memory.aload(self.session_id)
-        finally:
-            await self.memory.arelease(self.session_id, token)
-        if not messages:
+
+        def without_last_item(message: Message) -> list[Message]:
+            items = message_to_items(message)
+            if len(items) < 2:
+                return []
+            # Only a message convoq wrote reads as several items: its text, then a
+            # function_call per tool call; so the last item is its last tool call.
+            shorter = message.model_copy(update={"tool_calls": message.tool_calls[:-1]})
+            if message_to_items(shorter) == items[:-1]:
+                return [shorter]
+            return [item_to_message(item) for item in items[:-1]]
+
+        popped = await self.memory.apop_message(
+            self.session_id, wait_s=self.busy_timeout_s, keep=without_last_item
+        )
+        if popped is None:
             return None
-        items = message_to_items(messages[-1])
-        kept = messages[:-1] + [item_to_message(item) for item in items[:-1]]
-        await self._rewrite(kept, messages)
-        return cast(TResponseInputItem, items[-1])
+        return cast(TResponseInputItem, message_to_items(popped)[-1])
 
     async def clear_session(self) -> None:
         """Delete every item (ConversationBusyError on Redis while a turn is queued)."""

@@ -4,7 +4,8 @@ conversation's lock (:meth:`FileConversationMemory._locked`).
 The summary lives beside the conversation's file, in ``<name>.summary`` (JSON
 ``{"format_version": 1, "conversation_id": ..., "summary": {...}}``), written atomically
 like the history; so the history file's format is unchanged. Committing one checks the
-history and the previous summary under the lock: the lock is the fence.
+history and the previous summary under the lock: the lock is the fence. A pop that
+takes a message of a turn the summary covers drops the summary (it told of that message).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from convoq.errors import ConfigurationError, CorruptDataError
+from convoq.memory._popping import Keep, covers_newest_turn, kept_in_place
 from convoq.memory.base import basis_of, summary_conflict
 from convoq.messages import Message
 from convoq.summary import Summary, SummaryBasis
@@ -103,6 +105,23 @@ def prune(memory: FileConversationMemory, cid: str, keep_last_turns: int) -> int
             watermark = max(0, summary.watermark - dropped)
             _write_summary(memory, path, cid, summary.model_copy(update={"watermark": watermark}))
         return dropped
+
+
+def pop(memory: FileConversationMemory, cid: str, keep: Keep | None) -> Message | None:
+    """The newest message out (and a summary that told of its turn), under the lock."""
+    path = memory.path_for(cid)
+    with memory._locked(path):
+        document = memory._load_document(cid)
+        if document is None or not document.messages:
+            return None
+        newest = document.messages[-1]
+        kept = kept_in_place(keep, newest)
+        covered = covers_newest_turn(document.messages, read_summary(path, cid))
+        document.messages = document.messages[:-1] + kept
+        memory._store(path, cid, document)
+        if covered:
+            summary_path(path).unlink(missing_ok=True)
+        return newest
 
 
 def expire(memory: FileConversationMemory, idle_s: float, now: float | None) -> int:

@@ -9,6 +9,7 @@ continuation tokens, so a continuation runs once whichever object resumes it).
 
 from __future__ import annotations
 
+import secrets
 from abc import ABC, abstractmethod
 
 from convoq._sync import run_blocking, run_sync
@@ -19,6 +20,7 @@ from convoq.errors import (
     SummaryConflictError,
 )
 from convoq.ids import check_conversation_id
+from convoq.memory._popping import Keep, check_pop, rewrite_without_newest
 from convoq.memory._turns import TurnHooks
 from convoq.messages import Message
 from convoq.summary import Summary, SummaryBasis, fingerprint, with_summary
@@ -67,6 +69,49 @@ class ConversationMemory(TurnHooks):
         """The messages of ``window`` (what a turn sends): by default everything ``aload``
         returns, trimmed here; convoq's backends read only the window where they can."""
         return window.apply(await self.aload(conversation_id))
+
+    async def apop_message(
+        self, conversation_id: str, *, wait_s: float = 0.0, keep: Keep | None = None
+    ) -> Message | None:
+        """Remove the newest stored message and return it (None: nothing is stored), a
+        writer like any turn: it waits up to ``wait_s`` seconds while a turn of the
+        conversation holds it (runs, awaits approval, or on Redis is queued).
+
+        Args:
+            wait_s: how long to wait for a busy conversation (0: refuse at once).
+            keep: given the newest message, the messages stored in its place (say, that
+                message less its last tool call); None: nothing stays. A whole turn goes
+                when its only message goes.
+
+        convoq's backends do it in one atomic step, whatever else writes meanwhile: in
+        memory and in files under their lock, on Redis in one script reading and writing
+        only the last stored element. This default serves a memory that implements only
+        ``load``/``append``/``clear``: it rewrites the conversation (load, clear, append
+        back) holding its reservation, which keeps out writers through this memory object
+        but not another process writing the same store.
+
+        Raises:
+            ConversationBusyError: a turn still held the conversation after ``wait_s``;
+                nothing changed.
+        """
+        check_pop(conversation_id, wait_s, keep)
+        token = secrets.token_hex(16)
+        await self.areserve(conversation_id, token, wait_s=wait_s)
+        try:
+            return await self._pop_held(conversation_id, keep)
+        finally:
+            await self.arelease(conversation_id, token)
+
+    def pop_message(
+        self, conversation_id: str, *, wait_s: float = 0.0, keep: Keep | None = None
+    ) -> Message | None:
+        """Blocking :meth:`apop_message`."""
+        return run_sync(self.apop_message(conversation_id, wait_s=wait_s, keep=keep))
+
+    async def _pop_held(self, conversation_id: str, keep: Keep | None) -> Message | None:
+        """The pop while the caller holds the conversation's reservation: a rewrite here;
+        convoq's backends replace it with one step under their lock."""
+        return await rewrite_without_newest(self, conversation_id, keep)
 
     def _require_override(self, name: str, twin: str) -> None:
         cls = type(self)

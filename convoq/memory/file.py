@@ -45,6 +45,7 @@ from convoq.errors import (
 )
 from convoq.ids import check_conversation_id
 from convoq.memory import _file_extras
+from convoq.memory._popping import Keep
 from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
 from convoq.messages import Message
@@ -170,6 +171,9 @@ class FileConversationMemory(StoredConversationMemory):
             document = self._load_document(conversation_id) or _empty(conversation_id)
             document.messages += messages
             self._store(path, conversation_id, document)
+
+    async def _pop_held(self, conversation_id: str, keep: Keep | None) -> Message | None:
+        return await asyncio.to_thread(_file_extras.pop, self, conversation_id, keep)
 
     async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
         return await asyncio.to_thread(self._prune_file, conversation_id, keep_last_turns)

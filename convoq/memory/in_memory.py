@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from convoq.memory._popping import Keep, covers_newest_turn, kept_in_place
 from convoq.memory.base import StoredConversationMemory, basis_of, summary_conflict
 from convoq.messages import Message, messages_from_json, messages_to_json
 from convoq.summary import Summary, SummaryBasis
@@ -55,6 +56,27 @@ class InMemoryConversationMemory(StoredConversationMemory):
     def _messages(self, conversation_id: str) -> list[Message]:
         chunks = self._chunks.get(conversation_id, ())
         return [m for chunk in chunks for m in messages_from_json(chunk)]
+
+    async def _pop_held(self, conversation_id: str, keep: Keep | None) -> Message | None:
+        """Under the lock: only the chunk (one append's messages) holding the newest
+        message is decoded and written again."""
+        with self._lock:
+            chunks = self._chunks.get(conversation_id, [])
+            at, messages = len(chunks) - 1, []
+            while at >= 0 and not (messages := messages_from_json(chunks[at])):
+                at -= 1  # a prune may leave a chunk of no message
+            if at < 0:
+                return None
+            newest = messages[-1]
+            rest = messages[:-1] + kept_in_place(keep, newest)
+            summary = self._summaries.get(conversation_id)
+            if covers_newest_turn(self._messages(conversation_id) if summary else [], summary):
+                del self._summaries[conversation_id]
+            if rest:
+                chunks[at] = messages_to_json(rest)
+            else:
+                del chunks[at]
+            return newest
 
     async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
         with self._lock:

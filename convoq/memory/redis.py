@@ -21,6 +21,7 @@ from convoq._sync import adrive, drive
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.memory._loop_protocols import LoopProtocols
+from convoq.memory._popping import Keep, check_pop, kept_in_place
 from convoq.memory._redis_holds import LeaseHolds
 from convoq.memory._reservations import now_ms
 from convoq.memory.base import StoredConversationMemory
@@ -152,6 +153,16 @@ class RedisConversationMemory(StoredConversationMemory):
 
     async def _prune(self, conversation_id: str, keep_last_turns: int) -> int:
         return await self._run(lambda p: p.prune(conversation_id, keep_last_turns=keep_last_turns))
+
+    async def apop_message(
+        self, conversation_id: str, *, wait_s: float = 0.0, keep: Keep | None = None
+    ) -> Message | None:
+        """One ``pop`` script, O(1) in the history's length: it refuses while a turn holds
+        the lease or is queued, and the pop asks again until ``wait_s`` has passed (see
+        :mod:`convoq.redis._popping`, also for what happens to attachments)."""
+        check_pop(conversation_id, wait_s, keep)
+        kept = None if keep is None else partial(kept_in_place, keep)
+        return await self._run(lambda p: p.pop(conversation_id, keep=kept, wait_s=wait_s))
 
     async def _erase(self, conversation_id: str) -> None:
         await self._run(lambda p: p.clear(conversation_id, force=True))

@@ -171,6 +171,11 @@ REFUSALS: dict[tuple[str, str], Callable[[Refused], ConvoqError]] = {
         f"conversation {r.cid!r} has a turn queued, running or parked; prune it once it is idle",
         **r.details,
     ),
+    ("pop", "BUSY"): lambda r: ConversationBusyError(
+        f"conversation {r.cid!r} has a turn queued, running or awaiting approval; pop its"
+        " newest message once it is idle, or wait for it (wait_s / busy_timeout_s)",
+        **r.details,
+    ),
     ("reserve", "BUSY"): lambda r: ConversationBusyError(
         f"conversation {r.cid!r} has a turn queued, running or awaiting approval (in a"
         " worker or another process); wait for it, or use if_busy='wait'",

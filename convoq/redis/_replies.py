@@ -102,6 +102,7 @@ OUTCOMES: dict[str, tuple[str, ...]] = {
     "clear": ("OK", "RETRY"),  # RETRY: the inbox changed since it was read: read again
     "decide": ("RESUME", "PENDING", "KEPT_RESUME", "KEPT_PENDING"),  # KEPT: a repeat
     "park": ("OK", "PARKED"),  # PARKED: a replay
+    "pop": ("OK", "APPLIED", "EMPTY", "CHANGED"),  # APPLIED: a replay; CHANGED: read again
     "release": ("OK", "STALE"),  # STALE: the lease had moved on, nothing to release
     "summarise": ("OK",),
     "unreserve": ("OK", "GONE"),  # GONE: the lease is not this holder's (any more)

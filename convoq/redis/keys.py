@@ -22,7 +22,7 @@ any string may be one.
     {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
     {prefix}:{cid}:reader:{tid}    string  set (PX) while someone reads the events live
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
-    {prefix}:{cid}:append:{id}     string  a memory append applied (replay guard, TTL)
+    {prefix}:{cid}:append:{id}     string  a memory append or pop applied (replay guard, TTL)
     {prefix}:{cid}:spent:{token}   string  a continuation already resumed or discarded (TTL)
     {prefix}:{cid}:acked           string  replication probe of min_replicas_acked (TTL)
     {prefix}:epoch                 string  the dataset epoch marker
@@ -107,7 +107,7 @@ class KeySchema:
         return f"{self.base(cid)}:reader:{check_turn_id(tid)}"
 
     def applied(self, cid: str, append_id: str) -> str:
-        """Marks a memory append as done, so a resent append writes nothing."""
+        """Marks a memory append (or pop) as done, so a resent one writes nothing."""
         return f"{self.base(cid)}:append:{check_turn_id(append_id)}"
 
     def spent(self, cid: str, token: str) -> str:

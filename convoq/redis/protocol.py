@@ -39,6 +39,7 @@ Where each verb lives (the class is assembled here from these, over
 - :mod:`convoq.redis._events`: turn records and event streams (``get_turn``,
   ``read_events``, ``emit``);
 - :mod:`convoq.redis._retention`: ``touch`` (the idle TTL), ``prune``;
+- :mod:`convoq.redis._popping`: ``pop`` (the newest message, for memory and sessions);
 - :mod:`convoq.redis._sweeping`: ``sweep_candidates``;
 - :mod:`convoq.redis._registry`: ``registered_agents``/``workers``/``prefixes``,
   ``check_epoch``;
@@ -52,6 +53,7 @@ from convoq.redis._approvals import ApprovalsMixin
 from convoq.redis._cancelling import CancellingMixin
 from convoq.redis._ending import EndingMixin
 from convoq.redis._events import EventsMixin, TurnEvents
+from convoq.redis._popping import PoppingMixin
 from convoq.redis._reading import ReadingMixin
 from convoq.redis._records import (
     Acquired,
@@ -89,6 +91,7 @@ class TurnProtocol(
     CancellingMixin,
     ReadingMixin,
     EventsMixin,
+    PoppingMixin,  # over RetentionMixin
     RetentionMixin,
     SweepingMixin,
     RegistryMixin,

@@ -14,9 +14,9 @@ one (:func:`convoq._sync.adrive` / :func:`convoq._sync.drive`).
 redis-py resends a script whose reply was lost (the connection dropped after Redis ran
 it), so each write script is a no-op when replayed: ``submit`` (the turn record exists:
 DUP), ``commit``/``fail`` (the turn is final: APPLIED), ``park`` (parked with this fence:
-PARKED), ``checkpoint`` (this state is journaled already), ``append`` (its append id is
-recorded), ``admit``/``unadmit`` (a member is counted once), ``reserve`` (the lease is
-this holder's: its fence), ``unreserve``, ``decide``,
+PARKED), ``checkpoint`` (this state is journaled already), ``append`` and ``pop`` (their
+write id is recorded: APPLIED), ``admit``/``unadmit`` (a member is counted once),
+``reserve`` (the lease is this holder's: its fence), ``unreserve``, ``decide``,
 ``discard``, ``renew``, ``touch``, ``prune`` and ``clear`` (they set what is already
 set, or keep what is already kept). ``cancel`` replayed
 answers "finished" and changes nothing. ``acquire`` replayed answers BUSY: nothing is
@@ -51,6 +51,7 @@ NAMES = (
     "fail",
     "load",
     "park",
+    "pop",
     "prune",
     "release",
     "renew",

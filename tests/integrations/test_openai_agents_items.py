@@ -206,7 +206,8 @@ async def test_pop_item_rewrites_the_conversation_and_drops_its_summary(
             [{"role": "user", "content": f"q{n}"}, {"role": "assistant", "content": f"a{n}"}]
         )
     _, _, basis = await memory.asummary_state("chat-1")
-    await memory.acommit_summary("chat-1", Summary.of("q0 and q1", watermark=2, version=1), basis)
+    # It covers the turn of the popped item: what it told of is no longer all stored.
+    await memory.acommit_summary("chat-1", Summary.of("q0 to q2", watermark=3, version=1), basis)
     assert await memory.asummary("chat-1") is not None
     assert await session.pop_item() == {"role": "assistant", "content": "a2"}
     assert await memory.asummary("chat-1") is None
