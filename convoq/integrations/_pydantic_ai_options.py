@@ -6,9 +6,8 @@ its ``model_settings`` (merged over the agent's own as Pydantic AI merges them,
 ``extra_body`` key by key as convoq does), the schema a :func:`~pydantic_ai.StructuredDict`
 output type whose answers are checked against the schema (a misfit is a retry the model
 reads, as with convoq agents), the metadata (``TurnJob.metadata``) its ``metadata``
-(``ctx.metadata`` in tools).
-What Pydantic AI cannot take fails the turn with an error naming the profile and the
-option; nothing is dropped.
+(``ctx.metadata`` in tools). What Pydantic AI cannot take fails the turn with an error
+naming the profile and the option; nothing is dropped.
 """
 
 from __future__ import annotations
