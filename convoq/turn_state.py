@@ -17,6 +17,7 @@ __all__ = ["Decision", "TurnEvent", "TurnState", "answered", "expire_undecided"]
 
 EventType = Literal[
     "status",
+    "resumed",
     "text_delta",
     "assistant",
     "tool_call",
@@ -28,7 +29,16 @@ EventType = Literal[
 
 
 class TurnEvent(BaseModel):
-    """Something that happened during a turn: the unit of ``stream`` and ``events``."""
+    """Something that happened during a turn: the unit of ``stream`` and ``events``.
+
+    ``resumed`` (queued turns) marks a run that goes on with a turn an earlier run started:
+    ``data["reason"]`` says why (``worker_lost``: the run's lease lapsed, its worker died
+    or stalled, and a new run took the turn over; ``worker_stopped``: its worker handed it
+    back on shutdown; ``approval_decided`` / ``approval_expired``: a parked turn goes on
+    after its approvals), ``data["attempt"]`` which attempt the run is (a resume after
+    approvals goes on with the attempt that parked). Steps the earlier run finished are not
+    repeated; a step it was cut off in (a ``tool_call`` without its ``tool_result``) is.
+    """
 
     type: EventType
     data: dict[str, Any] = Field(default_factory=dict)

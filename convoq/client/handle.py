@@ -55,6 +55,9 @@ class TurnResult:
         error: the turn's error rebuilt as a ConvoqError when failed, cancelled or
             expired.
         pending_approvals: tool calls waiting for approve/deny when parked.
+        attempts: runs of the turn that started: 1, plus one for each run a worker lost
+            (or handed back on shutdown) and another took over; a resume after approvals
+            goes on with the attempt that parked (0 while queued).
         usage: tokens the turn's model calls reported, summed (when succeeded; when
             parked, those of the calls made so far).
         finish_reason: why the final model call stopped (``"length"``: cut off).
@@ -299,7 +302,10 @@ class AsyncTurnHandle:
     async def events(
         self, *, after: str = "0", timeout: float | None = None
     ) -> AsyncIterator[TurnEvent]:
-        """The turn's events from the start (or after stream id ``after``) until ``done``.
+        """The turn's events from the start (or after stream id ``after``) until ``done``:
+        ``status``, ``resumed`` (a run goes on with the turn an earlier one started, and
+        why: see :class:`~convoq.turn_state.TurnEvent`), ``text_delta``, ``assistant``,
+        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``done``.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.

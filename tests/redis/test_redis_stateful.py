@@ -71,8 +71,10 @@ class Model:
         while self.queue:
             head = self.queue[0]
             # A parked head whose approval expired with its lease runs on (its undecided
-            # calls recorded as expired), as a resumed one does.
-            self.runs[head] = self.runs.get(head, 0) + 1
+            # calls recorded as expired), as a resumed one does: with the run that parked
+            # it (max attempts counts the runs that started).
+            if self.status[head] != "awaiting_approval":
+                self.runs[head] = self.runs.get(head, 0) + 1
             if self.runs[head] > MAX_ATTEMPTS:
                 self.end(head, "failed")
                 continue
@@ -260,7 +262,6 @@ class TurnProtocolMachine(RuleBasedStateMachine):
             lease.state = "parked"
             self.model.status[tid] = "awaiting_approval"
             self.model.pending, self.model.decided, self.model.resume = ids, set(), False
-            self.model.runs[tid] = 0
             self.model.saved[tid] = 3
 
     def parked_head(self) -> str | None:

@@ -552,35 +552,63 @@ local function new_fence(meta)
   return fence
 end
 
+-- The "resumed" event's data when a run goes on with a turn another run started: why
+-- (a run taking over the lease of one that lapsed, worker_lost, or that its worker handed
+-- back on shutdown, worker_stopped; a parked turn whose approvals were all decided,
+-- approval_decided, or whose approval expired, approval_expired) and the attempt it is.
+local function resumed_data(rec, attempts)
+  local why
+  if rec.status == 'running' then
+    why = rec.handed_back == '1' and 'worker_stopped' or 'worker_lost'
+  else
+    why = rec.resume == '1' and 'approval_decided' or 'approval_expired'
+  end
+  return '{"reason":"' .. why .. '","attempt":' .. istr(attempts) .. '}'
+end
+
 -- The writes of handing out a turn (record `rec`, a field -> value table, now on its
 -- `runs`-th run) under the lease held by `holder` with `fence`; `rec` is updated to what
--- the record holds then. Returns the fence and the time of the call in ms (`now`, or when
--- nil the "running" event's id: the server clock without a TIME call, else TIME); false
--- (nothing written) when its events key holds another type (the "running" event is the
--- first write).
+-- the record holds then. A run taking over a started turn counts an attempt; a parked
+-- turn resumed goes on with the attempt that parked it. Returns the fence and the time of
+-- the call in ms (`now`, or when nil the first event's id: the server clock without a
+-- TIME call, else TIME); false (nothing written) when its events key holds another type
+-- (the events are the first write: "running" for a turn not running yet, then "resumed"
+-- for one another run started).
 local function start_run(h, k, rec, runs, holder, fence, o, now)
   local status = rec.status
-  local fields = {}
+  local parked = status == 'awaiting_approval'
+  local attempts = tonumber(rec.attempts or '0') + (parked and 0 or 1)
+  local events = {}
   if status ~= 'running' then
-    local id = emit_events(k.events, o.maxlen, {{'status', status_data('running')}})
-    if not id then
-      return false
-    end
-    -- Commit's events go after it (emit_events() reads the hint from the record).
-    rec.last_event = id
-    fields = {'last_event', id}
-    if not now then
-      now = stream_id(id)
-      clock_us = clock_us or istr(now * 1000)  -- a new fence's seed (new_fence())
-    end
+    events[1] = {'status', status_data('running')}
   end
-  now = now or now_ms()
+  if status == 'running' or parked then
+    events[#events + 1] = {'resumed', resumed_data(rec, attempts)}
+  end
+  if #events > 1 and not now then
+    now = now_ms()  -- one entry of several events takes its id from the clock
+  end
+  local id = emit_events(k.events, o.maxlen, events, now, rec.last_event)
+  if not id then
+    return false
+  end
+  -- Commit's events go after it (emit_events() reads the hint from the record).
+  rec.last_event = id
+  local fields = {'last_event', id}
+  if not now then
+    now = stream_id(id)
+    clock_us = clock_us or istr(now * 1000)  -- a new fence's seed (new_fence())
+  end
+  if rec.handed_back then
+    redis.call('HDEL', k.turn, 'handed_back')  -- said by this "resumed" event
+    rec.handed_back = nil
+  end
   fence = fence or new_fence(h.meta)
   redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
     'expires_ms', istr(now + tonumber(o.lease_ms)))
   redis.call('PEXPIRE', k.lease, o.lease_ms)
   stamp(h.meta)
-  rec.attempts = istr(tonumber(rec.attempts or '0') + 1)
+  rec.attempts = istr(attempts)
   rec.runs, rec.status = istr(runs), 'running'
   for _, v in ipairs({'attempts', rec.attempts, 'runs', rec.runs, 'status', 'running'}) do
     fields[#fields + 1] = v
@@ -591,7 +619,7 @@ local function start_run(h, k, rec, runs, holder, fence, o, now)
     fields[#fields + 1] = rec.started_ms
   end
   redis.call('HSET', k.turn, unpack(fields))
-  if status == 'awaiting_approval' then
+  if parked then
     redis.call('HDEL', k.turn, 'result')  -- the pending approvals are decided now
     rec.result = nil
   end
@@ -632,7 +660,9 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   end
   -- Parked, undecided and the parked lease is gone: the approval expired.
   local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
-  local runs = tonumber(rec.runs or '0') + 1
+  -- Max attempts counts the runs that started (less those handed back on shutdown): a
+  -- parked turn resumed goes on with the run that parked it, and cannot be over.
+  local runs = tonumber(rec.runs or '0') + (status == 'awaiting_approval' and 0 or 1)
   if runs > o.max_attempts then
     k.last = rec.last_event
     if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen,

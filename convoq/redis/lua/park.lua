@@ -42,7 +42,7 @@ emit_batch(k.events, ARGV[7], 9, tonumber(ARGV[8]))
 redis.call('SET', k.cont, ARGV[3])
 redis.call('DEL', k.journal)
 redis.call('HSET', turn, 'status', 'awaiting_approval', 'result', ARGV[5], 'pending', ARGV[4],
-  'resume', '0', 'runs', '0', 'parked_ms', istr(now))
+  'resume', '0', 'parked_ms', istr(now))
 redis.call('HSET', lease, 'state', 'parked', 'expires_ms', istr(now + tonumber(ARGV[6])))
 redis.call('PEXPIRE', lease, ARGV[6])
 emit(k.events, ARGV[7], 'status', status_data('awaiting_approval'))

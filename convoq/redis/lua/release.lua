@@ -5,7 +5,8 @@
 -- ARGV[2] = turn id: the turn run under the lease, handed back unfinished
 -- Hands a conversation back (a worker shutting down): frees the lease held with this
 -- fence so any worker may take the turn at once; the run does not count as an attempt
--- (it was stopped, it did not crash). Its journal stays: the next run goes on from it.
+-- (it was stopped, it did not crash), and the turn is marked handed back (the next run's
+-- "resumed" event says worker_stopped). Its journal stays: the next run goes on from it.
 -- Returns {'OK'} or {'STALE'}.
 local l = redis.call('HMGET', KEYS[1], 'fence', 'state')
 if l[1] ~= ARGV[1] or l[2] ~= 'active' then
@@ -18,6 +19,7 @@ if sane and redis.call('LINDEX', KEYS[2], 0) == ARGV[2]
     and redis.call('HGET', KEYS[3], 'status') == 'running'
     and tonumber(redis.call('HGET', KEYS[3], 'runs') or '0') > 0 then
   redis.call('HINCRBY', KEYS[3], 'runs', -1)
+  redis.call('HSET', KEYS[3], 'handed_back', '1')
 end
 redis.call('DEL', KEYS[1])
 return {'OK'}
