@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs; the mcp SDK requires it
+import jsonschema  # type: ignore[import-untyped, unused-ignore]  # stubs may be absent
 import mcp.types as mt
 import referencing.exceptions
 from mcp import ClientSession
