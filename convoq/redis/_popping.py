@@ -29,6 +29,7 @@ from typing import Any
 
 from convoq._sync import adrive
 from convoq.errors import ConversationBusyError
+from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.messages import Message
 from convoq.redis._codec import (
@@ -76,6 +77,29 @@ def pop_steps(
         ConversationBusyError: a turn holds the conversation or is queued (nothing
             changed).
     """
+    place, element, messages, stored = yield from _newest_element(keys, cid)
+    newest = messages[-1] if messages else None
+    rest = messages[:-1] + (keep(newest) if keep and newest else [])
+    encoded = Encoded()
+    replacement = encode_element(rest, limits, encoded) if rest else b""
+    args: list[Any] = [APPEND_ID_TTL_MS, place, hashlib.sha1(element).hexdigest(), replacement]
+    # Attachments the old element referred to are stored already; only new ones are sent.
+    args += [x for sha, data in encoded.blobs.items() if sha not in stored for x in (sha, data)]
+    reply = Outcome.parse("pop", (yield ScriptCall("pop", pop_keys(keys, cid, pop_id), args)))
+    if reply.refusal is not None:
+        raise refusal_error(reply.refusal, keys, cid, None)
+    if reply.status == "EMPTY":
+        return None
+    if reply.status == "CHANGED" or newest is None:
+        return AGAIN  # an element of no message went; the newest is in the one before
+    return newest  # OK, or APPLIED: a resend of this very pop
+
+
+def _newest_element(
+    keys: KeySchema, cid: str
+) -> Steps[tuple[str, bytes, list[Message], dict[str, bytes]]]:
+    """Where the newest message is ('turns', 'lead', or 'none' with b""), the element
+    holding it, that element's messages and the attachments it refers to."""
     meta, turns_key, lead_key = keys.meta(cid), keys.turns(cid), keys.lead(cid)
     replies = yield Batch(
         [
@@ -90,31 +114,15 @@ def pop_steps(
     version, stored_turns, last_turn, last_lead = replies
     if version is not None and text(version) != str(FORMAT_VERSION):
         raise version_error(keys, cid, text(version))
-    place, element = ("turns", last_turn) if stored_turns else ("lead", last_lead)
-    messages: list[Message] = []
-    blobs: dict[str, bytes] = {}
+    place, key, element = (
+        ("turns", turns_key, last_turn) if stored_turns else ("lead", lead_key, last_lead)
+    )
     if element is None:
-        place, element = "none", b""
-    else:
-        key = turns_key if place == "turns" else lead_key
-        header = parse_header(element, key=key)
-        blobs = yield from _blobs_steps(keys, cid, list(header.blobs))
-        messages = decode_elements([header], blobs, key=key, blobs_key=keys.blobs(cid))
-    newest = messages[-1] if messages else None
-    rest = messages[:-1] + (keep(newest) if keep and newest else [])
-    encoded = Encoded()
-    replacement = encode_element(rest, limits, encoded) if rest else b""
-    args: list[Any] = [APPEND_ID_TTL_MS, place, hashlib.sha1(element).hexdigest(), replacement]
-    # Attachments the old element referred to are stored already; only new ones are sent.
-    args += [x for sha, data in encoded.blobs.items() if sha not in blobs for x in (sha, data)]
-    reply = Outcome.parse("pop", (yield ScriptCall("pop", pop_keys(keys, cid, pop_id), args)))
-    if reply.refusal is not None:
-        raise refusal_error(reply.refusal, keys, cid, None)
-    if reply.status == "EMPTY":
-        return None
-    if reply.status == "CHANGED" or newest is None:
-        return AGAIN  # an element of no message went; the newest is in the one before
-    return newest  # OK, or APPLIED: a resend of this very pop
+        return "none", b"", [], {}
+    header = parse_header(element, key=key)
+    blobs = yield from _blobs_steps(keys, cid, list(header.blobs))
+    messages = decode_elements([header], blobs, key=key, blobs_key=keys.blobs(cid))
+    return place, element, messages, blobs
 
 
 class PoppingMixin(RetentionMixin):
@@ -130,6 +138,7 @@ class PoppingMixin(RetentionMixin):
         Raises:
             ConversationBusyError: a turn still held it after ``wait_s`` (nothing changed).
         """
+        check_conversation_id(cid)
         deadline = time.monotonic() + wait_s
         delay = _FIRST_POLL_S
         # One id for every try: only the try that writes records it, so a resend of that

@@ -23,7 +23,7 @@ from tests.support.memory_backends import backend_url, close_memory, make_memory
 # Rounds of one add_items against one pop_item. In memory and in files a pop holds the
 # conversation's in-process reservation, which an add waiting on it polls every 50 ms;
 # fewer rounds keep those runs short.
-ROUNDS = {"redis": 1000, "in_memory": 300, "file": 100}
+ROUNDS = {"redis": 1000, "in_memory": 300, "file": 60}
 SEED = [{"role": "user", "content": f"seed {n}"} for n in range(3)]
 
 

@@ -23,7 +23,7 @@ from convoq.integrations.openai_agents import ConvoqSession
 from convoq.limits import Limits
 from convoq.memory import ConversationMemory, RedisConversationMemory, as_memory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart, ToolCall
-from convoq.redis._popping import pop_steps
+from convoq.redis._popping import AGAIN, pop_steps
 from convoq.redis._sync_client import BlockingScripts
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import ScriptCall
@@ -118,6 +118,25 @@ async def test_keep_stores_what_it_returns_in_place_of_the_newest(
         Message.assistant("let me look", CALLS[:1]),
     ]
     assert await turns_counted(memory, "c") == 1
+
+
+async def test_keep_may_store_an_attachment_the_element_had_not(
+    memory: ConversationMemory,
+) -> None:
+    memory.append("c", [Message.user("q"), Message.assistant("a")])
+    assert await memory.apop_message("c", keep=lambda m: [with_image("instead")]) == (
+        Message.assistant("a")
+    )
+    assert await memory.aload("c") == [Message.user("q"), with_image("instead")]
+
+
+async def test_a_history_that_opens_without_a_user_message(memory: ConversationMemory) -> None:
+    memory.append("c", [Message.assistant("hello"), Message.assistant("how can I help?")])
+    assert await turns_counted(memory, "c") == 1  # an opening of its own
+    assert await memory.apop_message("c") == Message.assistant("how can I help?")
+    assert await turns_counted(memory, "c") == 1
+    assert await memory.apop_message("c") == Message.assistant("hello")
+    assert await turns_counted(memory, "c") == 0
 
 
 async def test_bad_arguments_are_refused_and_nothing_changes(memory: ConversationMemory) -> None:
@@ -235,6 +254,32 @@ def test_a_resent_pop_script_pops_nothing_more(
     # redis-py sends the same call again when its reply was lost.
     assert scripts.perform(sent[-1])[0] == "APPLIED"
     assert redis_memory.load("c") == [Message.user("q")]
+
+
+def test_a_write_between_the_read_and_the_script_is_never_lost(
+    redis_memory: RedisConversationMemory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    redis_memory.append("c", [Message.user("q")])
+    scripts = BlockingScripts(redis_client)
+    steps = pop_steps(KeySchema(key_prefix), "c", Limits(), None, pop_id=secrets.token_hex(8))
+    read = next(steps)
+    script = steps.send(scripts.perform(read))
+    assert isinstance(script, ScriptCall)
+    redis_memory.append("c", [Message.assistant("written meanwhile")])  # a plain append
+    with pytest.raises(StopIteration) as ended:
+        steps.send(scripts.perform(script))
+    assert ended.value.value is AGAIN  # nothing popped: the pop reads again
+    assert redis_memory.pop_message("c") == Message.assistant("written meanwhile")
+    assert redis_memory.load("c") == [Message.user("q")]
+
+
+def test_an_element_of_no_message_is_passed_over(
+    redis_memory: RedisConversationMemory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    redis_memory.append("c", [Message.user("q"), Message.assistant("a")])
+    redis_client.rpush(KeySchema(key_prefix).turns("c"), b"C\n[]")
+    assert redis_memory.pop_message("c") == Message.assistant("a")
+    assert redis_client.llen(KeySchema(key_prefix).turns("c")) == 1
 
 
 def commands_of_one_pop(
