@@ -107,11 +107,10 @@ class ConvoqSession:
         """Remove and return the newest item (None for an empty session).
 
         One atomic step of the memory (:meth:`~convoq.memory.ConversationMemory.apop_message`):
-        the newest stored message goes, or, when convoq wrote it as several items (text and
-        tool calls), only its last tool call; nothing else is read or rewritten, and items
-        another writer adds meanwhile stay, in order. While a convoq turn of the
-        conversation runs (or on Redis is queued) it waits up to ``busy_timeout_s``, then
-        raises ConversationBusyError.
+        the newest stored message goes or, when convoq wrote it as several items (text and
+        tool calls), loses only its last tool call; items another writer adds meanwhile
+        stay, in order. While a convoq turn of the conversation runs (or on Redis is
+        queued) it waits up to ``busy_timeout_s``, then raises ConversationBusyError.
         """
 
         def without_last_item(message: Message) -> list[Message]:
