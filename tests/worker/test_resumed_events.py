@@ -20,6 +20,7 @@ from convoq.errors import TurnTimeoutError
 from convoq.gateway.sse import turn_events
 from convoq.messages import Message, ToolCall
 from convoq.redis import Acquired, TurnProtocol
+from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent, TurnState
 from tests.support.protocol_helpers import open_protocol, submit_all
 from tests.support.redis_server import RedisServer
@@ -99,6 +100,21 @@ async def test_the_gateway_stream_and_the_handle_carry_the_resumed_event(
     assert [e.data for e in seen if e.type == "resumed"] == [
         {"reason": "worker_lost", "attempt": 2}
     ]
+
+
+async def test_a_handed_off_turn_taken_again_with_the_kept_fence_is_the_same_run(
+    proto: TurnProtocol,
+) -> None:
+    await submit_all(proto, CID, "t1", "t2")
+    first = await _take(proto)
+    ending = TurnEnding(fence=first.fence, lease_ms=LEASE, requeue=True)
+    await proto.commit(CID, "t1", [first.turn.input, Message.assistant("ok")], ending)
+    kept = {"worker_id": "w1", "lease_ms": LEASE, "fence": first.fence}
+    taken = await proto.acquire(CID, **kept)
+    again = await proto.acquire(CID, **kept)  # the same acquire resent (its reply was lost)
+    assert taken is not None and again is not None
+    assert (again.turn.turn_id, again.fence, again.turn.attempts) == ("t2", first.fence, 1)
+    assert [e.type for e in await _events(proto, "t2")] == ["status", "status"]  # queued, running
 
 
 async def test_a_turn_handed_back_on_shutdown_says_worker_stopped_once(

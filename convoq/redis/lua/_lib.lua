@@ -573,32 +573,39 @@ end
 -- the call in ms (`now`, or when nil the first event's id: the server clock without a
 -- TIME call, else TIME); false (nothing written) when its events key holds another type
 -- (the events are the first write: "running" for a turn not running yet, then "resumed"
--- for one another run started).
+-- for one another run started). A running turn handed out under the lease the caller
+-- keeps (`fence`) is the caller's own hand-off taken again (a resent acquire): the same
+-- run, no event, no attempt.
 local function start_run(h, k, rec, runs, holder, fence, o, now)
   local status = rec.status
   local parked = status == 'awaiting_approval'
-  local attempts = tonumber(rec.attempts or '0') + (parked and 0 or 1)
+  local again = status == 'running' and fence
+  local attempts = tonumber(rec.attempts or '0') + ((parked or again) and 0 or 1)
   local events = {}
   if status ~= 'running' then
     events[1] = {'status', status_data('running')}
   end
-  if status == 'running' or parked then
+  if (status == 'running' and not again) or parked then
     events[#events + 1] = {'resumed', resumed_data(rec, attempts)}
   end
   if #events > 1 and not now then
     now = now_ms()  -- one entry of several events takes its id from the clock
   end
-  local id = emit_events(k.events, o.maxlen, events, now, rec.last_event)
-  if not id then
-    return false
+  local fields = {}
+  if #events > 0 then
+    local id = emit_events(k.events, o.maxlen, events, now, rec.last_event)
+    if not id then
+      return false
+    end
+    -- Commit's events go after it (emit_events() reads the hint from the record).
+    rec.last_event = id
+    fields = {'last_event', id}
+    if not now then
+      now = stream_id(id)
+      clock_us = clock_us or istr(now * 1000)  -- a new fence's seed (new_fence())
+    end
   end
-  -- Commit's events go after it (emit_events() reads the hint from the record).
-  rec.last_event = id
-  local fields = {'last_event', id}
-  if not now then
-    now = stream_id(id)
-    clock_us = clock_us or istr(now * 1000)  -- a new fence's seed (new_fence())
-  end
+  now = now or now_ms()
   if rec.handed_back then
     redis.call('HDEL', k.turn, 'handed_back')  -- said by this "resumed" event
     rec.handed_back = nil
@@ -661,8 +668,10 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   -- Parked, undecided and the parked lease is gone: the approval expired.
   local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
   -- Max attempts counts the runs that started (less those handed back on shutdown): a
-  -- parked turn resumed goes on with the run that parked it, and cannot be over.
-  local runs = tonumber(rec.runs or '0') + (status == 'awaiting_approval' and 0 or 1)
+  -- parked turn resumed goes on with the run that parked it, and cannot be over (nor can
+  -- the caller's own hand-off taken again: see start_run()).
+  local same = status == 'awaiting_approval' or (status == 'running' and fence)
+  local runs = tonumber(rec.runs or '0') + (same and 0 or 1)
   if runs > o.max_attempts then
     k.last = rec.last_event
     if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen,
