@@ -7,6 +7,7 @@ list of turns, optionally preceded by leading system/developer messages.
 from __future__ import annotations
 
 import base64
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     TypeAdapter,
     model_serializer,
+    model_validator,
 )
 
 from convoq.errors import InvalidMessageError
@@ -76,6 +78,13 @@ class FilePart(BaseModel):
 
 Part = Annotated[TextPart | ImagePart | FilePart, Field(discriminator="type")]
 AttachmentPart = ImagePart | FilePart
+
+# Integrations once kept a framework's own record of a message as a last file part of this
+# type, which model wires then sent (or refused). Messages stored that way still load: the
+# part is taken out of ``content`` and its record put in ``framework`` as it is now kept.
+LEGACY_RECORD_MIME_TYPE = "application/vnd.convoq.original+json"
+# Where a legacy record that does not parse goes: the integration reading it reports it.
+UNREADABLE_RECORD = "convoq-unreadable"
 
 
 class ToolCall(BaseModel):
@@ -138,6 +147,16 @@ class Message(BaseModel):
                     del data[key]
         return data
 
+    @model_validator(mode="after")
+    def _legacy_record_to_framework(self) -> Message:
+        content = self.content
+        if content and content[-1].type == "file":
+            last = content[-1]
+            if isinstance(last, FilePart) and last.mime_type == LEGACY_RECORD_MIME_TYPE:
+                self.content = content[:-1]
+                self.framework = {**(self.framework or {}), **_legacy_record(last.data)}
+        return self
+
     @property
     def text(self) -> str:
         """The text parts joined in order."""
@@ -183,6 +202,19 @@ class Message(BaseModel):
             name=call.name,
             decision=decision,
         )
+
+
+def _legacy_record(data: bytes) -> dict[str, Any]:
+    """``{framework: record}`` of a legacy record part, the record without its
+    ``framework`` key (exactly what an integration keeps in ``framework`` now)."""
+    try:
+        record = json.loads(data)
+    except ValueError:
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("framework"), str):
+        name = record.pop("framework")
+        return {name: record}
+    return {UNREADABLE_RECORD: data.decode("utf-8", errors="replace")}
 
 
 class GenerationRequest(BaseModel):

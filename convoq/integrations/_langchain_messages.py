@@ -4,8 +4,9 @@ Human, AI, tool and system messages become convoq user, assistant, tool and syst
 messages: text, images and files (``data:`` URLs or base64 blocks) as parts, tool calls as
 :class:`~convoq.messages.ToolCall`. Where that view does not rebuild the LangChain message
 exactly (ids, metadata, usage, other message types), the message's ``message_to_dict``
-form is kept beside it (:mod:`convoq.integrations._originals`). Messages a convoq agent
-wrote read as the LangChain messages that say the same.
+form is kept in ``Message.framework["langchain"]``, which no model wire sends, without the
+attachment bytes the parts hold (:mod:`convoq.integrations._originals`). Messages another
+framework or a convoq agent wrote read as the LangChain messages that say the same.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from convoq.integrations._originals import (
     original_of,
     parse_base64,
     parse_data_url,
-    view_content,
     with_original,
 )
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, Part, TextPart, ToolCall
@@ -61,7 +61,7 @@ def from_convoq(message: Message) -> BaseMessage:
     original = original_of(message, framework=FRAMEWORK)
     if original is not None:
         return messages_from_dict([original])[0]
-    content = _lc_content(view_content(message))
+    content = _lc_content(message.content)
     if message.role == MessageRole.USER:
         return HumanMessage(content=content)
     if message.role == MessageRole.TOOL:

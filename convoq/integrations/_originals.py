@@ -2,16 +2,20 @@
 
 An integration stores each framework message as a convoq :class:`~convoq.messages.Message`
 that convoq understands (role, text, images and files as attachment parts, tool calls,
-tool results), so windows, exports and the CLI read it. Where that view alone does not
-rebuild the framework's message exactly (ids, statuses, annotations, item types convoq has
-no counterpart for), the original JSON travels with it as one last part of type
-:data:`ORIGINAL_MIME_TYPE`. Attachment bytes found inside the original are stored once, as
-the view's image/file parts; the original holds only where they go back (a JSON path and
-how the bytes were spelled there: a ``data:`` URL or bare base64).
+tool results), so windows, exports, the CLI and convoq's agents read it. Where that view
+alone does not rebuild the framework's message exactly (ids, statuses, annotations, item
+types convoq has no counterpart for), the original JSON is kept in
+``Message.framework[name]``, which no model wire sends. Attachment bytes found inside the
+original are stored once, as the view's image/file parts; the record holds only where they
+go back (a JSON path, the index of the part and how the bytes were spelled there: a
+``data:`` URL or bare base64).
 
 Record versions (``version``):
 
-* 1 - ``{"framework", "version", "original", "binaries": [[path, part, spelling]]}``.
+* 1 - ``{"version", "original", "binaries": [[path, part, spelling]]}``. Earlier convoq kept
+  this record, plus a ``framework`` key, as the message's last file part (of type
+  ``application/vnd.convoq.original+json``); such messages load with the part moved here
+  (see :data:`convoq.messages.LEGACY_RECORD_MIME_TYPE`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from convoq.errors import CorruptDataError, InvalidMessageError
-from convoq.messages import FilePart, ImagePart, Message, Part
+from convoq.messages import UNREADABLE_RECORD, FilePart, ImagePart, Message, Part
 
-ORIGINAL_MIME_TYPE = "application/vnd.convoq.original+json"
 RECORD_VERSION = 1
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+);base64,(.*)", re.DOTALL)
 
@@ -88,53 +91,47 @@ def checked_json(value: Any, what: str) -> Any:
 def with_original(
     view: Message, original: Any, *, framework: str, binaries: list[Binary]
 ) -> Message:
-    """``view`` with ``original`` kept as its last part (minus the bytes of ``binaries``,
-    which the view's parts hold)."""
+    """``view`` with ``original`` kept in ``framework[framework]`` (minus the bytes of
+    ``binaries``, which the view's parts hold)."""
     blanked = copy.deepcopy(original)
     for binary in binaries:
         _set(blanked, binary.path, None)
     record = {
-        "framework": framework,
         "version": RECORD_VERSION,
         "original": blanked,
         "binaries": [[list(b.path), b.part, b.spelling] for b in binaries],
     }
-    data = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    part = FilePart(data=data, mime_type=ORIGINAL_MIME_TYPE)
-    return view.model_copy(update={"content": [*view.content, part]})
+    return view.model_copy(update={"framework": {**(view.framework or {}), framework: record}})
 
 
 def original_of(message: Message, *, framework: str) -> Any | None:
-    """The original kept with ``message`` by ``framework``'s integration, else None."""
-    if not message.content:
-        return None
-    last = message.content[-1]
-    if not isinstance(last, FilePart) or last.mime_type != ORIGINAL_MIME_TYPE:
+    """The original kept with ``message`` by ``framework``'s integration, else None.
+
+    Raises:
+        CorruptDataError: the kept record does not parse or has a version this convoq
+            does not read.
+    """
+    kept = message.framework or {}
+    if UNREADABLE_RECORD in kept:
+        raise CorruptDataError(
+            "a stored message keeps a framework record that is not JSON; restore the"
+            " conversation from a backup or clear it"
+        )
+    record = kept.get(framework)
+    if record is None:
         return None
     try:
-        record = json.loads(last.data)
         if record["version"] != RECORD_VERSION:
             raise CorruptDataError(
                 f"a stored original has record version {record['version']!r}; this convoq"
                 f" reads version {RECORD_VERSION}: upgrade convoq"
             )
-        if record["framework"] != framework:
-            return None
-        original = record["original"]
+        original = copy.deepcopy(record["original"])  # the stored message stays as it is
         for path, part, spelling in record["binaries"]:
             _set(original, tuple(path), _spelled(message.content[part], spelling))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CorruptDataError(f"a stored original does not parse ({exc!r})") from None
     return original
-
-
-def view_content(message: Message) -> list[Part]:
-    """The message's parts without a kept original."""
-    content = list(message.content)
-    last = content[-1] if content else None
-    if isinstance(last, FilePart) and last.mime_type == ORIGINAL_MIME_TYPE:
-        content.pop()
-    return content
 
 
 def _spelled(part: Part, spelling: str) -> str:

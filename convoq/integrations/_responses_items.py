@@ -4,8 +4,10 @@ One item is one message. User, system, developer and assistant messages become m
 of that role (text parts, images and files as attachments); a ``function_call`` becomes an
 assistant message with a tool call; a ``function_call_output`` a tool message. Every
 other item type becomes an assistant message (a tool message for ``*_output`` types) with
-no text. Where the view does not rebuild the item exactly, the item is kept beside it
-(:mod:`convoq.integrations._originals`), so items come back exactly as they were added.
+no text. Where the view does not rebuild the item exactly, the item is kept in
+``Message.framework["openai-agents"]``, which no model wire sends, without the attachment
+bytes the parts hold (:mod:`convoq.integrations._originals`), so items come back exactly
+as they were added.
 
 Messages convoq wrote itself (a convoq agent's turn) read as the items that say the same:
 an assistant message with text and tool calls reads as a message item and one
@@ -25,7 +27,6 @@ from convoq.integrations._originals import (
     data_url,
     original_of,
     parse_data_url,
-    view_content,
     with_original,
 )
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, Part, TextPart, ToolCall
@@ -54,7 +55,7 @@ def message_to_items(message: Message) -> list[dict[str, Any]]:
     original = original_of(message, framework=FRAMEWORK)
     if original is not None:
         return [original]
-    content = view_content(message)
+    content = message.content
     if message.role == MessageRole.TOOL:
         return [_tool_output(message.tool_call_id or "", content)]
     items: list[dict[str, Any]] = []

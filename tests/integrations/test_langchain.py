@@ -4,6 +4,7 @@ every backend, with langchain-core's own fake chat models and a real redis-serve
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
@@ -25,7 +26,6 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from convoq.errors import ConversationBusyError, ConvoqError, InvalidMessageError
-from convoq.integrations._originals import ORIGINAL_MIME_TYPE
 from convoq.integrations.langchain import ConvoqChatMessageHistory
 from convoq.memory import ConversationMemory, InMemoryConversationMemory
 from convoq.memory.redis import RedisConversationMemory
@@ -116,17 +116,17 @@ def test_messages_are_stored_as_convoq_messages(memory: ConversationMemory) -> N
     )
     assert stored[4] == Message.assistant("A cat.")
     # The image given by URL stays a URL, inside the kept original.
-    text, image, original = stored[1].content
+    text, image = stored[1].content
     assert text == TextPart(text="What is this?")
     assert isinstance(image, ImagePart) and image.data == PNG
-    assert isinstance(original, FilePart) and b"https://example.com/cat.png" in original.data
+    assert "https://example.com/cat.png" in json.dumps(stored[1].framework)
     assert stored[2].tool_calls == [ToolCall(id="call_1", name="look", arguments={"zoom": 2})]
-    image, pdf, original = stored[5].content
+    image, pdf = stored[5].content
     assert isinstance(image, ImagePart) and image.data == PNG
     assert isinstance(pdf, FilePart) and pdf.data == PDF and pdf.filename == "report.pdf"
-    assert isinstance(original, FilePart) and original.mime_type == ORIGINAL_MIME_TYPE
+    assert stored[5].framework is not None and list(stored[5].framework) == ["langchain"]
     # The kept original does not hold the attachment bytes a second time.
-    assert B64_PNG[:40] not in original.data.decode()
+    assert B64_PNG[:40] not in json.dumps(stored[5].framework)
 
 
 def test_a_turn_convoq_wrote_reads_as_langchain_messages(memory: ConversationMemory) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from convoq.errors import (
     CorruptDataError,
     InvalidMessageError,
 )
-from convoq.integrations._originals import ORIGINAL_MIME_TYPE
 from convoq.integrations.openai_agents import ConvoqSession
 from convoq.memory import (
     ConversationMemory,
@@ -68,14 +68,14 @@ async def test_items_are_stored_as_convoq_messages(memory: ConversationMemory) -
         role=MessageRole.TOOL, content=[TextPart(text="a tabby cat")], tool_call_id="call_1"
     )
     picture = stored[2]
-    assert [type(p) for p in picture.content] == [TextPart, ImagePart, FilePart, FilePart]
-    image, pdf, original = picture.content[1:]
+    assert [type(p) for p in picture.content] == [TextPart, ImagePart, FilePart]
+    image, pdf = picture.content[1:]
     assert isinstance(image, ImagePart) and image.data == PNG and image.mime_type == "image/png"
     assert image.provider_options == {"detail": "low"}
     assert isinstance(pdf, FilePart) and pdf.data == PDF and pdf.filename == "report.pdf"
-    assert isinstance(original, FilePart) and original.mime_type == ORIGINAL_MIME_TYPE
+    assert picture.framework is not None and list(picture.framework) == ["openai-agents"]
     # The kept original does not hold the attachment bytes a second time.
-    assert base64.b64encode(PNG).decode()[:40] not in original.data.decode()
+    assert base64.b64encode(PNG).decode()[:40] not in json.dumps(picture.framework)
     assert stored[4].tool_calls == [
         ToolCall(id="call_1", name="lookup", arguments={"q": "cat", "n": 2})
     ]
@@ -186,12 +186,11 @@ async def test_a_damaged_original_is_reported() -> None:
     session = ConvoqSession("chat-1", memory)
     await session.add_items([{"type": "reasoning", "id": "rs_1", "summary": []}])
     [stored] = memory.load("chat-1")
-    original = stored.content[-1]
-    assert isinstance(original, FilePart)
-    for damaged in (b"not json", original.data.replace(b'"version":1', b'"version":2')):
+    assert stored.framework is not None
+    record = stored.framework["openai-agents"]
+    for damaged in ({"convoq-unreadable": "not json"}, {"openai-agents": {**record, "version": 2}}):
         memory.clear("chat-1")
-        broken = FilePart(data=damaged, mime_type=ORIGINAL_MIME_TYPE)
-        memory.append("chat-1", [stored.model_copy(update={"content": [broken]})])
+        memory.append("chat-1", [stored.model_copy(update={"framework": damaged})])
         with pytest.raises(CorruptDataError):
             await session.get_items()
 
