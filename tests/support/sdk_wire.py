@@ -229,7 +229,9 @@ def _item_events(index: int, item: Json, piece: int) -> list[Json]:
         {
             "type": "response.output_item.added",
             "output_index": index,
-            "item": {**item, "status": "in_progress"},
+            # As the API sends it: a function call's arguments arrive only as deltas.
+            "item": {**item, "status": "in_progress"}
+            | ({"arguments": ""} if item["type"] == "function_call" else {}),
         }
     ]
     if item["type"] == "message":

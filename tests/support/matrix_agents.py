@@ -1,0 +1,125 @@
+"""The profiles of the cross-feature matrix (CONVOQ_AGENTS=tests.support.matrix_agents).
+
+One convoq ``Agent`` and one Pydantic AI agent per model wire, all on the three-wire
+loopback server at ``MATRIX_WIRE_URL`` (``.../v1``, :mod:`tests.support.wire_server`):
+``convoq_chat``, ``convoq_responses``, ``convoq_anthropic``, ``pydantic_ai_chat``,
+``pydantic_ai_responses``, ``pydantic_ai_anthropic``. Each has the same tools: ``refund``
+(needs approval), ``whoami`` (reads the turn's metadata) and, for convoq agents, the MCP
+test server's ``t__add``. What each model answers is :func:`script`, read from the request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai import RunContext as PydanticContext
+from pydantic_ai.models.anthropic import AnthropicModel
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
+from pydantic_ai.providers.openai import OpenAIProvider
+
+from convoq import Agent, RunContext, tool
+from convoq.mcp import stdio_server
+from convoq.models import anthropic, openai, responses
+from tests.support.mcp_servers import stdio_args
+from tests.support.wire_server import Said, Seen
+
+URL = os.environ.get("MATRIX_WIRE_URL", "http://127.0.0.1:9/v1")
+ROOT = URL.removesuffix("/v1")
+WIRES = ("chat", "responses", "anthropic")
+MARK = "cell:"
+ANSWER = {"answer": "forty-two", "n": 42}
+WRONG = {"answer": 42}  # n missing, answer not a string: fails the output schema
+MCP_LOG = os.environ.get("MATRIX_MCP_LOG", "/tmp/convoq-matrix-mcp.log")
+
+
+def rider_of(seen: Seen) -> tuple[str, list[Any]]:
+    """The cell's rider named in the current turn's user message, and what followed it."""
+    marked, after = seen.since(MARK)
+    if marked is None:
+        return "", []
+    return marked.text.split(MARK, 1)[1].split()[0], after
+
+
+def script(seen: Seen) -> Said:
+    """The model of every cell: call the rider's tool once, then answer."""
+    rider, after = rider_of(seen)
+    results = [item for item in after if item.role == "tool"]
+    if rider == "summarise":
+        return Said("users said hello")  # the summariser's answer
+    if rider == "typed_output":
+        tried = any(item.role == "assistant" for item in after)
+        return Said(output=ANSWER if tried else WRONG)
+    tool = {"approval": ("refund", {"amount": 5}), "metadata": ("whoami", {}),
+            "mcp": ("t__add", {"a": 2, "b": 3})}.get(rider)  # fmt: skip
+    if tool is not None and not results:
+        return Said(calls=[(f"call_{rider}", tool[0], tool[1])])
+    if results:
+        return Said(f"{rider} done: {results[-1].text}")
+    return Said(f"{rider or 'plain'} ok")
+
+
+def convoq_model(wire: str) -> Any:
+    if wire == "chat":
+        return openai("gpt-m", base_url=URL, api_key="k")
+    if wire == "responses":
+        return responses("gpt-m", base_url=URL, api_key="k")
+    return anthropic("claude-m", base_url=ROOT, api_key="k")
+
+
+def pydantic_ai_model(wire: str) -> Any:
+    if wire == "chat":
+        return OpenAIChatModel("gpt-m", provider=OpenAIProvider(base_url=URL, api_key="k"))
+    if wire == "responses":
+        return OpenAIResponsesModel("gpt-m", provider=OpenAIProvider(base_url=URL, api_key="k"))
+    return AnthropicModel("claude-m", provider=AnthropicProvider(base_url=ROOT, api_key="k"))
+
+
+@tool(requires_approval=True)
+def refund(amount: int) -> str:
+    """Refund an amount to the customer."""
+    return f"refunded {amount}"
+
+
+@tool
+def whoami(ctx: RunContext) -> str:
+    """The customer this turn is for."""
+    return str(ctx.metadata.get("customer"))
+
+
+def _convoq(wire: str) -> Agent:
+    return Agent(
+        convoq_model(wire),
+        "Be brief.",
+        name=f"convoq_{wire}",
+        tools=[refund, whoami],
+        mcp_servers=[stdio_server("t", **stdio_args(MCP_LOG))],
+    )
+
+
+def _pydantic_ai(wire: str) -> PydanticAgent[Any, Any]:
+    agent: PydanticAgent[Any, Any] = PydanticAgent(
+        pydantic_ai_model(wire), name=f"pydantic_ai_{wire}", instructions="Be brief."
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(amount: int) -> str:
+        """Refund an amount to the customer."""
+        return f"refunded {amount}"
+
+    @agent.tool
+    def whoami(ctx: PydanticContext[Any]) -> str:
+        """The customer this turn is for."""
+        return str((ctx.metadata or {}).get("customer"))
+
+    return agent
+
+
+convoq_chat = _convoq("chat")
+convoq_responses = _convoq("responses")
+convoq_anthropic = _convoq("anthropic")
+pydantic_ai_chat = _pydantic_ai("chat")
+pydantic_ai_responses = _pydantic_ai("responses")
+pydantic_ai_anthropic = _pydantic_ai("anthropic")
