@@ -51,13 +51,14 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 @contextmanager
-def reported() -> Iterator[None]:
+def reported(code: int = 1) -> Iterator[None]:
     """A ConvoqError inside, or a Redis or broker that cannot be reached or answers an
-    error, becomes one line on stderr and exit code 1."""
+    error, becomes one line on stderr and exit code 1; ``code=2`` around the checks of the
+    command line itself (a bad option value is a usage error, as click's own are)."""
     try:
         yield
     except ConvoqError as exc:
-        raise fail(exc.message) from None
+        raise fail(exc.message, code) from None
     except REDIS_UNAVAILABLE as exc:
         raise fail(
             f"Redis does not answer ({str(exc).rstrip('.')}); start it, or point"

@@ -30,6 +30,7 @@ from convoq.cli._render import (
     print_workers,
     reported,
 )
+from convoq.cli._usage import OneLineUsage, plain_help
 from convoq.client import Client
 from convoq.context import check_metadata
 from convoq.errors import ConfigurationError, ConversationBusyError
@@ -43,6 +44,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineUsage,
 )
 
 
@@ -83,10 +85,12 @@ def worker(
     from convoq.worker.app import create_app  # lazy: worker side only here
     from convoq.worker.profiles import load_profiles
 
+    s = _settings(concurrency=concurrency, agents=agents)
+    with reported(code=2):
+        chosen = parse_partitions(partitions, s.partitions)
     with reported():
-        s = _settings(concurrency=concurrency, agents=agents)
         profiles = load_profiles(s.agents)
-        queues = queue_names(s.prefix, parse_partitions(partitions, s.partitions))
+        queues = queue_names(s.prefix, chosen)
         celery_app = create_app(s)
     err_console.print(
         f"[bold]convoq worker[/bold]: profiles {sorted(profiles)}, queues {queues[0]}..{queues[-1]}"
@@ -228,7 +232,8 @@ def submit(
     """Queue a turn; print its id on stdout (and with --wait, its result: final, or parked
     awaiting approval)."""
     s = _settings()
-    with reported():  # attachments, settings and metadata are checked before any connection
+    # Options, attachments and metadata are checked before any connection: usage errors.
+    with reported(code=2):
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
         meta = check_metadata(parse_json_option("--metadata", metadata))
         parts: list[Any] = [TextPart(text=text)]
@@ -374,6 +379,7 @@ def clear(
 
 
 _transfer.register(app, _settings)
+plain_help(app)  # last: every command is registered
 
 
 def main() -> None:

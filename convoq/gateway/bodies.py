@@ -9,6 +9,7 @@ JSON mode, which is also what decodes base64 attachments.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -16,12 +17,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
+from convoq.context import MAX_METADATA_BYTES
 from convoq.gateway.inputs import TurnOptions, TurnRequest
 from convoq.gateway.problems import GatewayError
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
 MAX_FILES = 64
 MAX_FIELDS = 32
+# A metadata field may be pretty-printed JSON: room for whitespace around its 16 KiB.
+MAX_METADATA_FIELD_BYTES = 4 * MAX_METADATA_BYTES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -91,7 +95,9 @@ async def turn_body(request: Request) -> tuple[TurnOptions, str | Message]:
             content.append(ImagePart(data=data, mime_type=mime))
         else:
             content.append(FilePart(data=data, mime_type=mime, filename=upload.filename))
-    fields = {k: v for k, v in form.multi_items() if k not in ("text", "files")}
+    fields: dict[str, Any] = {k: v for k, v in form.multi_items() if k not in ("text", "files")}
+    if "metadata" in fields:
+        fields["metadata"] = _form_metadata(fields["metadata"])
     try:
         options = TurnOptions.model_validate(fields)
     except ValidationError as exc:
@@ -99,9 +105,41 @@ async def turn_body(request: Request) -> tuple[TurnOptions, str | Message]:
     return options, Message(content=content)
 
 
+def _form_metadata(field: object) -> dict[str, Any]:
+    """The JSON object a multipart ``metadata`` field holds: 413 over
+    :data:`MAX_METADATA_FIELD_BYTES`, 422 for a file, bad JSON or another JSON value (its
+    size as compact JSON is the client's check, the one every entry point has)."""
+    if not isinstance(field, str):
+        raise _bad_metadata("a form field holding a JSON object, not a file")
+    size = len(field.encode())
+    if size > MAX_METADATA_FIELD_BYTES:
+        raise GatewayError(
+            413,
+            "RequestTooLarge",
+            f"the metadata field is {size} bytes, over {MAX_METADATA_FIELD_BYTES}; metadata"
+            f" may be {MAX_METADATA_BYTES} bytes as compact JSON",
+            limit=MAX_METADATA_FIELD_BYTES,
+        )
+    try:
+        value = json.loads(field)
+    except ValueError as exc:
+        raise _bad_metadata(f'a JSON object, e.g. {{"customer": "c-42"}} ({exc})') from None
+    if not isinstance(value, dict):
+        raise _bad_metadata(f"a JSON object, not a JSON {type(value).__name__}")
+    return value
+
+
+def _bad_metadata(wanted: str) -> GatewayError:
+    problem = [{"loc": ["metadata"], "msg": f"must be {wanted}"}]
+    return GatewayError(
+        422, "ValidationError", f"the metadata field must be {wanted}", errors=problem
+    )
+
+
 def multipart_schema() -> dict[str, Any]:
     """The multipart form of a submit: :class:`TurnOptions` as fields, plus ``text``
-    (required) and ``files``."""
+    (required) and ``files``. ``metadata`` is an object: in a multipart body its part
+    holds the object's JSON (OpenAPI's default encoding of an object property)."""
     schema = TurnOptions.model_json_schema()
     # A form field is a string or absent, never null.
     properties = {name: not_null(field) for name, field in schema["properties"].items()}

@@ -13,6 +13,7 @@ them, the agent names a submit may use.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -108,7 +109,32 @@ def complete(document: dict[str, Any], *bodies: type[BaseModel]) -> dict[str, An
         for method, operation in operations.items():
             _complete_operation(path, method, operation)
     _add_links(document["paths"])
+    _markdown(document)
     return document
+
+
+# Descriptions come from docstrings (routes, models), written in reST; /docs renders
+# markdown, where ``literal`` shows its backticks and :role:`name` its role.
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+_ROLE = re.compile(r":[a-z]+:`(?:~[\w.]*\.)?([^`]+)`")
+
+
+def markdown(text: str) -> str:
+    """A docstring's reST literals and roles as markdown code."""
+    return _ROLE.sub(r"`\1`", _LITERAL.sub(r"`\1`", text))
+
+
+def _markdown(node: Any) -> None:
+    """Every ``description`` under ``node`` in markdown (see :func:`markdown`)."""
+    if isinstance(node, list):
+        for item in node:
+            _markdown(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():  # only values change: the dict keeps its keys
+            if key == "description" and isinstance(value, str):
+                node[key] = markdown(value)
+            else:
+                _markdown(value)
 
 
 def _add_links(paths: dict[str, Any]) -> None:

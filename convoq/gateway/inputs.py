@@ -127,6 +127,11 @@ class TurnOptions(_Strict):
         pattern=CALLBACK_URL,
         description="Gets one signed POST when the turn is final.",
     )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
+        " (16 KiB at most; in a multipart body, a field holding the object's JSON).",
+    )
 
 
 class ModelSettingsIn(_Strict):
@@ -177,11 +182,6 @@ class TurnRequest(TurnOptions):
 
     model_settings: ModelSettingsIn | None = Field(
         default=None, description="Merged over the profile's (JSON body only)."
-    )
-    metadata: dict[str, Any] | None = Field(
-        default=None,
-        description="A JSON object stored with the turn; its tools read it as ctx.metadata"
-        " (16 KiB at most; JSON body only).",
     )
     output_schema: OutputSchemaIn | None = Field(
         default=None,

@@ -96,8 +96,8 @@ async def submit_turn(
             max_history_tokens=body.max_history_tokens,
             callback_url=body.callback_url,
             if_busy=body.if_busy,
-            # Metadata, settings and an output schema come in a JSON body only.
-            metadata=body.metadata if isinstance(body, TurnRequest) else None,
+            metadata=body.metadata,  # a JSON field, or a multipart field's JSON
+            # Settings and an output schema come in a JSON body only.
             **(body.asked() if isinstance(body, TurnRequest) else {}),
         )
     except ConversationBusyError as busy:

@@ -97,8 +97,8 @@ def test_clear_refuses_a_busy_conversation_unless_forced(run) -> None:  # type: 
 def test_cancel_and_errors_are_reported_with_exit_codes(run) -> None:  # type: ignore[no-untyped-def]
     assert "invalid conversation id" in run("submit", "bad\tid", "x", "--agent", "echo", code=1)
     assert "no agent profile" in run("submit", _cid(), "x", "--agent", "nobody", code=1)
-    assert "no file" in run(
-        "submit", _cid(), "x", "--agent", "echo", "--image", "/nope.png", code=1
+    assert "no file" in run(  # a bad option value: a usage error
+        "submit", _cid(), "x", "--agent", "echo", "--image", "/nope.png", code=2
     )
     cid = _cid()
     out = run("submit", cid, "pay", "--agent", "approver", "--wait")

@@ -33,7 +33,7 @@ def test_submit_with_metadata_and_bad_metadata_queues_nothing(run, pool: WorkerP
     watched = run("watch", cid, _turn_id(out), "--timeout", "10")
     assert "done: succeeded" in watched
     for bad, words in [("{nope", "--metadata must be JSON"), ("[1]", "JSON object")]:
-        refused = run("submit", cid, "x", "--agent", "echo", "--metadata", bad, code=1)
+        refused = run("submit", cid, "x", "--agent", "echo", "--metadata", bad, code=2)
         assert words in refused and "Traceback" not in refused
     store = redis.Redis.from_url(pool.redis_url)
     try:
