@@ -120,8 +120,12 @@ class Message(BaseModel):
     (the API's ``refusal`` field; ``content`` is then usually empty), ``usage`` the tokens
     that call reported and ``finish_reason`` why it stopped (``"stop"``, ``"length"``,
     ``"tool_calls"``, ``"content_filter"``...); each None when not reported.
-    ``framework``: set by an integration (:mod:`convoq.integrations`) on the messages of
-    a turn another framework's agent ran: that framework's own record of the message.
+    ``framework``: what another framework's integration (:mod:`convoq.integrations`)
+    keeps of the message beyond convoq's fields, as JSON by framework name (its own record
+    of the message, without the attachment bytes the parts hold); no model wire sends it.
+    A message stored with such a record as its last file part (of type
+    :data:`LEGACY_RECORD_MIME_TYPE`, as earlier versions kept it) loads with the record
+    moved here.
     """
 
     model_config = _BYTES_AS_BASE64
@@ -135,7 +139,8 @@ class Message(BaseModel):
     finish_reason: str | None = None
     decision: Decision | None = None
     # What another agent framework says of this message beyond convoq's fields (JSON, by
-    # framework name), kept by the integration that wrote it to rebuild its own form.
+    # framework name), kept by the integration that wrote it to rebuild its own form;
+    # never part of what a model is sent.
     framework: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")

@@ -28,16 +28,15 @@ from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart,
 from convoq.models import ModelRequest
 from convoq.redis.keys import KeySchema
 from tests.support import legacy_records as legacy
-from tests.support.cross_framework import (
+from tests.support.cross_framework import AgentsSide, LangChainSide, make_side
+from tests.support.cross_framework_wire import (
     FRAMEWORK_ONLY,
     LEGACY_MIME,
     WIRES,
-    LangChainSide,
     Log,
     Wire,
     b64,
     check_sent,
-    make_side,
 )
 from tests.support.memory_backends import backend_url, close_memory, make_memory
 from tests.support.openai_server import OpenAIServer
@@ -195,7 +194,7 @@ async def test_no_model_wire_sends_framework_records(wire: Wire) -> None:
     wire.check(sent.json)
 
 
-def test_a_worker_continues_a_langchain_conversation_on_every_wire(
+def test_a_worker_continues_a_langchain_and_openai_agents_conversation_on_every_wire(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     servers = {name: OpenAIServer() for name in WIRES}
@@ -206,13 +205,15 @@ def test_a_worker_continues_a_langchain_conversation_on_every_wire(
         wires = [Wire(name, server) for name, server in servers.items()]
         for wire in wires:
             wire.reply_text(f"{wire.name} answer")
-        agents = "tests.support.cross_framework_agents"
-        with running_pool(redis_server.url, tmp_path, 1, agents=agents) as pool:
+        profiles = "tests.support.cross_framework_agents"
+        with running_pool(redis_server.url, tmp_path, 1, agents=profiles) as pool:
             memory = RedisConversationMemory(redis_server.url, prefix=pool.prefix)
             try:
                 cid = f"lc-worker-{uuid.uuid4().hex[:8]}"
                 langchain, log = LangChainSide(memory, cid), Log()
+                agents = AgentsSide(memory, cid)
                 run_sync(langchain.take_turn(1, log))
+                run_sync(agents.take_turn(2, log))
                 with pool.client() as client:
                     for wire in wires:  # one turn on each wire, each given all before it
                         handle = client.submit(
@@ -224,8 +225,9 @@ def test_a_worker_continues_a_langchain_conversation_on_every_wire(
                         log.given(f"the worker's {wire.name} turn", sent.body.decode())
                         log.wrote(f"{wire.name} question", f"{wire.name} answer")
                 run_sync(langchain.check_read_back())
+                run_sync(agents.check_read_back())
                 roles = [m.role for m in memory.load(cid)]
-                assert roles[4:] == [MessageRole.USER, MessageRole.ASSISTANT] * 3
+                assert roles[-6:] == [MessageRole.USER, MessageRole.ASSISTANT] * 3
             finally:
                 memory.close()
 

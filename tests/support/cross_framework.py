@@ -1,23 +1,16 @@
-"""One conversation written in turn by LangChain, the OpenAI Agents SDK, Pydantic AI and a
-convoq Agent, each with its own test model (the convoq Agent's speaks one model wire to a
-loopback server).
+"""LangChain, the OpenAI Agents SDK and Pydantic AI as sides of one conversation (see
+:mod:`tests.support.cross_framework_wire` for what the sides share and convoq's side).
 
-Each side takes a turn the way its framework does it (a user message with an image and a
-PDF, a tool call, its result, an answer), records what it wrote in its own terms, and
-checks that it reads exactly that back. Every text a turn writes is noted; each later turn
-checks its model was given all of it. Fields only a framework knows (message and item
-ids, thinking, model names) carry the marker :data:`FRAMEWORK_ONLY`, which no model wire
-may send.
+LangChain loops over ``ConvoqChatMessageHistory`` with its fake chat model; the OpenAI
+Agents SDK runs with a ``ConvoqSession`` and its own ScriptedModel; Pydantic AI runs as a
+durable profile in process, as a worker runs it, with its FunctionModel.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from agents import Agent as AgentsAgent
 from agents import RunConfig, Runner, function_tool
@@ -45,7 +38,6 @@ from pydantic_ai.messages import (
 from pydantic_ai.messages import TextPart as PaiText
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from convoq import Agent, tool
 from convoq.engine import Completed
 from convoq.integrations._pydantic_ai_messages import to_pydantic_ai
 from convoq.integrations.langchain import ConvoqChatMessageHistory
@@ -53,80 +45,25 @@ from convoq.integrations.openai_agents import ConvoqSession
 from convoq.integrations.pydantic_ai import durable
 from convoq.memory import ConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, TextPart
-from convoq.models import Model, anthropic, openai, responses
 from convoq.profile import TurnJob
 from convoq.turn_state import TurnEvent, TurnState
-from tests.support import sdk_wire as w
-from tests.support.openai_server import OpenAIServer
+from tests.support.cross_framework_wire import (
+    FRAMEWORK_ONLY,
+    ConvoqSide,
+    Log,
+    Side,
+    Wire,
+    answer,
+    b64,
+    data_url,
+    in_order,
+    pdf,
+    png,
+    question,
+    tool_result,
+)
 
-FRAMEWORK_ONLY = "fw-only"
-LEGACY_MIME = b"vnd.convoq.original+json"
-WIRES = ["chat", "responses", "anthropic"]
 NO_TRACING = RunConfig(tracing_disabled=True)
-
-
-def png(tag: str) -> bytes:
-    """A small PNG-headed image, distinct per ``tag``."""
-    return b"\x89PNG\r\n\x1a\n" + tag.encode() + bytes(range(48))
-
-
-def pdf(tag: str) -> bytes:
-    return b"%PDF-1.7\n" + tag.encode() + bytes(range(255, 200, -1))
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def data_url(mime: str, data: bytes) -> str:
-    return f"data:{mime};base64,{b64(data)}"
-
-
-@dataclass
-class Log:
-    """What every turn wrote, so a later turn checks its model was given it all."""
-
-    texts: list[str] = field(default_factory=list)
-    attachments: list[bytes] = field(default_factory=list)
-
-    def wrote(self, *texts: str, attachments: Sequence[bytes] = ()) -> None:
-        self.texts += texts
-        self.attachments += attachments
-
-    def given(self, side: str, seen: str) -> None:
-        """``seen`` (what ``side``'s model was given) holds every text written so far."""
-        missing = [text for text in self.texts if text not in seen]
-        assert not missing, f"{side}'s model was not given {missing}"
-
-
-def in_order(got: Sequence[Any], segments: Sequence[Sequence[Any]], what: str) -> None:
-    """Each of ``segments`` is a run of ``got``, in this order."""
-    at = 0
-    for segment in segments:
-        size = len(segment)
-        starts = [i for i in range(at, len(got) - size + 1) if list(got[i : i + size]) == segment]
-        assert starts, f"{what}: {list(segment)!r} not read back as written; read {list(got)!r}"
-        at = starts[0] + size
-
-
-def question(side: str, n: int) -> str:
-    return f"{side} question {n}"
-
-
-def answer(side: str, n: int) -> str:
-    return f"{side} answer {n}"
-
-
-def tool_result(side: str, n: int) -> str:
-    return f"{side} looked up {n}"
-
-
-class Side(Protocol):
-    name: str
-
-    async def take_turn(self, n: int, log: Log) -> None: ...
-
-    async def check_read_back(self) -> None: ...
 
 
 # -- LangChain ---------------------------------------------------------------------------
@@ -300,7 +237,8 @@ class PydanticSide:
             isinstance(p, ToolReturnPart) and p.tool_call_id == f"pai-call-{self.n}"
             for p in last.parts
         ):
-            parts = [ThinkingPart(f"{FRAMEWORK_ONLY} thinking"), PaiText(answer(self.name, self.n))]
+            parts: list[Any] = [ThinkingPart(f"{FRAMEWORK_ONLY} thinking")]
+            parts.append(PaiText(answer(self.name, self.n)))
             return ModelResponse(parts=parts, model_name=FRAMEWORK_ONLY)
         call = ToolCallPart(
             "pydantic_lookup", {"q": f"{self.name} {self.n}"}, tool_call_id=f"pai-call-{self.n}"
@@ -363,114 +301,6 @@ def _job(cid: str, turn_id: str, user: Message, history: list[Message]) -> TurnJ
 
     state = TurnState.start(user)
     return TurnJob(cid, turn_id, "pai", state, history, emit, checkpoint, should_stop)
-
-
-# -- convoq on a model wire --------------------------------------------------------------
-
-
-class Wire:
-    """A loopback server speaking one model wire, and convoq's model for it."""
-
-    def __init__(self, name: str, server: OpenAIServer) -> None:
-        self.name = name
-        self.server = server
-
-    def model(self) -> Model:
-        if self.name == "chat":
-            return openai("gpt-x", base_url=self.server.url, api_key="k", retry_base_delay=0)
-        if self.name == "responses":
-            return responses("gpt-x", base_url=self.server.url, api_key="k", retry_base_delay=0)
-        base = self.server.url.removesuffix("/v1")
-        return anthropic("claude-x", base_url=base, api_key="k", retry_base_delay=0)
-
-    def reply_tool_call(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
-        if self.name == "chat":
-            self.server.reply_tool_call(name, arguments, id=call_id)
-        elif self.name == "responses":
-            self.server.reply_raw(
-                w.response([w.call_item(call_id, name, arguments)]).model_dump_json()
-            )
-        else:
-            block = w.tool_use_block(call_id, name, arguments)
-            self.server.reply_raw(
-                w.anthropic_message([block], stop_reason="tool_use").model_dump_json()
-            )
-
-    def reply_text(self, text: str) -> None:
-        if self.name == "chat":
-            self.server.reply_text(text)
-        elif self.name == "responses":
-            self.server.reply_raw(w.response([w.text_item(text)]).model_dump_json())
-        else:
-            self.server.reply_raw(w.anthropic_message([w.text_block(text)]).model_dump_json())
-
-    def check(self, body: Any) -> None:
-        """``body`` is a valid request of the wire's official SDK."""
-        if self.name == "responses":
-            w.check_responses_body(body)
-        elif self.name == "anthropic":
-            w.check_anthropic_body(body)
-        else:
-            assert isinstance(body, dict) and isinstance(body.get("messages"), list)
-
-
-def check_sent(wire: Wire, raw: bytes, log: Log) -> None:
-    """What a convoq turn sent on ``wire``: a valid request holding every text and every
-    attachment written so far, each attachment once, and nothing only a framework knows."""
-    wire.check(json.loads(raw))
-    assert FRAMEWORK_ONLY.encode() not in raw and LEGACY_MIME not in raw, raw[:2000]
-    for data in log.attachments:
-        assert raw.count(b64(data).encode()) == 1, f"{data[:12]!r} not sent exactly once"
-
-
-@tool
-def lookup(q: str) -> str:
-    """Look something up."""
-    return f"convoq looked up {q}"
-
-
-class ConvoqSide:
-    """An in-process convoq Agent whose model speaks ``wire``."""
-
-    name = "convoq"
-
-    def __init__(self, memory: ConversationMemory, conversation_id: str, wire: Wire) -> None:
-        self.wire = wire
-        self.memory = memory
-        self.conversation_id = conversation_id
-        self.agent = Agent(wire.model(), "Be brief.", memory=memory, tools=[lookup])
-        self.written: list[list[Message]] = []
-
-    async def take_turn(self, n: int, log: Log) -> None:
-        image, document = png(f"cq{n}"), pdf(f"cq{n}")
-        user = Message(
-            content=[
-                TextPart(text=question(self.name, n)),
-                ImagePart(data=image, mime_type="image/png"),
-                FilePart(data=document, mime_type="application/pdf", filename=f"cq-{n}.pdf"),
-            ]
-        )
-        self.wire.reply_tool_call(f"cq-call-{n}", "lookup", {"q": str(n)})
-        self.wire.reply_text(answer(self.name, n))
-        before = len(self.wire.server.requests)
-        response = await self.agent.agenerate(user, conversation_id=self.conversation_id)
-        assert response.text == answer(self.name, n)
-        sent = [r.body for r in self.wire.server.requests[before:]]
-        assert len(sent) == 2
-        log.given(self.name, sent[0].decode())
-        log.wrote(
-            question(self.name, n),
-            tool_result(self.name, n),
-            answer(self.name, n),
-            attachments=[image, document],
-        )
-        for raw in sent:
-            check_sent(self.wire, raw, log)
-        self.written.append(list(response.turn))
-
-    async def check_read_back(self) -> None:
-        got = await self.memory.aload(self.conversation_id)
-        in_order(got, self.written, "convoq messages")
 
 
 def make_side(name: str, memory: ConversationMemory, conversation_id: str, wire: Wire) -> Side:
