@@ -1,15 +1,18 @@
 """Checking a JSON value against a JSON schema: the part of JSON Schema that structured
 outputs use (the keywords OpenAI's strict mode accepts, and what pydantic emits).
 
-A schema with a keyword outside that part is refused when it is given
-(:func:`check_schema`), so no constraint is ever silently left unchecked.
+A schema with a keyword outside that part, or one Draft 2020-12's metaschema refuses, is
+refused when it is given (:func:`check_schema`), so no constraint is ever silently left
+unchecked. Values are checked by ``jsonschema`` (:func:`errors_of`), with ``pattern`` on
+pydantic-core's linear-time regex engine instead of Python's backtracking one.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 from pydantic import StringConstraints, TypeAdapter, ValidationError
@@ -29,6 +32,8 @@ _CHECKED = frozenset(
      "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
      "pattern"}
 )  # fmt: skip
+# Annotations whose values the metaschema would judge; they hold no subschema.
+_DESCRIBING = _ANNOTATIONS - {"$defs", "definitions"}
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
@@ -81,6 +86,52 @@ def check_schema(schema: Any, path: str = "#", depth: int = 0) -> None:
         _pattern(schema["pattern"], path)
     for key, sub in _subschemas(schema):
         check_schema(sub, f"{path}/{key}", depth + 1)
+    if depth == 0:
+        _check_against_the_metaschema(schema)
+
+
+def _check_against_the_metaschema(schema: Any) -> None:
+    """Refuse a value a keyword cannot take (``"minLength": "five"``), as Draft 2020-12's
+    metaschema says, naming where."""
+    try:
+        text = json.dumps(_constraints(schema), sort_keys=True)
+    except (TypeError, ValueError):
+        raise InvalidOutputTypeError("the JSON schema is not JSON") from None
+    problem = _metaschema_problem(text)
+    if problem is not None:
+        raise InvalidOutputTypeError(problem)
+
+
+@functools.lru_cache(maxsize=256)
+def _metaschema_problem(text: str) -> str | None:
+    # Cached by the schema's text: checking against the metaschema costs milliseconds, and
+    # a worker sees the same few output schemas turn after turn.
+    from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped, unused-ignore]
+
+    try:
+        _validator_class().check_schema(json.loads(text))
+    except SchemaError as exc:
+        where = "/".join(["#", *(str(part) for part in exc.path)])
+        return f"the JSON schema at {where} is not a valid JSON schema: {exc.message[:200]}"
+    return None
+
+
+def _constraints(schema: Any) -> Any:
+    """``schema`` without its annotations (a ``"description": null`` constrains nothing,
+    and is skipped when values are checked as well)."""
+    if not isinstance(schema, dict):
+        return schema
+    kept = {key: sub for key, sub in schema.items() if key not in _DESCRIBING}
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            kept[key] = {name: _constraints(sub) for name, sub in schema[key].items()}
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list):
+            kept[key] = [_constraints(sub) for sub in schema[key]]
+    for key in ("items", "additionalProperties"):
+        if key in schema:
+            kept[key] = _constraints(schema[key])
+    return kept
 
 
 def _subschemas(schema: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -117,128 +168,76 @@ def _is_local_ref(ref: Any) -> bool:
 
 def errors_of(value: Any, schema: dict[str, Any]) -> list[str]:
     """What is wrong with ``value`` against ``schema`` (checked by :func:`check_schema`),
-    one line each with its place (``$.items[2].name``); empty when it fits."""
-    found: list[str] = []
-    _Checker(schema, found).check(value, schema, "$", 0)
+    one line each with its place (``$.items[2].name``) and the reason; empty when it fits.
+    The schema is enforced by ``jsonschema`` (Draft 2020-12), except ``pattern``, matched
+    on a regex engine that runs in linear time."""
+    from referencing.exceptions import Unresolvable
+
+    found = [f"{at}: {number!r} is not a finite number" for at, number in _non_finite(value)]
+    if found:  # not JSON: the keywords' arithmetic is not meant for it
+        return found
+    try:
+        for error in _validator_class()(schema).iter_errors(value):
+            found.append(_line(error))
+    except Unresolvable as exc:
+        found.append(f"the schema refers to {_ref_of(exc)!r}, which it does not define")
+    except RecursionError:  # a recursive schema ($ref) and a value nested past the stack
+        found.append("$: nested too deep to check")
     return found
 
 
-class _Checker:
-    def __init__(self, root: dict[str, Any], found: list[str]) -> None:
-        self.root = root
-        self.found = found
+def _line(error: Any) -> str:
+    message = str(error.message)
+    if error.validator in _BOUNDS:  # said by size (jsonschema's wording varies by release)
+        unit = "chars" if isinstance(error.instance, str) else "items"
+        side = "below" if error.validator.startswith("min") else "above"
+        size = len(error.instance)
+        message = f"{size} {unit}, {side} {error.validator} {error.validator_value!r}"
+    elif error.validator == "const":
+        message += f", got {error.instance!r}"
+    if len(message) > _MAX_MESSAGE:
+        message = message[: _MAX_MESSAGE - 3] + "..."
+    return f"{error.json_path}: {message}"
 
-    def check(self, value: Any, schema: Any, at: str, depth: int) -> None:
-        if schema is True:
+
+# Keywords whose message does not name the bound itself.
+_BOUNDS = frozenset({"minItems", "maxItems", "minLength", "maxLength"})
+# An error names the value it is about: a huge one is cut.
+_MAX_MESSAGE = 300
+
+
+def _ref_of(exc: Any) -> str:
+    ref = str(getattr(exc, "ref", "") or exc)
+    return f"#{ref}" if ref.startswith("/") else ref  # a JSON pointer into this schema
+
+
+@functools.cache
+def _validator_class() -> Any:
+    """Draft 2020-12 with ``pattern`` on the linear-time engine (imported on first use:
+    most processes never check a dict schema)."""
+    from jsonschema import Draft202012Validator, validators  # type: ignore[import-untyped, unused-ignore]
+    from jsonschema.exceptions import ValidationError as Invalid  # type: ignore[import-untyped, unused-ignore]
+
+    def pattern(validator: Any, wanted: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if not isinstance(instance, str):
             return
-        if schema is False or depth > _MAX_DEPTH:
-            self.found.append(f"{at}: not allowed here" if schema is False else f"{at}: too deep")
-            return
-        if "$ref" in schema:
-            self.check(value, self._resolve(schema["$ref"]), at, depth + 1)
-        if not self._typed(value, schema, at):
-            return
-        self._choices(value, schema, at, depth)
-        if isinstance(value, dict):
-            self._object(value, schema, at, depth)
-        elif isinstance(value, list):
-            self._array(value, schema, at, depth)
-        elif isinstance(value, str):
-            self._string(value, schema, at)
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            self._number(value, schema, at)
+        try:
+            _pattern(wanted).validate_python(instance)
+        except ValidationError:
+            yield Invalid(f"{instance!r} does not match {wanted!r}")
 
-    def _resolve(self, ref: str) -> Any:
-        where, _, name = ref[2:].partition("/")
-        target = (self.root.get(where) or {}).get(name)
-        if target is None:
-            self.found.append(f"the schema refers to {ref!r}, which it does not define")
-            return True
-        return target
+    return validators.extend(Draft202012Validator, {"pattern": pattern})
 
-    def _typed(self, value: Any, schema: dict[str, Any], at: str) -> bool:
-        kinds = schema.get("type")
-        if kinds is not None:
-            kinds = [kinds] if isinstance(kinds, str) else list(kinds)
-            if not any(_TYPES[k](value) for k in kinds):
-                self.found.append(f"{at}: expected {' or '.join(kinds)}, got {_kind(value)}")
-                return False
-        if "enum" in schema and value not in schema["enum"]:
-            self.found.append(f"{at}: {value!r} is not one of {schema['enum']!r}")
-        if "const" in schema and value != schema["const"]:
-            self.found.append(f"{at}: expected {schema['const']!r}, got {value!r}")
-        return True
 
-    def _choices(self, value: Any, schema: dict[str, Any], at: str, depth: int) -> None:
-        for sub in schema.get("allOf") or []:
-            self.check(value, sub, at, depth + 1)
-        for key, wanted in (("anyOf", "at least one"), ("oneOf", "exactly one")):
-            options = schema.get(key)
-            if not options:
-                continue
-            fits = sum(1 for sub in options if not errors_of_in(value, sub, self.root))
-            if fits == 0 or (key == "oneOf" and fits > 1):
-                self.found.append(f"{at}: fits {fits} of the {key} choices, not {wanted}")
-
-    def _object(self, value: dict[str, Any], schema: dict[str, Any], at: str, depth: int) -> None:
-        properties = schema.get("properties") or {}
-        for name in schema.get("required") or []:
-            if name not in value:
-                self.found.append(f"{at}: missing required property {name!r}")
-        extra = schema.get("additionalProperties", True)
+def _non_finite(value: Any, at: str = "$", depth: int = 0) -> Iterator[tuple[str, float]]:
+    """NaN and infinities anywhere in ``value`` (JSON has none; Python's parser reads them)."""
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        yield at, value
+    elif isinstance(value, dict):
         for name, item in value.items():
-            if name in properties:
-                self.check(item, properties[name], f"{at}.{name}", depth + 1)
-            elif extra is False:
-                self.found.append(f"{at}: property {name!r} is not allowed")
-            else:
-                self.check(item, extra, f"{at}.{name}", depth + 1)
-
-    def _array(self, value: list[Any], schema: dict[str, Any], at: str, depth: int) -> None:
-        self._bounds(len(value), schema, "minItems", "maxItems", f"{at}: {len(value)} items")
-        if "items" in schema:
-            for index, item in enumerate(value):
-                self.check(item, schema["items"], f"{at}[{index}]", depth + 1)
-
-    def _string(self, value: str, schema: dict[str, Any], at: str) -> None:
-        self._bounds(len(value), schema, "minLength", "maxLength", f"{at}: {len(value)} chars")
-        pattern = schema.get("pattern")
-        if pattern is not None:
-            try:
-                _pattern(pattern).validate_python(value)
-            except ValidationError:
-                self.found.append(f"{at}: {value!r} does not match {pattern!r}")
-
-    def _number(self, value: float, schema: dict[str, Any], at: str) -> None:
-        if not math.isfinite(value):
-            self.found.append(f"{at}: {value!r} is not a finite number")
-            return
-        self._bounds(value, schema, "minimum", "maximum", f"{at}: {value!r}")
-        low, high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-        if low is not None and not value > low:
-            self.found.append(f"{at}: {value!r} is not > {low!r}")
-        if high is not None and not value < high:
-            self.found.append(f"{at}: {value!r} is not < {high!r}")
-        step = schema.get("multipleOf")
-        if step and not float(value / step).is_integer():
-            self.found.append(f"{at}: {value!r} is not a multiple of {step!r}")
-
-    def _bounds(self, size: float, schema: dict[str, Any], low: str, high: str, what: str) -> None:
-        if low in schema and size < schema[low]:
-            self.found.append(f"{what}, below {low} {schema[low]!r}")
-        if high in schema and size > schema[high]:
-            self.found.append(f"{what}, above {high} {schema[high]!r}")
-
-
-def errors_of_in(value: Any, schema: Any, root: dict[str, Any]) -> list[str]:
-    """:func:`errors_of` for a part of ``root`` (its ``$ref`` resolve against the root)."""
-    found: list[str] = []
-    _Checker(root, found).check(value, schema, "$", 0)
-    return found
-
-
-def _kind(value: Any) -> str:
-    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
-        if _TYPES[name](value):
-            return name
-    return type(value).__name__
+            yield from _non_finite(item, f"{at}.{name}", depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _non_finite(item, f"{at}[{index}]", depth + 1)

@@ -48,22 +48,31 @@ def test_a_fitting_value_has_no_errors() -> None:
         ({"name": ""}, "$.name: 0 chars, below minLength 1"),
         ({"name": "abcdef"}, "$.name: 6 chars, above maxLength 5"),
         ({"name": "Ada"}, "$.name: 'Ada' does not match '^[a-z]+$'"),
-        ({"age": -1}, "$.age: -1, below minimum 0"),
-        ({"age": 150}, "$.age: 150 is not < 150"),
-        ({"age": True}, "$.age: expected integer, got boolean"),
-        ({"age": 1.5}, "$.age: expected integer, got number"),
-        ({"score": 0}, "$.score: 0 is not > 0"),
-        ({"score": 11}, "$.score: 11, above maximum 10"),
+        ({"age": -1}, "$.age: -1 is less than the minimum of 0"),
+        ({"age": 150}, "$.age: 150 is greater than or equal to the maximum of 150"),
+        ({"age": True}, "$.age: True is not of type 'integer'"),
+        ({"age": 1.5}, "$.age: 1.5 is not of type 'integer'"),
+        ({"score": 0}, "$.score: 0 is less than or equal to the minimum of 0"),
+        ({"score": 11}, "$.score: 11 is greater than the maximum of 10"),
         ({"score": 1.25}, "$.score: 1.25 is not a multiple of 0.5"),
         ({"tags": []}, "$.tags: 0 items, below minItems 1"),
         ({"tags": ["a", "b", "a"]}, "$.tags: 3 items, above maxItems 2"),
         ({"tags": ["c"]}, "$.tags[0]: 'c' is not one of ['a', 'b']"),
-        ({"kind": "robot"}, "$.kind: expected 'person', got 'robot'"),
-        ({"pet": {"legs": "four"}}, "$.pet: fits 0 of the anyOf choices, not at least one"),
-        ({"one": 1}, "$.one: fits 2 of the oneOf choices, not exactly one"),
+        ({"kind": "robot"}, "$.kind: 'person' was expected, got 'robot'"),
+        (
+            {"pet": {"legs": "four"}},
+            "$.pet: {'legs': 'four'} is not valid under any of the given schemas",
+        ),
+        (
+            {"one": 1},
+            "$.one: 1 is valid under each of {'type': 'number'}, {'type': 'integer'}",
+        ),
         ({"both": "long"}, "$.both: 4 chars, above maxLength 2"),
-        ({"extra": {"x": 1}}, "$.extra.x: expected boolean, got integer"),
-        ({"surprise": 1}, "$: property 'surprise' is not allowed"),
+        ({"extra": {"x": 1}}, "$.extra.x: 1 is not of type 'boolean'"),
+        (
+            {"surprise": 1},
+            "$: Additional properties are not allowed ('surprise' was unexpected)",
+        ),
     ],
 )
 def test_each_keyword_is_enforced(change: dict[str, Any], expected: str) -> None:
@@ -71,8 +80,8 @@ def test_each_keyword_is_enforced(change: dict[str, Any], expected: str) -> None
 
 
 def test_missing_properties_and_wrong_top_level_are_named() -> None:
-    assert errors_of({"name": "ada"}, SCHEMA) == ["$: missing required property 'age'"]
-    assert errors_of([], SCHEMA) == ["$: expected object, got array"]
+    assert errors_of({"name": "ada"}, SCHEMA) == ["$: 'age' is a required property"]
+    assert errors_of([], SCHEMA) == ["$: [] is not of type 'object'"]
 
 
 @pytest.mark.parametrize(
@@ -97,3 +106,65 @@ def test_a_pattern_runs_in_linear_time() -> None:
     schema = {"type": "string", "pattern": "^(a+)+$"}
     check_schema(schema)
     assert errors_of("a" * 5000 + "!", schema) != []
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"minLength": "five"}}},
+            "#/properties/a/minLength",
+        ),
+        ({"type": "array", "items": {"maxItems": -1}}, "#/items/maxItems"),
+        ({"type": "object", "required": "a"}, "#/required"),
+        ({"enum": "abc"}, "#/enum"),
+    ],
+)
+def test_a_keyword_with_a_value_it_cannot_take_is_refused_with_its_place(
+    schema: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(InvalidOutputTypeError, match=f"at {where} is not a valid JSON schema"):
+        check_schema(schema)
+
+
+def test_numbers_json_cannot_carry_are_named() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}}
+    assert errors_of({"x": float("nan")}, schema) == ["$.x: nan is not a finite number"]
+    assert errors_of([1, float("inf")], {"type": "array"}) == ["$[1]: inf is not a finite number"]
+
+
+def test_a_reference_to_a_missing_definition_is_named() -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/Gone"}}}
+    check_schema(schema)
+    assert errors_of({"a": 1}, schema) == [
+        "the schema refers to '#/$defs/Gone', which it does not define"
+    ]
+
+
+def test_a_long_value_is_cut_in_its_message() -> None:
+    (line,) = errors_of("x" * 5000, {"type": "string", "enum": ["a"]})
+    assert line.startswith("$: 'xxx") and line.endswith("...") and len(line) < 320
+
+
+def test_annotations_are_not_judged_by_the_metaschema() -> None:
+    """They constrain nothing and are skipped when values are checked; a generator that
+    writes ``"description": null`` is not refused for it."""
+    schema = {
+        "type": "object",
+        "title": None,
+        "properties": {"title": {"type": "string", "description": None}},
+        "$defs": {"X": {"type": "integer", "examples": "not a list"}},
+    }
+    check_schema(schema)
+    assert errors_of({"title": 1}, schema) == ["$.title: 1 is not of type 'string'"]
+
+
+def test_a_value_nested_past_what_can_be_checked_is_an_error_not_a_crash() -> None:
+    nested = {"type": "array", "items": {"$ref": "#/$defs/N"}}
+    schema = {"$ref": "#/$defs/N", "$defs": {"N": nested}}
+    check_schema(schema)
+    value: list[Any] = []
+    for _ in range(5000):
+        value = [value]
+    assert errors_of(value, schema) == ["$: nested too deep to check"]
+    assert errors_of([[[]]], schema) == []
