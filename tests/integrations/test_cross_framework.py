@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +99,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> It
 
 
 @pytest.fixture(params=WIRES)
-def wire(request: pytest.FixtureRequest) -> Iterator[Wire]:
+async def wire(request: pytest.FixtureRequest) -> AsyncIterator[Wire]:
     with OpenAIServer() as server:
-        yield Wire(request.param, server)
+        made = Wire(request.param, server)
+        yield made
+        await made.aclose()
 
 
 @pytest.mark.parametrize(
@@ -182,12 +184,9 @@ async def test_no_model_wire_sends_framework_records(wire: Wire) -> None:
     with_records = history_with_framework_records()
     without = [m.model_copy(update={"framework": None}) for m in with_records]
     model = wire.model()
-    try:
-        for messages in (with_records, without):
-            wire.reply_text("ok")
-            await model.request(ModelRequest(messages=messages))
-    finally:
-        await model.aclose()
+    for messages in (with_records, without):
+        wire.reply_text("ok")
+        await model.request(ModelRequest(messages=messages))
     sent, plain = wire.server.requests
     assert FRAMEWORK_ONLY.encode() not in sent.body
     assert sent.json == plain.json  # the records change nothing that is sent

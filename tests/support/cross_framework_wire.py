@@ -116,14 +116,25 @@ class Wire:
     def __init__(self, name: str, server: OpenAIServer) -> None:
         self.name = name
         self.server = server
+        self.models: list[OpenAIChatModel | OpenAIResponsesModel | AnthropicModel] = []
 
     def model(self) -> OpenAIChatModel | OpenAIResponsesModel | AnthropicModel:
+        """convoq's model for the wire, pointed at the server (closed by :meth:`aclose`)."""
+        url = self.server.url
+        made: OpenAIChatModel | OpenAIResponsesModel | AnthropicModel
         if self.name == "chat":
-            return openai("gpt-x", base_url=self.server.url, api_key="k", retry_base_delay=0)
-        if self.name == "responses":
-            return responses("gpt-x", base_url=self.server.url, api_key="k", retry_base_delay=0)
-        base = self.server.url.removesuffix("/v1")
-        return anthropic("claude-x", base_url=base, api_key="k", retry_base_delay=0)
+            made = openai("gpt-x", base_url=url, api_key="k", retry_base_delay=0)
+        elif self.name == "responses":
+            made = responses("gpt-x", base_url=url, api_key="k", retry_base_delay=0)
+        else:
+            made = anthropic("claude-x", base_url=url.removesuffix("/v1"), api_key="k",
+                             retry_base_delay=0)  # fmt: skip
+        self.models.append(made)
+        return made
+
+    async def aclose(self) -> None:
+        for model in self.models:
+            await model.aclose()
 
     def reply_tool_call(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         if self.name == "chat":
