@@ -328,7 +328,10 @@ class AsyncTurnHandle:
         while True:
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
-                raise TurnTimeoutError(f"no 'done' event for turn {self.turn_id} in {timeout}s")
+                raise TurnTimeoutError(
+                    f"no 'done' event for turn {self.turn_id} in {timeout}s"
+                    + await self._stall_note()
+                )
             batch = await protocol.read_events(
                 self.conversation_id, self.turn_id, after=after, block_ms=block_ms, live=True
             )
@@ -339,6 +342,16 @@ class AsyncTurnHandle:
                     return
             if not batch and (await self.record()).status in FINAL_STATUSES:
                 return  # final but its stream is gone (expired): nothing more will come
+
+    async def _stall_note(self) -> str:
+        """For a timeout's message: why the turn may wait for ever, if it is still
+        queued and the registry knows ("" otherwise)."""
+        try:
+            queued = (await self.record()).status == "queued"
+        except ConvoqError:
+            return ""  # gone, or Redis is: the timeout says enough
+        note = await self._client._stall_note() if queued else ""
+        return f"; {note}" if note else ""
 
     def _block_for(self, deadline: float | None) -> int:
         """How long the next XREAD may block (ms; <= 0: the deadline passed)."""

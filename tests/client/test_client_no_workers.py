@@ -44,6 +44,9 @@ def test_a_client_on_an_empty_embedded_redis_says_no_worker_ever_registered(
         with pytest.raises(TurnTimeoutError) as ran_out:
             first.wait(0.3)
         assert NEVER in ran_out.value.message and where in ran_out.value.message
+        with pytest.raises(TurnTimeoutError) as no_done:  # convoq watch reads events
+            list(first.events(timeout=0.3))
+        assert NEVER in no_done.value.message and where in no_done.value.message
         found = client.deployment()
         assert found.redis.startswith(where) and not found.ever_registered and found.workers == {}
         assert found.problem() is not None and where in (found.problem() or "")
