@@ -17,8 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from convoq.client import TurnResult
-from convoq.client._deployment import Deployment
+from convoq.client import Deployment, TurnResult
 from convoq.errors import ConvoqError
 from convoq.messages import Decision, Message
 from convoq.redis._base import REDIS_UNAVAILABLE

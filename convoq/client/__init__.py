@@ -1,7 +1,9 @@
 """Submit turns to convoq workers and follow them: :class:`Client` (blocking) and
-:class:`AsyncClient`, :class:`TurnHandle` / :class:`AsyncTurnHandle`, :class:`TurnResult`.
+:class:`AsyncClient`, :class:`TurnHandle` / :class:`AsyncTurnHandle`, :class:`TurnResult`,
+and the :class:`Deployment` a client reaches (its Redis, its workers alive and dead).
 """
 
+from convoq.client._deployment import Deployment
 from convoq.client.aclient import AsyncClient
 from convoq.client.client import Client
 from convoq.client.handle import AsyncTurnHandle, TurnHandle, TurnResult
@@ -12,6 +14,7 @@ __all__ = [
     "AsyncClient",
     "AsyncTurnHandle",
     "Client",
+    "Deployment",
     "TurnHandle",
     "TurnResult",
     "verify_signature",
