@@ -105,8 +105,13 @@ class GuardedTransport(httpx2.AsyncBaseTransport):
     default: certificates checked against the URL's host name."""
 
     def __init__(self, backend: httpcore2.AsyncNetworkBackend) -> None:
+        # httpx2's own transport's limits, which the pool does not share.
         self._pool = httpcore2.AsyncConnectionPool(
-            ssl_context=httpx2.create_ssl_context(trust_env=False), network_backend=backend
+            ssl_context=httpx2.create_ssl_context(trust_env=False),
+            network_backend=backend,
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
         )
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:

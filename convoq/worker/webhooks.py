@@ -114,6 +114,10 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
             network_backend=backend,
+            # httpx's own transport's limits, which the pool does not share.
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
