@@ -59,7 +59,8 @@ class Acquired:
 
     ``next_turn_id`` is the turn queued right behind this one when it was handed out (None:
     none yet). Passed back to commit or fail, it lets them hand out that turn in the same
-    round trip.
+    round trip. ``summarised``: the conversation has a stored summary, which ``history``
+    (a plain window) does not apply.
     """
 
     conversation_id: str
@@ -68,6 +69,7 @@ class Acquired:
     history: list[Message]
     state: TurnState | None
     next_turn_id: str | None = None
+    summarised: bool = False
 
 
 @dataclass(frozen=True)

@@ -239,10 +239,11 @@ class Taken:
     blobs: dict[str, bytes]
     next_turn_id: bytes | None
     window: int
+    summarised: bool  # the conversation has a stored summary
 
     @classmethod
     def parse(cls, r: _Items) -> Taken:
-        r.sized(9)
+        r.sized(10)
         kind = r.raw(3)
         return cls(
             fence=r.integer(1),
@@ -254,6 +255,7 @@ class Taken:
             blobs=r.pairs(7),
             next_turn_id=r.raw(8) or None,
             window=r.integer(9),
+            summarised=r.flag(10),
         )
 
 

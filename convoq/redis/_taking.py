@@ -192,6 +192,7 @@ class TakingMixin(ProtocolBase):
             history=history,
             state=decode_state(taken.state_kind, taken.state, taken.fields, key),
             next_turn_id=valid_turn_id(taken.next_turn_id),
+            summarised=taken.summarised,
         )
 
     async def handed(self, cid: str, ended: EndReply, ending: TurnEnding) -> Handoff:

@@ -262,10 +262,12 @@ class Runner:
     async def _history(self, acq: Acquired, profile: AgentProfile) -> list[Message]:
         """The turn's window: the one that came with the lease (its agent's, or its own
         ``keep_last_turns``, see :meth:`Profiles.windows`), unless a token budget or a
-        summary applies: then the store chooses it from the counts kept with each turn."""
+        stored summary applies (whoever stored it: every profile sends a conversation's
+        summary, as an in-process Agent does): then the store chooses it from the counts
+        kept with each turn."""
         options = acq.turn.options
         budget = options.get("max_history_tokens", profile.max_history_tokens)
-        if budget is None and profile.compaction is None:
+        if budget is None and not (acq.summarised or profile.compaction is not None):
             return list(acq.history)
         wanted = options.get("keep_last_turns")
         keep = int(wanted) if wanted is not None else profile.keep_last_turns

@@ -471,7 +471,8 @@ async def test_commit_hands_out_the_expected_next_turn_in_the_same_script_call(
     reply = await proto.scripts.run("commit", keys, args)
     assert reply[:3] == ["OK", b"t2", None]
     assert reply[3][:2] == [b"OK", str(first.fence).encode()]  # t2, handed out by commit
-    assert reply[3][8:] == [b"t3", 0]  # the next peek, and the window (turns) it came with
+    # The next peek, the window (turns) it came with, and no stored summary.
+    assert reply[3][8:] == [b"t3", 0, b"0"]
     second = await proto.acquire(CID, worker_id="w2", lease_ms=LEASE)
     assert second is None  # the lease is held: kept for t2
     record = await proto.get_turn(CID, "t2")

@@ -129,6 +129,10 @@ end
 -- call).
 local stamped = {}
 local fences = {}
+-- Meta's 'summarised' ('1' once summarise.lua stored a summary; never cleared, so at worst
+-- a turn reads its window once more to find none): a turn handed out says so, and its
+-- runner then reads the window with the summary whatever its profile's compaction.
+local summarised = {}
 
 -- {'CORRUPT', meta} or {'VERSION', v} when the conversation cannot be served, else nil and
 -- the values of the meta fields named in `...` (read in the same command). The fence is
@@ -139,7 +143,7 @@ local function meta_refusal(meta, ...)
   if extra == 0 and fences[meta] ~= nil then
     return nil, {}
   end
-  local v = touch(meta, 'HMGET', meta, 'format_version', 'fence', ...)
+  local v = touch(meta, 'HMGET', meta, 'format_version', 'fence', 'summarised', ...)
   if v == nil then
     return {'CORRUPT', meta}
   end
@@ -148,7 +152,8 @@ local function meta_refusal(meta, ...)
   end
   stamped[meta] = v[1] == FORMAT
   fences[meta] = v[2]
-  return nil, {unpack(v, 3, 2 + extra)}
+  summarised[meta] = v[3] == '1'
+  return nil, {unpack(v, 4, 3 + extra)}
 end
 
 -- Stamps meta with FORMAT unless this call read it stamped already (a command less).
@@ -713,7 +718,8 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     fields[#fields + 1] = name
     fields[#fields + 1] = value
   end
-  return {'OK', fence, fields, kind, state, win[1], win[2], win[3], peek, window}
+  return {'OK', fence, fields, kind, state, win[1], win[2], win[3], peek, window,
+    summarised[h.meta] and '1' or '0'}
 end
 
 -- After the head turn ended (and left the inbox): free the lease when no turn waits, else

@@ -18,7 +18,8 @@
 -- fail, which hand out the next turn the same way).
 -- Returns {'OK', fence, turn record as field/value list, 'journal'|'cont'|false,
 --          state JSON or false, lead elements, window elements, {sha, bytes, ...},
---          id of the turn queued behind it or false, window in turns}
+--          id of the turn queued behind it or false, window in turns,
+--          '1' when the conversation has a stored summary else '0'}
 --      or {'EMPTY'} (nothing queued; a handed-off lease is freed) / {'BUSY'} (lease live,
 --         or the head is parked undecided)
 --      or {'RETRY', head, failed}: the head is another turn (or the head was just failed

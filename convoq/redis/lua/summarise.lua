@@ -31,6 +31,8 @@ if stored ~= ARGV[4] or last_sha ~= ARGV[5] or version ~= ARGV[6] then
   return {'CHANGED'}
 end
 redis.call('HSET', summary, 'text', ARGV[1], 'watermark', ARGV[2], 'version', ARGV[3])
+-- Read along with the format check when a turn is handed out (take_head() in _lib.lua).
+redis.call('HSET', meta, 'summarised', '1')
 local ttl = redis.call('PTTL', turns)
 if ttl > 0 then
   redis.call('PEXPIRE', summary, ttl)  -- an idle TTL covers the summary too
