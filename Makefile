@@ -13,8 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The 25 slowest tests are printed at the end: where the suite's time goes.
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # The behaviour tests again with CONVOQ_FAST_PATHS=off: redis-py, send_task and the broker
 # instead of convoq's shortcuts (the tests marked `slowpaths`, about two minutes): worker
