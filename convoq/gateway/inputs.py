@@ -15,7 +15,7 @@ import base64
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
@@ -168,10 +168,19 @@ class OutputSchemaIn(_Strict):
     properties: dict[Annotated[str, Field(min_length=1, max_length=64)], PropertyIn] = Field(
         default_factory=dict, max_length=64
     )
+    # Unique, as JSON Schema wants of "required" (the client refuses a schema with a
+    # name twice): the document says so, and the gateway refuses it first.
     required: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
-        default_factory=list, max_length=64
+        default_factory=list, max_length=64, json_schema_extra={"uniqueItems": True}
     )
     additionalProperties: bool = False
+
+    @field_validator("required")
+    @classmethod
+    def _unique(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError("names a property more than once")
+        return names
 
 
 class TurnRequest(TurnOptions):
