@@ -16,7 +16,7 @@ from convoq.client import Client
 from convoq.errors import TurnTimeoutError
 from convoq.redis import embedded
 from tests.support.redis_server import RedisServer
-from tests.support.workers import running_pool
+from tests.support.workers import running_pool, wait_until
 
 NEVER = "no convoq worker has ever registered on"
 
@@ -61,7 +61,7 @@ def test_a_client_whose_workers_run_says_nothing_of_the_kind(
         pool.client() as client,
     ):
         assert client.submit("c1", "hi", agent="echo").wait(30).text == "seen: hi"
-        found = client.deployment()
+        found = wait_until(lambda: (d := client.deployment()).alive and d, 30, what="alive")
         assert found.ever_registered and found.alive == [pool.workers[0].name]
         assert found.problem() is None
         assert "no convoq worker" not in caplog.text
