@@ -10,22 +10,9 @@ Queued on Celery workers, history in Redis::
     handle = Client().submit("user-42", "What is my name?", agent="assistant")
     handle.wait(timeout=30).text
 
-Layers, top down (a module imports only from layers below; checked by import-linter,
-``make lint``; the README's "Architecture" section says more)::
-
-    cli, demo, gateway, testing                 what people run
-    client  |  worker                           side by side, never importing each other
-    agent | integrations                        the in-process Agent; other frameworks' agents
-    profile                                     what a worker needs from an agent
-    engine | compaction                         THE turn loop; rolling summaries
-    memory                                      ConversationMemory backends
-    redis | tools | loaders | queue |           store, tools, the queue contract,
-      responses | output | model_settings      what a call asks and answers
-    models                                      Model protocol, OpenAI wire, scripted
-    turn_state | window | limits | summary      the data model ...
-    tokens, messages
-    settings | ids | _sync | netguard | usage
-    errors | defaults | observe                 ... down to the error tree and defaults
+Layers: a module imports only from layers below its own. The one map is the
+``[tool.importlinter]`` "convoq layers" contract in ``pyproject.toml`` (checked by
+``make lint``, shown as it is on the docs' Architecture page).
 """
 
 from __future__ import annotations
