@@ -10,7 +10,6 @@ on Redis), and convoq's windows, exports and retention work on the conversation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from convoq.integrations import missing_extra
@@ -30,7 +29,7 @@ from convoq.integrations._responses_items import item_to_message, message_to_ite
 from convoq.integrations._writes import append_as_a_turn
 from convoq.memory import ConversationMemory, MemoryLike, as_memory
 from convoq.messages import Message
-from convoq.window import Window, split_turns
+from convoq.window import Window
 
 __all__ = ["ConvoqSession"]
 
@@ -137,24 +136,6 @@ class ConvoqSession:
 
     async def _write(self, messages: list[Message]) -> None:
         await append_as_a_turn(self.memory, self.session_id, messages, self.busy_timeout_s)
-
-    async def _rewrite(self, messages: list[Message], before: list[Message]) -> None:
-        await self.memory.aclear(self.session_id)
-        try:
-            await self._append_by_turn(messages)
-        except BaseException:
-            # Put back what was there rather than leave a partial conversation.
-            await self.memory.aclear(self.session_id)
-            await self._append_by_turn(before)
-            raise
-
-    async def _append_by_turn(self, messages: Sequence[Message]) -> None:
-        """Append turn by turn, each within the store's size limit for one append."""
-        lead, turns = split_turns(list(messages))
-        chunks = [lead + turns[0], *turns[1:]] if turns else [lead]
-        for chunk in chunks:
-            if chunk:
-                await self._write(chunk)
 
 
 if TYPE_CHECKING:  # mypy checks that ConvoqSession satisfies the SDK's Session protocol.
