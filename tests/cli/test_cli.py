@@ -114,8 +114,8 @@ def test_worker_refuses_bad_partitions_and_agent_modules(pool: WorkerPool) -> No
             command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
         )
 
-    done = worker("--partitions", "0-99")
-    assert done.returncode == 1 and "do not exist" in done.stderr
+    done = worker("--partitions", "0-99")  # a bad option value: a usage error
+    assert done.returncode == 2 and "do not exist" in done.stderr
     done = worker("--agents", "no.such.module")
     assert done.returncode == 1 and "cannot import agent module" in done.stderr
 
