@@ -183,6 +183,9 @@ def print_event(event: TurnEvent) -> None:
     elif event.type == "tool_result":
         shown = escape(f"{data.get('name')}: {data.get('result')}")
         console.print(f"\n[blue]tool_result[/blue] {shown}")
+    elif event.type == "resumed":
+        shown = escape(f"{data.get('reason')} (attempt {data.get('attempt')})")
+        console.print(f"\n[yellow]resumed[/yellow] {shown}")
     elif event.type == "done":
         console.print(f"\n[bold]done[/bold]: {data.get('status')}")
 

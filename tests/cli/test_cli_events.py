@@ -1,0 +1,40 @@
+"""`convoq watch` prints every kind of event a turn's stream can carry: none is dropped."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+
+from convoq.cli import _render
+from convoq.turn_state import EventType, TurnEvent
+
+SAMPLES = {
+    "status": {"status": "running"},
+    "text_delta": {"text": "Hel"},
+    "assistant": {"text": "Hello"},
+    "tool_call": {"id": "c1", "name": "refund", "arguments": {"amount": 5}},
+    "tool_result": {"name": "refund", "result": "refunded 5"},
+    "approval_required": {"id": "c1", "name": "refund", "arguments": {"amount": 5}},
+    "decision": {"call_id": "c1", "approved": True},
+    "resumed": {"reason": "worker_lost", "attempt": 2},
+    "done": {"status": "succeeded"},
+}
+# Its text is shown by the text deltas before it and the result after it.
+SILENT = {"assistant"}
+
+
+def test_the_samples_cover_every_event_type() -> None:
+    assert set(SAMPLES) == set(get_args(EventType))
+
+
+@pytest.mark.parametrize("kind", sorted(set(SAMPLES) - SILENT))
+def test_watch_prints_each_kind_of_event(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _render.print_event(TurnEvent(type=kind, data=SAMPLES[kind]))  # type: ignore[arg-type]
+    printed = capsys.readouterr().out
+    assert printed.strip(), f"a {kind} event printed nothing"
+
+
+def test_a_resumed_event_says_why_and_which_attempt(capsys: pytest.CaptureFixture[str]) -> None:
+    _render.print_event(TurnEvent(type="resumed", data=SAMPLES["resumed"]))
+    assert "resumed worker_lost (attempt 2)" in capsys.readouterr().out
