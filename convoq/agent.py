@@ -55,7 +55,7 @@ from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
 from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import turn_usage
-from convoq.window import Window, check_budget
+from convoq.window import WindowRule, check_budget
 
 log = logging.getLogger("convoq.agent")
 
@@ -359,11 +359,10 @@ class Agent:
         emit: EventSink,
         asked: _Asked,
     ) -> Response:
-        keep = self.keep_last_turns if limits.keep_last_turns is None else limits.keep_last_turns
-        if keep < 0:
+        if limits.keep_last_turns is not None and limits.keep_last_turns < 0:
             raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
         budget = check_budget(limits.max_history_tokens)
-        budget = self.max_history_tokens if budget is None else budget
+        window = WindowRule.of(self).window(limits.keep_last_turns, budget)
         if isinstance(input, GenerationRequest):
             if not input.messages:
                 raise InvalidMessageError("a GenerationRequest needs messages", rule="non_empty")
@@ -385,8 +384,9 @@ class Agent:
         if cid is not None:
             check_conversation_id(cid)
         cont = Continuation(
-            token=_token(), conversation_id=cid, agent=self.name, keep_last_turns=keep,
-            max_history_tokens=budget, uses_memory=self.memory is not None and cid is not None,
+            token=_token(), conversation_id=cid, agent=self.name,
+            keep_last_turns=window.keep_last_turns or 0, max_history_tokens=window.max_tokens,
+            uses_memory=self.memory is not None and cid is not None,
             state=TurnState.start(message), output=asked.spec, model_settings=asked.settings,
             metadata=limits.metadata,
         )  # fmt: skip
@@ -404,9 +404,12 @@ class Agent:
         if stored is None:
             return []
         memory, cid = stored
-        window = Window(
-            cont.keep_last_turns or None, cont.max_history_tokens, self.token_counter, True
+        # The window decided when the turn started, kept in the continuation: a resume
+        # sends what the start sent, whatever the agent that resumes it says.
+        decided = WindowRule(
+            cont.keep_last_turns, cont.max_history_tokens, counter=self.token_counter
         )
+        window = decided.window()
         try:
             loaded = await memory.aload_window(cid, window)
         except ConvoqError:

@@ -1,5 +1,6 @@
 """What is *sent* of a stored history (never what is stored): split it into turns, keep
-the last N of them and the newest whole turns that fit a token budget.
+the last N of them and the newest whole turns that fit a token budget; and whose N and
+budget those are, a turn's or its agent's (:class:`WindowRule`, the one place that says).
 
 A turn is never split, so tool calls always travel with their results; the leading
 system/developer messages (and a stored summary among them) are always sent.
@@ -11,6 +12,7 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from convoq.errors import ConvoqError
 from convoq.messages import Message, MessageRole
@@ -169,3 +171,116 @@ class AgentWindows:
         """The scripts' form: JSON ``[default, {agent: turns}]`` (built once: a worker
         sends the same windows with every turn it takes)."""
         return json.dumps([self.default, dict(self.by_agent)], separators=(",", ":"))
+
+
+class WindowSettings(Protocol):
+    """What an agent says of its window: attributes of :class:`convoq.Agent` and of every
+    :class:`~convoq.profile.AgentProfile`."""
+
+    @property
+    def keep_last_turns(self) -> int: ...
+
+    @property
+    def max_history_tokens(self) -> int | None: ...
+
+    @property
+    def token_counter(self) -> TokenCounter | None: ...
+
+    @property
+    def compaction(self) -> object | None: ...
+
+
+@dataclass(frozen=True)
+class WindowRule:
+    """An agent's window precedence, the one place it is written: the in-process Agent,
+    the worker's profiles (the windows turns are handed out with) and its runner decide by
+    it. The scripts keep a copy for Redis (``turn_window()`` in ``redis/lua/_lib.lua``),
+    held to this one case by case by ``tests/test_window_precedence.py``.
+
+    1. A turn's own ``keep_last_turns`` beats its agent's, 0 included (0: every turn);
+       its own ``max_history_tokens`` beats its agent's. Not given (None), the agent's
+       applies.
+    2. What is sent (:class:`Window`): the leading system/developer messages, a stored
+       summary in place of the turns it covers, then the last ``keep_last_turns`` of the
+       turns after it, of those the newest that fit the token budget.
+    3. A window handed out with a worker's turn is counted in turns. A token budget (the
+       turn's or its agent's), a compaction policy of the agent or a summary stored for
+       the conversation makes the store choose the window instead, from the counts and
+       the summary kept with the turns: the turn then comes with one turn of history.
+
+    Attributes:
+        keep_last_turns: the agent's (0: every turn).
+        max_history_tokens: the agent's token budget (None: none).
+        compacts: whether the agent has a compaction policy.
+        counter: the agent's token counter (None: the default).
+    """
+
+    keep_last_turns: int = 0
+    max_history_tokens: int | None = None
+    compacts: bool = False
+    counter: TokenCounter | None = None
+
+    @classmethod
+    def of(cls, agent: WindowSettings) -> WindowRule:
+        """The rule of ``agent`` (its attributes read now)."""
+        return cls(
+            int(agent.keep_last_turns),
+            agent.max_history_tokens,
+            agent.compaction is not None,
+            agent.token_counter,
+        )
+
+    @property
+    def handed(self) -> int:
+        """The window (turns, 0 = all) this agent's turns are handed out with, before a
+        turn's own options or a summary are known: :data:`STORE_CHOOSES` when rule 3
+        holds for every turn of the agent."""
+        if self.max_history_tokens is not None or self.compacts:
+            return STORE_CHOOSES
+        return self.keep_last_turns
+
+    def window(
+        self, keep_last_turns: int | None = None, max_history_tokens: int | None = None
+    ) -> Window:
+        """What a turn that asks these (None: not asked) sends (rules 1 and 2)."""
+        keep = self.keep_last_turns if keep_last_turns is None else keep_last_turns
+        budget = self.max_history_tokens if max_history_tokens is None else max_history_tokens
+        return Window(keep or None, budget, self.counter, with_summary=True)
+
+    def for_turn(self, options: Mapping[str, Any], *, summarised: bool) -> TurnWindow:
+        """A worker's turn, from the options stored with it (read as the scripts read
+        them: a whole number >= 0, else not asked) and whether its conversation has a
+        stored summary: what it sends and whether the store chooses that (rule 3)."""
+        window = self.window(
+            _asked(options.get("keep_last_turns")), _asked(options.get("max_history_tokens"))
+        )
+        chooses = window.max_tokens is not None or self.compacts or summarised
+        return TurnWindow(window, store_chooses=chooses)
+
+
+@dataclass(frozen=True)
+class TurnWindow:
+    """What a worker's turn sends, and where that comes from.
+
+    Attributes:
+        window: what the turn sends.
+        store_chooses: the store chooses it (:class:`WindowRule`, rule 3), else it came
+            with the turn.
+    """
+
+    window: Window
+    store_chooses: bool
+
+    @property
+    def handed_turns(self) -> int:
+        """The turns of history (0: all) the turn is handed out with."""
+        return 1 if self.store_chooses else self.window.keep_last_turns or 0
+
+
+def _asked(value: object) -> int | None:
+    """An option's whole number >= 0, else None (not asked)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None

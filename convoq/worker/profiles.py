@@ -21,7 +21,7 @@ from typing import Any
 
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.profile import AgentProfile, approval_ttl_of, refusals_of
-from convoq.window import STORE_CHOOSES, AgentWindows
+from convoq.window import STORE_CHOOSES, AgentWindows, WindowRule
 
 ADAPTERS_GROUP = "convoq.profiles"
 """Entry points named after a framework's top package; each loads a function that makes a
@@ -46,6 +46,9 @@ class Profiles(Mapping[str, AgentProfile]):
             if other is not None and other is not agent:
                 raise ConfigurationError(f"two agent profiles are named {agent.name!r}")
             self._agents[agent.name] = agent
+        # Each profile's window rule, decided once: the windows its turns are handed out
+        # with and the window its runner then sends come from the same decision.
+        self._rules = {name: WindowRule.of(agent) for name, agent in self._agents.items()}
 
     def __getitem__(self, name: str) -> AgentProfile:
         return self._agents[name]
@@ -72,15 +75,18 @@ class Profiles(Mapping[str, AgentProfile]):
         return agent
 
     def windows(self) -> AgentWindows:
-        """The history window each profile's turns are handed out with, decided here once:
-        its ``keep_last_turns`` (0 = all), or, for a profile with a token budget or a
-        compaction policy, :data:`~convoq.window.STORE_CHOOSES` (the store chooses its
-        window from the counts and summary stored with the turns). A turn for an agent
+        """The history window each profile's turns are handed out with, decided here once
+        (:attr:`WindowRule.handed <convoq.window.WindowRule.handed>`). A turn for an agent
         this worker does not know fails, so it brings one turn only."""
         return AgentWindows(
-            {name: handed_window(agent) for name, agent in self._agents.items()},
+            {name: rule.handed for name, rule in self._rules.items()},
             default=STORE_CHOOSES,
         )
+
+    def window_rule(self, name: str) -> WindowRule:
+        """The window rule of the profile called ``name`` (see :meth:`get_profile`)."""
+        self.get_profile(name)
+        return self._rules[name]
 
     def approval_ttls_ms(self, default_s: float) -> dict[str, int]:
         """How long a parked turn of each profile waits for its decisions, in ms: its own
@@ -108,13 +114,6 @@ def check_servable(agent: AgentProfile) -> None:
             profile=agent.name,
             options=sorted(refused),
         )
-
-
-def handed_window(agent: AgentProfile) -> int:
-    """The window ``agent``'s turns are handed out with (see :meth:`Profiles.windows`)."""
-    if agent.max_history_tokens is not None or agent.compaction is not None:
-        return STORE_CHOOSES
-    return int(agent.keep_last_turns)
 
 
 def load_profiles(modules: str | None) -> Profiles:

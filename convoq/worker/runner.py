@@ -43,12 +43,11 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id
 from convoq.messages import Message
 from convoq.observe import tracing
-from convoq.profile import AgentProfile, TurnJob
+from convoq.profile import TurnJob
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding, TurnProtocol
 from convoq.turn_state import TurnState, expire_undecided
-from convoq.window import Window
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
@@ -249,7 +248,7 @@ class Runner:
             turn.turn_id,
             turn.agent,
             state,
-            await self._history(run.acq, profile),
+            await self._history(run.acq),
             emit=run.events.add,
             checkpoint=run.checkpoint,
             should_stop=run.should_stop,
@@ -259,20 +258,15 @@ class Runner:
         )
         return await profile.run_turn(job)
 
-    async def _history(self, acq: Acquired, profile: AgentProfile) -> list[Message]:
-        """The turn's window: the one that came with the lease (its agent's, or its own
-        ``keep_last_turns``, see :meth:`Profiles.windows`), unless a token budget or a
-        stored summary applies (whoever stored it: every profile sends a conversation's
-        summary, as an in-process Agent does): then the store chooses it from the counts
-        kept with each turn."""
-        options = acq.turn.options
-        budget = options.get("max_history_tokens", profile.max_history_tokens)
-        if budget is None and not (acq.summarised or profile.compaction is not None):
+    async def _history(self, acq: Acquired) -> list[Message]:
+        """The turn's window (:class:`~convoq.window.WindowRule`, decided with the
+        windows its turns are handed out with): the one that came with the lease, unless
+        the store chooses it from the counts and the summary kept with the turns."""
+        rule = self._profiles.window_rule(acq.turn.agent)
+        chosen = rule.for_turn(acq.turn.options, summarised=acq.summarised)
+        if not chosen.store_chooses:
             return list(acq.history)
-        wanted = options.get("keep_last_turns")
-        keep = int(wanted) if wanted is not None else profile.keep_last_turns
-        limit = None if budget is None else int(budget)
-        window = Window(keep or None, limit, profile.token_counter, with_summary=True)
+        window = chosen.window
         return window.apply(await self._protocol.window(acq.turn.conversation_id, window))
 
     async def _commit(

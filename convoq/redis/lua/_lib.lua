@@ -471,18 +471,27 @@ local function take_options(first)
     over_attempts = ARGV[first + 5]}
 end
 
--- The history window (turns, 0 = all) a turn is handed out with. o.windows is the JSON
--- [default, {agent name: turns}] the worker decided once per agent profile; -1: that
--- agent's window is chosen by the store (a token budget or a summary, read apart), so one
--- turn comes along. A turn's own keep_last_turns option wins over its agent's window; its
--- own max_history_tokens has the store choose too. Options are decoded only when they
--- name one of those (most turns carry neither).
-local function turn_window(rec, o)
+-- Whether an option's value is a whole number >= 0 (what a window option may be).
+local function whole(value)
+  return type(value) == 'number' and value >= 0 and value == math.floor(value)
+    and value < math.huge
+end
+
+-- The history window (turns, 0 = all) a turn is handed out with: WindowRule's precedence
+-- (convoq/window.py, where it is written; tests/test_window_precedence.py holds this copy
+-- to it case by case). o.windows is the JSON [default, {agent name: turns}] the worker
+-- decided once per agent profile (WindowRule.handed); -1: that agent's window is chosen by
+-- the store (a token budget or a compaction policy, read apart), so one turn comes along,
+-- as it does when the conversation has a stored summary (`summarised`) or the turn its own
+-- max_history_tokens. Else a turn's own keep_last_turns wins over its agent's window. An
+-- option counts when it is a whole number >= 0; options are decoded only when they name
+-- one of those (most turns carry neither).
+local function turn_window(rec, o, summarised)
   if type(o.windows) == 'string' then
     o.windows = cjson.decode(o.windows)  -- once per call: commit may hand out a turn too
   end
   local window = o.windows[2][rec.agent or ''] or o.windows[1]
-  if window < 0 then
+  if window < 0 or summarised then
     return 1
   end
   local options = rec.options
@@ -490,12 +499,11 @@ local function turn_window(rec, o)
       or string.find(options, '"max_history_tokens"', 1, true)) then
     local ok, asked = pcall(cjson.decode, options)
     if ok and type(asked) == 'table' then
-      if type(asked.max_history_tokens) == 'number' then
+      if whole(asked.max_history_tokens) then
         return 1
       end
-      local keep = asked.keep_last_turns
-      if type(keep) == 'number' and keep >= 0 and keep == math.floor(keep) then
-        return keep
+      if whole(asked.keep_last_turns) then
+        return asked.keep_last_turns
       end
     end
   end
@@ -686,7 +694,7 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     return {'DROPPED', tid}
   end
   -- All reads that can fail come before the first write.
-  local window = turn_window(rec, o)
+  local window = turn_window(rec, o, summarised[h.meta])
   local win, corrupt = {{}, {}, {}}, nil
   if not h.empty then  -- h.empty: the caller saw the conversation has no history
     win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
