@@ -10,7 +10,8 @@ free with nothing waiting for it (:meth:`SlotBacklog.take_free_slot`) runs as a 
 the loop; when the drain ends its slot is given back and the message is acknowledged
 through the consumer, as Celery acknowledges a late-acked task, also when the drain
 raised (``task_acks_on_failure_or_timeout``). Any other message goes Celery's way
-(Celery's own handler, built here).
+(Celery's own handler, built here). The drains so started are :class:`DirectDrains`'s
+until they end.
 
 What is kept: the kick is acknowledged only after its drain (a worker killed meanwhile
 leaves it unacknowledged, and the broker's visibility timeout or the sweeper runs the
@@ -26,6 +27,8 @@ kick goes through Celery's request and pool.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -36,9 +39,15 @@ from celery.worker.strategy import default
 from convoq.observe import tracing
 from convoq.queue.transport import FENCE_HEADER, HEAD_HEADER
 from convoq.settings import fast_path
+from convoq.worker import _observed
+from convoq.worker._kicks import fence_of
 
 if TYPE_CHECKING:
+    from convoq.worker._drains import Serving
+    from convoq.worker._event_loop import WorkerLoop
+    from convoq.worker._fair import SlotBacklog
     from convoq.worker.app import ConvoqCelery
+    from convoq.worker.runner import DrainReport, Runner
     from convoq.worker.runtime import WorkerRuntime
 
 log = logging.getLogger("convoq.worker")
@@ -110,3 +119,82 @@ def _kick_of(message: Any) -> tuple[str, str | None, str | None, str | None] | N
 def _text(headers: dict[str, Any], name: str) -> str | None:
     value = headers.get(name)
     return value if isinstance(value, str) else None
+
+
+class DirectDrains:
+    """The drains kicks start on the loop from the consumer (:func:`strategy`), until they
+    end; none starts before the pool's line is attached (:meth:`enable`)."""
+
+    def __init__(self, loop: WorkerLoop, backlog: SlotBacklog, serving: Serving) -> None:
+        self._loop = loop
+        self._backlog = backlog
+        self._serving = serving
+        self._on = False
+        self._runs: set[asyncio.Task[DrainReport]] = set()
+
+    def enable(self) -> None:
+        """Kicks may start drains from now on (the pool's line is attached)."""
+        self._on = True
+
+    @property
+    def running(self) -> bool:
+        """Whether a drain started so has not ended yet."""
+        return bool(self._runs)
+
+    def start(
+        self,
+        cid: str,
+        head: str | None,
+        fence: str | None,
+        traceparent: str | None,
+        *,
+        done: Callable[[], object],
+    ) -> bool:
+        """Start a drain of ``cid`` on the loop if a slot is free and nothing waits for it;
+        ``done`` (the kick's acknowledgement) is called when it ends. False: nothing
+        started, the kick goes Celery's way."""
+        opened = self._loop.opened
+        if opened is None or not self._on or not self._serving.accepting:
+            return False
+        if not self._backlog.take_free_slot():
+            return False
+        try:
+            self._loop.thread.loop.call_soon_threadsafe(
+                self._start, opened.runner, cid, head, fence_of(fence), traceparent, done
+            )
+        except RuntimeError:  # the loop is closed: shutting down
+            self._backlog.release(direct=True)
+            return False
+        return True
+
+    async def ended_all(self, timeout_s: float) -> None:
+        """Until every drain started so ended, ``timeout_s`` at most."""
+        if self._runs:
+            await asyncio.wait(set(self._runs), timeout=timeout_s)
+
+    def _start(
+        self,
+        runner: Runner,
+        cid: str,
+        head: str | None,
+        fence: int,
+        traceparent: str | None,
+        done: Callable[[], object],
+    ) -> None:
+        drain = runner.drain(cid, head=head, fence=fence)
+        task = asyncio.ensure_future(_observed.traced_drain(drain, cid, traceparent))
+        self._runs.add(task)
+        task.add_done_callback(functools.partial(self._ended, cid, done))
+
+    def _ended(self, cid: str, done: Callable[[], object], task: asyncio.Task[DrainReport]) -> None:
+        self._runs.discard(task)
+        self._backlog.release(direct=True)
+        if task.cancelled():  # the loop stops: the kick stays unacknowledged
+            return
+        if (exc := task.exception()) is not None:
+            # As Celery reports a task that raised; the kick is acknowledged all the same.
+            log.error("drain of %s raised: %r", cid, exc, exc_info=exc)
+        try:
+            done()
+        except Exception:
+            log.exception("acknowledging the kick of %s failed", cid)

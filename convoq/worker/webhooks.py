@@ -1,7 +1,8 @@
-"""Webhook delivery: one signed POST of a finished turn's payload and whether a retry
-makes sense (retrying is the ``convoq.deliver_callback`` task's job). Redirects are never
-followed (a redirect could send the signed body elsewhere) and response bodies are not
-read. The payload and signature are the queue contract's (:mod:`convoq.queue.signing`).
+"""Webhook delivery: one signed POST of a finished turn's payload (read from its record)
+and whether a retry makes sense (retrying is the ``convoq.deliver_callback`` task's job).
+Redirects are never followed (a redirect could send the signed body elsewhere) and
+response bodies are not read. The payload and signature are the queue contract's
+(:mod:`convoq.queue.signing`).
 
 Every connection goes through the address guard (:mod:`convoq.netguard`): the POST is
 sent by :class:`GuardedTransport`, httpx's custom-transport interface over httpcore's
@@ -20,7 +21,7 @@ from typing import Any, Literal
 import httpcore
 import httpx
 
-from convoq.errors import ConfigurationError, InvalidCallbackUrlError
+from convoq.errors import ConfigurationError, InvalidCallbackUrlError, UnknownTurnError
 from convoq.netguard import (
     PROBE_URL,
     CallbackPolicy,
@@ -30,7 +31,8 @@ from convoq.netguard import (
     Resolver,
     errors_mapped,
 )
-from convoq.queue.signing import SIGNATURE_HEADER, sign
+from convoq.queue.signing import SIGNATURE_HEADER, build_payload, sign
+from convoq.redis.protocol import TurnProtocol
 
 USER_AGENT = "convoq-webhook/1"
 
@@ -88,6 +90,50 @@ async def post_once(
     if status >= 500 or status == 429:
         return Attempt("retry", f"HTTP {status}")
     return Attempt("rejected", f"HTTP {status}")
+
+
+async def deliver(
+    protocol: TurnProtocol,
+    cid: str,
+    tid: str,
+    *,
+    secret: str | None,
+    timeout_s: float,
+    policy: CallbackPolicy,
+) -> Attempt:
+    """POST the callback of turn ``tid`` once (:func:`post_once`), its payload read from
+    the turn's record: rejected when the record expired or names no ``callback_url``.
+
+    Raises:
+        ConfigurationError: no ``secret`` (callbacks are only sent signed).
+    """
+    if not secret:
+        raise ConfigurationError(
+            "a turn has a callback_url but CONVOQ_WEBHOOK_SECRET is not set on the"
+            " workers: callbacks are only sent signed"
+        )
+    try:
+        record = await protocol.get_turn(cid, tid)
+    except UnknownTurnError:
+        return Attempt("rejected", "the turn record expired")
+    url = record.options.get("callback_url")
+    if not url:
+        return Attempt("rejected", "the turn has no callback_url")
+    body = build_payload(
+        conversation_id=cid,
+        turn_id=tid,
+        status=record.status,
+        agent=record.agent,
+        text=(record.result or {}).get("text"),
+        error=record.error,
+        finished_ms=record.finished_ms,
+        usage=(record.result or {}).get("usage"),
+        finish_reason=(record.result or {}).get("finish_reason"),
+        output=(record.result or {}).get("output"),
+        metadata=record.metadata,
+        decisions={call: d.model_dump() for call, d in record.decisions.items()},
+    )
+    return await post_once(str(url), body, secret=secret, timeout_s=timeout_s, policy=policy)
 
 
 def guarded_transport(
