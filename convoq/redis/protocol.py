@@ -49,6 +49,8 @@ Where each verb lives (the class is assembled here from these, over
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from convoq.redis._approvals import ApprovalsMixin
 from convoq.redis._cancelling import CancellingMixin
 from convoq.redis._ending import EndingMixin
@@ -69,6 +71,9 @@ from convoq.redis._registry import RegistryMixin
 from convoq.redis._retention import RetentionMixin
 from convoq.redis._submitting import SubmittingMixin
 from convoq.redis._sweeping import SweepingMixin
+
+if TYPE_CHECKING:
+    from convoq.redis.roles import ClientStore, MemoryStore, WorkerStore
 
 __all__ = [
     "Acquired",
@@ -116,3 +121,13 @@ class TurnProtocol(
 
     Entry points build it with :meth:`from_settings`, from the settings they resolved.
     """
+
+
+if TYPE_CHECKING:
+    # The protocol plays every role its callers are typed against (convoq.redis.roles);
+    # mypy fails here when a role asks for something the protocol no longer has. The
+    # narrower roles are parts of these three (HeldStore of MemoryStore, the runner's and
+    # the sweeper's of WorkerStore).
+
+    def _plays_every_role(p: TurnProtocol) -> tuple[WorkerStore, ClientStore, MemoryStore]:
+        return p, p, p
