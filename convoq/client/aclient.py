@@ -64,6 +64,7 @@ from convoq.redis._cluster import AsyncRedis
 from convoq.redis._durable import until_durable
 from convoq.redis.embedded import describe, url_or_embedded
 from convoq.redis.protocol import ParkedTurn, SubmitResult
+from convoq.redis.roles import ClientStore
 from convoq.settings import ConvoqSettings
 from convoq.usage import Usage
 
@@ -183,7 +184,7 @@ class AsyncClient:
         self._direct_kicks: bool | None = None
         self._callback_policy = CallbackPolicy(self.settings.callback_allowed_networks)
         self._redis: AsyncRedis | None = None
-        self._protocol: TurnProtocol | None = None
+        self._protocol: ClientStore | None = None
         self._registered: frozenset[str] = frozenset()
         self._deployment_checked = False
         self._watchers: set[asyncio.Task[None]] = set()
@@ -208,7 +209,7 @@ class AsyncClient:
         return broker_url_for(self.redis_url, self.settings.broker_url)
 
     @property
-    def protocol(self) -> TurnProtocol:
+    def protocol(self) -> ClientStore:
         """The turn protocol on this client's Redis (connections open on first use)."""
         self._leave_parent_connections()
         if self._protocol is None:

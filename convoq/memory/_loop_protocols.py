@@ -35,6 +35,7 @@ from convoq._sync import left_in_parent
 from convoq.redis._base import connect
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis.protocol import TurnProtocol
+from convoq.redis.roles import MemoryStore
 from convoq.settings import ConvoqSettings
 
 # How long close() waits for a loop on another thread to close its client.
@@ -43,7 +44,7 @@ CLOSE_WAIT_S = 5.0
 
 @dataclass
 class _Opened:
-    protocol: TurnProtocol
+    protocol: MemoryStore
     closer: AsyncGenerator[None, None]  # suspended until its loop shuts down or we close it
 
 
@@ -67,7 +68,7 @@ class LoopProtocols:
                     self._url = self._resolve_url()
         return self._url
 
-    async def current(self) -> TurnProtocol:
+    async def current(self) -> MemoryStore:
         """The protocol of the running loop, opened on its first call there."""
         opened = self._opened.get(asyncio.get_running_loop())
         if opened is not None and self._pid == os.getpid():
@@ -79,7 +80,7 @@ class LoopProtocols:
         with self._lock:
             return list(self._opened)
 
-    async def _open(self) -> TurnProtocol:
+    async def _open(self) -> MemoryStore:
         self._leave_parent_clients()
         url = self._url if self._url is not None else await asyncio.to_thread(self.url)
         loop = asyncio.get_running_loop()

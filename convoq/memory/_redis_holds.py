@@ -19,7 +19,7 @@ from convoq.messages import Message
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._holding import commit_held, reserve, unreserve
 from convoq.redis._refusals import stale_fence
-from convoq.redis.protocol import TurnProtocol
+from convoq.redis.roles import MemoryStore
 
 log = logging.getLogger("convoq.memory")
 
@@ -46,7 +46,7 @@ class LeaseHolds:
 
     async def take(
         self,
-        proto: TurnProtocol,
+        proto: MemoryStore,
         cid: str,
         token: str,
         *,
@@ -73,12 +73,12 @@ class LeaseHolds:
         held.renewer = asyncio.create_task(self._renew(proto, cid, held))
         self._held[(cid, token)] = held
 
-    async def park(self, proto: TurnProtocol, cid: str, token: str, ttl_ms: int) -> None:
+    async def park(self, proto: MemoryStore, cid: str, token: str, ttl_ms: int) -> None:
         await self._stop(cid, token)
         await unreserve(proto, cid, token, park_ms=ttl_ms)
 
     async def commit(
-        self, proto: TurnProtocol, cid: str, token: str, messages: list[Message]
+        self, proto: MemoryStore, cid: str, token: str, messages: list[Message]
     ) -> None:
         held = await self._stop(cid, token)
         if held is None:
@@ -86,7 +86,7 @@ class LeaseHolds:
         await commit_held(proto, cid, token, held.fence, messages)
 
     async def release(
-        self, proto: TurnProtocol, cid: str, token: str, spent_ttl_ms: int | None
+        self, proto: MemoryStore, cid: str, token: str, spent_ttl_ms: int | None
     ) -> None:
         await self._stop(cid, token)
         await unreserve(proto, cid, token, spent_ttl_ms=spent_ttl_ms)
@@ -108,7 +108,7 @@ class LeaseHolds:
             held.renewer.cancel()  # stuck in a Redis call: its lease expires on its own
         return held
 
-    async def _renew(self, proto: TurnProtocol, cid: str, held: _Held) -> None:
+    async def _renew(self, proto: MemoryStore, cid: str, held: _Held) -> None:
         period = self.lease_ms / 3000
         while not held.stop.is_set():
             with contextlib.suppress(TimeoutError):

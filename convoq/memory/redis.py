@@ -35,6 +35,7 @@ from convoq.redis._sync_client import BlockingScripts, connect_blocking
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
 from convoq.redis.protocol import TurnProtocol
+from convoq.redis.roles import MemoryStore
 from convoq.settings import ConvoqSettings
 from convoq.summary import Summary, SummaryBasis
 from convoq.window import Window
@@ -110,7 +111,7 @@ class RedisConversationMemory(StoredConversationMemory):
         self._settings = s
         self._keys = KeySchema(s.prefix)
         self._limits = Limits(s.max_attachment_bytes, s.max_turn_bytes)
-        self._given = TurnProtocol.from_settings(client, s) if client else None
+        self._given: MemoryStore | None = TurnProtocol.from_settings(client, s) if client else None
         self._loops = LoopProtocols(s, partial(url_or_embedded, s.redis_url, s.home))
         # A memory dropped without close() must not leave sockets to the GC.
         weakref.finalize(self, self._loops.close_soon)
@@ -124,7 +125,7 @@ class RedisConversationMemory(StoredConversationMemory):
     async def _write(self, conversation_id: str, messages: list[Message]) -> None:
         append_id = secrets.token_hex(16)
 
-        async def append(p: TurnProtocol) -> None:
+        async def append(p: MemoryStore) -> None:
             await append_history(
                 p.scripts, p.keys, conversation_id, messages, p.limits, append_id=append_id
             )
@@ -194,7 +195,7 @@ class RedisConversationMemory(StoredConversationMemory):
         await self._run(lambda p: self._holds.park(p, conversation_id, token, ttl_ms))
 
     async def acommit_turn(self, conversation_id: str, token: str, messages: list[Message]) -> None:
-        async def commit(p: TurnProtocol) -> None:
+        async def commit(p: MemoryStore) -> None:
             await self._holds.commit(p, conversation_id, token, messages)
             # The turn's append id is its token: that key expires with the idle TTL too.
             await p.touch(conversation_id, also=[p.keys.applied(conversation_id, token)])
@@ -271,7 +272,7 @@ class RedisConversationMemory(StoredConversationMemory):
         if scripts is not None:
             scripts.client.close()
 
-    async def _run(self, call: Callable[[TurnProtocol], Awaitable[T]]) -> T:
+    async def _run(self, call: Callable[[MemoryStore], Awaitable[T]]) -> T:
         if self._given is not None:
             return await call(self._given)
         return await call(await self._loops.current())

@@ -19,6 +19,7 @@ from convoq.errors import CorruptDataError, UnknownTurnError
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
 from convoq.redis._records import TurnRecord, TurnStatus, decode_record, with_stored_decisions
+from convoq.redis.roles import EventSink
 from convoq.turn_state import TurnEvent
 
 # How long a live reader counts as there after its read's block time ran out (it reads
@@ -280,7 +281,7 @@ class TurnEvents:
 
     def __init__(
         self,
-        protocol: EventsMixin,
+        protocol: EventSink,
         cid: str,
         turn_id: str,
         *,

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from convoq.messages import Message
-from convoq.redis._base import ProtocolBase
 from convoq.redis._durable import replicated
 from convoq.redis._history import append_history
 from convoq.redis._replies import Outcome, ReserveReply
+from convoq.redis.roles import HeldStore
 
 
 def holder(token: str) -> str:
@@ -27,7 +27,7 @@ def holder(token: str) -> str:
 
 
 async def reserve(
-    proto: ProtocolBase, cid: str, token: str, *, lease_ms: int, spent_ttl_ms: int | None
+    proto: HeldStore, cid: str, token: str, *, lease_ms: int, spent_ttl_ms: int | None
 ) -> int:
     """Take the conversation's lease for the turn ``token`` and return its fence.
     ``spent_ttl_ms``: the token belongs to a continuation being resumed (spent here).
@@ -47,7 +47,7 @@ async def reserve(
 
 
 async def unreserve(
-    proto: ProtocolBase,
+    proto: HeldStore,
     cid: str,
     token: str,
     *,
@@ -66,7 +66,7 @@ async def unreserve(
 
 
 async def commit_held(
-    proto: ProtocolBase, cid: str, token: str, fence: int, messages: list[Message]
+    proto: HeldStore, cid: str, token: str, fence: int, messages: list[Message]
 ) -> None:
     """Append the turn under the lease ``fence`` and free the lease, exactly once.
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from convoq._sync import LoopThread
 from convoq.redis import TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
+from convoq.redis.roles import WorkerStore
 from convoq.settings import ConvoqSettings
 from convoq.worker.runner import Runner
 
@@ -28,7 +29,7 @@ class Opened:
     """What the loop holds once open."""
 
     redis: AsyncRedis
-    protocol: TurnProtocol
+    protocol: WorkerStore
     runner: Runner
     epoch: str
     """The dataset's epoch marker when the worker opened it (checked again each period)."""
@@ -42,7 +43,7 @@ class WorkerLoop:
         self,
         settings: ConvoqSettings,
         redis_url: str,
-        runner_for: Callable[[TurnProtocol], Runner],
+        runner_for: Callable[[WorkerStore], Runner],
     ) -> None:
         self._settings = settings
         self._redis_url = redis_url

@@ -10,7 +10,7 @@ from typing import Any
 
 from convoq.errors import ConvoqError
 from convoq.observe import metrics
-from convoq.redis.protocol import TurnProtocol
+from convoq.redis.roles import TurnReader
 
 log = logging.getLogger("convoq.worker")
 
@@ -24,7 +24,7 @@ async def no_hook(_cid: str, _tid: str, _options: dict[str, Any]) -> None:
 
 
 async def after_turn(
-    protocol: TurnProtocol,
+    protocol: TurnReader,
     hook: FinishedHook,
     cid: str,
     tid: str,

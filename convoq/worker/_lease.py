@@ -33,7 +33,8 @@ from convoq.errors import (
 )
 from convoq.observe import metrics
 from convoq.redis._base import REDIS_UNAVAILABLE
-from convoq.redis.protocol import Acquired, TurnEvents, TurnProtocol
+from convoq.redis.protocol import Acquired, TurnEvents
+from convoq.redis.roles import LeaseStore
 from convoq.turn_state import TurnState, answered
 from convoq.worker._bounded import bounded, stop_bounded
 
@@ -109,7 +110,7 @@ class TurnRun:
     ``ended`` is the explicit end of the run: nothing renews its lease once it is set.
     ``confirmed_at`` (loop time) is when the lease was last known to be extended."""
 
-    protocol: TurnProtocol
+    protocol: LeaseStore
     acq: Acquired
     events: TurnEvents
     lease_ms: int = defaults.LEASE_MS
@@ -194,7 +195,7 @@ class TurnRun:
 
 @contextlib.asynccontextmanager
 async def turn_run(
-    protocol: TurnProtocol, acq: Acquired, *, flush_after_s: float, lease_ms: int
+    protocol: LeaseStore, acq: Acquired, *, flush_after_s: float, lease_ms: int
 ) -> AsyncIterator[TurnRun]:
     """A run of ``acq``'s turn; events still buffered when it ends are dropped (the turn
     ended, and its last write carried them, or it was abandoned)."""

@@ -46,7 +46,8 @@ from convoq.observe import tracing
 from convoq.profile import TurnJob
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
-from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding, TurnProtocol
+from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding
+from convoq.redis.roles import RunnerStore
 from convoq.turn_state import TurnState, expire_undecided
 from convoq.worker import _observed
 from convoq.worker._fair import Fairness, NeverYield
@@ -103,7 +104,7 @@ class Runner:
 
     def __init__(
         self,
-        protocol: TurnProtocol,
+        protocol: RunnerStore,
         profiles: Profiles,
         config: RunnerConfig,
         *,

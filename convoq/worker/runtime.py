@@ -23,8 +23,9 @@ from celery import Celery
 
 from convoq._sync import set_blocking_threads
 from convoq.netguard import CallbackPolicy
-from convoq.redis import KeySchema, TurnProtocol
+from convoq.redis import KeySchema
 from convoq.redis.embedded import url_or_embedded
+from convoq.redis.roles import WorkerStore
 from convoq.settings import ConvoqSettings
 from convoq.summary import Summary
 from convoq.worker import _observed, webhooks
@@ -94,7 +95,7 @@ class WorkerRuntime:
             settings, self.loop, self.backlog, serving, self.direct, self.heartbeat, mcp_servers
         )
 
-    def _runner_for(self, protocol: TurnProtocol) -> Runner:
+    def _runner_for(self, protocol: WorkerStore) -> Runner:
         s = self.settings
         config = RunnerConfig(
             worker_id=self.worker_id,
@@ -126,7 +127,7 @@ class WorkerRuntime:
         return self.loop.run(coro)
 
     @property
-    def protocol(self) -> TurnProtocol:
+    def protocol(self) -> WorkerStore:
         return self.loop.open().protocol
 
     @property

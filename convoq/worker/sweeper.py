@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from convoq.observe import metrics
 from convoq.redis._cluster import AsyncRedis
-from convoq.redis.protocol import TurnProtocol
+from convoq.redis.roles import SweepStore
 
 log = logging.getLogger("convoq.sweeper")
 
@@ -35,7 +35,7 @@ class Sweeper:
 
     def __init__(
         self,
-        protocol: TurnProtocol,
+        protocol: SweepStore,
         kick: Kick,
         *,
         interval_s: float,

@@ -32,7 +32,7 @@ from convoq.netguard import (
     errors_mapped,
 )
 from convoq.queue.signing import SIGNATURE_HEADER, build_payload, sign
-from convoq.redis.protocol import TurnProtocol
+from convoq.redis.roles import TurnReader
 
 USER_AGENT = "convoq-webhook/1"
 
@@ -93,7 +93,7 @@ async def post_once(
 
 
 async def deliver(
-    protocol: TurnProtocol,
+    protocol: TurnReader,
     cid: str,
     tid: str,
     *,
