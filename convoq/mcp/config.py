@@ -195,8 +195,7 @@ def http_server(
     """An MCP server reached over streamable HTTP.
 
     Args:
-        name, tool_prefix, requires_approval, connect_timeout_s, call_timeout_s: as for
-            :func:`stdio_server`.
+        name: as for :func:`stdio_server`.
         url: the server's MCP endpoint (``http://`` or ``https://``).
         headers: sent with every request, e.g. ``{"Authorization": f"Bearer {token}"}``.
         allowed_networks: networks the URL may reach although not public (comma
@@ -204,6 +203,10 @@ def http_server(
             ``CONVOQ_MCP_ALLOWED_NETWORKS``; unset too: public addresses only, checked
             against the address each connection is made to (the callback guard,
             :mod:`convoq.netguard`).
+        tool_prefix: as for :func:`stdio_server`.
+        requires_approval: as for :func:`stdio_server`.
+        connect_timeout_s: as for :func:`stdio_server`.
+        call_timeout_s: as for :func:`stdio_server`.
     """
     common = _common(name, tool_prefix, requires_approval, connect_timeout_s, call_timeout_s)
     parts = urlsplit(url) if isinstance(url, str) else None

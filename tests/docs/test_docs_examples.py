@@ -1,40 +1,82 @@
-"""Every ```python block of the documentation pages (docs/**/*.md) runs as written, on its
-own (its own imports, a fresh namespace), offline (the scripted model). A block that
-cannot run here has ``<!-- skip-example: the reason -->`` on the line before it."""
+"""Every ```python block of every docs page (docs/**/*.md) runs as written, as the
+README's do (the rules: tests/docs/test_readme.py): ``python example.py`` offline, on the
+test Redis, beside the page's own file blocks, with a worker when it submits turns."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
-_SKIP = re.compile(r"<!-- skip-example: .+ -->\n$")
+from tests.docs.examples import (
+    Block,
+    OfflineModelServer,
+    docs_pages,
+    failure,
+    page_blocks,
+    prepare,
+    python_blocks,
+    run_block,
+)
+from tests.support.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow
 
-def examples() -> list[tuple[str, str]]:
-    """``(page:line, source)`` of every block that runs."""
-    found = []
-    for page in sorted(DOCS.rglob("*.md")):
-        text = page.read_text("utf-8")
-        for match in _BLOCK.finditer(text):
-            if _SKIP.search(text, 0, match.start()):
-                continue
-            line = text.count("\n", 0, match.start()) + 1
-            found.append((f"{page.relative_to(DOCS)}:{line}", match.group(1)))
-    return found
-
-
-EXAMPLES = examples()
+PAGES = {block.page: blocks for blocks in map(page_blocks, docs_pages()) for block in blocks}
+BLOCKS = [block for blocks in PAGES.values() for block in blocks]
 
 
 def test_the_pages_have_examples_to_run() -> None:
-    assert len(EXAMPLES) >= 5
+    assert len([b for b in BLOCKS if b.skip is None]) >= 5
+    assert all(b.page.startswith("docs/") for b in BLOCKS)
 
 
-@pytest.mark.parametrize("source", [s for _, s in EXAMPLES], ids=[w for w, _ in EXAMPLES])
-def test_a_docs_example_runs(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # whatever an example writes stays in the test's directory
-    exec(compile(source, "<docs example>", "exec"), {"__name__": "__docs_example__"})
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_a_docs_block_runs_as_written(
+    block: Block, tmp_path: Path, redis_server: RedisServer, model_server: OfflineModelServer
+) -> None:
+    if block.skip is not None:
+        pytest.skip(block.skip)
+    done = run_block(block, PAGES[block.page], tmp_path, redis_server.url, model_server.url)
+    assert done.returncode == 0, failure(block, done)
+
+
+AGENTS = """\
+```python
+# myapp/agents.py: this page's profiles
+from convoq import Agent
+from convoq.models import ModelRequest, ScriptedModel
+
+
+def shout(request: ModelRequest) -> str:
+    return request.messages[-1].text.upper()
+
+
+loud = Agent(ScriptedModel(shout), name="loud")
+```
+"""
+SUBMIT = """\
+```python
+from convoq import Client
+
+with Client() as client:
+    handle = client.submit("page-test", "hello", agent="loud")
+    assert handle.wait(timeout=60).text == "HELLO"
+```
+"""
+
+
+def test_a_page_s_file_blocks_serve_its_blocks_and_its_worker(
+    tmp_path: Path, redis_server: RedisServer, model_server: OfflineModelServer
+) -> None:
+    page = python_blocks(f"# A page\n\n{AGENTS}\nThen:\n\n{SUBMIT}", "docs/page.md")
+    other = python_blocks("# Another\n\n```python\n# myapp/other.py\nx = 1\n```\n", "docs/o.md")
+    agents, submit = page
+    assert submit.needs_worker and not agents.needs_worker
+    done = run_block(submit, page, tmp_path / "run", redis_server.url, model_server.url)
+    assert done.returncode == 0, failure(submit, done)
+
+    prepare(tmp_path / "alone", other)  # one page's files, and no other page's
+    assert (tmp_path / "alone/myapp/other.py").exists()
+    assert not (tmp_path / "alone/myapp/agents.py").exists()
