@@ -333,7 +333,7 @@ class Cell:
 
     def _run_worker(self) -> Ran:
         client: Client = self.fixture("client")
-        output = {"output_schema": Answer} if self.rider == "typed_output" else {}
+        output = {"output_type": Answer} if self.rider == "typed_output" else {}
         self.handle = client.submit(
             self.cid, self.text, agent=self.agent, **self.options(), **output
         )

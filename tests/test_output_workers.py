@@ -99,7 +99,7 @@ def test_an_output_schema_given_at_submit_is_asked_for_and_checked(
     server.reply_text('{"answer": "42"}')
     start = len(server.requests)
     handle = client.submit(
-        _cid("schema"), "The answer?", agent="chat", output_schema=schema,
+        _cid("schema"), "The answer?", agent="chat", output_type=schema,
         model_settings={"tool_choice": "lookup", "parallel_tool_calls": False},
     )  # fmt: skip
     result = handle.wait(30)
@@ -119,7 +119,7 @@ def test_a_pydantic_type_given_at_submit_comes_back_typed(
 ) -> None:
     server.reply_text('{"name": "Tromso", "population": 77000, "extra": 1}')
     server.reply_text('{"name": "Tromso", "population": 77000}')
-    handle = client.submit(_cid("class"), "Which city?", agent="chat", output_schema=City)
+    handle = client.submit(_cid("class"), "Which city?", agent="chat", output_type=City)
     # The worker knows no City: it checks the class's schema, closed to extra keys.
     result = handle.wait(30, output_type=City)
     assert result.output == City(name="Tromso", population=77000)
@@ -186,10 +186,10 @@ def _nothing_queued(r: redis.Redis, prefix: str) -> None:
         ({"model_settings": {"extra_body": {"x": "y" * 20000}}}, InvalidModelSettingsError),
         ({"model_settings": {"colour": "red"}}, InvalidModelSettingsError),
         ({"model_settings": ["temperature", 1]}, InvalidModelSettingsError),
-        ({"output_schema": {"type": "array"}}, InvalidOutputTypeError),
-        ({"output_schema": {"type": "object", "not": {}}}, InvalidOutputTypeError),
-        ({"output_schema": "City"}, InvalidOutputTypeError),
-        ({"output_schema": int}, InvalidOutputTypeError),
+        ({"output_type": {"type": "array"}}, InvalidOutputTypeError),
+        ({"output_type": {"type": "object", "not": {}}}, InvalidOutputTypeError),
+        ({"output_type": "City"}, InvalidOutputTypeError),
+        ({"output_type": int}, InvalidOutputTypeError),
     ],
 )
 def test_bad_settings_and_schemas_are_refused_and_nothing_is_queued(
@@ -210,7 +210,7 @@ def test_submit_keeps_settings_and_the_output_spec_in_the_record(
 ) -> None:
     with Client(redis_url, prefix=key_prefix, partitions=4, agents=["chat"]) as c:
         handle = c.submit(
-            "c1", "hello", agent="chat", model_settings={"temperature": 0.5}, output_schema=City
+            "c1", "hello", agent="chat", model_settings={"temperature": 0.5}, output_type=City
         )
         options = handle.record().options
     assert options["model_settings"] == {"temperature": 0.5}

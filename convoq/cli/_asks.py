@@ -17,8 +17,10 @@ def submit_asks(
     temperature: float | None,
     max_tokens: int | None,
 ) -> dict[str, Any]:
-    """The ``model_settings`` and ``output_schema`` arguments of ``submit`` (only those
-    given); ``--temperature`` and ``--max-tokens`` win over the same keys in the JSON."""
+    """The ``model_settings`` and ``output_type`` arguments of ``submit`` (only those
+    given); ``--temperature`` and ``--max-tokens`` win over the same keys in the JSON.
+    ``--output-schema`` keeps its name: on the command line the output type can only be
+    a JSON schema, as in the gateway's ``output_schema`` field."""
     asked: dict[str, Any] = {}
     settings = _json_object(settings_json, "--model-settings", InvalidModelSettingsError)
     given = {"temperature": temperature, "max_tokens": max_tokens}
@@ -28,7 +30,7 @@ def submit_asks(
     schema = _json_object(schema_json, "--output-schema", InvalidOutputTypeError)
     if schema is not None:
         output_shape(schema)
-        asked["output_schema"] = schema
+        asked["output_type"] = schema
     return asked
 
 

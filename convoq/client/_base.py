@@ -64,7 +64,7 @@ def build_submission(
     if_busy: str = "queue",
     max_history_tokens: int | None = None,
     model_settings: SettingsLike | None = None,
-    output_schema: OutputType | None = None,
+    output_type: OutputType | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
@@ -98,7 +98,7 @@ def build_submission(
         options["max_history_tokens"] = max_history_tokens
     if callback_url is not None:
         options["callback_url"] = check_callback_url(callback_url)
-    options.update(asked_options(model_settings, output_schema))
+    options.update(asked_options(model_settings, output_type))
     if meta := check_metadata(metadata):
         options["metadata"] = meta
     return Submission(

@@ -1,4 +1,6 @@
-"""What a client can tell of the workers behind its Redis, and how it says so.
+"""What a client can tell of the workers behind its Redis, and how it says so: the
+workers and the agent names they registered, whether Redis and the broker answer, and the
+:class:`Deployment` they make.
 
 A client and its workers meet only through one Redis and one prefix. A client that reaches
 another one (an unset ``CONVOQ_REDIS_URL`` in another directory starts another embedded
@@ -10,11 +12,19 @@ turn still queued, and in ``convoq status``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from convoq.errors import ConfigurationError
+from celery import Celery
+from redis.exceptions import RedisError
+
+from convoq.client._unreachable import unavailable
+from convoq.errors import ConfigurationError, UnknownAgentError
+from convoq.queue.transport import broker_reachable
+from convoq.redis._base import REDIS_UNAVAILABLE
 
 if TYPE_CHECKING:
     from convoq.client.aclient import AsyncClient
@@ -95,3 +105,67 @@ async def check_deployment(client: AsyncClient) -> None:
     problem = found.problem()
     if problem is not None:
         log.warning("%s", problem)
+
+
+async def stall_note(client: AsyncClient) -> str:
+    """Why a turn of ``client`` may wait for ever ("" when a worker is alive): for the
+    message of a wait that ran out."""
+    return (await deployment(client)).problem() or ""
+
+
+class Registry:
+    """What one client learns of the workers from their registry in Redis: the agent
+    names they run (kept, read again when a submit names another) and, once, whether
+    they take this client's kicks at all (:func:`check_deployment`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._agents: frozenset[str] = frozenset()
+        self._checked = False
+
+    async def agents(self) -> frozenset[str]:
+        """Profile names the running workers registered (read now, and kept)."""
+        self._agents = await self._client.protocol.registered_agents()
+        return self._agents
+
+    async def workers(self) -> dict[str, dict[str, Any]]:
+        """The workers as they registered (see ``AsyncClient.workers``)."""
+        heartbeat_s = self._client.settings.sweep_interval_s
+        return await self._client.protocol.registered_workers(heartbeat_s=heartbeat_s)
+
+    async def check_agent(self, agent: str) -> None:
+        """Refuse a profile name no registered worker runs (any name while none has
+        registered).
+
+        Raises:
+            UnknownAgentError: the workers registered and none runs ``agent``.
+        """
+        if agent in self._agents:
+            return
+        known = await self.agents()
+        if known and agent not in known:
+            raise UnknownAgentError(
+                f"no agent profile named {agent!r}; the workers run {sorted(known)}",
+                agent=agent,
+                known=sorted(known),
+            )
+
+    async def check_once(self) -> None:
+        """:func:`check_deployment`, at the first submit of the client only."""
+        if not self._checked:
+            await check_deployment(self._client)
+            self._checked = True
+
+
+async def ping(client: AsyncClient, broker: Callable[[], Celery], timeout_s: float) -> None:
+    """Check that ``client``'s Redis and then its broker answer within ``timeout_s`` each
+    (see ``AsyncClient.ping``)."""
+    try:
+        await asyncio.wait_for(client.protocol.redis.ping(), timeout_s)
+    except REDIS_UNAVAILABLE as exc:
+        raise unavailable(client.redis_named(), exc) from None
+    except (TimeoutError, OSError) as exc:  # the wait ran out, or the socket failed
+        raise unavailable(client.redis_named(), exc) from None
+    except RedisError as exc:
+        raise ConfigurationError(f"Redis does not answer: {exc!r}"[:300]) from None
+    await broker_reachable(broker(), timeout_s)

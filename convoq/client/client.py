@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
+from convoq.client._renamed import renamed_keyword
 from convoq.client._sync_methods import blocking, blocking_as, signature_of
 from convoq.client.aclient import AsyncClient
 from convoq.client.handle import TurnHandle
@@ -46,7 +47,11 @@ class Client:
     def partitions(self) -> int:
         return self._async.partitions
 
-    submit = blocking_as(AsyncClient.submit, TurnHandle)
+    # output_schema= (deprecated) is taken here, in the caller's thread, so the warning
+    # points at the caller's line (renamed_keyword).
+    submit = renamed_keyword("output_schema", "output_type")(
+        blocking_as(AsyncClient.submit, TurnHandle)
+    )
     approve = blocking(AsyncClient.approve)
     deny = blocking(AsyncClient.deny)
     discard = blocking(AsyncClient.discard)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from convoq._sync import iterate_sync
+from convoq.client._deployment import stall_note
 from convoq.client._sync_methods import blocking
 from convoq.client._unreachable import mapped, mapped_stream
 from convoq.errors import ConvoqError, TurnCancelledError, TurnTimeoutError, error_from_data
@@ -263,7 +264,7 @@ class AsyncTurnHandle:
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
                 # A turn nobody took may wait for ever: say why, when the registry knows.
-                note = await self._client._stall_note() if record.status == "queued" else ""
+                note = await stall_note(self._client) if record.status == "queued" else ""
                 raise TurnTimeoutError(
                     f"turn {self.turn_id} is still {record.status} after {timeout}s;"
                     f" {note or 'wait longer or check it with status()'}",
@@ -350,7 +351,7 @@ class AsyncTurnHandle:
             queued = (await self.record()).status == "queued"
         except ConvoqError:
             return ""  # gone, or Redis is: the timeout says enough
-        note = await self._client._stall_note() if queued else ""
+        note = await stall_note(self._client) if queued else ""
         return f"; {note}" if note else ""
 
     def _block_for(self, deadline: float | None) -> int:

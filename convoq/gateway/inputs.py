@@ -162,7 +162,7 @@ class PropertyIn(_Strict):
 
 class OutputSchemaIn(_Strict):
     """The shape of a typed answer over HTTP: an object of plain fields (deeper schemas
-    are for the Python API's ``output_schema=``)."""
+    are for the Python API's ``output_type=``)."""
 
     type: Literal["object"]
     properties: dict[Annotated[str, Field(min_length=1, max_length=64)], PropertyIn] = Field(
@@ -204,7 +204,7 @@ class TurnRequest(TurnOptions):
         shape = self.output_schema
         return {
             "model_settings": settings.model_dump(exclude_none=True) if settings else None,
-            "output_schema": shape.model_dump() if shape else None,
+            "output_type": shape.model_dump() if shape else None,
         }
 
     message: Annotated[str, Field(min_length=1)] | UserMessageIn = Field(

@@ -58,7 +58,7 @@ class Recorder:
 
 
 async def _run(text: str, metadata: dict[str, Any] | None = None, **asked: Any) -> Completed:
-    options = asked_options(asked.get("model_settings"), asked.get("output_schema"))
+    options = asked_options(asked.get("model_settings"), asked.get("output_type"))
     job = Recorder().job(text, options, metadata or {})
     done = await durable(pai_options).run_turn(job)
     assert isinstance(done, Completed)
@@ -106,7 +106,7 @@ async def test_the_turns_settings_merge_over_the_agents_extra_body_key_by_key() 
 
 async def test_an_output_schema_gives_json_that_fits_it() -> None:
     done = await _run("hi", {"tenant": "acme"}, model_settings={"temperature": 0.5},
-                      output_schema=Seen)  # fmt: skip
+                      output_type=Seen)  # fmt: skip
     assert done.output is not None
     assert done.output.data == {"tenant": "acme", "temperature": 0.5}
     assert Seen.model_validate(done.output.data) == Seen(tenant="acme", temperature=0.5)
@@ -114,7 +114,7 @@ async def test_an_output_schema_gives_json_that_fits_it() -> None:
 
 async def test_an_answer_that_misfits_the_schema_is_retried_with_the_errors() -> None:
     done = await _run("misfit", {"tenant": "acme"}, model_settings={"temperature": 0.5},
-                      output_schema=Seen)  # fmt: skip
+                      output_type=Seen)  # fmt: skip
     assert done.output is not None and done.output.data["tenant"] == "acme"
     retry = [m for m in done.messages if "does not fit" in m.text]
     assert retry and "tenant" in retry[0].text
@@ -123,7 +123,7 @@ async def test_an_answer_that_misfits_the_schema_is_retried_with_the_errors() ->
 async def test_an_answer_that_never_fits_fails_naming_the_profile_and_schema() -> None:
     with pytest.raises(OutputValidationError) as caught:
         await _run("always misfit", {"tenant": "acme"}, model_settings={"temperature": 0.5},
-                   output_schema=Seen)  # fmt: skip
+                   output_type=Seen)  # fmt: skip
     assert "'pai-options'" in caught.value.message and "'Seen'" in caught.value.message
     assert caught.value.details["output"] == "Seen" and caught.value.errors
 
@@ -186,7 +186,7 @@ def test_a_submit_asks_a_pydantic_ai_profile_on_a_worker(client: Client) -> None
         cid, "hi", agent="pai-options", model_settings={"temperature": 0.3}, metadata=tenant
     )
     assert json.loads(plain.wait(30).text) == {"settings": {"temperature": 0.3}, "metadata": tenant}
-    typed = client.submit(cid, "misfit", agent="pai-options", output_schema=Seen,
+    typed = client.submit(cid, "misfit", agent="pai-options", output_type=Seen,
                           model_settings={"temperature": 0.4}, metadata=tenant)  # fmt: skip
     assert typed.wait(30, output_type=Seen).output == Seen(tenant="acme", temperature=0.4)
     required = {"tool_choice": "required"}

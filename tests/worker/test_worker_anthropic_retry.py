@@ -44,10 +44,10 @@ def test_a_queued_typed_turn_on_anthropic_retries_as_a_user_turn_with_its_settin
             pool.client() as client,
         ):
             cid = f"retry-{uuid.uuid4().hex[:8]}"
-            first = client.submit(cid, "Largest?", agent="claude", output_schema=CITY,
+            first = client.submit(cid, "Largest?", agent="claude", output_type=CITY,
                                   model_settings=settings)  # fmt: skip
             assert first.wait(60).output == {"name": "Oslo", "population": 7}
-            second = client.submit(cid, "Second?", agent="claude", output_schema=CITY)
+            second = client.submit(cid, "Second?", agent="claude", output_type=CITY)
             assert second.wait(60).output == {"name": "Bergen", "population": 3}
     bodies = [request.json for request in claude.requests]
     for body in bodies:

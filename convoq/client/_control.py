@@ -1,0 +1,96 @@
+"""A turn's control from the client: approve or deny its parked tool calls, discard it,
+cancel it, and list the turns parked for approval (the approvals inbox).
+
+A decision that completes a parked turn's approvals sends the ``resume`` kick; a turn
+ended here (discarded, or cancelled before it ran) no longer counts against the queue
+limits and wakes the turns behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from convoq.approvals import check_decision_note
+from convoq.client._base import check_call_id, check_turn_ref
+from convoq.client._kicks import Kicks
+from convoq.observe import tracing
+from convoq.queue import routing
+from convoq.redis.protocol import ParkedTurn
+from convoq.redis.roles import ClientStore
+
+Outcome = Literal["resume", "pending"]
+
+
+class TurnRef(Protocol):
+    """Anything naming one turn: a handle of either flavour."""
+
+    conversation_id: str
+    turn_id: str
+
+
+class TurnControl:
+    """Decides, discards and cancels turns on one client's store.
+
+    Args:
+        store: the client's turn protocol (called on each use: connections open lazily
+            and a forked child opens its own).
+        kicks: the client's kicks (``resume`` after the last decision, ``drain`` after a
+            turn ended here).
+    """
+
+    def __init__(self, store: Callable[[], ClientStore], kicks: Kicks) -> None:
+        self._store = store
+        self._kicks = kicks
+
+    async def decide(
+        self, turn: TurnRef, call_id: str, *, approved: bool, reason: str | None, by: str | None
+    ) -> Outcome:
+        """Record one decision on a parked call (see ``AsyncClient.approve``)."""
+        cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
+        check_call_id(call_id)
+        reason, by = check_decision_note(reason, by)
+        decided = await self._store().record_decision(
+            cid, tid, call_id=call_id, approved=approved, reason=reason, by=by
+        )
+        # A repeat (a retry after a lost answer) owes no resume: the first decision sent it.
+        if decided.outcome == "resume" and not decided.repeated:
+            attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}
+            with tracing.span("convoq.resume", attributes):  # the resume kick's trace
+                await self._kicks.send(routing.RESUME_TASK, cid, tid)
+        return decided.outcome
+
+    async def discard(self, turn: TurnRef, *, reason: str) -> None:
+        """Drop a parked turn (see ``AsyncClient.discard``)."""
+        cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
+        store = self._store()
+        await store.follow_retention()  # the record expires as the workers say
+        if await store.discard(cid, tid, reason=reason):
+            await self._uncount(store, cid, tid)
+            await self._kicks.send(routing.DRAIN_TASK, cid)
+
+    async def cancel(self, turn: TurnRef) -> Literal["cancelled", "stopping", "finished"]:
+        """Cancel a turn (see ``AsyncClient.cancel``)."""
+        cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
+        store = self._store()
+        await store.follow_retention()  # the record expires as the workers say
+        outcome = await store.cancel(cid, tid)
+        if outcome == "cancelled":
+            await self._uncount(store, cid, tid)
+            # It may have been the head nobody was running yet: wake the ones behind it.
+            await self._kicks.send(routing.DRAIN_TASK, cid)
+        return outcome
+
+    async def awaiting_approval(
+        self, *, limit: int, offset: int, conversation_prefix: str
+    ) -> list[ParkedTurn]:
+        """Turns parked for approval (see ``AsyncClient.awaiting_approval``)."""
+        return await self._store().parked_turns(
+            limit, offset=offset, conversation_prefix=conversation_prefix
+        )
+
+    @staticmethod
+    async def _uncount(store: ClientStore, cid: str, tid: str) -> None:
+        """A turn ended here no longer counts against the per-agent and total limits."""
+        if store.queue_limits.counted:
+            await store.unadmit_quietly(cid, tid)
