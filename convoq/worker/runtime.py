@@ -63,10 +63,7 @@ class WorkerRuntime:
         set_blocking_threads(settings.concurrency)
         if settings.trace_file is not None:
             _observed.export_spans(settings.trace_file)
-        # Every profile's MCP servers: their health goes in the worker entry, their
-        # sessions are closed at shutdown.
-        servers = (s for a in self.profiles.values() for s in getattr(a, "mcp_servers", ()))
-        mcp_servers = list({id(s): s for s in servers}.values())
+        mcp_servers = _mcp_servers_of(self.profiles)
         self.kicks = Kicks(app, settings)
         self.backlog = SlotBacklog(
             settings.concurrency,
@@ -200,6 +197,13 @@ class WorkerRuntime:
     def close(self) -> None:
         """Stop the sweeper, withdraw the worker entry and close connections."""
         self.shutdown.close()
+
+
+def _mcp_servers_of(profiles: Profiles) -> list[Any]:
+    """Every profile's MCP servers, each once: their health goes in the worker entry,
+    their sessions are closed at shutdown."""
+    servers = (s for a in profiles.values() for s in getattr(a, "mcp_servers", ()))
+    return list({id(s): s for s in servers}.values())
 
 
 _lock = threading.Lock()

@@ -32,6 +32,7 @@ from convoq.netguard import (
     errors_mapped,
 )
 from convoq.queue.signing import SIGNATURE_HEADER, build_payload, sign
+from convoq.redis.protocol import TurnRecord
 from convoq.redis.roles import TurnReader
 
 USER_AGENT = "convoq-webhook/1"
@@ -119,21 +120,26 @@ async def deliver(
     url = record.options.get("callback_url")
     if not url:
         return Attempt("rejected", "the turn has no callback_url")
-    body = build_payload(
+    body = _payload(cid, tid, record)
+    return await post_once(str(url), body, secret=secret, timeout_s=timeout_s, policy=policy)
+
+
+def _payload(cid: str, tid: str, record: TurnRecord) -> bytes:
+    result = record.result or {}
+    return build_payload(
         conversation_id=cid,
         turn_id=tid,
         status=record.status,
         agent=record.agent,
-        text=(record.result or {}).get("text"),
+        text=result.get("text"),
         error=record.error,
         finished_ms=record.finished_ms,
-        usage=(record.result or {}).get("usage"),
-        finish_reason=(record.result or {}).get("finish_reason"),
-        output=(record.result or {}).get("output"),
+        usage=result.get("usage"),
+        finish_reason=result.get("finish_reason"),
+        output=result.get("output"),
         metadata=record.metadata,
         decisions={call: d.model_dump() for call, d in record.decisions.items()},
     )
-    return await post_once(str(url), body, secret=secret, timeout_s=timeout_s, policy=policy)
 
 
 def guarded_transport(
