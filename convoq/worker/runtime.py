@@ -112,8 +112,8 @@ class WorkerRuntime:
         )
 
     async def _after_turn(self, cid: str, tid: str, options: dict[str, Any]) -> None:
-        """The runner's finished hook: the turn leaves the queue's count; its callback is
-        owed and sent."""
+        """The runner's finished hook: the turn no longer counts against the queue limits
+        (when they count turns); its callback, if it has one, is owed and sent."""
         if self.protocol.queue_limits.counted:
             await self.protocol.unadmit_quietly(cid, tid)
         if options.get("callback_url"):
