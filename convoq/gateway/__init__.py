@@ -5,8 +5,9 @@ imports the worker. Modules: :mod:`.app` (the factory), :mod:`.auth` (API keys a
 scopes), :mod:`.problems` (RFC 9457 errors), :mod:`.routes_turns` and
 :mod:`.routes_conversations` (the API), :mod:`.sse` (event streams), :mod:`.inbox` (the
 pages), :mod:`.limits` (request sizes), :mod:`.inputs` (what requests may carry),
-:mod:`.models` (answers), :mod:`.bodies` (bodies read by hand) and :mod:`.document` (the
-OpenAPI document, every answer in it).
+:mod:`.models` (answers), :mod:`.bodies` (the key checked before a body is read; the
+submit's body read by hand) and :mod:`.document` (the OpenAPI document, every answer in
+it).
 
 Conversation ids travel in the URL path, percent-encoded; an id containing ``/`` cannot
 be addressed through the gateway (the path would split), so give such deployments ids

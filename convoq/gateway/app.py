@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from redis.exceptions import RedisError
 
 from convoq import __version__
@@ -21,8 +22,10 @@ from convoq.client import AsyncClient
 from convoq.errors import ConvoqError
 from convoq.gateway import document as document_of
 from convoq.gateway import inbox, problems, routes_conversations, routes_turns
-from convoq.gateway.auth import KeyRing, requires
-from convoq.gateway.inputs import DecisionRequest, TurnRequest
+from convoq.gateway.auth import Access, KeyRing
+from convoq.gateway.bodies import GatewayRoute
+from convoq.gateway.document import KEYED, errors
+from convoq.gateway.inputs import TurnRequest
 from convoq.gateway.limits import BodyLimit, max_body_bytes
 from convoq.gateway.models import Health
 from convoq.observe import metrics
@@ -57,7 +60,11 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        # A body without a Content-Type is read as JSON, as the gateway always has.
+        strict_content_type=False,
+        generate_unique_id_function=_operation_id,
     )
+    app.router.route_class = GatewayRoute
     app.state.keys = KeyRing(s.gateway_api_keys)
     app.state.settings = s
     problems.install(app)
@@ -71,8 +78,19 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
     return app
 
 
+def _operation_id(route: APIRoute) -> str:
+    """A route's operation id in the document: its name, which its links name too."""
+    return route.name
+
+
+# Probes and load balancers call these without a key.
+_PUBLIC: dict[str, Any] = {"openapi_extra": {"security": []}, "responses": errors(500)}
+
+
 def _health_routes(app: FastAPI) -> None:
-    @app.get("/healthz", response_model=Health, tags=["health"], summary="The process lives")
+    @app.get(
+        "/healthz", response_model=Health, tags=["health"], summary="The process lives", **_PUBLIC
+    )
     async def healthz() -> Health:
         return Health(status="ok")
 
@@ -81,7 +99,8 @@ def _health_routes(app: FastAPI) -> None:
         response_model=Health,
         tags=["health"],
         summary="Redis and the broker answer",
-        responses={503: {"model": Health}},
+        openapi_extra=_PUBLIC["openapi_extra"],
+        responses={503: {"model": Health}, **_PUBLIC["responses"]},
     )
     async def readyz(request: Request) -> Any:
         client: AsyncClient = request.app.state.client
@@ -104,7 +123,8 @@ def _metrics_route(app: FastAPI) -> None:
         tags=["health"],
         summary="Prometheus metrics (scope metrics)",
         response_class=Response,
-        dependencies=[Depends(requires("metrics"))],
+        dependencies=[Depends(Access("metrics"))],
+        responses=errors(*KEYED),
     )
     async def prometheus_metrics() -> Response:
         body, content_type = metrics.metrics_response()
@@ -117,7 +137,7 @@ def _document(app: FastAPI, settings: ConvoqSettings) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            document = document_of.complete(FastAPI.openapi(app), TurnRequest, DecisionRequest)
+            document = document_of.complete(FastAPI.openapi(app), TurnRequest)
             app.openapi_schema = document_of.with_limits(
                 document, settings.max_turn_bytes, signs_callbacks=bool(settings.webhook_secret)
             )

@@ -10,19 +10,22 @@ Keys come from ``CONVOQ_GATEWAY_API_KEYS`` (:class:`convoq.settings.GatewayKey`)
 
 A request without a known key gets 401, one whose path is not UTF-8 once
 percent-decoded 422, one whose key lacks the scope (or whose conversation is outside the
-key's prefix) 403; all before anything is read or written. Keys are compared in constant
-time over their SHA-256 digests.
+key's prefix) 403; all before anything is read or written: a route declares its scope
+with an :class:`Access` dependency, which :class:`~convoq.gateway.bodies.GatewayRoute` runs
+before the body is read. Keys are compared in constant time over their SHA-256 digests.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Annotated
 from urllib.parse import unquote_to_bytes
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from convoq.gateway.problems import GatewayError
 from convoq.settings import GatewayKey, GatewayScope
@@ -96,21 +99,35 @@ def check_path_encoding(request: Request) -> None:
         ) from None
 
 
-def requires(scope: GatewayScope) -> Callable[[Request], Awaitable[Principal]]:
-    """A FastAPI dependency: the caller's principal, if it holds ``scope`` and (for a
-    route with ``{cid}``) the conversation is inside its prefix; else 401/403."""
+# The document's bearer scheme, declared by every Access dependency. The key itself is read
+# by the KeyRing (auto_error off), whose 401 is the gateway's problem+json.
+BEARER = HTTPBearer(scheme_name="bearer", auto_error=False)
 
-    async def dependency(request: Request) -> Principal:
+
+class Access:
+    """A route's dependency on a key with ``scope``: the caller's principal if the key is
+    known, holds the scope and (for a route with ``{cid}``) reaches the conversation;
+    else 401, 422 (a path that is not UTF-8) or 403."""
+
+    def __init__(self, scope: GatewayScope) -> None:
+        self.scope = scope
+
+    async def __call__(
+        self,
+        request: Request,
+        _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
+    ) -> Principal:
+        return self.check(request)
+
+    def check(self, request: Request) -> Principal:
         ring: KeyRing = request.app.state.keys
         principal = ring.authenticate(request.headers.get("authorization"))
         check_path_encoding(request)
-        if not principal.may(scope):
+        if not principal.may(self.scope):
             raise GatewayError(
-                403, "Forbidden", f"this API key lacks the {scope!r} scope", scope=scope
+                403, "Forbidden", f"this API key lacks the {self.scope!r} scope", scope=self.scope
             )
         cid = request.path_params.get("cid")
         if isinstance(cid, str) and not principal.owns(cid):
             raise GatewayError(403, "Forbidden", "this API key may not reach that conversation id")
         return principal
-
-    return dependency

@@ -1,25 +1,34 @@
-"""Request bodies read by hand, after the caller was authenticated.
+"""Request bodies, read once the caller is authenticated.
 
-FastAPI reads a declared body before it runs the route's dependencies, so a request with a
-bad key and a bad body would get 422 instead of 401. Routes here take the ``Request`` and
-read their body once the auth dependency passed; the schema is added to the OpenAPI
-document by name (:func:`body_schema`, :func:`add_schemas`). JSON is parsed by pydantic in
-JSON mode, which is also what decodes base64 attachments.
+FastAPI reads and parses a declared body before it runs the route's dependencies, so a
+request with a bad key and a bad body would get 422 instead of 401. :class:`GatewayRoute`,
+the route class of every router here, checks the key first and then lets FastAPI read the
+body its route declares (JSON is parsed as pydantic parses it, see :class:`_JsonRequest`).
+
+A submit takes JSON or a multipart form on one operation, and FastAPI reads a route's body
+one way (JSON or form fields), chosen when the route is declared: that body is read here by
+hand (:func:`turn_body`), after the key was checked, and documented by
+:func:`submit_body`. The form has answers FastAPI's form fields would not give (its
+``metadata`` field's JSON, a 413 for an oversize one, files that are not uploads).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from fastapi import Request
-from pydantic import BaseModel, ValidationError
+import pydantic_core
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from convoq.context import MAX_METADATA_BYTES
-from convoq.gateway.inputs import TurnOptions, TurnRequest
-from convoq.gateway.problems import GatewayError
+from convoq.gateway.auth import Access
+from convoq.gateway.inputs import TurnOptions, TurnRequest, not_null
+from convoq.gateway.problems import JSON_TYPES, GatewayError, media_type
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
 MAX_FILES = 64
@@ -27,7 +36,38 @@ MAX_FIELDS = 32
 # A metadata field may be pretty-printed JSON: room for whitespace around its 16 KiB.
 MAX_METADATA_FIELD_BYTES = 4 * MAX_METADATA_BYTES
 
-M = TypeVar("M", bound=BaseModel)
+
+class _JsonRequest(Request):
+    """JSON parsed by pydantic's parser, as the bodies read by hand are: a body that is not
+    UTF-8 is a 422 (:func:`json.loads` would make it a 400, or read UTF-16)."""
+
+    async def json(self) -> Any:
+        body = await self.body()
+        if media_type(self) not in JSON_TYPES:
+            # FastAPI parses every +json type; the gateway reads application/json. Like
+            # a body of any other type, it goes to validation as bytes: a 415 (problems).
+            return body
+        try:
+            return pydantic_core.from_json(body)
+        except ValueError as exc:  # FastAPI answers this one as a 422 json_invalid
+            raise json.JSONDecodeError(str(exc), body.decode("utf-8", "replace"), 0) from None
+
+
+class GatewayRoute(APIRoute):
+    """A route whose :class:`~convoq.gateway.auth.Access` dependencies run before FastAPI
+    reads the body (and again as dependencies, handing the endpoint its principal: the
+    same answer, from the same request)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+        checks = [d.call for d in self.dependant.dependencies if isinstance(d.call, Access)]
+
+        async def key_first(request: Request) -> Response:
+            for access in checks:
+                access.check(request)
+            return await handle(_JsonRequest(request.scope, request.receive))
+
+        return key_first
 
 
 def invalid(exc: ValidationError) -> GatewayError:
@@ -37,41 +77,23 @@ def invalid(exc: ValidationError) -> GatewayError:
     )
 
 
-async def json_body(request: Request, model: type[M]) -> M:
-    """The request's JSON body as ``model``: 415 for another media type, 422 if invalid."""
-    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if kind not in ("application/json", ""):
-        raise GatewayError(415, "UnsupportedMediaType", "send application/json")
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise invalid(exc) from None
-
-
-def body_schema(name: str) -> dict[str, Any]:
-    """``openapi_extra`` for a route whose JSON body is the model ``name``."""
-    ref = {"$ref": f"#/components/schemas/{name}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
-
-
-def add_schemas(document: dict[str, Any], *models: type[BaseModel]) -> dict[str, Any]:
-    """Put ``models`` (and the models they use) into the document's components."""
-    schemas = document.setdefault("components", {}).setdefault("schemas", {})
-    for model in models:
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        schemas.update(schema.pop("$defs", {}))
-        schemas[model.__name__] = schema
-    return document
-
-
 async def turn_body(request: Request) -> tuple[TurnOptions, str | Message]:
     """A submit's options and message: JSON (:class:`TurnRequest`) or multipart (the
     options as form fields, a ``text`` and any ``files``); 415 for another media type,
     422 if it does not match its schema."""
-    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if kind != "multipart/form-data":
-        body = await json_body(request, TurnRequest)
-        return body, body.user_message()
+    kind = media_type(request)
+    if kind == "multipart/form-data":
+        return await _form_body(request)
+    if kind not in JSON_TYPES:
+        raise GatewayError(415, "UnsupportedMediaType", "send application/json")
+    try:
+        body = TurnRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise invalid(exc) from None
+    return body, body.user_message()
+
+
+async def _form_body(request: Request) -> tuple[TurnOptions, Message]:
     try:
         form = await request.form(max_files=MAX_FILES, max_fields=MAX_FIELDS)
     except HTTPException as exc:  # starlette's 400 for a form it cannot read
@@ -136,6 +158,17 @@ def _bad_metadata(wanted: str) -> GatewayError:
     )
 
 
+def submit_body() -> dict[str, Any]:
+    """The submit's ``openapi_extra``: its body, as JSON (:class:`TurnRequest`, which
+    :func:`convoq.gateway.document.complete` adds to the schemas) or as a multipart form."""
+    turn_request = {"$ref": "#/components/schemas/TurnRequest"}
+    content = {
+        "application/json": {"schema": turn_request},
+        "multipart/form-data": {"schema": multipart_schema()},
+    }
+    return {"requestBody": {"required": True, "content": content}}
+
+
 def multipart_schema() -> dict[str, Any]:
     """The multipart form of a submit: :class:`TurnOptions` as fields, plus ``text``
     (required) and ``files``. ``metadata`` is an object: in a multipart body its part
@@ -156,16 +189,3 @@ def multipart_schema() -> dict[str, Any]:
         "properties": properties,
         "additionalProperties": False,
     }
-
-
-def not_null(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` without its null alternative (and null default): for values that are
-    either given or absent, such as form fields, headers and query parameters."""
-    options = schema.get("anyOf")
-    if not isinstance(options, list) or {"type": "null"} not in options:
-        return schema
-    rest = [o for o in options if o != {"type": "null"}]
-    merged = {
-        k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)
-    }
-    return {**merged, **rest[0]} if len(rest) == 1 else {**merged, "anyOf": rest}

@@ -1,13 +1,14 @@
-"""The OpenAPI document, completed with what FastAPI cannot see.
+"""The OpenAPI document: FastAPI's, from what the routes declare, and what it cannot know.
 
-FastAPI describes the routes and their bodies; this module adds what the gateway's own
-machinery answers: every error status a route can give, as RFC 9457 problem+json with its
-schema (auth, sizes, media types, validation, conflicts, limits, Redis down, bugs), the
-headers those answers carry, the bearer scheme (none on ``/healthz`` and ``/readyz``), the
-bodies read by hand (:mod:`.bodies`), the links from a submit to its turn and from a turn to
-its pending approvals (so a client, or a fuzzer's stateful phase, can follow them), the size
-limits of this deployment, whether it can sign callbacks and, when the workers registered
-them, the agent names a submit may use.
+Routes declare their answers with FastAPI's own means: every error status as RFC 9457
+problem+json (:func:`errors`, with the headers those answers carry), their bodies, the
+bearer scheme (their :class:`~convoq.gateway.auth.Access` dependency), the links from a
+submit to its turn and from a turn to its pending approval. :func:`complete` adds what
+FastAPI cannot express: the schemas it did not see (the problem, the submit's body read by
+hand), the scheme as the document's default (it declares one per operation), and
+descriptions in markdown (docstrings are reST). Then what only the deployment knows: its
+size limits, whether it can sign callbacks (:func:`with_limits`) and, when the workers
+registered them, the agent names a submit may use (:func:`with_agents`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from convoq.gateway.bodies import add_schemas, not_null
 from convoq.gateway.problems import PROBLEM_JSON
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -60,29 +60,8 @@ _HEADERS: dict[int, dict[str, Any]] = {
     401: {"WWW-Authenticate": {"schema": {"type": "string"}, "required": True}},
     429: {"Retry-After": {"schema": {"type": "string"}, "description": "Seconds to wait."}},
 }
-_PUBLIC = {"/healthz", "/readyz"}
-_TURNS = "/v1/conversations/{cid}/turns"
-_TURN = _TURNS + "/{tid}"
-# OpenAPI links: (path, method, status) -> link name -> (target path, method, parameters).
-# Values starting with "$" are runtime expressions on the answer; others are constants.
-# A submit's answer and a turn's view both name the turn this way.
-_THE_TURN = {"path.cid": "$response.body#/conversation_id", "path.tid": "$response.body#/turn_id"}
-_LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, Any]]]] = {
-    (_TURNS, "post", "202"): {
-        # Until settled: the answer comes once the turn is final or parked for approval.
-        "Turn": (_TURN, "get", {**_THE_TURN, "query.wait": 10, "query.until": "settled"}),
-        "Events": (_TURN + "/events", "get", {**_THE_TURN, "query.until": "settled"}),
-        "Cancel": (_TURN + "/cancel", "post", _THE_TURN),
-    },
-    (_TURN, "get", "200"): {
-        "DecidePending": (
-            _TURN + "/approvals/{call_id}",
-            "post",
-            {**_THE_TURN, "path.call_id": "$response.body#/pending_approvals/0/id"},
-        ),
-        "Discard": (_TURN + "/discard", "post", _THE_TURN),
-    },
-}
+# What every route behind a key may answer.
+KEYED = (401, 403, 413, 422, 500, 503)
 _NEEDS_SECRET = (
     " Needs the deployment's webhook signing secret (CONVOQ_WEBHOOK_SECRET): callbacks go"
     " out signed only."
@@ -92,24 +71,36 @@ _NO_SECRET = {
     "description": "This deployment has no webhook signing secret (CONVOQ_WEBHOOK_SECRET),"
     " so it sends no callbacks: a submit with callback_url is refused (422).",
 }
-_MUTATING = {"post", "delete"}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses`` for the problem+json answers with ``statuses``."""
+    problem = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    return {
+        status: {"description": WHY[status], "content": problem}
+        | ({"headers": _HEADERS[status]} if status in _HEADERS else {})
+        for status in statuses
+    }
 
 
 def complete(document: dict[str, Any], *bodies: type[BaseModel]) -> dict[str, Any]:
-    """``document`` (FastAPI's) with the errors, security and hand-read bodies added."""
-    components = document.setdefault("components", {})
-    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-    document["security"] = [{"bearer": []}]
+    """``document`` (FastAPI's) with the schemas of the problem and of ``bodies`` (read by
+    hand), the bearer scheme as the default and its descriptions in markdown."""
     add_schemas(document, *bodies)
-    schemas = components["schemas"]
-    schemas["Problem"] = PROBLEM_SCHEMA
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    for path, operations in document.get("paths", {}).items():
-        for method, operation in operations.items():
-            _complete_operation(path, method, operation)
-    _add_links(document["paths"])
+    document["components"]["schemas"]["Problem"] = PROBLEM_SCHEMA
+    # Every route behind a key declares the scheme; the public ones declare none.
+    document["security"] = [{"bearer": []}]
     _markdown(document)
+    return document
+
+
+def add_schemas(document: dict[str, Any], *models: type[BaseModel]) -> dict[str, Any]:
+    """Put ``models`` (and the models they use) into the document's components."""
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
     return document
 
 
@@ -135,51 +126,6 @@ def _markdown(node: Any) -> None:
                 node[key] = markdown(value)
             else:
                 _markdown(value)
-
-
-def _add_links(paths: dict[str, Any]) -> None:
-    for (path, method, status), links in _LINKS.items():
-        answer = paths[path][method]["responses"][status]
-        answer["links"] = {
-            name: {"operationId": paths[target][verb]["operationId"], "parameters": parameters}
-            for name, (target, verb, parameters) in links.items()
-        }
-
-
-def _statuses(path: str, method: str, operation: dict[str, Any]) -> list[int]:
-    if path in _PUBLIC:
-        return [500]
-    found = [401, 403, 413, 422, 500, 503]
-    if "{tid}" in path:
-        found.append(404)
-    if "requestBody" in operation:
-        found.append(415)
-    if method in _MUTATING and path.startswith("/v1/conversations/"):
-        found.append(409)
-    if method == "post" and path.endswith("/turns"):
-        found.append(429)
-    return sorted(found)
-
-
-def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> None:
-    for parameter in operation.get("parameters", []):
-        parameter["schema"] = not_null(parameter["schema"])  # sent or not, never null
-    responses = operation.setdefault("responses", {})
-    if path in _PUBLIC:
-        operation["security"] = []  # no key needed: probes and load balancers call these
-    if "202" in responses:
-        responses["202"]["headers"] = {
-            "Location": {"schema": {"type": "string"}, "required": True,
-                         "description": "The turn's URL (links.self)."}
-        }  # fmt: skip
-    for status in _statuses(path, method, operation):
-        entry: dict[str, Any] = {
-            "description": WHY[status],
-            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
-        }
-        if status in _HEADERS:
-            entry["headers"] = _HEADERS[status]
-        responses[str(status)] = entry
 
 
 def with_limits(

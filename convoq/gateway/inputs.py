@@ -15,7 +15,8 @@ import base64
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, field_validator
+from pydantic_core import CoreSchema
 
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
@@ -229,6 +230,32 @@ class DecisionRequest(_Strict):
         description="Who decided, for keys allowed to say (may_set_by); else the key's name.",
     )
 
+
+def not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without its null alternative (and null default): for values that are
+    either given or absent, such as form fields, headers and query parameters."""
+    options = schema.get("anyOf")
+    if not isinstance(options, list) or {"type": "null"} not in options:
+        return schema
+    rest = [o for o in options if o != {"type": "null"}]
+    merged = {
+        k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)
+    }
+    return {**merged, **rest[0]} if len(rest) == 1 else {**merged, "anyOf": rest}
+
+
+class _NotNull:
+    """Marks an optional header or query parameter (``Annotated[int | None, NOT_NULL,
+    Query(...)]``) as given or absent: the document shows its type without null, which
+    no header or query string can carry; it is read as before."""
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        return not_null(handler(schema))
+
+
+NOT_NULL = _NotNull()
 
 # The ids in request paths, with their limits in the document and checked alike.
 Cid = Annotated[

@@ -92,6 +92,24 @@ def convoq_problem(error: ConvoqError) -> JSONResponse:
                    error=data)  # fmt: skip
 
 
+# The media types read as JSON: a body without a Content-Type is read as JSON too.
+JSON_TYPES = ("application/json", "")
+
+
+def media_type(request: Request) -> str:
+    """The request's media type, lowercase, without parameters ("" if none)."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _shown(error: Any) -> dict[str, Any]:
+    """A validation error as the answer lists it: where in the body (or ``query``,
+    ``path``, ``header``) and what; JSON that does not parse in pydantic's words."""
+    loc = list(error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        return {"loc": [], "msg": f"Invalid JSON: {error.get('ctx', {}).get('error', '')}"}
+    return {"loc": loc[1:] if loc[:1] == ["body"] else loc, "msg": str(error.get("msg", ""))}
+
+
 _METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
@@ -119,12 +137,17 @@ def install(app: FastAPI) -> None:
         return problem(exc.status, exc.title, exc.detail, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in exc.errors()
-        ]
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        outside = [e for e in errors if tuple(e.get("loc", ()))[:1] != ("body",)]
+        if outside:
+            errors = outside  # the path, query and headers are answered before the body
+        elif media_type(request) not in JSON_TYPES:
+            # FastAPI hands a body of another media type to validation as its bytes.
+            return problem(415, "UnsupportedMediaType", "send application/json")
+        shown = [_shown(e) for e in errors[:20]]
         return problem(422, "ValidationError", "the request does not match its schema",
-                       errors=errors[:20])  # fmt: skip
+                       errors=shown)  # fmt: skip
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

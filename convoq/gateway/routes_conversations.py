@@ -8,13 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from convoq.errors import ConversationBusyError
-from convoq.gateway.auth import Principal, requires
-from convoq.gateway.inputs import Cid
+from convoq.gateway.auth import Access, Principal
+from convoq.gateway.bodies import GatewayRoute
+from convoq.gateway.document import KEYED, errors
+from convoq.gateway.inputs import NOT_NULL, Cid
 from convoq.gateway.models import Approval, Approvals, History
 from convoq.gateway.routes_turns import AppClient
 from convoq.usage import Usage
 
-router = APIRouter(tags=["conversations"])
+router = APIRouter(tags=["conversations"], route_class=GatewayRoute, responses=errors(*KEYED))
 
 
 @router.get(
@@ -25,10 +27,12 @@ router = APIRouter(tags=["conversations"])
 async def messages(
     cid: Cid,
     client: AppClient,
-    _: Annotated[Principal, Depends(requires("read"))],
+    _: Annotated[Principal, Depends(Access("read"))],
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    last_turns: Annotated[int | None, Query(ge=1, description="Only the last N turns")] = None,
+    last_turns: Annotated[
+        int | None, NOT_NULL, Query(ge=1, description="Only the last N turns")
+    ] = None,
 ) -> History:
     """Messages oldest first (attachments as base64): ``limit`` of them from ``offset``."""
     stored = await client.history(cid, last_turns=last_turns)
@@ -42,19 +46,22 @@ async def messages(
     summary="Tokens a conversation's stored turns reported, summed (scope: read)",
 )
 async def usage(
-    cid: Cid, client: AppClient, _: Annotated[Principal, Depends(requires("read"))]
+    cid: Cid, client: AppClient, _: Annotated[Principal, Depends(Access("read"))]
 ) -> Usage:
     """One read of the counters each commit adds to, whatever the history's length."""
     return await client.usage(cid)
 
 
 @router.delete(
-    "/v1/conversations/{cid}", status_code=204, summary="Delete a conversation (scope: admin)"
+    "/v1/conversations/{cid}",
+    status_code=204,
+    summary="Delete a conversation (scope: admin)",
+    responses=errors(409),
 )
 async def delete_conversation(
     cid: Cid,
     client: AppClient,
-    _: Annotated[Principal, Depends(requires("admin"))],
+    _: Annotated[Principal, Depends(Access("admin"))],
     force: Annotated[bool, Query(description="Also while turns are queued or running")] = False,
 ) -> Response:
     """Every key of the conversation goes (409 while a turn is in progress, unless
@@ -78,7 +85,7 @@ async def delete_conversation(
 )
 async def approvals(
     client: AppClient,
-    principal: Annotated[Principal, Depends(requires("approve"))],
+    principal: Annotated[Principal, Depends(Access("approve"))],
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> Approvals:

@@ -11,9 +11,18 @@ from fastapi.responses import StreamingResponse
 
 from convoq.client import AsyncClient
 from convoq.errors import ConversationBusyError, TurnTimeoutError
-from convoq.gateway.auth import Principal, requires
-from convoq.gateway.bodies import body_schema, json_body, multipart_schema, turn_body
-from convoq.gateway.inputs import EVENT_ID, CallId, Cid, DecisionRequest, Tid, TurnRequest
+from convoq.gateway.auth import Access, Principal
+from convoq.gateway.bodies import GatewayRoute, submit_body, turn_body
+from convoq.gateway.document import KEYED, errors
+from convoq.gateway.inputs import (
+    EVENT_ID,
+    NOT_NULL,
+    CallId,
+    Cid,
+    DecisionRequest,
+    Tid,
+    TurnRequest,
+)
 from convoq.gateway.models import (
     CancelResult,
     DecisionResult,
@@ -25,18 +34,46 @@ from convoq.gateway.problems import GatewayError
 from convoq.gateway.sse import check_event_id, turn_events
 from convoq.ids import check_conversation_id
 
-router = APIRouter(prefix="/v1/conversations/{cid}/turns", tags=["turns"])
+router = APIRouter(
+    prefix="/v1/conversations/{cid}/turns",
+    tags=["turns"],
+    route_class=GatewayRoute,
+    responses=errors(*KEYED),
+)
 MAX_WAIT_S = 60.0
 # Documented here, checked by check_event_id (whose 422 names the header).
 _EVENT_ID: dict[str, Any] = {"pattern": EVENT_ID}
 
-_SUBMIT_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            **body_schema("TurnRequest")["requestBody"]["content"],
-            "multipart/form-data": {"schema": multipart_schema()},
-        },
+# OpenAPI links (operation ids are the routes' names, see create_app): a submit's answer
+# and a turn's view both name the turn this way, so a client (or a fuzzer's stateful
+# phase) follows them to what it can do next.
+_THE_TURN = {"path.cid": "$response.body#/conversation_id", "path.tid": "$response.body#/turn_id"}
+
+
+def _link(operation: str, **parameters: Any) -> dict[str, Any]:
+    return {"operationId": operation, "parameters": {**_THE_TURN, **parameters}}
+
+
+_LOCATION = {
+    "schema": {"type": "string"},
+    "required": True,
+    "description": "The turn's URL (links.self).",
+}
+_SUBMITTED: dict[str, Any] = {
+    "headers": {"Location": _LOCATION},
+    "links": {
+        # Until settled: the answer comes once the turn is final or parked for approval.
+        "Turn": _link("get_turn", **{"query.wait": 10, "query.until": "settled"}),
+        "Events": _link("turn_events_sse", **{"query.until": "settled"}),
+        "Cancel": _link("cancel"),
+    },
+}
+_VIEWED: dict[str, Any] = {
+    "links": {
+        "DecidePending": _link(
+            "decide", **{"path.call_id": "$response.body#/pending_approvals/0/id"}
+        ),
+        "Discard": _link("discard"),
     }
 }
 
@@ -66,17 +103,17 @@ def _links(turns: str, tid: str) -> TurnLinks:
     "",
     status_code=202,
     response_model=TurnAccepted,
-    openapi_extra=_SUBMIT_BODY,
+    openapi_extra=submit_body(),
     summary="Queue a turn (scope: submit)",
-    responses={429: {"description": "A limit on queued turns is reached (Retry-After)."}},
+    responses={202: _SUBMITTED, **errors(409, 415, 429)},
 )
 async def submit_turn(
     cid: Cid,
     request: Request,
     response: Response,
     client: AppClient,
-    _: Annotated[Principal, Depends(requires("submit"))],
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
+    _: Annotated[Principal, Depends(Access("submit"))],
+    idempotency_key: Annotated[str | None, NOT_NULL, Header(min_length=1, max_length=256)] = None,
 ) -> TurnAccepted:
     """Queue a turn and answer at once (202) with its id and URLs. JSON body, or
     multipart/form-data with ``text`` and files (images become image parts, anything else
@@ -115,12 +152,17 @@ async def submit_turn(
     )
 
 
-@router.get("/{tid}", response_model=TurnView, summary="A turn's status and result (scope: read)")
+@router.get(
+    "/{tid}",
+    response_model=TurnView,
+    summary="A turn's status and result (scope: read)",
+    responses={200: _VIEWED, **errors(404)},
+)
 async def get_turn(
     cid: Cid,
     tid: Tid,
     client: AppClient,
-    _: Annotated[Principal, Depends(requires("read"))],
+    _: Annotated[Principal, Depends(Access("read"))],
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll seconds")] = 0,
     until: Annotated[
         Literal["settled", "final"],
@@ -141,16 +183,19 @@ async def get_turn(
     "/{tid}/events",
     summary="The turn's events as Server-Sent Events (scope: read)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **errors(404)},
 )
 async def turn_events_sse(
     cid: Cid,
     tid: Tid,
     client: AppClient,
-    _: Annotated[Principal, Depends(requires("read"))],
-    last_event_id: Annotated[str | None, Header(max_length=64, json_schema_extra=_EVENT_ID)] = None,
+    _: Annotated[Principal, Depends(Access("read"))],
+    last_event_id: Annotated[
+        str | None, NOT_NULL, Header(max_length=64, json_schema_extra=_EVENT_ID)
+    ] = None,
     after: Annotated[
         str | None,
+        NOT_NULL,
         Query(max_length=64, description="As Last-Event-ID", json_schema_extra=_EVENT_ID),
     ] = None,
     until: Annotated[
@@ -174,23 +219,22 @@ async def turn_events_sse(
 @router.post(
     "/{tid}/approvals/{call_id}",
     response_model=DecisionResult,
-    openapi_extra=body_schema("DecisionRequest"),
     summary="Approve or deny a pending tool call (scope: approve)",
+    responses=errors(404, 409, 415),
 )
 async def decide(
     cid: Cid,
     tid: Tid,
     call_id: CallId,
-    request: Request,
+    body: DecisionRequest,
     client: AppClient,
-    principal: Annotated[Principal, Depends(requires("approve"))],
+    principal: Annotated[Principal, Depends(Access("approve"))],
 ) -> DecisionResult:
     """Record the decision, with who decided (the API key's name, or ``by`` for a key
     allowed to name someone) and when; once every pending call is decided the turn
     resumes on a worker (``outcome`` "resume"). Answers with the turn as it stands after
     the decision. The same decision again (a retry after a lost answer) answers as the
     first did and changes nothing; another decision on a decided call is a 409."""
-    body = await json_body(request, DecisionRequest)
     if body.by is not None and not principal.may_set_by:
         raise GatewayError(
             403, "Forbidden", "this API key may not name who decided (by); leave it out"
@@ -205,18 +249,28 @@ async def decide(
     return DecisionResult(outcome=outcome, turn=turn, decision=turn.decisions.get(call_id))
 
 
-@router.post("/{tid}/cancel", response_model=CancelResult, summary="Cancel a turn (scope: submit)")
+@router.post(
+    "/{tid}/cancel",
+    response_model=CancelResult,
+    summary="Cancel a turn (scope: submit)",
+    responses=errors(404, 409),
+)
 async def cancel(
-    cid: Cid, tid: Tid, client: AppClient, _: Annotated[Principal, Depends(requires("submit"))]
+    cid: Cid, tid: Tid, client: AppClient, _: Annotated[Principal, Depends(Access("submit"))]
 ) -> CancelResult:
     """Queued or parked: cancelled at once. Running: it stops at its next step
     ("stopping"). Already final: "finished"."""
     return CancelResult(outcome=await client.cancel(client.handle(cid, tid)))
 
 
-@router.post("/{tid}/discard", status_code=204, summary="Discard a parked turn (scope: approve)")
+@router.post(
+    "/{tid}/discard",
+    status_code=204,
+    summary="Discard a parked turn (scope: approve)",
+    responses=errors(404, 409),
+)
 async def discard(
-    cid: Cid, tid: Tid, client: AppClient, _: Annotated[Principal, Depends(requires("approve"))]
+    cid: Cid, tid: Tid, client: AppClient, _: Annotated[Principal, Depends(Access("approve"))]
 ) -> Response:
     """End a turn awaiting approval as cancelled; nothing is stored, later turns run. The
     turn stays readable (status "cancelled"): this ends it, it does not delete it."""
