@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from convoq._sync import set_blocking_threads
 from convoq.agent import Agent
+from convoq.agent_response import Continuation, Response
 from convoq.context import RunContext
 from convoq.errors import ConvoqError, ToolFailure
 from convoq.loaders import load_image, load_pdf
@@ -33,7 +34,6 @@ from convoq.messages import (
     TextPart,
     ToolCall,
 )
-from convoq.responses import Continuation, Response
 from convoq.tokens import RecordedTokenCounter, TokenCounter, TokenizerCounter
 from convoq.tools import Tool, tool
 from convoq.turn_state import Decision, TurnEvent

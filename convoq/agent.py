@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 from convoq import defaults
 from convoq._sync import iterate_sync, run_sync
+from convoq.agent_response import Continuation, Response, parse_continuation, parse_decision
 from convoq.approvals import ApprovalRule, check_decision_note, check_rule
 from convoq.compaction import CompactionPolicy, compact_idle
 from convoq.context import DepsHolder, Instructions, TurnScope, check_metadata
@@ -39,8 +40,14 @@ from convoq.memory._reservations import now_ms
 from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
-from convoq.model_settings import SettingsLike, check_tool_choice, coerce_settings, merge_settings
-from convoq.models.base import Model, ModelSettings, OutputSpec
+from convoq.model_settings import (
+    ModelSettings,
+    SettingsLike,
+    check_tool_choice,
+    coerce_settings,
+    merge_settings,
+)
+from convoq.models.base import Model, OutputSpec
 from convoq.output import (
     DEFAULT_OUTPUT_RETRIES,
     OutputShape,
@@ -50,7 +57,6 @@ from convoq.output import (
     spec_from_data,
 )
 from convoq.profile import TurnJob
-from convoq.responses import Continuation, Response, parse_continuation, parse_decision
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
 from convoq.turn_state import TurnEvent, TurnState

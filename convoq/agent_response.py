@@ -1,4 +1,9 @@
-"""What an Agent call returns, and the JSON-serialisable continuation of a paused turn."""
+"""What an Agent call returns, and the JSON-serialisable continuation of a paused turn.
+
+Named ``agent_response`` (it was ``convoq.responses``) so it is not taken for
+:mod:`convoq.models.responses`, the model of OpenAI's Responses API: this module is the
+Agent's :class:`Response`, which ``convoq.Response`` exports.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convoq.errors import ConvoqError
 from convoq.messages import Message, ToolCall
-from convoq.models.base import ModelSettings, OutputSpec
+from convoq.model_settings import ModelSettings
+from convoq.models.base import OutputSpec
 from convoq.turn_state import Decision, TurnState
 from convoq.usage import Usage
 

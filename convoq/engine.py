@@ -31,7 +31,8 @@ from convoq.errors import (
     TurnCancelledError,
 )
 from convoq.messages import Message, MessageRole, ToolCall
-from convoq.models.base import Model, ModelRequest, ModelSettings
+from convoq.model_settings import ModelSettings
+from convoq.models.base import Model, ModelRequest
 from convoq.observe import metrics, tracing
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
 from convoq.tools import Tool, ToolOutput, ToolRegistry

@@ -1,6 +1,8 @@
-"""Model settings as users give them (a :class:`ModelSettings` or a plain dict): checked
-once where they enter (an Agent, a call, a submit), merged agent < call, and carried with
-a queued turn as JSON.
+"""Model settings: :class:`ModelSettings`, the sampling and tool-use settings of a model
+request, and how users give them (a ModelSettings or a plain dict): checked once where
+they enter (an Agent, a call, a submit), merged agent < call, and carried with a queued
+turn as JSON. ``convoq.models`` names ModelSettings too (it is part of a
+:class:`~convoq.models.ModelRequest`); this module, below the models, is its one home.
 
 Checked strictly: ``max_tokens=True`` or ``seed=1.5`` is a mistake, not a number to coerce.
 A named ``tool_choice`` must be a tool name the API accepts and, where the tools are known
@@ -12,12 +14,35 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convoq.errors import InvalidModelSettingsError
-from convoq.models.base import ModelSettings
+
+ToolChoice = Literal["auto", "required", "none"] | str
+"""``auto``, ``required``, ``none``, or the name of the one tool the model must call."""
+
+
+class ModelSettings(BaseModel):
+    """Sampling and tool-use settings of a request; ``None`` leaves the server's default.
+
+    Every model API maps these to its own fields (``max_tokens`` is Chat Completions'
+    ``max_completion_tokens``, Responses' ``max_output_tokens``, Anthropic's
+    ``max_tokens``); ``extra_body`` is merged into the request body last, for the rest.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop: list[str] | None = Field(default=None, max_length=4)
+    seed: int | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    extra_body: dict[str, Any] | None = None
+
 
 SettingsLike = ModelSettings | Mapping[str, Any]
 """A :class:`ModelSettings`, or a dict of its fields (as JSON gives them)."""

@@ -24,8 +24,7 @@ from pydantic_ai.settings import ModelSettings as PaiSettings
 from pydantic_ai.tools import RunContext
 
 from convoq.errors import InvalidModelSettingsError, OutputValidationError
-from convoq.model_settings import coerce_settings
-from convoq.models.base import ModelSettings
+from convoq.model_settings import ModelSettings, coerce_settings
 from convoq.output import MAX_ANSWER_CHARS, OutputShape, spec_from_data
 
 # Fields both kinds of settings share under one name.

@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 from convoq.errors import ModelError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart
+from convoq.model_settings import ModelSettings
 from convoq.models._wire_common import Json, b64, merge_extra, refuse_settings
-from convoq.models.base import ModelRequest, ModelSettings, OutputSpec, ToolSpec
+from convoq.models.base import ModelRequest, OutputSpec, ToolSpec
 
 API_VERSION = "2023-06-01"
 """The one Messages API version convoq speaks: the ``anthropic-version`` header, and the

@@ -16,8 +16,9 @@ from typing import Any
 
 from convoq.errors import ModelError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
+from convoq.model_settings import ModelSettings
 from convoq.models._sse import SSEBuffer
-from convoq.models.base import ModelRequest, ModelSettings, OutputSpec, ToolSpec
+from convoq.models.base import ModelRequest, OutputSpec, ToolSpec
 from convoq.usage import Usage
 
 Json = dict[str, Any]

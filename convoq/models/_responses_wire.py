@@ -14,6 +14,7 @@ from typing import Any
 
 from convoq.errors import ModelError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart
+from convoq.model_settings import ModelSettings
 from convoq.models._sse import SSEBuffer, event_object, excerpt
 from convoq.models._wire_common import (
     Json,
@@ -27,7 +28,7 @@ from convoq.models._wire_common import (
     merge_extra,
     refuse_settings,
 )
-from convoq.models.base import ModelRequest, ModelSettings, ToolSpec
+from convoq.models.base import ModelRequest, ToolSpec
 from convoq.usage import Usage
 
 API = "OpenAI Responses API"

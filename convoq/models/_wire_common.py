@@ -12,9 +12,10 @@ from typing import Any
 
 from convoq.errors import ModelError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message
+from convoq.model_settings import ModelSettings
 from convoq.models._openai_wire import assemble
 from convoq.models._sse import excerpt
-from convoq.models.base import ModelRequest, ModelSettings
+from convoq.models.base import ModelRequest
 
 Json = dict[str, Any]
 

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from convoq.messages import Message
+
+# ModelSettings lives with its checks in convoq.model_settings (a layer below this one);
+# named here too, where a model's request is, as it always was.
+from convoq.model_settings import ModelSettings, ToolChoice
+
+__all__ = [
+    "Model",
+    "ModelRequest",
+    "ModelSettings",
+    "OutputSpec",
+    "TextDeltaHandler",
+    "ToolChoice",
+    "ToolSpec",
+]
 
 TextDeltaHandler = Callable[[str], Awaitable[None]]
 
@@ -18,30 +32,6 @@ class ToolSpec(BaseModel):
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-
-
-ToolChoice = Literal["auto", "required", "none"] | str
-"""``auto``, ``required``, ``none``, or the name of the one tool the model must call."""
-
-
-class ModelSettings(BaseModel):
-    """Sampling and tool-use settings of a request; ``None`` leaves the server's default.
-
-    Every model API maps these to its own fields (``max_tokens`` is Chat Completions'
-    ``max_completion_tokens``, Responses' ``max_output_tokens``, Anthropic's
-    ``max_tokens``); ``extra_body`` is merged into the request body last, for the rest.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    max_tokens: int | None = Field(default=None, gt=0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    stop: list[str] | None = Field(default=None, max_length=4)
-    seed: int | None = None
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    extra_body: dict[str, Any] | None = None
 
 
 class OutputSpec(BaseModel):
