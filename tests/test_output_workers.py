@@ -281,7 +281,7 @@ def test_convoq_submit_takes_settings_and_a_schema(
                 ["--model-settings", "[1]"], ["--output-schema", '{"type": "array"}']):  # fmt: skip
         refused = runner.invoke(app, ["submit", bad_cid, "x", "--agent", "chat", *bad],
                                 env=pool.env)  # fmt: skip
-        assert refused.exit_code == 1
+        assert refused.exit_code == 2  # a usage mistake, checked before connecting
         message = refused.output + (refused.stderr if refused.stderr_bytes is not None else "")
         assert "Traceback" not in message and ("model-settings" in message or "schema" in message
                                                or "model_settings" in message)  # fmt: skip
