@@ -52,8 +52,9 @@ def test_metadata_in_a_json_body(gateway: GatewayProcess) -> None:
     [
         {"json": {"message": "x", "agent": "echo", "metadata": [1]}},
         {"json": {"message": "x", "agent": "echo", "metadata": {"x": "y" * 20_000}}},
-        # A form field holds text, not JSON: metadata comes in a JSON body only.
-        {"data": {"agent": "echo", "text": "x", "metadata": '{"user": "bo"}'}},
+        # A form's metadata field holds a JSON object, or the upload is refused.
+        {"data": {"agent": "echo", "text": "x", "metadata": "[1]"}},
+        {"data": {"agent": "echo", "text": "x", "metadata": "{not json"}},
     ],
 )
 def test_bad_metadata_is_422_and_nothing_is_queued(
