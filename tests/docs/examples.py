@@ -31,6 +31,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 WORKER_AGENTS = "myapp.agents"
 SKIP = re.compile(r"<!--\s*skip-example:\s*(.+?)\s*-->")
+CONVOQ_CLIENT = re.compile(r"(?<![\w.])(?:Async)?Client\(")
 FILE_HEADER = re.compile(r"#\s*([\w./-]+\.py)\b")
 
 
@@ -56,8 +57,9 @@ class Block:
 
     @property
     def needs_worker(self) -> bool:
-        """It submits turns: a worker runs beside it."""
-        return "Client(" in self.code
+        """It makes a convoq client (``Client(`` or ``AsyncClient(``, not ``httpx.Client(``):
+        it submits turns, so a worker runs beside it."""
+        return CONVOQ_CLIENT.search(self.code) is not None
 
 
 def python_blocks(text: str, page: str = "<text>") -> list[Block]:
