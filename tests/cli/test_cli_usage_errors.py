@@ -1,5 +1,5 @@
-"""A mistake on the command line (click's own usage errors and the option values
-``convoq`` checks before it connects) exits 2 with one ``error:`` line, as the README
+"""A mistake on the command line (click's own usage errors and the option values ``convoq``
+checks before it connects) exits 2 with one ``error:`` line, as the docs' workers page
 says: no framed block, no traceback, nothing connected to."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What differs between OpenAI-compatible servers (the README's table), one test each,
-against the loopback server playing such a server."""
+"""What differs between OpenAI-compatible servers (the table on the docs' model APIs page,
+docs/models.md), one test each, against the loopback server playing such a server."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Changing the partition count of a running deployment, workers rolled one at a time
-(the README's procedure): nothing queued is lost or stranded. Up (4 -> 8): every new
-worker also consumes the old queues, clients switch once one runs the new count (the
-client's check refuses it before). Down (8 -> 4): kicks a client still on the old count
-sends to a queue nobody consumes any more are made good by the sweeper."""
+"""Changing the partition count of a running deployment, workers rolled one at a time (the
+procedure on the docs' Redis page, docs/redis.md): nothing queued is lost or stranded. Up
+(4 -> 8): every new worker also consumes the old queues, clients switch once one runs the
+new count (the client's check refuses it before). Down (8 -> 4): kicks a client still on
+the old count sends to a queue nobody consumes any more are made good by the sweeper."""
 
 from __future__ import annotations
 
