@@ -42,8 +42,18 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+import ssl
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
+from types import ModuleType
+from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from httpcore import AnyIOBackend, AsyncNetworkBackend, AsyncNetworkStream, ConnectError
@@ -375,3 +385,143 @@ def errors_mapped(table: Mapping[type[Exception], type[Exception]]) -> Iterator[
             if cls in table:
                 raise table[cls](str(exc)) from exc
         raise
+
+
+# -- one guarded transport for both HTTP stacks -------------------------------------------
+# httpx over httpcore (webhooks) and httpx2 over httpcore2 (the MCP SDK's copies) share one
+# API, so the transport over a guarded pool is written once here. Each user subclasses it
+# with its client library's own base class and names its pair of modules.
+
+# The core library's errors the client library has a class of the same name for.
+_MAPPED_ERRORS = (
+    "TimeoutException",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "WriteTimeout",
+    "PoolTimeout",
+    "NetworkError",
+    "ConnectError",
+    "ReadError",
+    "WriteError",
+    "ProxyError",
+    "UnsupportedProtocol",
+    "ProtocolError",
+    "LocalProtocolError",
+    "RemoteProtocolError",
+)
+
+
+def client_errors(client: ModuleType, core: ModuleType) -> dict[type[Exception], type[Exception]]:
+    """The table :func:`errors_mapped` takes for ``core``'s errors raised as ``client``'s."""
+    return {getattr(core, name): getattr(client, name) for name in _MAPPED_ERRORS}
+
+
+class PoolBody:
+    """A response body read from the core library's pool, its errors raised as the client
+    library's (:class:`PoolTransport` makes one class of it per client library)."""
+
+    errors: ClassVar[Mapping[type[Exception], type[Exception]]]
+
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with errors_mapped(self.errors):
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class PoolTransport:
+    """A client library's transport (its custom-transport interface) over its core
+    library's connection pool built on ``backend`` (the core's public
+    ``network_backend=``): every connection a request needs is opened by ``backend``, and
+    nothing of the client library's own transport is used. TLS as the client library's
+    default unless ``ssl_context`` is given: certificates checked against the URL's host
+    name (the core passes it as server_hostname, whatever address was dialled).
+
+    A subclass adds the client library's ``AsyncBaseTransport`` as second base and names
+    the two modules: ``class T(PoolTransport, httpx.AsyncBaseTransport, client=httpx,
+    core=httpcore)``.
+    """
+
+    client: ClassVar[ModuleType]
+    core: ClassVar[ModuleType]
+    body: ClassVar[type[PoolBody]]
+
+    def __init_subclass__(cls, *, client: ModuleType, core: ModuleType, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.client = client
+        cls.core = core
+        # The client library reads only bodies that are its own AsyncByteStream.
+        body = (PoolBody, client.AsyncByteStream)
+        cls.body = type(f"{cls.__name__}Body", body, {"errors": client_errors(client, core)})
+
+    def __init__(self, backend: Any, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._pool = self.core.AsyncConnectionPool(
+            ssl_context=ssl_context or self.client.create_ssl_context(trust_env=False),
+            network_backend=backend,
+            # The client library's own transport's limits, which the pool does not share.
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+        )
+
+    async def handle_async_request(self, request: Any) -> Any:
+        client, core = self.client, self.core
+        if not isinstance(request.stream, client.AsyncByteStream):
+            raise TypeError("an async transport takes requests of an async client")
+        url = request.url
+        sent = core.Request(
+            method=request.method,
+            url=core.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with errors_mapped(self.body.errors):
+            response = await self._pool.handle_async_request(sent)
+        if not isinstance(response.stream, AsyncIterable):
+            raise TypeError(f"{core.__name__}'s async pool answered with a sync body")
+        return client.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=self.body(response.stream),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+class ProbeBackend:
+    """A probe's network backend (see :class:`GuardCheck`): asked to connect, it raises
+    :class:`ProbeReached`. A subclass adds the core library's ``AsyncNetworkBackend`` as
+    second base."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> NoReturn:
+        raise ProbeReached(host)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> NoReturn:
+        raise ProbeReached(path)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

@@ -12,8 +12,7 @@ custom-transport interface over httpcore2's pool with the guarded network backen
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpcore2
@@ -24,9 +23,9 @@ from convoq.netguard import (
     CallbackPolicy,
     GuardCheck,
     IPAddress,
-    ProbeReached,
+    PoolTransport,
+    ProbeBackend,
     connect_checked,
-    errors_mapped,
     resolve,
 )
 
@@ -98,81 +97,10 @@ def guarded_client(
     return httpx2.AsyncClient(headers=dict(headers), timeout=_TIMEOUT, transport=transport)
 
 
-class GuardedTransport(httpx2.AsyncBaseTransport):
+class GuardedTransport(PoolTransport, httpx2.AsyncBaseTransport, client=httpx2, core=httpcore2):
     """An httpx2 transport (its custom-transport interface) over httpcore2's connection
-    pool built on ``backend`` (httpcore2's public ``network_backend=``): every connection
-    is opened by ``backend``; nothing of httpx2's own transport is used. TLS as httpx2's
-    default: certificates checked against the URL's host name."""
+    pool built on ``backend``: see :class:`convoq.netguard.PoolTransport`."""
 
-    def __init__(self, backend: httpcore2.AsyncNetworkBackend) -> None:
-        # httpx2's own transport's limits, which the pool does not share.
-        self._pool = httpcore2.AsyncConnectionPool(
-            ssl_context=httpx2.create_ssl_context(trust_env=False),
-            network_backend=backend,
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
-        )
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if not isinstance(request.stream, httpx2.AsyncByteStream):
-            raise TypeError("an async transport takes requests of an async client")
-        url = request.url
-        core = httpcore2.Request(
-            method=request.method,
-            url=httpcore2.URL(
-                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        with errors_mapped(_HTTPX2_ERRORS):
-            response = await self._pool.handle_async_request(core)
-        if not isinstance(response.stream, AsyncIterable):
-            raise TypeError("httpcore2's async pool answered with a sync body")
-        return httpx2.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_Body(response.stream),
-            extensions=response.extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
-
-
-class _Body(httpx2.AsyncByteStream):
-    def __init__(self, stream: AsyncIterable[bytes]) -> None:
-        self._stream = stream
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        with errors_mapped(_HTTPX2_ERRORS):
-            async for part in self._stream:
-                yield part
-
-    async def aclose(self) -> None:
-        close = getattr(self._stream, "aclose", None)
-        if close is not None:
-            await close()
-
-
-_HTTPX2_ERRORS: dict[type[Exception], type[Exception]] = {
-    httpcore2.TimeoutException: httpx2.TimeoutException,
-    httpcore2.ConnectTimeout: httpx2.ConnectTimeout,
-    httpcore2.ReadTimeout: httpx2.ReadTimeout,
-    httpcore2.WriteTimeout: httpx2.WriteTimeout,
-    httpcore2.PoolTimeout: httpx2.PoolTimeout,
-    httpcore2.NetworkError: httpx2.NetworkError,
-    httpcore2.ConnectError: httpx2.ConnectError,
-    httpcore2.ReadError: httpx2.ReadError,
-    httpcore2.WriteError: httpx2.WriteError,
-    httpcore2.ProxyError: httpx2.ProxyError,
-    httpcore2.UnsupportedProtocol: httpx2.UnsupportedProtocol,
-    httpcore2.ProtocolError: httpx2.ProtocolError,
-    httpcore2.LocalProtocolError: httpx2.LocalProtocolError,
-    httpcore2.RemoteProtocolError: httpx2.RemoteProtocolError,
-}
 
 # How MCP transports are built (the guard check probes this very function).
 _transport_over: Callable[[httpcore2.AsyncNetworkBackend], httpx2.AsyncBaseTransport] = (
@@ -180,29 +108,8 @@ _transport_over: Callable[[httpcore2.AsyncNetworkBackend], httpx2.AsyncBaseTrans
 )
 
 
-class _ProbeBackend(httpcore2.AsyncNetworkBackend):
+class _ProbeBackend(ProbeBackend, httpcore2.AsyncNetworkBackend):
     """Raises ProbeReached when asked to connect (see :class:`~convoq.netguard.GuardCheck`)."""
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        raise ProbeReached(host)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        raise ProbeReached(path)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 async def _probe() -> None:

@@ -12,11 +12,10 @@ requests built so do reach that backend before it sends any.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import httpcore
 import httpx
@@ -27,9 +26,9 @@ from convoq.netguard import (
     CallbackPolicy,
     GuardCheck,
     GuardedBackend,
-    ProbeReached,
+    PoolTransport,
+    ProbeBackend,
     Resolver,
-    errors_mapped,
 )
 from convoq.queue.signing import SIGNATURE_HEADER, build_payload, sign
 from convoq.redis.protocol import TurnRecord
@@ -153,84 +152,10 @@ def guarded_transport(
     return _transport_over(GuardedBackend(policy, resolver), ssl_context)
 
 
-class GuardedTransport(httpx.AsyncBaseTransport):
+class GuardedTransport(PoolTransport, httpx.AsyncBaseTransport, client=httpx, core=httpcore):
     """An httpx transport (httpx's documented custom-transport interface) over httpcore's
-    connection pool built on ``backend`` (httpcore's public ``network_backend=``): every
-    connection a request needs is opened by ``backend``, and nothing of httpx's own
-    transport is used. TLS as httpx's default: certificates checked against the URL's
-    host name (httpcore passes it as server_hostname, whatever address was dialled)."""
+    connection pool built on ``backend``: see :class:`convoq.netguard.PoolTransport`."""
 
-    def __init__(
-        self, backend: httpcore.AsyncNetworkBackend, ssl_context: ssl.SSLContext | None = None
-    ) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
-            network_backend=backend,
-            # httpx's own transport's limits, which the pool does not share.
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
-        )
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not isinstance(request.stream, httpx.AsyncByteStream):
-            raise TypeError("an async transport takes requests of an async client")
-        url = request.url
-        core = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        with errors_mapped(_HTTPX_ERRORS):
-            response = await self._pool.handle_async_request(core)
-        if not isinstance(response.stream, AsyncIterable):
-            raise TypeError("httpcore's async pool answered with a sync body")
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_Body(response.stream),
-            extensions=response.extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
-
-
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, stream: AsyncIterable[bytes]) -> None:
-        self._stream = stream
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        with errors_mapped(_HTTPX_ERRORS):
-            async for part in self._stream:
-                yield part
-
-    async def aclose(self) -> None:
-        close = getattr(self._stream, "aclose", None)
-        if close is not None:
-            await close()
-
-
-_HTTPX_ERRORS: dict[type[Exception], type[Exception]] = {
-    httpcore.TimeoutException: httpx.TimeoutException,
-    httpcore.ConnectTimeout: httpx.ConnectTimeout,
-    httpcore.ReadTimeout: httpx.ReadTimeout,
-    httpcore.WriteTimeout: httpx.WriteTimeout,
-    httpcore.PoolTimeout: httpx.PoolTimeout,
-    httpcore.NetworkError: httpx.NetworkError,
-    httpcore.ConnectError: httpx.ConnectError,
-    httpcore.ReadError: httpx.ReadError,
-    httpcore.WriteError: httpx.WriteError,
-    httpcore.ProxyError: httpx.ProxyError,
-    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
-    httpcore.ProtocolError: httpx.ProtocolError,
-    httpcore.LocalProtocolError: httpx.LocalProtocolError,
-    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
-}
 
 # How delivery transports are built (the guard check probes this very function).
 _transport_over: Callable[
@@ -238,29 +163,8 @@ _transport_over: Callable[
 ] = GuardedTransport
 
 
-class _ProbeBackend(httpcore.AsyncNetworkBackend):
+class _ProbeBackend(ProbeBackend, httpcore.AsyncNetworkBackend):
     """Raises ProbeReached when asked to connect (see :class:`~convoq.netguard.GuardCheck`)."""
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise ProbeReached(host)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise ProbeReached(path)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 async def _probe() -> None:
