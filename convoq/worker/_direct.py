@@ -79,7 +79,7 @@ def strategy(task: Any, app: ConvoqCelery, consumer: Any, **options: Any) -> Han
         if runtime is None:
             runtime = app.runtime()
         kick = None if callbacks or _events_on(eventer) else _kick_of(message)
-        if kick is None or not runtime.start_direct(*kick, done=lambda: ack(log, errors)):
+        if kick is None or not runtime.direct.start(*kick, done=lambda: ack(log, errors)):
             return celery_way(message, body, ack, reject, callbacks)
         return None
 

@@ -8,7 +8,7 @@ Celery's ``threads`` pool runs many tasks at once; each task submits its corouti
 process's one loop (:class:`convoq._sync.LoopThread`), so Redis and httpx connection pools
 live as long as the process and many model calls are in flight per process. A drain kick
 that finds a free slot skips the pool: the consumer starts it on the loop itself
-(:meth:`WorkerRuntime.start_direct`, :mod:`convoq.worker._direct`).
+(:meth:`DirectDrains.start`, :mod:`convoq.worker._direct`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from celery import Celery
@@ -134,20 +134,6 @@ class WorkerRuntime:
     # -- what the tasks call ---------------------------------------------------------------
     def drain(self, conversation_id: str) -> DrainReport:
         return self.drains.from_task(conversation_id)
-
-    def start_direct(
-        self,
-        cid: str,
-        head: str | None,
-        fence: str | None,
-        traceparent: str | None,
-        *,
-        done: Callable[[], object],
-    ) -> bool:
-        """Start a drain of ``cid`` on the loop from the consumer (:mod:`._direct`) if a
-        slot is free and nothing waits for it; ``done`` (the kick's acknowledgement) is
-        called when it ends. False: nothing started, the kick goes Celery's way."""
-        return self.direct.start(cid, head, fence, traceparent, done=done)
 
     def compact(self, conversation_id: str, agent: str) -> Summary | None:
         """Summarise the conversation if ``agent``'s compaction policy says so."""
