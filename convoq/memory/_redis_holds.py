@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 
 from convoq.errors import ConversationBusyError, StaleFenceError
 from convoq.messages import Message
 from convoq.redis._base import REDIS_UNAVAILABLE
-from convoq.redis._holding import commit_held, reserve, unreserve
+from convoq.redis._holding import BusyWait, commit_held, reserve, unreserve
 from convoq.redis._refusals import stale_fence
 from convoq.redis.roles import MemoryStore
 
@@ -55,20 +54,15 @@ class LeaseHolds:
     ) -> None:
         """Take the lease for ``token`` (waiting up to ``wait_s`` while it is busy) and
         renew it until the turn parks, commits or is released."""
-        deadline = time.monotonic() + wait_s
-        delay = _FIRST_POLL_S
+        busy_wait = BusyWait(wait_s, _FIRST_POLL_S, _MAX_POLL_S)
         while True:
             try:
                 fence = await reserve(
                     proto, cid, token, lease_ms=self.lease_ms, spent_ttl_ms=spent_ttl_ms
                 )
                 break
-            except ConversationBusyError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, _MAX_POLL_S)
+            except ConversationBusyError as busy:
+                await busy_wait.pause(busy)
         held = _Held(fence)
         held.renewer = asyncio.create_task(self._renew(proto, cid, held))
         self._held[(cid, token)] = held

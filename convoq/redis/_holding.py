@@ -12,13 +12,34 @@ token, expiring with the continuation), so it runs once whichever process resume
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+from convoq.errors import ConversationBusyError
 from convoq.messages import Message
 from convoq.redis._durable import replicated
 from convoq.redis._history import append_history
 from convoq.redis._replies import Outcome, ReserveReply
 from convoq.redis.roles import HeldStore
+
+
+class BusyWait:
+    """The pauses between tries of a busy conversation: ``first_s``, doubling up to
+    ``max_s``, until ``wait_s`` from when it was made have passed."""
+
+    def __init__(self, wait_s: float, first_s: float, max_s: float) -> None:
+        self._deadline = time.monotonic() + wait_s
+        self._delay = first_s
+        self._max_s = max_s
+
+    async def pause(self, busy: ConversationBusyError) -> None:
+        """Sleep until the next try, or raise ``busy`` when the time is up."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise busy
+        await asyncio.sleep(min(self._delay, left))
+        self._delay = min(self._delay * 2, self._max_s)
 
 
 def holder(token: str) -> str:

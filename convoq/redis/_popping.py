@@ -20,10 +20,8 @@ attachment added again after a pop (an edited message re-sent) reuses the stored
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +39,7 @@ from convoq.redis._codec import (
     text,
 )
 from convoq.redis._history import APPEND_ID_TTL_MS, _blobs_steps, _raise_stored_errors
+from convoq.redis._holding import BusyWait
 from convoq.redis._refusals import refusal_error, version_error
 from convoq.redis._replies import Outcome
 from convoq.redis._retention import RetentionMixin
@@ -139,8 +138,7 @@ class PoppingMixin(RetentionMixin):
             ConversationBusyError: a turn still held it after ``wait_s`` (nothing changed).
         """
         check_conversation_id(cid)
-        deadline = time.monotonic() + wait_s
-        delay = _FIRST_POLL_S
+        busy_wait = BusyWait(wait_s, _FIRST_POLL_S, _MAX_POLL_S)
         # One id for every try: only the try that writes records it, so a resend of that
         # try's script (its reply lost) answers APPLIED instead of popping again.
         pop_id = secrets.token_hex(16)
@@ -148,12 +146,8 @@ class PoppingMixin(RetentionMixin):
             steps = pop_steps(self.keys, cid, self.limits, keep, pop_id=pop_id)
             try:
                 popped = await adrive(steps, self.scripts.perform)
-            except ConversationBusyError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, _MAX_POLL_S)
+            except ConversationBusyError as busy:
+                await busy_wait.pause(busy)
                 continue
             if popped is not AGAIN:
                 await self.touch(cid, also=[self.keys.applied(cid, pop_id)])
