@@ -44,7 +44,7 @@ from convoq.integrations.langchain import ConvoqChatMessageHistory
 from convoq.integrations.openai_agents import ConvoqSession
 from convoq.integrations.pydantic_ai import durable
 from convoq.memory import ConversationMemory
-from convoq.messages import FilePart, ImagePart, Message, TextPart
+from convoq.messages import Message
 from convoq.profile import TurnJob
 from convoq.turn_state import TurnEvent, TurnState
 from tests.support.cross_framework_wire import (
@@ -60,6 +60,7 @@ from tests.support.cross_framework_wire import (
     pdf,
     png,
     question,
+    question_message,
     tool_result,
 )
 
@@ -121,12 +122,7 @@ class LangChainSide:
         batch = [human, asked, result, final]
         await self.history.aadd_messages(batch)
         self.written.append(batch)
-        log.wrote(
-            question(self.name, n),
-            tool_result(self.name, n),
-            answer(self.name, n),
-            attachments=[image, document],
-        )
+        log.wrote_turn(self.name, n, [image, document])
 
     async def check_read_back(self) -> None:
         got = await self.history.aget_messages()
@@ -195,12 +191,7 @@ class AgentsSide:
         assert result.final_output == answer(self.name, n)
         assert model.first_call is not None
         log.given(self.name, json.dumps(model.first_call.input, default=str))
-        log.wrote(
-            question(self.name, n),
-            tool_result(self.name, n),
-            answer(self.name, n),
-            attachments=[image, document],
-        )
+        log.wrote_turn(self.name, n, [image, document])
 
     async def check_read_back(self) -> None:
         got = await self.session.get_items()
@@ -248,13 +239,7 @@ class PydanticSide:
     async def take_turn(self, n: int, log: Log) -> None:
         self.n, self.given = n, []
         image, document = png(f"pai{n}"), pdf(f"pai{n}")
-        user = Message(
-            content=[
-                TextPart(text=question(self.name, n)),
-                ImagePart(data=image, mime_type="image/png"),
-                FilePart(data=document, mime_type="application/pdf", filename=f"pai-{n}.pdf"),
-            ]
-        )
+        user = question_message(self.name, n, image, document, f"pai-{n}.pdf")
         token = secrets.token_hex(8)
         cid = self.conversation_id
         await self.memory.areserve(cid, token, wait_s=10)
@@ -270,12 +255,7 @@ class PydanticSide:
         run_id = captured[-1].run_id
         self.written.append([m for m in captured if m.run_id == run_id])
         log.given(self.name, self.given[0])
-        log.wrote(
-            question(self.name, n),
-            tool_result(self.name, n),
-            answer(self.name, n),
-            attachments=[image, document],
-        )
+        log.wrote_turn(self.name, n, [image, document])
 
     async def check_read_back(self) -> None:
         got = to_pydantic_ai(await self.memory.aload(self.conversation_id))

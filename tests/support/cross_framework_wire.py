@@ -71,6 +71,12 @@ class Log:
         self.texts += texts
         self.attachments += attachments
 
+    def wrote_turn(self, side: str, n: int, attachments: Sequence[bytes]) -> None:
+        """What ``side``'s turn ``n`` wrote: its question, tool result and answer."""
+        self.wrote(
+            question(side, n), tool_result(side, n), answer(side, n), attachments=attachments
+        )
+
     def given(self, side: str, seen: str) -> None:
         """``seen`` (what ``side``'s model was given) holds every text written so far."""
         missing = [text for text in self.texts if text not in seen]
@@ -97,6 +103,17 @@ def answer(side: str, n: int) -> str:
 
 def tool_result(side: str, n: int) -> str:
     return f"{side} looked up {n}"
+
+
+def question_message(side: str, n: int, image: bytes, document: bytes, filename: str) -> Message:
+    """``side``'s question ``n`` as a convoq message, with an image and a PDF."""
+    return Message(
+        content=[
+            TextPart(text=question(side, n)),
+            ImagePart(data=image, mime_type="image/png"),
+            FilePart(data=document, mime_type="application/pdf", filename=filename),
+        ]
+    )
 
 
 class Side(Protocol):
@@ -196,13 +213,7 @@ class ConvoqSide:
 
     async def take_turn(self, n: int, log: Log) -> None:
         image, document = png(f"cq{n}"), pdf(f"cq{n}")
-        user = Message(
-            content=[
-                TextPart(text=question(self.name, n)),
-                ImagePart(data=image, mime_type="image/png"),
-                FilePart(data=document, mime_type="application/pdf", filename=f"cq-{n}.pdf"),
-            ]
-        )
+        user = question_message(self.name, n, image, document, f"cq-{n}.pdf")
         self.wire.reply_tool_call(f"cq-call-{n}", "lookup", {"q": str(n)})
         self.wire.reply_text(answer(self.name, n))
         before = len(self.wire.server.requests)
@@ -211,12 +222,7 @@ class ConvoqSide:
         sent = [r.body for r in self.wire.server.requests[before:]]
         assert len(sent) == 2
         log.given(self.name, sent[0].decode())
-        log.wrote(
-            question(self.name, n),
-            tool_result(self.name, n),
-            answer(self.name, n),
-            attachments=[image, document],
-        )
+        log.wrote_turn(self.name, n, [image, document])
         for raw in sent:
             check_sent(self.wire, raw, log)
         self.written.append(list(response.turn))
