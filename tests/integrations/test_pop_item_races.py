@@ -105,14 +105,20 @@ def race(name: str, memory: ConversationMemory, rounds: int) -> list[Any]:
     return popped
 
 
+async def _held_session(memory: ConversationMemory, busy_timeout_s: float) -> ConvoqSession:
+    """A session of "chat-1" holding one user item, the conversation held by a convoq turn
+    (an Agent's, a worker's on Redis) as ``a-running-turn``."""
+    session = ConvoqSession("chat-1", memory, busy_timeout_s=busy_timeout_s)
+    await session.add_items([{"role": "user", "content": "q"}])
+    await memory.areserve("chat-1", "a-running-turn")
+    return session
+
+
 async def test_pop_item_waits_for_a_turn_holding_the_conversation(
     backend: tuple[str, ConversationMemory],
 ) -> None:
     _, memory = backend
-    session = ConvoqSession("chat-1", memory, busy_timeout_s=30)
-    await session.add_items([{"role": "user", "content": "q"}])
-    # A convoq turn (an Agent's, a worker's on Redis) holds the conversation.
-    await memory.areserve("chat-1", "a-running-turn")
+    session = await _held_session(memory, busy_timeout_s=30)
     pop = asyncio.create_task(session.pop_item())
     done, _ = await asyncio.wait({pop}, timeout=0.5)
     assert not done  # still waiting: not refused at once
@@ -126,9 +132,7 @@ async def test_pop_item_gives_up_after_busy_timeout_s_and_changes_nothing(
     backend: tuple[str, ConversationMemory],
 ) -> None:
     _, memory = backend
-    session = ConvoqSession("chat-1", memory, busy_timeout_s=0.3)
-    await session.add_items([{"role": "user", "content": "q"}])
-    await memory.areserve("chat-1", "a-running-turn")
+    session = await _held_session(memory, busy_timeout_s=0.3)
     started = time.monotonic()
     with pytest.raises(ConversationBusyError, match="chat-1"):
         await session.pop_item()
