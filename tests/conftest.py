@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from convoq.client import Client
+from convoq.memory import ConversationMemory
+from convoq.redis import TurnProtocol
 from convoq.settings import fast_paths
 from tests.support import services
 from tests.support.clock import TestClock, install_clock
+from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
+from tests.support.protocol_helpers import open_protocol
 from tests.support.redis_cluster import RedisClusterNodes, plain_client
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool
@@ -73,6 +77,31 @@ def redis_url(redis_server: RedisServer) -> str:
 def key_prefix() -> str:
     """A random key prefix per test: tests share one server but never each other's keys."""
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=BACKENDS)
+def memory(
+    request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str
+) -> Iterator[ConversationMemory]:
+    """A fresh memory of each backend: in process, files, a redis-server, a Redis Cluster
+    (closed after the test)."""
+    made = make_memory(request.param, tmp_path, backend_url(request, request.param), key_prefix)
+    yield made
+    close_memory(made)
+
+
+@pytest.fixture
+def protocol_url(redis_url: str) -> str:
+    """Where ``proto`` connects: the session's redis-server (a module whose tests run on
+    the Redis Cluster too overrides it with ``store_url``)."""
+    return redis_url
+
+
+@pytest.fixture
+async def proto(protocol_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
+    """A turn protocol on ``protocol_url`` under the test's key prefix, closed after it."""
+    async with open_protocol(protocol_url, key_prefix) as protocol:
+        yield protocol
 
 
 @pytest.fixture

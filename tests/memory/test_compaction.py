@@ -5,8 +5,6 @@ in process and through the workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +17,6 @@ from convoq.models import ModelRequest, ScriptedModel
 from convoq.summary import SUMMARY_PREFIX
 from convoq.testing import RecordingModel
 from convoq.window import Window
-from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 PHOTO = b"\x89PNG holiday photo"
 
@@ -36,14 +33,6 @@ def summariser() -> ScriptedModel:
 
 def texts(messages: list[Message]) -> list[str]:
     return [m.text for m in messages]
-
-
-@pytest.fixture(params=BACKENDS)
-def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Any]:
-    url = backend_url(request, request.param)
-    made = make_memory(request.param, tmp_path, url, key_prefix)
-    yield made
-    close_memory(made)
 
 
 def test_agent_compacts_and_sends_lead_summary_and_later_turns(memory: Any) -> None:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,6 @@ from convoq.loaders import load_image, load_pdf
 from convoq.memory import ConversationMemory, FileConversationMemory
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.window import last_turns
-from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 REPO = Path(__file__).resolve().parents[2]
 APPEND_WORKER = Path(__file__).resolve().parents[1] / "support" / "append_worker.py"
@@ -69,16 +67,6 @@ def whole_turn(seed: int = 0) -> list[Message]:
         Message.tool_result(calls[1], "21 C"),
         Message.assistant(f"done {seed}"),
     ]
-
-
-@pytest.fixture(params=BACKENDS)
-def memory(
-    request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str
-) -> Iterator[ConversationMemory]:
-    url = backend_url(request, request.param)
-    memory = make_memory(request.param, tmp_path, url, key_prefix)
-    yield memory
-    close_memory(memory)
 
 
 # ---- every backend ----------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,22 +28,12 @@ from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import ScriptCall
 from convoq.summary import Summary
 from convoq.window import split_turns
-from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 CALLS = [
     ToolCall(id="c1", name="lookup", arguments={}),
     ToolCall(id="c2", name="ask", arguments={}),
 ]
-
-
-@pytest.fixture(params=BACKENDS)
-def memory(
-    request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str
-) -> Iterator[ConversationMemory]:
-    made = make_memory(request.param, tmp_path, backend_url(request, request.param), key_prefix)
-    yield made
-    close_memory(made)
 
 
 def with_image(text: str) -> Message:

@@ -5,10 +5,6 @@ reading the whole history."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 import redis
 
@@ -27,7 +23,6 @@ from convoq.usage import Usage
 from convoq.window import STORE_CHOOSES, Window, split_turns
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
-from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 
 def tool_turn(i: int, words: int = 10) -> list[Message]:
@@ -49,14 +44,6 @@ def history(n: int) -> list[Message]:
 
 def user_texts(messages: list[Message]) -> list[str]:
     return [m.text.split(" ")[0] for m in messages if m.role == MessageRole.USER]
-
-
-@pytest.fixture(params=BACKENDS)
-def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Any]:
-    url = backend_url(request, request.param)
-    made = make_memory(request.param, tmp_path, url, key_prefix)
-    yield made
-    close_memory(made)
 
 
 # ---- the window itself -----------------------------------------------------------------

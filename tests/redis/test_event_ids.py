@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +19,7 @@ from convoq.gateway.sse import turn_events
 from convoq.redis import TurnProtocol
 from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent
-from tests.support.protocol_helpers import exchange, open_protocol, submit_all
+from tests.support.protocol_helpers import exchange, submit_all
 
 CID = "event-ids"
 LEASE = 30_000
@@ -30,12 +29,6 @@ BUFFERED = [
     TurnEvent(type="assistant", data={"text": "ok", "note": "é/ü"}),
 ]
 ENDING = ["text_delta", "text_delta", "assistant", "status", "done"]
-
-
-@pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(redis_url, key_prefix) as protocol:
-        yield protocol
 
 
 async def run_turn(proto: TurnProtocol, tid: str, *, meddle: str = "") -> None:

@@ -16,16 +16,14 @@ from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import TurnProtocol, scripts
 from convoq.redis import _history as history_module
 from convoq.redis._codec import BULK, collector_paused
-from tests.support.protocol_helpers import open_protocol
 
 CID = "layout"
 LEASE = 30_000
 
 
 @pytest.fixture
-async def proto(store_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(store_url, key_prefix) as protocol:
-        yield protocol
+def protocol_url(store_url: str) -> str:
+    return store_url
 
 
 @pytest.fixture

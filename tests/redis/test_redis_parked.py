@@ -3,22 +3,19 @@ approvals inbox shows), against a real redis-server."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from convoq.messages import Message, ToolCall
 from convoq.redis import TurnProtocol
 from convoq.turn_state import TurnState
-from tests.support.protocol_helpers import open_protocol, submit_all
+from tests.support.protocol_helpers import submit_all
 
 LEASE = 30_000
 
 
 @pytest.fixture
-async def proto(store_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(store_url, key_prefix) as protocol:
-        yield protocol
+def protocol_url(store_url: str) -> str:
+    return store_url
 
 
 async def _park(proto: TurnProtocol, cid: str, *call_ids: str, ttl_ms: int = 60_000) -> None:

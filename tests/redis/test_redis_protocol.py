@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import Acquired, TurnProtocol
 from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent, TurnState, expire_undecided
-from tests.support.protocol_helpers import exchange, open_protocol, submit_all
+from tests.support.protocol_helpers import exchange, submit_all
 
 # Run again with the fast paths off by `make test-slowpaths`.
 pytestmark = pytest.mark.slowpaths
@@ -31,9 +30,8 @@ LEASE = 30_000
 
 
 @pytest.fixture
-async def proto(store_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(store_url, key_prefix) as protocol:
-        yield protocol
+def protocol_url(store_url: str) -> str:
+    return store_url
 
 
 async def submit(proto: TurnProtocol, *turn_ids: str) -> None:

@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,6 @@ from convoq.testing import RecordingModel
 from convoq.testing.conformance import sample_turn
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
-from tests.support.memory_backends import BACKENDS, backend_url, close_memory, make_memory
 
 SHARED = b"\x89PNG shared"
 
@@ -56,14 +54,6 @@ def conversation() -> list[list[Message]]:
     turns[0] = picture_turn(0, SHARED)
     turns.append(picture_turn(4, SHARED))  # the same picture again in a kept turn
     return turns
-
-
-@pytest.fixture(params=BACKENDS)
-def memory(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Iterator[Any]:
-    url = backend_url(request, request.param)
-    made = make_memory(request.param, tmp_path, url, key_prefix)
-    yield made
-    close_memory(made)
 
 
 def all_keys(r: redis.Redis, prefix: str) -> list[bytes]:

@@ -70,13 +70,6 @@ def command_names(packed: bytes) -> list[str]:
 
 
 @pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
-    yield protocol
-    await protocol.close()
-
-
-@pytest.fixture
 async def counted(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
     """The runner's protocol; its round trips land in ``CountingConnection.rounds``."""
     pool = aioredis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)

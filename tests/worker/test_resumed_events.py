@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,18 +22,12 @@ from convoq.messages import Message, ToolCall
 from convoq.redis import Acquired, TurnProtocol
 from convoq.redis.protocol import TurnEnding
 from convoq.turn_state import TurnEvent, TurnState
-from tests.support.protocol_helpers import open_protocol, submit_all
+from tests.support.protocol_helpers import submit_all
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool, wait_until
 
 CID = "resumed-1"
 LEASE = 30_000
-
-
-@pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    async with open_protocol(redis_url, key_prefix) as protocol:
-        yield protocol
 
 
 async def _take(proto: TurnProtocol, worker: str = "w1", max_attempts: int = 5) -> Acquired:

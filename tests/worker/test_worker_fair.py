@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,13 +41,6 @@ class Waiting:
         if self.refuse:
             raise ConnectionError("broker down")
         self.requeued.append((conversation_id, head, fence))
-
-
-@pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
-    yield protocol
-    await protocol.close()
 
 
 def runner(proto: TurnProtocol, fairness: Waiting, *, lease_ms: int = 30_000) -> Runner:

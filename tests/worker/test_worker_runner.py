@@ -6,7 +6,6 @@ once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -33,13 +32,6 @@ class Finished:
 
     async def __call__(self, cid: str, tid: str, options: dict[str, Any]) -> None:
         self.calls.append((cid, tid, options))
-
-
-@pytest.fixture
-async def proto(redis_url: str, key_prefix: str) -> AsyncIterator[TurnProtocol]:
-    protocol = TurnProtocol.from_url(redis_url, prefix=key_prefix)
-    yield protocol
-    await protocol.close()
 
 
 def runner(proto: TurnProtocol, hook: Finished, max_attempts: int = 5) -> Runner:
