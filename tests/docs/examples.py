@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from convoq.cli.demo import tiny_pdf, tiny_png
@@ -222,3 +223,14 @@ def run_block(
 def failure(block: Block, done: subprocess.CompletedProcess[str]) -> str:
     """What a failed block printed, for the assertion message."""
     return f"{block.id} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def assert_runs(
+    block: Block, page: list[Block], directory: Path, redis_url: str, model_url: str
+) -> None:
+    """Run ``block`` (:func:`run_block`; skipped when marked skip-example) and fail with
+    what it printed unless it exits 0."""
+    if block.skip is not None:
+        pytest.skip(block.skip)
+    done = run_block(block, page, directory, redis_url, model_url)
+    assert done.returncode == 0, failure(block, done)

@@ -11,12 +11,11 @@ import pytest
 from tests.docs.examples import (
     Block,
     OfflineModelServer,
+    assert_runs,
     docs_pages,
-    failure,
     page_blocks,
     prepare,
     python_blocks,
-    run_block,
 )
 from tests.support.redis_server import RedisServer
 
@@ -36,10 +35,7 @@ def test_the_pages_have_examples_to_run() -> None:
 def test_a_docs_block_runs_as_written(
     block: Block, tmp_path: Path, redis_server: RedisServer, model_server: OfflineModelServer
 ) -> None:
-    if block.skip is not None:
-        pytest.skip(block.skip)
-    done = run_block(block, PAGES[block.page], tmp_path, redis_server.url, model_server.url)
-    assert done.returncode == 0, failure(block, done)
+    assert_runs(block, PAGES[block.page], tmp_path, redis_server.url, model_server.url)
 
 
 AGENTS = """\
@@ -74,8 +70,7 @@ def test_a_page_s_file_blocks_serve_its_blocks_and_its_worker(
     other = python_blocks("# Another\n\n```python\n# myapp/other.py\nx = 1\n```\n", "docs/o.md")
     agents, submit = page
     assert submit.needs_worker and not agents.needs_worker
-    done = run_block(submit, page, tmp_path / "run", redis_server.url, model_server.url)
-    assert done.returncode == 0, failure(submit, done)
+    assert_runs(submit, page, tmp_path / "run", redis_server.url, model_server.url)
 
     prepare(tmp_path / "alone", other)  # one page's files, and no other page's
     assert (tmp_path / "alone/myapp/other.py").exists()

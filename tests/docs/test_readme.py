@@ -37,11 +37,10 @@ from tests.docs.examples import (
     README,
     Block,
     OfflineModelServer,
-    failure,
+    assert_runs,
     offline_answer,
     page_blocks,
     python_blocks,
-    run_block,
 )
 from tests.support.redis_server import RedisServer
 
@@ -55,10 +54,7 @@ BLOCKS = page_blocks(README)
 def test_readme_block_runs_as_written(
     block: Block, tmp_path: Path, redis_server: RedisServer, model_server: OfflineModelServer
 ) -> None:
-    if block.skip is not None:
-        pytest.skip(block.skip)
-    done = run_block(block, BLOCKS, tmp_path, redis_server.url, model_server.url)
-    assert done.returncode == 0, failure(block, done)
+    assert_runs(block, BLOCKS, tmp_path, redis_server.url, model_server.url)
 
 
 def test_blocks_are_found_and_the_convention_reads_them() -> None:
