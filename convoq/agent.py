@@ -17,22 +17,26 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
-from convoq import defaults
+from convoq import _agent_profile, defaults
+from convoq._agent_options import DEFAULT_BUSY_TIMEOUT_S as DEFAULT_BUSY_TIMEOUT_S
+from convoq._agent_options import (
+    Asked,
+    Limits,
+    asked,
+    call_window,
+    check_options,
+    loop_of,
+    resumed_shape,
+    tool_names,
+)
 from convoq._sync import iterate_sync, run_sync
 from convoq.agent_response import Continuation, Response, parse_continuation, parse_decision
 from convoq.approvals import ApprovalRule, check_decision_note, check_rule
 from convoq.compaction import CompactionPolicy, compact_idle
 from convoq.context import DepsHolder, Instructions, TurnScope, check_metadata
-from convoq.engine import (
-    DEFAULT_MAX_STEPS,
-    Completed,
-    EventSink,
-    Outcome,
-    TurnLoop,
-    ignore_event,
-)
+from convoq.engine import DEFAULT_MAX_STEPS, Completed, EventSink, Outcome, ignore_event
 from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
 from convoq.mcp.config import MCPServer, check_servers
@@ -40,22 +44,9 @@ from convoq.memory._reservations import now_ms
 from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
 from convoq.messages import GenerationRequest, Message, coerce_user_message
-from convoq.model_settings import (
-    ModelSettings,
-    SettingsLike,
-    check_tool_choice,
-    coerce_settings,
-    merge_settings,
-)
-from convoq.models.base import Model, OutputSpec
-from convoq.output import (
-    DEFAULT_OUTPUT_RETRIES,
-    OutputShape,
-    OutputType,
-    output_shape,
-    shape_for,
-    spec_from_data,
-)
+from convoq.model_settings import ModelSettings, SettingsLike, check_tool_choice, coerce_settings
+from convoq.models.base import Model
+from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape
 from convoq.profile import TurnJob
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
@@ -63,11 +54,7 @@ from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import turn_usage
 from convoq.window import WindowRule, check_budget
 
-log = logging.getLogger("convoq.agent")
-
 AgentInput = str | Message | GenerationRequest
-
-DEFAULT_BUSY_TIMEOUT_S = 30.0
 
 log = logging.getLogger("convoq.agent")
 
@@ -150,18 +137,10 @@ class Agent:
         approval_policy: ApprovalRule = False,
         mcp_servers: Iterable[MCPServer] = (),
     ) -> None:
-        if if_busy not in ("reject", "wait"):
-            raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
-        if not busy_timeout_s >= 0 or (approval_ttl_s is not None and not approval_ttl_s > 0):
-            raise ConvoqError("busy_timeout_s must be >= 0 and approval_ttl_s > 0")
-        if keep_last_turns < 0:
-            raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
-        if max_steps < 1:
-            raise ConvoqError("max_steps must be >= 1")
-        if isinstance(output_retries, bool) or not isinstance(output_retries, int):
-            raise ConvoqError("output_retries must be an int >= 0")
-        if output_retries < 0:
-            raise ConvoqError("output_retries must be >= 0 (0: no retry)")
+        check_options(
+            if_busy=if_busy, busy_timeout_s=busy_timeout_s, approval_ttl_s=approval_ttl_s,
+            keep_last_turns=keep_last_turns, max_steps=max_steps, output_retries=output_retries,
+        )  # fmt: skip
         self.model = model
         self.instructions = instructions
         self.memory = as_memory(memory) if memory is not None else None
@@ -173,7 +152,7 @@ class Agent:
         self.output = output_shape(output_type)
         self.output_retries = output_retries
         self.model_settings = coerce_settings(model_settings)
-        check_tool_choice(self.model_settings, [t.name for t in self.tools.specs()])
+        check_tool_choice(self.model_settings, tool_names(self))
         self.keep_last_turns = keep_last_turns
         self.max_history_tokens = check_budget(max_history_tokens)
         self.token_counter = token_counter
@@ -204,9 +183,9 @@ class Agent:
         ``max_history_tokens`` and ``output_type`` override the agent's for this call,
         ``model_settings`` are merged over the agent's; ``metadata`` (a JSON object) is
         what every tool of the turn sees as ``ctx.metadata``."""
-        window = _Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
-        asked = self._asked(output_type, model_settings)
-        return await self._start(input, conversation_id, window, ignore_event, asked)
+        limits = Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
+        call = asked(self, output_type, model_settings)
+        return await self._start(input, conversation_id, limits, ignore_event, call)
 
     async def astream(
         self,
@@ -222,8 +201,8 @@ class Agent:
         """Run one turn, yielding its events; the last one is ``done`` with the status
         (and ``output``, the validated answer as JSON, with an output type). Arguments
         as :meth:`agenerate`."""
-        asked = self._asked(output_type, model_settings)
-        limits = _Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
+        call = asked(self, output_type, model_settings)
+        limits = Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
 
         async def emit(event: TurnEvent) -> None:
@@ -231,7 +210,7 @@ class Agent:
 
         async def run() -> Response:
             try:
-                return await self._start(input, conversation_id, limits, emit, asked)
+                return await self._start(input, conversation_id, limits, emit, call)
             finally:
                 await queue.put(None)
 
@@ -266,7 +245,7 @@ class Agent:
         its output back typed (else the agent's type when the spec is the agent's, else
         JSON)."""
         cont = parse_continuation(continuation)
-        shape = self._resumed_shape(cont, output_shape(output_type))
+        shape = resumed_shape(self, cont, output_shape(output_type))
         by = check_decision_note(None, by)[1]
         at_ms = now_ms()
         for call_id, value in decisions.items():
@@ -361,14 +340,11 @@ class Agent:
         self,
         input: AgentInput,
         conversation_id: str | None,
-        limits: _Limits,
+        limits: Limits,
         emit: EventSink,
-        asked: _Asked,
+        asked: Asked,
     ) -> Response:
-        if limits.keep_last_turns is not None and limits.keep_last_turns < 0:
-            raise ConvoqError("keep_last_turns must be >= 0 (0 sends the whole history)")
-        budget = check_budget(limits.max_history_tokens)
-        window = WindowRule.of(self).window(limits.keep_last_turns, budget)
+        window = call_window(self, limits)
         if isinstance(input, GenerationRequest):
             if not input.messages:
                 raise InvalidMessageError("a GenerationRequest needs messages", rule="non_empty")
@@ -438,17 +414,9 @@ class Agent:
     ) -> Response:
         """Run the loop under the turn's reservation, then park, store or release."""
         try:
-            scope = TurnScope(
-                cont.conversation_id, cont.token, self.name, await self.provided_deps(),
-                cont.metadata,
-            )  # fmt: skip
-            loop = TurnLoop(
-                model=self.model, tools=self.tools, history=history,
-                instructions=self.instructions, max_steps=self.max_steps, emit=emit,
-                fail_on_length=self.fail_on_length, scope=scope,
-                approval_policy=self.approval_policy, settings=cont.model_settings,
-                output=shape, output_retries=self.output_retries,
-            )  # fmt: skip
+            deps = await self.provided_deps()
+            scope = TurnScope(cont.conversation_id, cont.token, self.name, deps, cont.metadata)
+            loop = loop_of(self, history, scope, cont.model_settings, shape, emit)
             outcome: Outcome = await loop.run(state)
         except BaseException:
             await self._release(cont)
@@ -477,19 +445,7 @@ class Agent:
 
     async def run_turn(self, job: TurnJob) -> Outcome:
         """Run a worker's turn (the :class:`~convoq.profile.AgentProfile` interface)."""
-        deps = await self.provided_deps()
-        scope = TurnScope(
-            job.conversation_id, job.turn_id, job.agent, deps, job.metadata, attempt=job.attempt
-        )
-        settings, output = self.asked_of(job.options)
-        loop = TurnLoop(
-            model=self.model, tools=self.tools, history=job.history,
-            instructions=self.instructions, max_steps=self.max_steps,
-            fail_on_length=self.fail_on_length, emit=job.emit, checkpoint=job.checkpoint,
-            should_stop=job.should_stop, scope=scope, approval_policy=self.approval_policy,
-            settings=settings, output=output, output_retries=self.output_retries,
-        )  # fmt: skip
-        return await loop.run(job.state)
+        return await _agent_profile.run_turn(self, job)
 
     def asked_of(self, options: dict[str, Any]) -> tuple[ModelSettings | None, OutputShape | None]:
         """What a queued turn asks of the model: the settings (the agent's, the turn's
@@ -500,15 +456,7 @@ class Agent:
             InvalidModelSettingsError: a setting is invalid; the turn fails with it.
             InvalidOutputTypeError: the output schema is unusable; the turn fails with it.
         """
-        settings = merge_settings(
-            self.model_settings, coerce_settings(options.get("model_settings"))
-        )
-        check_tool_choice(settings, [spec.name for spec in self.tools.specs()])
-        data = options.get("output")
-        if data is None:
-            return settings, self.output
-        # The agent's own type when the spec is its own: validated by its class.
-        return settings, shape_for(spec_from_data(data).spec, self.output)
+        return _agent_profile.asked_of(self, options)
 
     async def provided_deps(self) -> Any:
         """``deps``, or what ``deps_factory`` made in this process (made at first use)."""
@@ -518,23 +466,7 @@ class Agent:
         """The options set on this agent that workers cannot honour, each with what to do
         instead (the :class:`~convoq.profile.AgentProfile` interface: a worker refuses to
         start with such a profile). Every other option is honoured on workers."""
-        refused: dict[str, str] = {}
-        if self.memory is not None:
-            refused["memory"] = (
-                "workers keep every conversation in their Redis store (CONVOQ_REDIS_URL),"
-                " never in an Agent's memory"
-            )
-        if self.conversation_id is not None:
-            refused["conversation_id"] = "each queued turn names its own conversation"
-        busy = (
-            "queued turns of a busy conversation wait in its inbox; say what a submit"
-            " does with client.submit(if_busy=...)"
-        )
-        if self.if_busy != "reject":
-            refused["if_busy"] = busy
-        if self.busy_timeout_s != DEFAULT_BUSY_TIMEOUT_S:
-            refused["busy_timeout_s"] = busy
-        return refused
+        return _agent_profile.worker_refusals(self)
 
     def _approval_ttl(self) -> float:
         """How long a turn parked in process waits for its decisions."""
@@ -600,36 +532,6 @@ class Agent:
         if cont.expires_ms is not None:
             return cont.expires_ms
         return now_ms() + int(self._approval_ttl() * 1000)
-
-    def _asked(self, output_type: OutputType | None, settings: SettingsLike | None) -> _Asked:
-        """A call's output shape and settings (checked before anything runs)."""
-        shape = output_shape(output_type) if output_type is not None else self.output
-        merged = merge_settings(self.model_settings, coerce_settings(settings))
-        check_tool_choice(merged, [t.name for t in self.tools.specs()])
-        return _Asked(shape, merged)
-
-    def _resumed_shape(self, cont: Continuation, given: OutputShape | None) -> OutputShape | None:
-        """The output shape a resumed turn started with, typed where a type is known."""
-        return None if cont.output is None else shape_for(cont.output, given, self.output)
-
-
-class _Asked(NamedTuple):
-    """What a call asks of the model: the answer's shape and the settings."""
-
-    shape: OutputShape | None
-    settings: ModelSettings | None
-
-    @property
-    def spec(self) -> OutputSpec | None:
-        return self.shape.spec if self.shape is not None else None
-
-
-class _Limits(NamedTuple):
-    """A call's overrides of the agent's window (None: the agent's), and its metadata."""
-
-    keep_last_turns: int | None
-    max_history_tokens: int | None
-    metadata: dict[str, Any]
 
 
 def _token() -> str:
