@@ -56,7 +56,8 @@ from types import ModuleType
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from httpcore import AnyIOBackend, AsyncNetworkBackend, AsyncNetworkStream, ConnectError
+import httpcore
+from httpcore import AsyncNetworkBackend, AsyncNetworkStream
 
 from convoq.errors import ConfigurationError, InvalidCallbackUrlError
 
@@ -261,7 +262,51 @@ async def connect_checked(
     return stream
 
 
-class GuardedBackend(AsyncNetworkBackend):
+class GuardedConnections:
+    """The connecting of a guarded network backend, for httpcore and httpcore2 alike:
+    every TCP connection goes through :func:`connect_checked` with :meth:`check`, over the
+    core library's own AnyIO backend. A subclass adds its core library's
+    ``AsyncNetworkBackend`` as second base, names the module (``core=httpcore``), and says
+    what it refuses (:meth:`check`, ``connect_unix_socket``)."""
+
+    core: ClassVar[ModuleType]
+
+    def __init_subclass__(cls, *, core: ModuleType, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.core = core
+
+    def __init__(self, resolver: Resolver | None = None) -> None:
+        self._resolve = resolver or resolve
+        self._inner = self.core.AnyIOBackend()
+
+    def check(self, address: IPAddress, host: str) -> None:
+        """Raise unless a connection may go to ``address`` (``host`` resolved to it)."""
+        raise NotImplementedError
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> Any:
+        return await connect_checked(
+            host,
+            port,
+            resolver=self._resolve,
+            check=self.check,
+            connect=lambda address: self._inner.connect_tcp(
+                address, port, timeout, local_address, socket_options
+            ),
+            connect_error=self.core.ConnectError,
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class GuardedBackend(GuardedConnections, AsyncNetworkBackend, core=httpcore):
     """An httpcore network backend that connects only to addresses ``policy`` allows.
 
     It resolves the host itself, refuses the connection if any address is refused, then
@@ -271,28 +316,11 @@ class GuardedBackend(AsyncNetworkBackend):
     """
 
     def __init__(self, policy: CallbackPolicy, resolver: Resolver | None = None) -> None:
+        super().__init__(resolver)
         self.policy = policy
-        self._resolve = resolver or resolve
-        self._inner = AnyIOBackend()
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> AsyncNetworkStream:
-        return await connect_checked(
-            host,
-            port,
-            resolver=self._resolve,
-            check=self.policy.check_address,
-            connect=lambda address: self._inner.connect_tcp(
-                address, port, timeout, local_address, socket_options
-            ),
-            connect_error=ConnectError,
-        )
+    def check(self, address: IPAddress, host: str) -> None:
+        self.policy.check_address(address, host)
 
     async def connect_unix_socket(
         self,
@@ -301,9 +329,6 @@ class GuardedBackend(AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> AsyncNetworkStream:
         raise InvalidCallbackUrlError("callbacks are never sent over a unix socket")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
 
 
 PROBE_URL = "http://guard-probe.invalid/"

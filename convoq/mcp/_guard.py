@@ -22,11 +22,10 @@ from convoq.netguard import (
     PROBE_URL,
     CallbackPolicy,
     GuardCheck,
+    GuardedConnections,
     IPAddress,
     PoolTransport,
     ProbeBackend,
-    connect_checked,
-    resolve,
 )
 
 # The SDK's own defaults: connect/write 30 s; reads wait long, a server may hold a stream.
@@ -37,17 +36,17 @@ class RefusedAddressError(httpcore2.ConnectError):
     """The MCP URL leads to an address the guard refuses."""
 
 
-class _GuardedBackend(httpcore2.AsyncNetworkBackend):
-    """Connects as the callbacks' guard does (:func:`~convoq.netguard.connect_checked`):
+class _GuardedBackend(GuardedConnections, httpcore2.AsyncNetworkBackend, core=httpcore2):
+    """Connects as the callbacks' guard does (:class:`~convoq.netguard.GuardedConnections`):
     the host resolved here, every address checked, the connection made to the checked
     address, and the socket's peer checked too."""
 
     def __init__(self, policy: CallbackPolicy, server: str) -> None:
+        super().__init__()
         self._policy = policy
         self._server = server
-        self._inner = httpcore2.AnyIOBackend()
 
-    def _check(self, address: IPAddress, host: str) -> None:
+    def check(self, address: IPAddress, host: str) -> None:
         kind = self._policy.refusal(address)
         if kind is not None:
             raise RefusedAddressError(
@@ -56,25 +55,6 @@ class _GuardedBackend(httpcore2.AsyncNetworkBackend):
                 " (or the server's allowed_networks) allows it"
             )
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        return await connect_checked(
-            host,
-            port,
-            resolver=resolve,
-            check=self._check,
-            connect=lambda address: self._inner.connect_tcp(
-                address, port, timeout, local_address, socket_options
-            ),
-            connect_error=httpcore2.ConnectError,
-        )
-
     async def connect_unix_socket(
         self,
         path: str,
@@ -82,9 +62,6 @@ class _GuardedBackend(httpcore2.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore2.AsyncNetworkStream:
         raise RefusedAddressError("MCP servers are not reached over a unix socket")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
 
 
 def guarded_client(
