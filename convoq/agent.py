@@ -14,49 +14,33 @@ process and worker on a Redis store (the conversation's lease and a fenced commi
 from __future__ import annotations
 
 import asyncio
-import logging
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Literal
 
-from convoq import _agent_profile, defaults
+from convoq import _agent_profile
+from convoq._agent_continuations import AgentInput as AgentInput
+from convoq._agent_continuations import decide
 from convoq._agent_options import DEFAULT_BUSY_TIMEOUT_S as DEFAULT_BUSY_TIMEOUT_S
-from convoq._agent_options import (
-    Asked,
-    Limits,
-    asked,
-    call_window,
-    check_options,
-    loop_of,
-    resumed_shape,
-    tool_names,
-)
+from convoq._agent_options import Limits, asked, check_options, resumed_shape, tool_names
+from convoq._agent_turns import AgentTurns
 from convoq._sync import iterate_sync, run_sync
-from convoq.agent_response import Continuation, Response, parse_continuation, parse_decision
-from convoq.approvals import ApprovalRule, check_decision_note, check_rule
-from convoq.compaction import CompactionPolicy, compact_idle
-from convoq.context import DepsHolder, Instructions, TurnScope, check_metadata
-from convoq.engine import DEFAULT_MAX_STEPS, Completed, EventSink, Outcome, ignore_event
-from convoq.errors import ConversationMemoryError, ConvoqError, InvalidMessageError
+from convoq.agent_response import Continuation, Response, parse_continuation
+from convoq.approvals import ApprovalRule, check_rule
+from convoq.compaction import CompactionPolicy
+from convoq.context import DepsHolder, Instructions, check_metadata
+from convoq.engine import DEFAULT_MAX_STEPS, Outcome, ignore_event
 from convoq.ids import check_conversation_id
 from convoq.mcp.config import MCPServer, check_servers
-from convoq.memory._reservations import now_ms
 from convoq.memory.adapt import MemoryLike, as_memory
 from convoq.memory.base import ConversationMemory
-from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import ModelSettings, SettingsLike, check_tool_choice, coerce_settings
 from convoq.models.base import Model
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape
 from convoq.profile import TurnJob
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
-from convoq.turn_state import TurnEvent, TurnState
-from convoq.usage import turn_usage
-from convoq.window import WindowRule, check_budget
-
-AgentInput = str | Message | GenerationRequest
-
-log = logging.getLogger("convoq.agent")
+from convoq.turn_state import TurnEvent
+from convoq.window import check_budget
 
 
 class Agent:
@@ -166,6 +150,9 @@ class Agent:
         self.approval_ttl_s = approval_ttl_s
         self.approval_policy = check_rule(approval_policy, "approval_policy")
         self._deps = DepsHolder(deps, deps_factory)
+        # Its turns in process, against its memory: the attributes above are read as each
+        # turn starts, so they may be set after the agent is made.
+        self._turns = AgentTurns(self)
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(
@@ -185,7 +172,7 @@ class Agent:
         what every tool of the turn sees as ``ctx.metadata``."""
         limits = Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         call = asked(self, output_type, model_settings)
-        return await self._start(input, conversation_id, limits, ignore_event, call)
+        return await self._turns.start(input, conversation_id, limits, ignore_event, call)
 
     async def astream(
         self,
@@ -210,7 +197,7 @@ class Agent:
 
         async def run() -> Response:
             try:
-                return await self._start(input, conversation_id, limits, emit, call)
+                return await self._turns.start(input, conversation_id, limits, emit, call)
             finally:
                 await queue.put(None)
 
@@ -246,30 +233,12 @@ class Agent:
         JSON)."""
         cont = parse_continuation(continuation)
         shape = resumed_shape(self, cont, output_shape(output_type))
-        by = check_decision_note(None, by)[1]
-        at_ms = now_ms()
-        for call_id, value in decisions.items():
-            cont.state.decide(call_id, parse_decision(value, by=by, at_ms=at_ms))
-        if cont.expires_ms is not None and now_ms() >= cont.expires_ms:
-            raise ConvoqError(
-                "this continuation's approval expired (approval_ttl_s); nothing of its turn"
-                " was stored: start the turn again",
-                conversation_id=cont.conversation_id,
-            )
-        await self._claim(cont, resume=True)
-        try:
-            history = await self._load_history(cont) if cont.uses_memory else cont.history
-        except BaseException:
-            await self._release(cont)
-            raise
-        return await self._finish(cont, history, cont.state, ignore_event, shape)
+        decide(cont, decisions, by)
+        return await self._turns.run(cont, ignore_event, shape, resume=True)
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
-        cont = parse_continuation(continuation)
-        if (stored := self._memory_of(cont)) is not None:
-            memory, cid = stored
-            await memory.arelease(cid, cont.token, spent_until_ms=self._valid_until(cont))
+        await self._turns.discard(parse_continuation(continuation))
 
     # -- sync wrappers ---------------------------------------------------------------------
     def generate(
@@ -335,114 +304,7 @@ class Agent:
         """Blocking :meth:`adiscard`."""
         run_sync(self.adiscard(continuation))
 
-    # -- internals -------------------------------------------------------------------------
-    async def _start(
-        self,
-        input: AgentInput,
-        conversation_id: str | None,
-        limits: Limits,
-        emit: EventSink,
-        asked: Asked,
-    ) -> Response:
-        window = call_window(self, limits)
-        if isinstance(input, GenerationRequest):
-            if not input.messages:
-                raise InvalidMessageError("a GenerationRequest needs messages", rule="non_empty")
-            # Sent as given: memory is neither read nor written.
-            cont = Continuation(
-                token=_token(), uses_memory=False, history=input.messages[:-1],
-                state=TurnState.start(input.messages[-1]), agent=self.name,
-                output=asked.spec, model_settings=asked.settings, metadata=limits.metadata,
-            )  # fmt: skip
-            return await self._finish(cont, cont.history, cont.state, emit, asked.shape)
-        if not isinstance(input, str | Message):
-            raise InvalidMessageError(
-                f"expected a str, a user Message or a GenerationRequest, got"
-                f" {type(input).__name__}",
-                rule="type",
-            )
-        message = coerce_user_message(input)
-        cid = conversation_id if conversation_id is not None else self.conversation_id
-        if cid is not None:
-            check_conversation_id(cid)
-        cont = Continuation(
-            token=_token(), conversation_id=cid, agent=self.name,
-            keep_last_turns=window.keep_last_turns or 0, max_history_tokens=window.max_tokens,
-            uses_memory=self.memory is not None and cid is not None,
-            state=TurnState.start(message), output=asked.spec, model_settings=asked.settings,
-            metadata=limits.metadata,
-        )  # fmt: skip
-        await self._claim(cont, resume=False)
-        try:
-            # Not kept in the continuation: the history cannot change while reserved.
-            history = await self._load_history(cont)
-        except BaseException:
-            await self._release(cont)
-            raise
-        return await self._finish(cont, history, cont.state, emit, asked.shape)
-
-    async def _load_history(self, cont: Continuation) -> list[Message]:
-        stored = self._memory_of(cont)
-        if stored is None:
-            return []
-        memory, cid = stored
-        # The window decided when the turn started, kept in the continuation: a resume
-        # sends what the start sent, whatever the agent that resumes it says.
-        decided = WindowRule(
-            cont.keep_last_turns, cont.max_history_tokens, counter=self.token_counter
-        )
-        window = decided.window()
-        try:
-            loaded = await memory.aload_window(cid, window)
-        except ConvoqError:
-            raise
-        except Exception as exc:
-            raise ConversationMemoryError(
-                f"loading conversation {cid!r} failed ({exc}); the model was not called",
-                conversation_id=cid,
-            ) from exc
-        # Again here: a custom memory's load may ignore the window (trimming twice is harmless).
-        return window.apply(loaded)
-
-    async def _finish(
-        self,
-        cont: Continuation,
-        history: list[Message],
-        state: TurnState,
-        emit: EventSink,
-        shape: OutputShape | None,
-    ) -> Response:
-        """Run the loop under the turn's reservation, then park, store or release."""
-        try:
-            deps = await self.provided_deps()
-            scope = TurnScope(cont.conversation_id, cont.token, self.name, deps, cont.metadata)
-            loop = loop_of(self, history, scope, cont.model_settings, shape, emit)
-            outcome: Outcome = await loop.run(state)
-        except BaseException:
-            await self._release(cont)
-            raise
-        if not isinstance(outcome, Completed):
-            # Paused: the conversation stays reserved until resume, discard or the ttl.
-            expires = now_ms() + int(self._approval_ttl() * 1000)
-            paused = cont.model_copy(update={"state": outcome.state, "expires_ms": expires})
-            await self._park(paused)
-            return Response(
-                text="", turn=list(outcome.state.messages), status="awaiting_approval",
-                conversation_id=cont.conversation_id, pending_approvals=outcome.pending,
-                continuation=paused,
-                usage=turn_usage(outcome.state.messages[1:], requests=outcome.state.steps),
-            )  # fmt: skip
-        response = Response(
-            text=outcome.text, turn=outcome.messages, status="completed",
-            conversation_id=cont.conversation_id, usage=outcome.usage,
-            finish_reason=outcome.finish_reason, refusal=outcome.refusal,
-            output=outcome.output.value if outcome.output else None,
-            output_data=outcome.output.data if outcome.output else None,
-        )  # fmt: skip
-        await self._store(cont, outcome.messages, response)
-        await self._compact(cont)
-        return response
-
+    # -- the worker profile (convoq.profile.AgentProfile) ----------------------------------
     async def run_turn(self, job: TurnJob) -> Outcome:
         """Run a worker's turn (the :class:`~convoq.profile.AgentProfile` interface)."""
         return await _agent_profile.run_turn(self, job)
@@ -467,72 +329,3 @@ class Agent:
         instead (the :class:`~convoq.profile.AgentProfile` interface: a worker refuses to
         start with such a profile). Every other option is honoured on workers."""
         return _agent_profile.worker_refusals(self)
-
-    def _approval_ttl(self) -> float:
-        """How long a turn parked in process waits for its decisions."""
-        return defaults.APPROVAL_TTL_S if self.approval_ttl_s is None else self.approval_ttl_s
-
-    async def _compact(self, cont: Continuation) -> None:
-        """Inline compaction after a stored turn: its failure never fails the turn."""
-        stored = self._memory_of(cont)
-        if self.compaction is None or stored is None:
-            return
-        try:
-            await compact_idle(stored[0], stored[1], self.compaction)
-        except Exception as exc:
-            log.warning("compaction of %s failed (%s); the turn is stored", stored[1], exc)
-
-    async def _store(self, cont: Continuation, turn: list[Message], response: Response) -> None:
-        stored = self._memory_of(cont)
-        if stored is None:
-            return
-        memory, cid = stored
-        try:
-            await memory.acommit_turn(cid, cont.token, turn)
-        except Exception as exc:
-            await self._release(cont)
-            raise ConversationMemoryError(
-                f"the model answered but storing the turn failed ({exc}); the answer is in"
-                " this error's .response; retry the turn once the memory works again",
-                response=response,
-                conversation_id=cid,
-            ) from exc
-
-    def _memory_of(self, cont: Continuation) -> tuple[ConversationMemory, str] | None:
-        """The memory and conversation a turn reads and writes, or None when it uses none."""
-        if cont.uses_memory and self.memory is not None and cont.conversation_id is not None:
-            return self.memory, cont.conversation_id
-        return None
-
-    async def _claim(self, cont: Continuation, *, resume: bool) -> None:
-        if (stored := self._memory_of(cont)) is not None:
-            wait = self.busy_timeout_s if self.if_busy == "wait" else 0.0
-            until = self._valid_until(cont) if resume else None
-            await stored[0].areserve(stored[1], cont.token, resume_until_ms=until, wait_s=wait)
-
-    async def _park(self, cont: Continuation) -> None:
-        if (stored := self._memory_of(cont)) is not None:
-            try:
-                await stored[0].apark(stored[1], cont.token, ttl_s=self._approval_ttl())
-            except BaseException:
-                await self._release(cont)
-                raise
-
-    async def _release(self, cont: Continuation) -> None:
-        """Free the conversation of a turn that stores nothing. A failure here must not
-        hide the turn's own error: a lease the store could not free expires by itself."""
-        if (stored := self._memory_of(cont)) is not None:
-            try:
-                await stored[0].arelease(stored[1], cont.token)
-            except Exception as exc:
-                log.warning("could not free conversation %s: %s", stored[1], exc)
-
-    def _valid_until(self, cont: Continuation) -> int:
-        """Until when a continuation's token must be remembered as spent (unix ms)."""
-        if cont.expires_ms is not None:
-            return cont.expires_ms
-        return now_ms() + int(self._approval_ttl() * 1000)
-
-
-def _token() -> str:
-    return secrets.token_hex(16)
