@@ -61,7 +61,9 @@ class TurnOwner(AgentOptions, WindowSettings, Protocol):
 
 
 class AgentTurns:
-    """Starts, resumes, finishes and discards the turns of one agent in process."""
+    """Starts, resumes, finishes and discards the turns of one agent in process. Made for
+    each call and kept by none (the agent holds no cycle); the agent's attributes are read
+    as the turn goes, so they may be set after the agent is made."""
 
     def __init__(self, agent: TurnOwner) -> None:
         self._agent = agent

@@ -150,9 +150,6 @@ class Agent:
         self.approval_ttl_s = approval_ttl_s
         self.approval_policy = check_rule(approval_policy, "approval_policy")
         self._deps = DepsHolder(deps, deps_factory)
-        # Its turns in process, against its memory: the attributes above are read as each
-        # turn starts, so they may be set after the agent is made.
-        self._turns = AgentTurns(self)
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(
@@ -172,7 +169,7 @@ class Agent:
         what every tool of the turn sees as ``ctx.metadata``."""
         limits = Limits(keep_last_turns, max_history_tokens, check_metadata(metadata))
         call = asked(self, output_type, model_settings)
-        return await self._turns.start(input, conversation_id, limits, ignore_event, call)
+        return await AgentTurns(self).start(input, conversation_id, limits, ignore_event, call)
 
     async def astream(
         self,
@@ -197,7 +194,7 @@ class Agent:
 
         async def run() -> Response:
             try:
-                return await self._turns.start(input, conversation_id, limits, emit, call)
+                return await AgentTurns(self).start(input, conversation_id, limits, emit, call)
             finally:
                 await queue.put(None)
 
@@ -234,11 +231,11 @@ class Agent:
         cont = parse_continuation(continuation)
         shape = resumed_shape(self, cont, output_shape(output_type))
         decide(cont, decisions, by)
-        return await self._turns.run(cont, ignore_event, shape, resume=True)
+        return await AgentTurns(self).run(cont, ignore_event, shape, resume=True)
 
     async def adiscard(self, continuation: Continuation | dict[str, Any] | str) -> None:
         """Drop a paused turn: nothing is stored and the conversation is free again."""
-        await self._turns.discard(parse_continuation(continuation))
+        await AgentTurns(self).discard(parse_continuation(continuation))
 
     # -- sync wrappers ---------------------------------------------------------------------
     def generate(
