@@ -184,6 +184,23 @@ def _live_owner(nodes: RedisClusterNodes, slot: int) -> int | None:
     return None
 
 
+def _wait_replica_confirms(port: int, key: str, timeout_s: float = 30.0) -> None:
+    """Until the primary on ``port`` gets a replica's confirmation of a write within the
+    test's ack timeout: a replica still on its first sync after the cluster formed does not
+    confirm yet, and what the test counts on is failover, not that first sync."""
+    node = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            node.set(key, "1")
+            if int(node.execute_command("WAIT", 1, ACK_TIMEOUT_MS)) >= 1:
+                node.delete(key)
+                return
+            assert time.monotonic() < deadline, f"no replica of :{port} confirms writes"
+    finally:
+        node.close()
+
+
 async def _acked_turn(proto: TurnProtocol, cid: str, tid: str) -> None:
     await proto.submit(cid, tid, agent="bot", message=Message.user(tid), options={})
     acq = await proto.acquire(cid, worker_id="w", lease_ms=10_000)
@@ -207,8 +224,9 @@ async def test_on_a_cluster_acks_resume_on_the_promoted_primary_with_nothing_los
         cid = nodes.conversations_on_every_primary(key_prefix, 1)[0]
         slot = key_slot(KeySchema(key_prefix).inbox(cid).encode())
         doomed = nodes.slot_owner(slot)
+        _wait_replica_confirms(doomed, KeySchema(key_prefix).base(cid) + ":warm-up")
         async with open_protocol(
-            nodes.url, key_prefix, min_replicas_acked=1, replica_ack_timeout_ms=300
+            nodes.url, key_prefix, min_replicas_acked=1, replica_ack_timeout_ms=ACK_TIMEOUT_MS
         ) as proto:
             for n in range(5):
                 await _acked_turn(proto, cid, f"before-{n}")
