@@ -13,6 +13,7 @@ from convoq.approvals import ApprovalRule
 from convoq.context import Instructions, TurnScope
 from convoq.engine import EventSink, TurnLoop
 from convoq.errors import ConvoqError
+from convoq.memory.base import ConversationMemory
 from convoq.messages import Message
 from convoq.model_settings import (
     ModelSettings,
@@ -62,6 +63,25 @@ class AgentOptions(Protocol):
 
     @property
     def model_settings(self) -> ModelSettings | None: ...
+
+
+class ConversationOwner(AgentOptions, Protocol):
+    """What holding an agent's conversation reads of it (in process, and when a worker
+    checks a profile): its memory and conversation, how a busy one is met, its deps."""
+
+    @property
+    def memory(self) -> ConversationMemory | None: ...
+
+    @property
+    def conversation_id(self) -> str | None: ...
+
+    @property
+    def if_busy(self) -> str: ...
+
+    @property
+    def busy_timeout_s(self) -> float: ...
+
+    async def provided_deps(self) -> Any: ...
 
 
 def check_options(

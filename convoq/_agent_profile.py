@@ -9,31 +9,22 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Protocol
 
-from convoq._agent_options import DEFAULT_BUSY_TIMEOUT_S, AgentOptions, loop_of, tool_names
+from convoq._agent_options import (
+    DEFAULT_BUSY_TIMEOUT_S,
+    AgentOptions,
+    ConversationOwner,
+    loop_of,
+    tool_names,
+)
 from convoq.context import TurnScope
 from convoq.engine import Outcome
-from convoq.memory.base import ConversationMemory
 from convoq.model_settings import ModelSettings, check_tool_choice, coerce_settings, merge_settings
 from convoq.output import OutputShape, shape_for, spec_from_data
 from convoq.profile import TurnJob
 
 
-class ProfileOwner(AgentOptions, Protocol):
+class ProfileOwner(ConversationOwner, Protocol):
     """What a worker's run of a turn, and its check of a profile, read of an agent."""
-
-    @property
-    def memory(self) -> ConversationMemory | None: ...
-
-    @property
-    def conversation_id(self) -> str | None: ...
-
-    @property
-    def if_busy(self) -> str: ...
-
-    @property
-    def busy_timeout_s(self) -> float: ...
-
-    async def provided_deps(self) -> Any: ...
 
 
 async def run_turn(agent: ProfileOwner, job: TurnJob) -> Outcome:

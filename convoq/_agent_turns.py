@@ -11,7 +11,7 @@ The Agent takes no lock of its own: the memory's ``areserve``, ``apark``,
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from convoq._agent_continuations import (
     AgentInput,
@@ -21,7 +21,7 @@ from convoq._agent_continuations import (
     parked,
     valid_until,
 )
-from convoq._agent_options import AgentOptions, Asked, Limits, call_window, loop_of
+from convoq._agent_options import Asked, ConversationOwner, Limits, call_window, loop_of
 from convoq.agent_response import Continuation, Response
 from convoq.compaction import CompactionPolicy, compact_idle
 from convoq.context import TurnScope
@@ -36,28 +36,14 @@ from convoq.window import WindowRule, WindowSettings
 log = logging.getLogger("convoq.agent")
 
 
-class TurnOwner(AgentOptions, WindowSettings, Protocol):
+class TurnOwner(ConversationOwner, WindowSettings, Protocol):
     """What an agent's turns in process read of it, when they start and as they finish."""
-
-    @property
-    def memory(self) -> ConversationMemory | None: ...
-
-    @property
-    def conversation_id(self) -> str | None: ...
-
-    @property
-    def if_busy(self) -> str: ...
-
-    @property
-    def busy_timeout_s(self) -> float: ...
 
     @property
     def approval_ttl_s(self) -> float | None: ...
 
     @property
     def compaction(self) -> CompactionPolicy | None: ...
-
-    async def provided_deps(self) -> Any: ...
 
 
 class AgentTurns:
