@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +19,13 @@ from tests.support.protocol_helpers import open_protocol
 from tests.support.redis_cluster import RedisClusterNodes, plain_client
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerPool
+
+# pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from execnet; a Console made at
+# import then keeps 80 columns for every test of that process, whatever width a test asks
+# for. Forget them, as a plain pytest run has none.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
