@@ -30,7 +30,13 @@ SHUTDOWN_GRACE_S = 10.0
 """Warm shutdown: how long running turns may go on before they are handed back to other
 workers (``CONVOQ_SHUTDOWN_GRACE_S``)."""
 MAX_ATTEMPTS = 5
-"""Runs of one turn (its worker died each time) before it fails (``CONVOQ_MAX_ATTEMPTS``)."""
+"""Runs of one turn whose worker died (never came back to say what happened to the run)
+before it fails (``CONVOQ_MAX_ATTEMPTS``)."""
+MAX_CUT_OFFS = 50
+"""Runs of one turn cut off from Redis (their worker lost the lease, lived, and reported
+it once Redis answered again) before it fails (``CONVOQ_MAX_CUT_OFFS``): a bound apart
+from max attempts, so a flapping network does not fail a turn that a crash budget of 5
+would."""
 APPROVAL_TTL_S = 86_400
 """How long a parked turn waits for its decisions (``CONVOQ_APPROVAL_TTL_S``)."""
 TURN_TTL_S = 7 * 86_400

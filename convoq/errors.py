@@ -27,7 +27,8 @@
     │   ├── StaleFenceError            the caller's lease was taken over
     │   ├── LeaseLostError             renewing the lease failed while a turn ran
     │   ├── NotInboxHeadError          the turn is not the one being run
-    │   └── TurnAlreadyAppliedError    the turn was already committed, failed or cancelled
+    │   ├── TurnAlreadyAppliedError    the turn was already committed, failed or cancelled
+    │   └── TurnNotRetryableError      only a failed turn can be retried
     ├── NotDurableError                fewer replicas than asked confirmed a write (retry it)
     ├── RedisUnavailableError          Redis cannot be reached or did not answer (it is named)
     ├── UnknownTurnError               no such turn (or it expired)
@@ -215,6 +216,10 @@ class NotInboxHeadError(ProtocolError):
 
 class TurnAlreadyAppliedError(ProtocolError):
     """The turn was already committed, failed or cancelled."""
+
+
+class TurnNotRetryableError(ProtocolError):
+    """A retry of a turn that did not fail (``status`` says where it stands); nothing changed."""
 
 
 class UnknownTurnError(ConvoqError):

@@ -87,7 +87,15 @@ class ConvoqSettings(BaseSettings):
         default=defaults.SWEEP_INTERVAL_S, gt=0, description="Sweeper period."
     )
     max_attempts: int = Field(
-        default=defaults.MAX_ATTEMPTS, ge=1, description="Runs of a turn before it fails."
+        default=defaults.MAX_ATTEMPTS,
+        ge=1,
+        description="Runs of a turn whose worker died (never came back) before it fails.",
+    )
+    max_cut_offs: int = Field(
+        default=defaults.MAX_CUT_OFFS,
+        ge=1,
+        description="Runs of a turn cut off from Redis (its worker lost the lease and came"
+        " back) before it fails; apart from max_attempts.",
     )
     approval_ttl_s: int = Field(
         default=defaults.APPROVAL_TTL_S, ge=1, description="Parked approvals expire."

@@ -18,6 +18,7 @@ __all__ = ["Decision", "TurnEvent", "TurnState", "answered", "expire_undecided"]
 EventType = Literal[
     "status",
     "resumed",
+    "retried",
     "text_delta",
     "assistant",
     "tool_call",
@@ -33,11 +34,16 @@ class TurnEvent(BaseModel):
 
     ``resumed`` (queued turns) marks a run that goes on with a turn an earlier run started:
     ``data["reason"]`` says why (``worker_lost``: the run's lease lapsed, its worker died
-    or stalled, and a new run took the turn over; ``worker_stopped``: its worker handed it
-    back on shutdown; ``approval_decided`` / ``approval_expired``: a parked turn goes on
-    after its approvals), ``data["attempt"]`` which attempt the run is (a resume after
-    approvals goes on with the attempt that parked). Steps the earlier run finished are not
-    repeated; a step it was cut off in (a ``tool_call`` without its ``tool_result``) is.
+    or stalled, and a new run took the turn over; ``worker_cut_off``: the same, but its
+    worker lived and reported the run lost (cut off from Redis); ``worker_stopped``: its
+    worker handed it back on shutdown; ``retried``: the turn failed and was retried;
+    ``approval_decided`` / ``approval_expired``: a parked turn goes on after its
+    approvals), ``data["attempt"]`` which attempt the run is (a resume after approvals goes
+    on with the attempt that parked). Steps the earlier run finished are not repeated; a
+    step it was cut off in (a ``tool_call`` without its ``tool_result``) is.
+
+    ``retried`` (``{"retry": n}``) follows the ``done`` of a failed turn that was retried:
+    the turn is queued again, and its events go on to a second ``done``.
     """
 
     type: EventType

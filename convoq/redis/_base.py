@@ -287,15 +287,6 @@ class ProtocolBase:
             ) from exc
 
 
-def max_attempts_error(max_attempts: int) -> dict[str, Any]:
-    return {
-        "type": "MaxAttemptsExceededError",
-        "message": f"the turn was started {max_attempts} times and never finished (each run"
-        " lost its worker or lease); look for a crash in the agent or its tools",
-        "details": {"max_attempts": max_attempts},
-    }
-
-
 def approval_expired_error() -> dict[str, Any]:
     return {
         "type": "ApprovalExpiredError",

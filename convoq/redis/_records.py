@@ -45,6 +45,8 @@ class TurnRecord:
     # When a worker took the turn after its approval expired (its undecided calls are then
     # decided as expired and it ends as "expired").
     expired_ms: int | None = None
+    # How often the turn failed and was queued again (retry).
+    retries: int = 0
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -103,6 +105,7 @@ class Taking:
     windows: AgentWindows
     max_attempts: int
     fence: int
+    max_cut_offs: int = defaults.MAX_CUT_OFFS
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,8 @@ class TurnEnding:
         lease_ms: the lease TTL the next turn is taken with.
         window: turns of history handed out with the next turn (0: all), the same for
             every agent or by agent (:class:`~convoq.window.AgentWindows`).
-        max_attempts: runs of the next turn before it fails instead.
+        max_attempts: runs of the next turn whose worker died before it fails instead.
+        max_cut_offs: runs of the next turn cut off from Redis before it fails instead.
         next_turn_id: the turn expected next (:attr:`Acquired.next_turn_id`).
         events: buffered events to append before the turn's own ("done" comes last).
         requeue: the next turn is not taken: the lease is kept (same fence) for it and
@@ -130,6 +134,7 @@ class TurnEnding:
     lease_ms: int = defaults.LEASE_MS
     window: int | AgentWindows = 0
     max_attempts: int = defaults.MAX_ATTEMPTS
+    max_cut_offs: int = defaults.MAX_CUT_OFFS
     next_turn_id: str | None = None
     events: Sequence[TurnEvent] = ()
     requeue: bool = False
@@ -142,7 +147,7 @@ class TurnEnding:
     def taking(self) -> Taking:
         """The hand-off of the next turn: same fence, no new holder."""
         windows = AgentWindows.of(self.window)
-        return Taking("", self.lease_ms, windows, self.max_attempts, self.fence)
+        return Taking("", self.lease_ms, windows, self.max_attempts, self.fence, self.max_cut_offs)
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,7 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             finished_ms=_int(fields, "finished_ms"),
             decisions=_decisions(fields),
             expired_ms=_int(fields, "expired_ms"),
+            retries=_int(fields, "retries") or 0,
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(

@@ -25,6 +25,7 @@ from convoq.errors import (
     SummaryConflictError,
     TurnAlreadyAppliedError,
     TurnCancelledError,
+    TurnNotRetryableError,
     UnknownTurnError,
     UnsupportedFormatVersionError,
 )
@@ -90,6 +91,28 @@ def stale_fence(cid: str, tid: str | None = None, fence: int | None = None) -> S
         conversation_id=cid,
         turn_id=tid,
         fence=fence,
+    )
+
+
+# What to do instead of retrying a turn that did not fail, by where it stands.
+_INSTEAD_OF_RETRY = {
+    "queued": "it is waiting in line already: wait for it",
+    "running": "it is running already: wait for it",
+    "awaiting_approval": "it waits for approval: approve or deny its tool calls",
+    "succeeded": "it is stored: submit a new turn to ask again",
+    "expired": "it is stored (its approval expired): submit a new turn to ask again",
+    "cancelled": "submit it again as a new turn",
+}
+
+
+def not_retryable(where: str, status: str, details: dict[str, Any]) -> TurnNotRetryableError:
+    """A retry of a turn that is ``status``, not failed: refused, nothing changed."""
+    instead = _INSTEAD_OF_RETRY.get(status, "only a failed turn can be retried")
+    return TurnNotRetryableError(
+        f"{where} is {status}, not failed, and only a failed turn can be retried;"
+        f" nothing was changed: {instead}",
+        status=status,
+        **details,
     )
 
 
@@ -193,6 +216,7 @@ REFUSALS: dict[tuple[str, str], Callable[[Refused], ConvoqError]] = {
         " summarised; nothing was stored (compaction runs again later)",
         **r.details,
     ),
+    ("retry", "NOT_FAILED"): lambda r: not_retryable(r.where, r.named, r.details),
     (ANY, "NOT_RUNNING"): _protocol(lambda r: f"{r.where} is not running; acquire it first"),
     (ANY, "NOT_PARKED"): _protocol(lambda r: f"{r.where} is {r.said}, not awaiting approval"),
     (ANY, "UNKNOWN_CALL"): _protocol(

@@ -210,6 +210,56 @@ class ReserveReply:
 
 
 @dataclass(frozen=True)
+class RetryReply:
+    """``retry``: 'OK' (queued again at ``position``, its ``retries`` now, its "retried"
+    event ``event_id``), 'REPEATED' (a resend of that request: the turn is ``status`` now),
+    'FULL' (``waiting`` turns fill the inbox), else ``refusal`` ('NOT_FAILED' with the
+    turn's status among them)."""
+
+    status: str
+    position: int = -1
+    retries: int = 0
+    event_id: str = ""
+    turn_status: str = ""
+    waiting: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> RetryReply:
+        r = _Items("retry", reply)
+        if r.status == "OK":
+            r.sized(3)
+            return cls("OK", r.integer(1), r.integer(2), r.string(3))
+        if r.status == "REPEATED":
+            r.sized(2)
+            return cls("REPEATED", retries=r.integer(2), turn_status=r.string(1))
+        if r.status == "FULL":
+            return cls("FULL", waiting=r.sized(1).integer(1))
+        return cls(r.status, refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class CutOffReply:
+    """``cut_off``: the run was counted as cut off ('OK', the turn's ``cut_offs`` now), or
+    'SEEN' (``counted`` False: reported already, or nothing to give back); else
+    ``refusal``."""
+
+    counted: bool = False
+    cut_offs: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> CutOffReply:
+        r = _Items("cut_off", reply)
+        if r.status == "OK":
+            return cls(True, r.sized(1).integer(1))
+        if r.status == "SEEN":
+            r.sized(0)
+            return cls()
+        return cls(refusal=r.refusal())
+
+
+@dataclass(frozen=True)
 class RunningReply:
     """'OK' of ``renew`` or ``checkpoint`` (the turn runs on), with whether a cancel was
     requested for it; else ``refusal``."""

@@ -1,6 +1,6 @@
 """Taking turns: ``acquire`` (the lease and the head turn), ``renew`` and ``release`` of the
-lease, and the hand-off with which commit and fail end, and how their replies become
-:class:`~convoq.redis._records.Acquired`.
+lease, the report of a run cut off (``report_cut_off``), and the hand-off with which commit
+and fail end, and how their replies become :class:`~convoq.redis._records.Acquired`.
 
 The scripts share the Lua side (``take_head`` and ``hand_over`` in ``lua/_lib.lua``); this
 module shares the Python side: the ``take_options`` arguments they all take, the keys of
@@ -23,11 +23,7 @@ from convoq.errors import (
     UnsupportedFormatVersionError,
 )
 from convoq.ids import check_conversation_id, check_turn_id
-from convoq.redis._base import (
-    REDIS_UNAVAILABLE,
-    ProtocolBase,
-    max_attempts_error,
-)
+from convoq.redis._base import REDIS_UNAVAILABLE, ProtocolBase
 from convoq.redis._codec import text
 from convoq.redis._history import decode_window, read_chunked
 from convoq.redis._records import (
@@ -39,7 +35,14 @@ from convoq.redis._records import (
     decode_state,
 )
 from convoq.redis._refusals import corrupt_data
-from convoq.redis._replies import EndReply, Outcome, RunningReply, Taken, TakeReply
+from convoq.redis._replies import (
+    CutOffReply,
+    EndReply,
+    Outcome,
+    RunningReply,
+    Taken,
+    TakeReply,
+)
 from convoq.window import AgentWindows
 
 log = logging.getLogger("convoq.redis")
@@ -58,11 +61,43 @@ def valid_turn_id(value: bytes | str | None) -> str | None:
         return None
 
 
+def max_attempts_error(max_attempts: int) -> dict[str, Any]:
+    """The error of a turn whose worker died in ``max_attempts`` runs: the take that would
+    start one more fails it instead, adding the counts of its runs to the details
+    (``crashed_runs``, ``cut_off_runs``, ``attempts``)."""
+    return {
+        "type": "MaxAttemptsExceededError",
+        "message": f"the turn's worker died in {max_attempts} runs (CONVOQ_MAX_ATTEMPTS):"
+        " each ended without its worker coming back (killed, out of memory, or its process"
+        " crashed); look for a crash or an OOM kill in the agent or its tools, then retry"
+        " the turn",
+        "details": {"max_attempts": max_attempts},
+    }
+
+
+def max_cut_offs_error(max_cut_offs: int) -> dict[str, Any]:
+    """The error of a turn whose runs were cut off from Redis ``max_cut_offs`` times (each
+    run's worker lived, lost its lease and reported it), with the counts as
+    :func:`max_attempts_error`."""
+    return {
+        "type": "MaxCutOffsExceededError",
+        "message": f"the turn's workers lost their connection to Redis in {max_cut_offs}"
+        " runs (CONVOQ_MAX_CUT_OFFS): each worker lived but lost the turn's lease (or"
+        " stalled past it); check the network between the workers and Redis, and Redis"
+        " itself, then retry the turn",
+        "details": {"max_cut_offs": max_cut_offs},
+    }
+
+
 @functools.lru_cache(maxsize=64)
-def _over_attempts_error(max_attempts: int) -> str:
-    """The error JSON a take stores for a turn over ``max_attempts``: the same for every
-    call (built once, not per turn)."""
-    return json.dumps(max_attempts_error(max_attempts), separators=(",", ":"), ensure_ascii=False)
+def _over_limit_errors(max_attempts: int, max_cut_offs: int) -> tuple[str, str]:
+    """The error JSON a take stores for a turn over ``max_attempts`` (crashed runs) and
+    over ``max_cut_offs`` (runs cut off from Redis): the same for every call (built once,
+    not per turn; the script adds the counts of the turn's runs)."""
+    return (
+        json.dumps(max_attempts_error(max_attempts), separators=(",", ":"), ensure_ascii=False),
+        json.dumps(max_cut_offs_error(max_cut_offs), separators=(",", ":"), ensure_ascii=False),
+    )
 
 
 class TakingMixin(ProtocolBase):
@@ -78,10 +113,12 @@ class TakingMixin(ProtocolBase):
         max_attempts: int = defaults.MAX_ATTEMPTS,
         head: str | None = None,
         fence: int = 0,
+        max_cut_offs: int = defaults.MAX_CUT_OFFS,
     ) -> Acquired | None:
         """The turn :meth:`take` hands out (None: none), for a caller that owes nothing to
         turns failed on the way (they are failed all the same)."""
-        taking = Taking(worker_id, lease_ms, AgentWindows.of(window), max_attempts, fence)
+        windows = AgentWindows.of(window)
+        taking = Taking(worker_id, lease_ms, windows, max_attempts, fence, max_cut_offs)
         return (await self.take(cid, taking, head=head)).turn
 
     async def take(self, cid: str, taking: Taking, *, head: str | None = None) -> Handoff:
@@ -132,15 +169,31 @@ class TakingMixin(ProtocolBase):
             raise self.refusal(reply.refusal, cid, turn_id, fence)
         return reply.status == "OK"
 
+    async def report_cut_off(self, cid: str, turn_id: str, *, fence: int) -> bool:
+        """Report that this worker lost its run of ``turn_id`` (taken with ``fence``) while
+        it lived: its lease lapsed or moved on, or Redis could not be reached. The run then
+        counts as cut off, not crashed (``max_cut_offs`` bounds those, ``max_attempts``
+        the runs whose worker never reported), and a lease still held with ``fence`` is
+        freed. True when counted; False when that run was reported already or the turn
+        moved on (finished, or retried). Safe to resend."""
+        keys = [self.keys.lease(cid), self.keys.inbox(cid), self.keys.turn(cid, turn_id)]
+        reply = CutOffReply.parse(await self.scripts.run("cut_off", keys, [fence, turn_id]))
+        if reply.refusal is not None:
+            raise self.refusal(reply.refusal, cid, turn_id, fence)
+        return reply.counted
+
     def take_args(self, t: Taking) -> list[Any]:
         """The ``take_options`` ARGV block of acquire, commit and fail."""
+        over_attempts, over_cut_offs = _over_limit_errors(t.max_attempts, t.max_cut_offs)
         return [
             self.turn_ttl_ms,
             self.events_maxlen,
             t.lease_ms,
             t.windows.encoded,
             t.max_attempts,
-            _over_attempts_error(t.max_attempts),
+            over_attempts,
+            t.max_cut_offs,
+            over_cut_offs,
         ]
 
     def next_turn_keys(self, cid: str, next_turn_id: str | None) -> list[str]:

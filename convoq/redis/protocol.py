@@ -28,8 +28,9 @@ Where each verb lives (the class is assembled here from these, over
 
 - :mod:`convoq.redis._submitting`: ``submit`` and its queued-turn limits (admission,
   uncounting ended turns, ``reconcile_admitted``);
-- :mod:`convoq.redis._taking`: ``acquire``/``take``, ``renew``, ``release`` and the
-  hand-off of the next turn;
+- :mod:`convoq.redis._retrying`: ``retry`` (a failed turn queued again as the same turn);
+- :mod:`convoq.redis._taking`: ``acquire``/``take``, ``renew``, ``release``,
+  ``report_cut_off`` and the hand-off of the next turn;
 - :mod:`convoq.redis._ending`: ``checkpoint``, ``commit``, ``fail``, ``park``;
 - :mod:`convoq.redis._holding`: in-process turns under the same lease (``reserve``,
   ``unreserve``, ``commit_held``: functions over the protocol, for Redis memory);
@@ -69,6 +70,7 @@ from convoq.redis._records import (
 )
 from convoq.redis._registry import RegistryMixin
 from convoq.redis._retention import RetentionMixin
+from convoq.redis._retrying import Retried, RetryingMixin
 from convoq.redis._submitting import SubmittingMixin
 from convoq.redis._sweeping import SweepingMixin
 
@@ -79,6 +81,7 @@ __all__ = [
     "Acquired",
     "Handoff",
     "ParkedTurn",
+    "Retried",
     "SubmitResult",
     "Taking",
     "TurnEnding",
@@ -90,6 +93,7 @@ __all__ = [
 
 
 class TurnProtocol(
+    RetryingMixin,  # over SubmittingMixin
     SubmittingMixin,
     EndingMixin,  # over TakingMixin
     ApprovalsMixin,

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         TurnRecord,
     )
     from convoq.redis._refusals import Refusal
+    from convoq.redis._retrying import Retried
     from convoq.redis.keys import KeySchema
     from convoq.redis.scripts import Scripts
     from convoq.turn_state import TurnEvent, TurnState
@@ -116,6 +117,8 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
     async def take(self, cid: str, taking: Taking, *, head: str | None = None) -> Handoff: ...
 
     async def release(self, cid: str, turn_id: str, *, fence: int) -> bool: ...
+
+    async def report_cut_off(self, cid: str, turn_id: str, *, fence: int) -> bool: ...
 
     async def window(self, cid: str, window: Window) -> list[Message]: ...
 
@@ -217,6 +220,8 @@ class ClientStore(TurnReader, Protocol):
     async def cancel(
         self, cid: str, turn_id: str
     ) -> Literal["cancelled", "stopping", "finished"]: ...
+
+    async def retry(self, cid: str, turn_id: str, *, token: str) -> Retried: ...
 
     async def clear(self, cid: str, *, force: bool = False) -> None: ...
 

@@ -16,7 +16,9 @@ it), so each write script is a no-op when replayed: ``submit`` (the turn record 
 DUP), ``commit``/``fail`` (the turn is final: APPLIED), ``park`` (parked with this fence:
 PARKED), ``checkpoint`` (this state is journaled already), ``append`` and ``pop`` (their
 write id is recorded: APPLIED), ``admit``/``unadmit`` (a member is counted once),
-``reserve`` (the lease is this holder's: its fence), ``unreserve``, ``decide``,
+``reserve`` (the lease is this holder's: its fence), ``cut_off`` (the run's fence is
+reported already: SEEN), ``retry`` (the request's token is the last retry's: REPEATED),
+``unreserve``, ``decide``,
 ``discard``, ``renew``, ``touch``, ``prune`` and ``clear`` (they set what is already
 set, or keep what is already kept). ``cancel`` replayed
 answers "finished" and changes nothing. ``acquire`` replayed answers BUSY: nothing is
@@ -46,6 +48,7 @@ NAMES = (
     "checkpoint",
     "clear",
     "commit",
+    "cut_off",
     "decide",
     "discard",
     "fail",
@@ -56,6 +59,7 @@ NAMES = (
     "release",
     "renew",
     "reserve",
+    "retry",
     "submit",
     "summarise",
     "touch",

@@ -50,6 +50,7 @@ from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding
 from convoq.redis.roles import RunnerStore
 from convoq.turn_state import TurnState, expire_undecided
 from convoq.worker import _observed
+from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
@@ -72,6 +73,7 @@ class RunnerConfig:
     worker_id: str
     lease_ms: int = defaults.LEASE_MS
     max_attempts: int = defaults.MAX_ATTEMPTS
+    max_cut_offs: int = defaults.MAX_CUT_OFFS
     # A profile's own approval_ttl_s wins over this one (Profiles.approval_ttls_ms).
     approval_ttl_s: int = defaults.APPROVAL_TTL_S
     # How long an event may wait for the turn's next write before it is sent on its own.
@@ -160,12 +162,26 @@ class Runner:
     ) -> Acquired | None:
         config = self._config
         taking = Taking(
-            config.worker_id, config.lease_ms, self._windows, config.max_attempts, fence
+            config.worker_id,
+            config.lease_ms,
+            self._windows,
+            config.max_attempts,
+            fence,
+            config.max_cut_offs,
         )
         with tracing.span("convoq.acquire", {"convoq.conversation_id": cid}):
             handoff = await self._protocol.take(cid, taking, head=head)
         await self._failed_on_the_way(cid, handoff.failed, report)
         return handoff.turn
+
+    async def _cut_off(self, acq: Acquired, report: DrainReport) -> None:
+        """This worker lost its run of ``acq`` while it lives: the turn is abandoned here,
+        and the run reported cut off once Redis answers (:mod:`._cut_offs`: it does not
+        count as a crash; a lease still the run's is freed, and the sweeper kicks the
+        turn again)."""
+        report.abandoned.append(acq.turn.turn_id)
+        try_for_s = self._terms.period_s
+        await report_cut_off(self._protocol, acq, closing=self._closing, try_for_s=try_for_s)
 
     async def _hand_back(self, acq: Acquired, report: DrainReport) -> None:
         """Free the lease of a turn this worker will not run (it shuts down), so another
@@ -197,13 +213,14 @@ class Runner:
         except LeaseLostError:
             log.warning("lease on %s lost during turn %s: abandoned, nothing stored", cid, tid)
             _observed.lease_lost()
-            report.abandoned.append(tid)
+            await self._cut_off(acq, report)
             return None
         except REDIS_UNAVAILABLE as exc:
-            # The store is down, not the turn at fault: leave it queued under its lease; once
-            # the lease lapses the sweeper re-kicks it and the journal skips finished steps.
+            # The store is down, not the turn at fault: the run stops, and is reported cut
+            # off once Redis answers (its lease freed then, or lapsed); the next run's
+            # journal skips finished steps.
             log.warning("redis unavailable during turn %s/%s (%s): left for a retry", cid, tid, exc)
-            report.abandoned.append(tid)
+            await self._cut_off(acq, report)
             return None
         except Exception as exc:  # any failure ends the turn as failed; nothing is stored
             return await self._fail(run, exc, report)
@@ -232,7 +249,7 @@ class Runner:
         except (StaleFenceError, NotInboxHeadError) as refused:
             # Another worker owns the conversation now: its run of this turn decides.
             log.warning("park of %s/%s refused (%s): abandoned", cid, tid, refused.message)
-            report.abandoned.append(tid)
+            await self._cut_off(acq, report)
             return None
         report.parked.append(tid)
         return None
@@ -340,6 +357,7 @@ class Runner:
                     lease_ms=config.lease_ms,
                     window=self._windows,
                     max_attempts=config.max_attempts,
+                    max_cut_offs=config.max_cut_offs,
                     next_turn_id=acq.next_turn_id,
                     events=events,
                     requeue=requeue,
@@ -364,7 +382,13 @@ class Runner:
             return None
         except (StaleFenceError, NotInboxHeadError) as refused:
             log.warning("ending %s/%s was refused (%s): abandoned", cid, tid, refused.message)
-            report.abandoned.append(tid)
+            await self._cut_off(acq, report)
+            return None
+        except REDIS_UNAVAILABLE as exc:
+            # Retried while the lease held: its run is lost (if the write landed, its
+            # report finds the turn ended and changes nothing).
+            log.warning("ending %s/%s failed, Redis unavailable (%s): abandoned", cid, tid, exc)
+            await self._cut_off(acq, report)
             return None
         done.append(tid)
         # The idle TTL of the conversation runs from its last turn.

@@ -98,6 +98,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             lease_ms=s.lease_ms,
             max_attempts=s.max_attempts,
+            max_cut_offs=s.max_cut_offs,
             approval_ttl_s=s.approval_ttl_s,
             max_turn_s=s.max_turn_s,
             shutdown_grace_s=s.shutdown_grace_s,

@@ -213,7 +213,14 @@ local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, 
     redis.call('HDEL', k.turn, 'cancel')
   end
   redis.call('LREM', k.inbox, 1, tid)
-  redis.call('DEL', k.journal, k.cont)
+  if status == 'failed' then
+    -- A failed turn may be retried as the same turn (retry.lua): its journal and its
+    -- continuation live as long as its record, so a retry replays the finished steps.
+    redis.call('PEXPIRE', k.journal, ttl_ms)
+    redis.call('PEXPIRE', k.cont, ttl_ms)
+  else
+    redis.call('DEL', k.journal, k.cont)
+  end
   redis.call('PEXPIRE', k.turn, ttl_ms)
   redis.call('PEXPIRE', k.events, ttl_ms)
   return true
@@ -462,13 +469,30 @@ end
 -- turn queued behind the one they end (so a busy conversation costs one round trip per
 -- turn). h = {meta, turns, blobs, lead}; k = turn_keys() of the turn handed out.
 
--- The options of handing out a turn, from ARGV[first .. first + 5]: turn ttl ms (records
+-- The options of handing out a turn, from ARGV[first .. first + 7]: turn ttl ms (records
 -- of turns failed on the way), events MAXLEN, lease ms, history window in turns (0 = all),
--- max attempts, error JSON for a turn over max attempts.
+-- max attempts (runs that crashed), error JSON for a turn over max attempts, max cut-offs
+-- (runs cut off from Redis), error JSON for a turn over max cut-offs.
 local function take_options(first)
   return {ttl = ARGV[first], maxlen = ARGV[first + 1], lease_ms = ARGV[first + 2],
     windows = ARGV[first + 3], max_attempts = tonumber(ARGV[first + 4]),
-    over_attempts = ARGV[first + 5]}
+    over_attempts = ARGV[first + 5], max_cut_offs = tonumber(ARGV[first + 6]),
+    over_cut_offs = ARGV[first + 7]}
+end
+
+-- The error a take stores for a turn over a limit: `worded` (the error JSON the caller
+-- worded for that limit) with the counts of the turn's runs in its details: crashed_runs
+-- (runs whose worker never reported back), cut_off_runs (runs whose worker reported it
+-- was cut off), attempts (runs that started).
+local function over_limit(worded, crashed, cut, attempts)
+  local err = cjson.decode(worded)
+  if type(err.details) ~= 'table' then
+    err.details = {}
+  end
+  err.details.crashed_runs = crashed
+  err.details.cut_off_runs = cut
+  err.details.attempts = attempts
+  return cjson.encode(err)
 end
 
 -- Whether an option's value is a whole number >= 0 (what a window option may be).
@@ -566,13 +590,21 @@ local function new_fence(meta)
 end
 
 -- The "resumed" event's data when a run goes on with a turn another run started: why
--- (a run taking over the lease of one that lapsed, worker_lost, or that its worker handed
--- back on shutdown, worker_stopped; a parked turn whose approvals were all decided,
--- approval_decided, or whose approval expired, approval_expired) and the attempt it is.
+-- (a run taking over the lease of one that lapsed, worker_lost, of one whose worker
+-- reported it was cut off from Redis, worker_cut_off, or that its worker handed back on
+-- shutdown, worker_stopped; a failed turn retried, retried; a parked turn whose approvals
+-- were all decided, approval_decided, or whose approval expired, approval_expired) and the
+-- attempt it is.
 local function resumed_data(rec, attempts)
   local why
   if rec.status == 'running' then
-    why = rec.handed_back == '1' and 'worker_stopped' or 'worker_lost'
+    if rec.handed_back == '1' then
+      why = 'worker_stopped'
+    else
+      why = rec.cut_off == '1' and 'worker_cut_off' or 'worker_lost'
+    end
+  elseif rec.status == 'queued' then
+    why = 'retried'
   else
     why = rec.resume == '1' and 'approval_decided' or 'approval_expired'
   end
@@ -593,12 +625,13 @@ local function start_run(h, k, rec, runs, holder, fence, o, now)
   local status = rec.status
   local parked = status == 'awaiting_approval'
   local again = status == 'running' and fence
+  local retried = status == 'queued' and (rec.retries or '0') ~= '0'
   local attempts = tonumber(rec.attempts or '0') + ((parked or again) and 0 or 1)
   local events = {}
   if status ~= 'running' then
     events[1] = {'status', status_data('running')}
   end
-  if (status == 'running' and not again) or parked then
+  if (status == 'running' and not again) or parked or retried then
     events[#events + 1] = {'resumed', resumed_data(rec, attempts)}
   end
   if #events > 1 and not now then
@@ -619,9 +652,9 @@ local function start_run(h, k, rec, runs, holder, fence, o, now)
     end
   end
   now = now or now_ms()
-  if rec.handed_back then
-    redis.call('HDEL', k.turn, 'handed_back')  -- said by this "resumed" event
-    rec.handed_back = nil
+  if rec.handed_back or rec.cut_off then
+    redis.call('HDEL', k.turn, 'handed_back', 'cut_off')  -- said by this "resumed" event
+    rec.handed_back, rec.cut_off = nil, nil
   end
   fence = fence or new_fence(h.meta)
   redis.call('HSET', k.lease, 'holder', holder, 'fence', fence, 'state', 'active',
@@ -669,7 +702,8 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   for i = 1, #all, 2 do
     rec[all[i]] = all[i + 1]
   end
-  if not (counter_ok(rec.runs or false) and counter_ok(rec.attempts or false)) then
+  if not (counter_ok(rec.runs or false) and counter_ok(rec.attempts or false)
+      and counter_ok(rec.cut_offs or false)) then
     return {'CORRUPT', k.turn}
   end
   local status = rec.status
@@ -680,15 +714,23 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   end
   -- Parked, undecided and the parked lease is gone: the approval expired.
   local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
-  -- Max attempts counts the runs that started (less those handed back on shutdown): a
-  -- parked turn resumed goes on with the run that parked it, and cannot be over (nor can
-  -- the caller's own hand-off taken again: see start_run()).
+  -- Max attempts counts the runs that crashed: those that started, less those handed
+  -- back on shutdown and those whose worker reported them cut off (cut_off.lua), which
+  -- max cut-offs bounds apart. A parked turn resumed goes on with the run that parked it,
+  -- and cannot be over (nor can the caller's own hand-off taken again: see start_run()).
   local same = status == 'awaiting_approval' or (status == 'running' and fence)
   local runs = tonumber(rec.runs or '0') + (same and 0 or 1)
+  local cut = tonumber(rec.cut_offs or '0')
+  local over = nil
   if runs > o.max_attempts then
+    over = o.over_attempts
+  elseif cut >= o.max_cut_offs and not same then
+    over = o.over_cut_offs
+  end
+  if over then
     k.last = rec.last_event
-    if not finish(k, tid, 'failed', 'error', o.over_attempts, o.ttl, o.maxlen,
-        now or now_ms()) then
+    over = over_limit(over, tonumber(rec.runs or '0'), cut, tonumber(rec.attempts or '0'))
+    if not finish(k, tid, 'failed', 'error', over, o.ttl, o.maxlen, now or now_ms()) then
       return {'CORRUPT', k.events}
     end
     return {'DROPPED', tid}

@@ -11,8 +11,9 @@
 -- ARGV[1] = tid: the turn id the caller saw at the inbox head (its keys are KEYS[7..10])
 -- ARGV[2] = worker id ('' keeps the holder of a handed-off lease)
 -- ARGV[3] = hand-off fence: the caller's lease from commit/fail ('0' = none)
--- ARGV[4 .. 9] = take_options(): turn ttl ms, events MAXLEN, lease ms, history windows by
---                agent (turn_window()), max attempts, error JSON over max attempts
+-- ARGV[4 .. 11] = take_options(): turn ttl ms, events MAXLEN, lease ms, history windows by
+--                 agent (turn_window()), max attempts, error JSON over max attempts, max
+--                 cut-offs, error JSON over max cut-offs
 -- Takes the lease (a new fence, or the handed-off one) and hands out the head turn with
 -- its history window, in one round trip (take_head() in _lib.lua, shared with commit and
 -- fail, which hand out the next turn the same way).

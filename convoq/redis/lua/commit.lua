@@ -21,13 +21,14 @@
 -- ARGV[6] = the turn's final status: 'succeeded', or 'expired' (its approval expired and
 --           its tool results say so; it is stored all the same)
 -- ARGV[7] = next tid: the turn the caller expects next (acquire's peek), '' = none
--- ARGV[8 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
---                 windows by agent (turn_window()), max attempts, error JSON over max attempts
--- ARGV[14] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
+-- ARGV[8 .. 15] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
+--                 windows by agent (turn_window()), max attempts, error JSON over max
+--                 attempts, max cut-offs, error JSON over max cut-offs
+-- ARGV[16] = usage JSON {meta field: tokens to add}: the turn's reported usage, summed into
 --           the conversation's counters ('{}': nothing reported)
--- ARGV[15] = n: events the turn emitted since its last write
--- ARGV[16 .. 15+2n] = type, data, type, data, ... (appended before "done")
--- ARGV[16+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
+-- ARGV[17] = n: events the turn emitted since its last write
+-- ARGV[18 .. 17+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[18+2n ..] = sha256, bytes, sha256, bytes, ... (attachments of the turn)
 -- Appends the turn exactly once: only for the current fence, the inbox head, a running
 -- turn. Then the hand-off (hand_over() in _lib.lua): the lease is freed when no turn
 -- waits, else kept with the same fence for the next one. When that next turn is the one
@@ -56,7 +57,7 @@ if ARGV[5] == '1' and where then  -- a cancel was requested
   return {'CANCELLED'}
 end
 k.cancel = where
-local usage = cjson.decode(ARGV[14])
+local usage = cjson.decode(ARGV[16])
 local counters = {'turns', 'bytes'}
 for field in pairs(usage) do
   counters[#counters + 1] = field
@@ -66,8 +67,8 @@ local refusal, values = meta_refusal(h.meta, unpack(counters))
 if refusal then
   return refusal
 end
-local n = tonumber(ARGV[15])
-local has_blobs = #ARGV >= 16 + 2 * n
+local n = tonumber(ARGV[17])
+local has_blobs = #ARGV >= 18 + 2 * n
 local bad_key = has_blobs and wrong_type('hash', {h.blobs})
 for i = 1, #counters do
   if not counter_ok(values[i]) then
@@ -85,11 +86,11 @@ if touch(h.turns, 'RPUSH', h.turns, ARGV[3]) == nil then
   return {'CORRUPT', h.turns}
 end
 k.last = ahead.last
-if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 16, n, ahead.run) then
+if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 18, n, ahead.run) then
   redis.call('RPOP', h.turns)
   return {'CORRUPT', k.events}
 end
-local added = store_blobs(h.blobs, 16 + 2 * n)
+local added = store_blobs(h.blobs, 18 + 2 * n)
 local function plus(i, count)
   return istr(tonumber(values[i] or '0') + count)
 end

@@ -17,12 +17,15 @@
 -- ARGV[3] = error JSON {type, message, details}
 -- ARGV[4] = final status: 'failed' or 'cancelled'
 -- ARGV[5] = next tid: the turn the caller expects next (acquire's peek), '' = none
--- ARGV[6 .. 11] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
---                 windows by agent (turn_window()), max attempts, error JSON over max attempts
--- ARGV[12] = n: events the turn emitted since its last write
--- ARGV[13 .. 12+2n] = type, data, type, data, ... (appended before "done")
+-- ARGV[6 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
+--                 windows by agent (turn_window()), max attempts, error JSON over max
+--                 attempts, max cut-offs, error JSON over max cut-offs
+-- ARGV[14] = n: events the turn emitted since its last write
+-- ARGV[15 .. 14+2n] = type, data, type, data, ... (appended before "done")
 -- Ends the head turn without storing anything in history; guards as commit (a queued
 -- head may be failed too: a handed-off turn that could not be loaded), hand-off as commit.
+-- A failed turn keeps its journal (with its record's TTL) for a retry (retry.lua); a
+-- cancelled one does not.
 -- Returns as commit, or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} /
 --         {'CORRUPT', key}.
 redis.replicate_commands()
@@ -39,6 +42,6 @@ end
 k.cancel = where
 local now = now_ms()
 k.last = ahead.last
-finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now, 13, tonumber(ARGV[12]))
+finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now, 15, tonumber(ARGV[14]))
 local h = {meta = KEYS[7], turns = KEYS[8], blobs = KEYS[9], lead = KEYS[10]}
 return hand_over(h, k, ARGV[5], turn_keys(k.inbox, k.lease, 11), o, now, ahead)
