@@ -16,6 +16,9 @@ PREFIX = "convoq"
 """Prefix of every Redis key and Celery queue (``CONVOQ_PREFIX``)."""
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 """URL schemes of a Redis Cluster (plain, TLS): ``redis+cluster://host:port[,host:port...]``."""
+SENTINEL_SCHEMES = ("redis+sentinel",)
+"""URL scheme of a Redis served by Sentinel:
+``redis+sentinel://host:port[,host:port...]/service_name[/db]``."""
 PARTITIONS = 16
 """Queues ``{prefix}.p0`` .. ``p{N-1}``; kicks go to ``crc32(cid) % N`` (``CONVOQ_PARTITIONS``)."""
 HOME = Path(".convoq")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from celery import Celery
 
+from convoq._connection_bounds import ConnectionBounds
 from convoq._sync import left_in_parent
 from convoq.client import _conversations, _deployment
 from convoq.client._base import build_submission, check_turn_ref
@@ -36,7 +37,7 @@ from convoq.messages import Message
 from convoq.model_settings import SettingsLike
 from convoq.output import OutputType
 from convoq.queue.signing import verify_signature
-from convoq.queue.transport import broker_url_for, sender_app
+from convoq.queue.transport import Broker, broker_for, sender_app
 from convoq.redis import TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis.embedded import describe, url_or_embedded
@@ -129,6 +130,7 @@ class AsyncClient:
         self.partitions = self.settings.partitions
         self.webhook_secret = self.settings.webhook_secret
         self._max_connections = max_connections
+        self._bounds = ConnectionBounds.of(self.settings)
         self._redis_url: str | None = self.settings.redis_url
         self._celery: Celery | None = None
         self._redis: AsyncRedis | None = None
@@ -158,15 +160,21 @@ class AsyncClient:
 
     @property
     def broker_url(self) -> str:
-        """The Celery broker kicks go to: the configured one, else the Redis."""
-        return broker_url_for(self.redis_url, self.settings.broker_url)
+        """The Celery broker kicks go to: the configured one, else the Redis (as kombu
+        takes it: the URL's options go in the transport options)."""
+        return self._broker().url
+
+    def _broker(self) -> Broker:
+        return broker_for(self.redis_url, self.settings.broker_url, self._bounds)
 
     @property
     def protocol(self) -> ClientStore:
         """The turn protocol on this client's Redis (connections open on first use)."""
         self._leave_parent_connections()
         if self._protocol is None:
-            self._redis = connect(self.redis_url, max_connections=self._max_connections)
+            self._redis = connect(
+                self.redis_url, max_connections=self._max_connections, bounds=self._bounds
+            )
             self._protocol = TurnProtocol.from_settings(self._redis, self.settings)
         return self._protocol
 
@@ -370,7 +378,7 @@ class AsyncClient:
         self._leave_parent_connections()
         if self._celery is None:
             self._celery = sender_app(
-                self.broker_url,
+                self._broker(),
                 visibility_timeout_s=self.settings.visibility_timeout_s,
                 task_events=self.settings.task_events,
             )

@@ -31,6 +31,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
+from convoq._connection_bounds import ConnectionBounds
 from convoq._sync import left_in_parent
 from convoq.redis._base import connect
 from convoq.redis._cluster import AsyncRedis
@@ -88,7 +89,7 @@ class LoopProtocols:
         if opened is not None:  # another task of this loop opened it while we resolved
             return opened.protocol
         self._forget_closed_loops()
-        client = connect(url)
+        client = connect(url, bounds=ConnectionBounds.of(self._settings))
         opened = _Opened(TurnProtocol.from_settings(client, self._settings), self._closer(client))
         # Run to its yield inside this loop: the loop now closes it when it shuts down.
         await opened.closer.asend(None)

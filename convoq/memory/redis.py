@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+from convoq._connection_bounds import ConnectionBounds
 from convoq._sync import adrive, drive
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
@@ -244,7 +245,9 @@ class RedisConversationMemory(StoredConversationMemory):
         if self._blocking is None:
             with self._blocking_lock:
                 if self._blocking is None:
-                    client = connect_blocking(self._url_to_use())
+                    client = connect_blocking(
+                        self._url_to_use(), bounds=ConnectionBounds.of(self._settings)
+                    )
                     weakref.finalize(self, client.close)
                     self._blocking = BlockingScripts(
                         client, fast_paths_on=self._settings.fast_paths

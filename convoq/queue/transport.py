@@ -1,4 +1,5 @@
-"""The Celery side of the queue contract: the broker URL, the Celery settings every convoq
+"""The Celery side of the queue contract: the broker (its URL, transport options and TLS,
+read from the Redis URL by :mod:`convoq.queue._broker`), the Celery settings every convoq
 app shares (sender or worker), a Celery app that only sends (no task code is needed to
 kick a conversation), the kick itself and its message header.
 
@@ -26,13 +27,16 @@ import re
 import socket
 import uuid
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from celery import Celery
 
 from convoq import defaults
 from convoq.errors import ConfigurationError
 from convoq.observe import tracing
+from convoq.queue._broker import Broker as Broker
+from convoq.queue._broker import broker_for as broker_for
+from convoq.queue._broker import broker_url_for as broker_url_for
 from convoq.settings import fast_path
 
 CHECKED_WITH = (("celery", ">=5.4,<5.8"), ("kombu", ">=5.4,<5.8"))
@@ -48,39 +52,20 @@ FENCE_HEADER = "convoq_fence"
 log = logging.getLogger("convoq.client")
 
 
-def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
-    """The Celery broker URL: ``broker_url`` if given, else the memory Redis.
-
-    kombu spells a Redis unix socket ``redis+socket://``; redis-py spells it ``unix://``.
-
-    Raises:
-        ConfigurationError: the memory Redis is a cluster and no broker is given (Celery
-            cannot use a Redis Cluster as its broker).
-    """
-    if not broker_url and urlsplit(redis_url).scheme.lower() in defaults.CLUSTER_SCHEMES:
-        raise ConfigurationError(
-            "the Redis URL is a Redis Cluster, which Celery cannot use as its broker: set"
-            " CONVOQ_BROKER_URL (broker_url=) to a standalone Redis (redis://host:port/0)"
-            " or an AMQP broker (amqp://user:password@host:5672//)"
-        )
-    url = broker_url or redis_url
-    if not url.startswith("unix://"):
-        return url
-    parts = urlsplit(url)
-    db = parse_qs(parts.query).get("db", ["0"])[0]
-    return f"redis+socket://{parts.path}?virtual_host={db}"
-
-
 def celery_base_config(
-    broker_url: str,
+    broker: Broker | str,
     *,
     visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S,
     task_events: bool = defaults.TASK_EVENTS,
 ) -> dict[str, Any]:
     """Settings every convoq Celery app shares, sender or worker: JSON only, no results;
-    ``task_events``: a sender also publishes a "task-sent" event per kick (Flower)."""
-    return {
-        "broker_url": broker_url,
+    the broker's URL, transport options and TLS (``broker``: as :func:`broker_for` gives
+    it, or a URL read by it with the default bounds); ``task_events``: a sender also
+    publishes a "task-sent" event per kick (Flower)."""
+    if isinstance(broker, str):
+        broker = broker_for(broker)
+    config = {
+        "broker_url": broker.url,
         "task_serializer": "json",
         "result_serializer": "json",
         "event_serializer": "json",
@@ -91,13 +76,22 @@ def celery_base_config(
         "task_ignore_result": True,
         "task_send_sent_event": task_events,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": visibility_timeout_s},
+        "broker_transport_options": {
+            "visibility_timeout": visibility_timeout_s,
+            **broker.transport_options,
+        },
         "task_create_missing_queues": True,
     }
+    connect_s = broker.transport_options.get("socket_connect_timeout")
+    if connect_s:
+        config["broker_connection_timeout"] = connect_s
+    if broker.use_ssl is not None:
+        config["broker_use_ssl"] = broker.use_ssl
+    return config
 
 
 def sender_app(
-    broker_url: str,
+    broker: Broker | str,
     *,
     visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S,
     task_events: bool = defaults.TASK_EVENTS,
@@ -105,7 +99,7 @@ def sender_app(
     """A Celery app that only sends tasks by name (``send_task``) to convoq's queues."""
     app = Celery("convoq-client", set_as_current=False)
     config = celery_base_config(
-        broker_url, visibility_timeout_s=visibility_timeout_s, task_events=task_events
+        broker, visibility_timeout_s=visibility_timeout_s, task_events=task_events
     )
     app.conf.update(config)
     return app
@@ -153,12 +147,14 @@ def direct_kicks(
     """Whether the store's scripts can push kicks themselves: the fast paths are on
     (``fast_paths_on``, else ``CONVOQ_FAST_PATHS``), the broker is the store's Redis (no
     broker URL of its own, or the store's very URL: same server, same database), the store
-    is one Redis (``redis://``, ``rediss://`` or the embedded server's ``unix://``, not a
-    cluster), no "task-sent" event is wanted (only ``send_task`` publishes one), and
-    Celery and kombu are releases of :data:`CHECKED_WITH`."""
+    is one Redis (``redis://``, ``rediss://``, the embedded server's ``unix://``, or the
+    primary a ``redis+sentinel://`` URL names; not a cluster), no "task-sent" event is
+    wanted (only ``send_task`` publishes one), and Celery and kombu are releases of
+    :data:`CHECKED_WITH`."""
     scheme = urlsplit(redis_url).scheme.lower()
     same = not broker_url or broker_url == redis_url
-    wanted = same and scheme in ("redis", "rediss", "unix") and not task_events
+    one_redis = scheme in ("redis", "rediss", "unix", *defaults.SENTINEL_SCHEMES)
+    wanted = same and one_redis and not task_events
     return wanted and fast_path("template kick", CHECKED_WITH, fast_paths_on)
 
 

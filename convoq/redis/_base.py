@@ -11,13 +11,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from convoq import defaults
+from convoq._connection_bounds import ConnectionBounds
+from convoq._redis_urls import is_sentinel_url, redacted
 from convoq.errors import (
     ConfigurationError,
     ConvoqError,
@@ -32,7 +32,9 @@ from convoq.redis._cluster import (
 from convoq.redis._codec import text
 from convoq.redis._durable import Acks, replicated
 from convoq.redis._refusals import Refusal, refusal_error
-from convoq.redis._urls import is_cluster_url, redacted
+from convoq.redis._retry import BudgetedRetry
+from convoq.redis._sentinel import connect_sentinel
+from convoq.redis._urls import is_cluster_url
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import Scripts
 from convoq.settings import ConvoqSettings
@@ -51,6 +53,7 @@ def connect(
     max_connections: int = 64,
     socket_timeout: float | None = None,
     socket_connect_timeout: float | None = None,
+    bounds: ConnectionBounds | None = None,
 ) -> AsyncRedis:
     """A client for ``url`` that reconnects and resends after a dropped connection (a
     Redis restart; every script is safe to replay) and, at ``max_connections`` calls in
@@ -60,38 +63,48 @@ def connect(
         url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` for TLS (with
             ``?ssl_ca_certs=/path/ca.pem`` to trust a private CA, ``ssl_cert_reqs=none``
             to skip verification, ``ssl_certfile``/``ssl_keyfile`` for a client
-            certificate), ``unix:///path/redis.sock?db=0``, or
+            certificate), ``unix:///path/redis.sock?db=0``,
             ``redis+cluster://[[user]:password@]host:port[,host:port...]`` for a Redis
             Cluster (any reachable startup node will do; the client is then redis-py's
-            ``RedisCluster``). Percent-encode special characters of the user name and
-            password.
+            ``RedisCluster``), or
+            ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``
+            for a Redis served by Sentinel (see :mod:`convoq._redis_urls`). Every
+            redis-py option may follow in the query (``?socket_timeout=5``).
+            Percent-encode special characters of the user name and password.
         max_connections: connections in the pool; more callers wait for one (on a
             cluster: calls in flight; more callers wait for one to finish).
-        socket_timeout: seconds a reply may take (None: no limit). Callers of blocking
-            reads (``XREAD BLOCK``) set it above their block time. Given here, it wins
-            over ``socket_timeout`` in the URL.
-        socket_connect_timeout: seconds a connect may take (None: the system's limit).
+        socket_timeout: seconds a reply may take. Given here, it wins over
+            ``socket_timeout`` in the URL, which wins over ``bounds``. Callers of blocking
+            reads (``XREAD BLOCK``) block for less.
+        socket_connect_timeout: seconds a connect may take (wins as ``socket_timeout``).
+        bounds: the socket timeout, connect timeout, health checks and keepalive of every
+            connection, where the URL does not set them
+            (:class:`~convoq._connection_bounds.ConnectionBounds`; None: the defaults'),
+            and how long a failed call is sent again.
 
     Raises:
         ConfigurationError: the URL cannot work (unknown scheme, a bad option, TLS options
             without ``rediss://``). Credentials Redis refuses raise ConfigurationError on
             first use, at once rather than after the reconnect retries.
     """
+    bounds = bounds or ConnectionBounds.default()
+    explicit = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout}
     if is_cluster_url(url):
-        return connect_cluster(
-            url,
-            max_connections=max_connections,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-        )
+        return connect_cluster(url, max_connections=max_connections, bounds=bounds, **explicit)
+    retry = BudgetedRetry(bounds.retry_budget_s)
+    if is_sentinel_url(url):
+        return connect_sentinel(
+            url, max_connections=max_connections, retry=retry, handshake=_handshake,
+            bounds=bounds, explicit=explicit,
+        )  # fmt: skip
     pool = new_pool(
         aioredis.BlockingConnectionPool,
-        Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
+        retry,
         _handshake,
         url,
         max_connections=max_connections,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_connect_timeout,
+        bounds=bounds,
+        **explicit,
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -103,8 +116,9 @@ def new_pool(
     url: str,
     *,
     max_connections: int,
-    socket_timeout: float | None,
-    socket_connect_timeout: float | None,
+    bounds: ConnectionBounds,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float | None = None,
 ) -> Any:
     """A redis-py pool (async or sync flavour: its class, retry and handshake) for ``url``,
     configured and checked as :func:`connect` documents."""
@@ -118,10 +132,14 @@ def new_pool(
             retry_on_error=list(_UNREACHABLE),
             redis_connect_func=handshake,
         )
+        options = pool.connection_kwargs
+        tcp = "path" not in options  # a unix socket has no TCP options
+        for name, value in bounds.redis_options(tcp=tcp).items():
+            options.setdefault(name, value)  # the URL's own options win
         explicit = {"socket_timeout": socket_timeout}
         explicit["socket_connect_timeout"] = socket_connect_timeout
-        pool.connection_kwargs.update({k: v for k, v in explicit.items() if v is not None})
-        pool.connection_class(**pool.connection_kwargs)  # checks the options, opens nothing
+        options.update({k: v for k, v in explicit.items() if v is not None})
+        pool.connection_class(**options)  # checks the options, opens nothing
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(_url_problem(url, exc), url=redacted(url)) from exc
     _check_tls_files(pool.connection_kwargs, url)
@@ -133,7 +151,11 @@ async def _handshake(connection: AbstractConnection) -> None:
     credentials are a configuration error: retrying them like a dropped connection would
     only delay the same answer."""
     try:
-        await connection.on_connect()
+        # Without a health check: a PING before AUTH would fail and reconnect, running
+        # this handshake again, without end (redis-py's own handshake skips it too).
+        # (Older redis-py releases have no on_connect_check_health.)
+        unchecked = getattr(connection, "on_connect_check_health", None)
+        await (unchecked(check_health=False) if unchecked else connection.on_connect())
     except AuthenticationError as exc:
         await connection.disconnect()
         raise credentials_refused(connection, exc) from exc

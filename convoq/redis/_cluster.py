@@ -30,6 +30,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from convoq._connection_bounds import ConnectionBounds
 from convoq.redis._urls import parse_cluster_url
 
 # A client of either kind: one Redis (or a proxy in front of several), or a cluster.
@@ -102,12 +103,17 @@ def connect_cluster(
     url: str,
     *,
     max_connections: int,
-    socket_timeout: float | None,
-    socket_connect_timeout: float | None,
+    bounds: ConnectionBounds,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float | None = None,
 ) -> aioredis.RedisCluster:
     """An asyncio cluster client for ``url``: at ``max_connections`` calls in flight, more
-    callers wait for one to finish."""
+    callers wait for one to finish; its connections bounded by ``bounds`` (the explicit
+    timeouts win)."""
     address = parse_cluster_url(url)
+    explicit = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout}
+    options = {**bounds.redis_options(tcp=True), **address.tls}
+    options.update({k: v for k, v in explicit.items() if v is not None})
     return _WaitingCluster(
         startup_nodes=[AsyncClusterNode(host, port) for host, port in address.nodes],
         username=address.username,
@@ -115,16 +121,16 @@ def connect_cluster(
         decode_responses=False,
         max_in_flight=max_connections,
         retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=_RETRIES),
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_connect_timeout,
-        **address.tls,
+        **options,
     )
 
 
-def connect_cluster_blocking(url: str, *, max_connections: int) -> SyncRedisCluster:
+def connect_cluster_blocking(
+    url: str, *, max_connections: int, bounds: ConnectionBounds
+) -> SyncRedisCluster:
     """A sync cluster client for ``url``, configured as :func:`connect_cluster`."""
     address = parse_cluster_url(url)
-    options: dict[str, Any] = {"max_connections": max_connections, **address.tls}
+    options = {"max_connections": max_connections, **bounds.redis_options(tcp=True)}
     return SyncRedisCluster(
         startup_nodes=[
             ClusterNode(host, port)  # type: ignore[no-untyped-call]
@@ -135,6 +141,7 @@ def connect_cluster_blocking(url: str, *, max_connections: int) -> SyncRedisClus
         decode_responses=False,
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=_RETRIES),
         **options,
+        **address.tls,
     )
 
 

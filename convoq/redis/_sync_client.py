@@ -11,40 +11,55 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import Script
 from redis.connection import AbstractConnection
 from redis.exceptions import AuthenticationError
-from redis.retry import Retry
 
+from convoq._connection_bounds import ConnectionBounds
+from convoq._redis_urls import is_sentinel_url
 from convoq.redis import _pipelined
 from convoq.redis._base import credentials_refused, new_pool
 from convoq.redis._cluster import SyncRedis, connect_cluster_blocking
+from convoq.redis._retry import BudgetedSyncRetry
+from convoq.redis._sentinel import connect_sentinel_blocking
 from convoq.redis._urls import is_cluster_url
 from convoq.redis.scripts import NAMES, Request, ScriptCall, source, with_status
 
 
-def connect_blocking(url: str, *, max_connections: int = 64) -> SyncRedis:
+def connect_blocking(
+    url: str, *, max_connections: int = 64, bounds: ConnectionBounds | None = None
+) -> SyncRedis:
     """A sync client for ``url``, configured as :func:`convoq.redis.connect` (a
     ``redis+cluster://`` URL gives redis-py's sync ``RedisCluster``); safe to share between
     threads, and a forked child opens its own connections."""
+    bounds = bounds or ConnectionBounds.default()
     if is_cluster_url(url):
-        return connect_cluster_blocking(url, max_connections=max_connections)
+        return connect_cluster_blocking(url, max_connections=max_connections, bounds=bounds)
+    retry = BudgetedSyncRetry(bounds.retry_budget_s)
+    if is_sentinel_url(url):
+        return connect_sentinel_blocking(
+            url, max_connections=max_connections, retry=retry, handshake=_handshake,
+            bounds=bounds,
+        )  # fmt: skip
     pool = new_pool(
         redis.BlockingConnectionPool,
-        Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=5),
+        retry,
         _handshake,
         url,
         max_connections=max_connections,
-        socket_timeout=None,
-        socket_connect_timeout=None,
+        bounds=bounds,
     )
     return redis.Redis.from_pool(pool)
 
 
 def _handshake(connection: AbstractConnection) -> None:
     try:
-        connection.on_connect()  # type: ignore[no-untyped-call]
+        # Without a health check, as the async handshake (convoq.redis._base) says why.
+        unchecked = getattr(connection, "on_connect_check_health", None)
+        if unchecked is not None:
+            unchecked(check_health=False)
+        else:
+            connection.on_connect()  # type: ignore[no-untyped-call]
     except AuthenticationError as exc:
         connection.disconnect()  # type: ignore[no-untyped-call]
         raise credentials_refused(connection, exc) from exc

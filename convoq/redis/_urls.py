@@ -16,19 +16,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from convoq._redis_urls import host_port, redacted
 from convoq.defaults import CLUSTER_SCHEMES
 from convoq.errors import ConfigurationError
-
-
-def redacted(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (safe to log or show)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def is_cluster_url(url: str | None) -> bool:
@@ -67,7 +59,8 @@ def parse_cluster_url(url: str) -> ClusterAddress:
         )
     auth, _, hosts = parts.netloc.rpartition("@")
     user, _, password = auth.partition(":")
-    nodes = tuple(_node(item, shown) for item in hosts.split(","))
+    form = "redis+cluster://host:port[,host:port...]"
+    nodes = tuple(host_port(item, shown, form) for item in hosts.split(","))
     tls = _tls_options(parts.query, shown) if scheme == "rediss+cluster" else {}
     if scheme == "redis+cluster" and parts.query:
         raise ConfigurationError(
@@ -96,15 +89,3 @@ def _tls_options(query: str, shown: str) -> dict[str, Any]:
                 url=shown,
             )
     return {"ssl": True, **given}
-
-
-def _node(item: str, shown: str) -> tuple[str, int]:
-    host, sep, port = item.strip().rpartition(":")
-    host = host.strip("[]")  # an IPv6 address is written [::1]:7000
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ConfigurationError(
-            f"the cluster URL {shown} names {item!r}, not host:port; write"
-            " redis+cluster://host:port[,host:port...]",
-            url=shown,
-        )
-    return host, int(port)

@@ -36,8 +36,8 @@ import redis
 
 from convoq import defaults
 from convoq._ports import free_loopback_port
+from convoq._redis_urls import redacted
 from convoq.errors import ConfigurationError
-from convoq.redis._urls import redacted
 
 Fsync = Literal["always", "everysec", "no"]
 _SOCKET_PATH_MAX = 100  # sun_path is 104-108 bytes depending on the platform

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from convoq._connection_bounds import ConnectionBounds
 from convoq._sync import LoopThread
 from convoq.redis import TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
@@ -73,7 +74,11 @@ class WorkerLoop:
         s = self._settings
         # Each turn in flight holds a connection only per command; renewers and the
         # sweeper add a few. Beyond the limit commands wait for a free connection.
-        redis = connect(self._redis_url, max_connections=2 * s.concurrency + 16)
+        redis = connect(
+            self._redis_url,
+            max_connections=2 * s.concurrency + 16,
+            bounds=ConnectionBounds.of(s),
+        )
         protocol = TurnProtocol.from_settings(redis, s)
         runner = self._runner_for(protocol)
         epoch = await protocol.check_epoch(None)

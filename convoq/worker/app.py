@@ -24,8 +24,9 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from convoq._connection_bounds import ConnectionBounds
 from convoq.queue import routing
-from convoq.queue.transport import broker_url_for, celery_base_config
+from convoq.queue.transport import Broker, broker_for, celery_base_config
 from convoq.redis.embedded import url_or_embedded
 from convoq.settings import ConvoqSettings, fast_paths
 from convoq.worker._fair import PREFETCH_MULTIPLIER
@@ -53,16 +54,17 @@ def create_app(settings: ConvoqSettings | None = None) -> ConvoqCelery:
         s = s.model_copy(update={"redis_url": redis_url})
     app = ConvoqCelery("convoq", set_as_current=False)
     app.convoq_settings = s
-    app.conf.update(worker_config(s, broker_url_for(redis_url, s.broker_url)))
+    broker = broker_for(redis_url, s.broker_url, ConnectionBounds.of(s))
+    app.conf.update(worker_config(s, broker))
     register_tasks(app)
     return app
 
 
-def worker_config(s: ConvoqSettings, broker_url: str) -> dict[str, Any]:
+def worker_config(s: ConvoqSettings, broker: Broker | str) -> dict[str, Any]:
     """The Celery settings of a convoq worker (see the module docstring for why)."""
     queues = routing.queue_names(s.prefix, list(range(s.partitions)))
     config = celery_base_config(
-        broker_url, visibility_timeout_s=s.visibility_timeout_s, task_events=s.task_events
+        broker, visibility_timeout_s=s.visibility_timeout_s, task_events=s.task_events
     )
     config.update(
         task_acks_late=True,
