@@ -8,6 +8,12 @@ A ``-NOSCRIPT`` reply passes through (the client then loads the script and sends
 command again, which is still armed). :meth:`LossyProxy.hold_replies` keeps every reply
 back until :meth:`LossyProxy.release_replies` (a slow network, for cancelling mid-read).
 :attr:`LossyProxy.replied_bytes` counts the reply bytes it passed on (what a client read).
+
+:meth:`LossyProxy.cut` takes the link down, as a network partition does, until
+:meth:`LossyProxy.restore`: ``drop=False`` holds every byte both ways (commands do not
+reach Redis, replies do not come back; new connections are accepted and held: what a
+partition looks like to TCP, whose retransmits deliver once it heals); ``drop=True``
+closes every connection and each new one at once (refused, as after a reset).
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ class LossyProxy:
         self.replied_bytes = 0
         self._flowing = threading.Event()
         self._flowing.set()
+        self._link_up = threading.Event()  # cleared while the link is cut
+        self._link_up.set()
+        self._refusing = False
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -66,8 +75,25 @@ class LossyProxy:
     def release_replies(self) -> None:
         self._flowing.set()
 
+    def cut(self, *, drop: bool = False) -> None:
+        """Take the link down until :meth:`restore` (see the module docstring)."""
+        self._link_up.clear()
+        if drop:
+            with self._lock:
+                self._refusing = True
+                links, self._links = self._links, []
+            for link in links:
+                link.close()
+
+    def restore(self) -> None:
+        """Bring the link back: held bytes flow on, new connections are served."""
+        with self._lock:
+            self._refusing = False
+        self._link_up.set()
+
     def close(self) -> None:
         self._flowing.set()
+        self._link_up.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() that waits
         with contextlib.suppress(OSError):
@@ -84,6 +110,11 @@ class LossyProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
+            with self._lock:
+                refusing = self._refusing
+            if refusing:
+                _Link(client, client).close()
+                continue
             server = socket.create_connection(self._upstream, timeout=5)
             server.settimeout(None)
             link = _Link(client, server)
@@ -101,6 +132,7 @@ class LossyProxy:
             with self._lock:
                 if self._armed is not None and self._armed in data.upper():
                     link.awaiting = True
+            self._link_up.wait(timeout=120)
             if not _send(link.server, data):
                 break
         link.close()
@@ -112,6 +144,7 @@ class LossyProxy:
             if not data:
                 break
             self._flowing.wait(timeout=30)
+            self._link_up.wait(timeout=120)
             with self._lock:
                 lose = link.awaiting and not data.startswith(b"-NOSCRIPT")
                 # After -NOSCRIPT comes SCRIPT LOAD, then the command again (armed still).

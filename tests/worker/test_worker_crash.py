@@ -89,6 +89,11 @@ def test_turn_that_kills_its_worker_every_time_fails_after_max_attempts(  # type
         assert result.status == "failed"
         assert isinstance(result.error, TurnFailedError)
         assert result.error.remote_type == "MaxAttemptsExceededError"
+        # Its workers never came back to report the runs: they crashed, and it says so.
+        assert "worker died in 2 runs" in result.error.message
+        assert "crash or an OOM kill" in result.error.message
+        details = result.error.details["remote_details"]
+        assert (details["crashed_runs"], details["cut_off_runs"]) == (2, 0)
         assert int(r.get(_tkey(pool, "crashes")) or 0) == 2
         if not any(w.alive() for w in pool.workers):
             pool.start(1)
