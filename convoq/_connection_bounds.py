@@ -3,9 +3,11 @@
 A connection can die without closing: a NAT or a firewall forgets it, a host goes away, a
 failover moves the address. A call on it would wait for ever, holding its pooled
 connection. So every connection convoq opens to Redis (the store's clients, and the
-broker's through kombu's transport options) is bounded. By default each bound is one lease
-period (``CONVOQ_LEASE_MS``, at least a second), so a half-open connection is noticed
-within about two lease periods:
+broker's through kombu's transport options) is bounded. By default each bound is a
+quarter of a lease period (``CONVOQ_LEASE_MS``; at least a second): a lease renewal that
+meets a dead connection notices it and goes through on a new one before the next renewal
+is due (a third of the lease), and a Redis that stopped answering is reported within about
+one lease period:
 
 - a reply may take ``socket_timeout_s`` (``CONVOQ_REDIS_SOCKET_TIMEOUT_S``; never less than
   the replicas' ``WAIT``, ``CONVOQ_REPLICA_ACK_TIMEOUT_MS``, plus a second); then the
@@ -47,13 +49,13 @@ class ConnectionBounds:
     @classmethod
     def of(cls, settings: ConvoqSettings) -> ConnectionBounds:
         """The bounds ``settings`` ask for (see the module docstring for the defaults)."""
-        period_s = max(1.0, settings.lease_ms / 1000)
+        quarter_s = max(1.0, settings.lease_ms / 4000)
         # A WAIT for the replicas is a reply that may take its whole timeout.
-        reply_s = max(period_s, settings.replica_ack_timeout_ms / 1000 + 1)
+        reply_s = max(quarter_s, settings.replica_ack_timeout_ms / 1000 + 1)
         return cls(
             _given(settings.redis_socket_timeout_s, reply_s),
-            _given(settings.redis_connect_timeout_s, period_s),
-            _given(settings.redis_health_check_interval_s, period_s),
+            _given(settings.redis_connect_timeout_s, quarter_s),
+            _given(settings.redis_health_check_interval_s, quarter_s),
             settings.redis_socket_keepalive,
         )
 

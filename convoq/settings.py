@@ -139,21 +139,23 @@ class ConvoqSettings(BaseSettings):
         ge=0,
         description="Seconds a Redis (or Redis broker) reply may take before its connection"
         " counts as dead: the call is sent again on a new connection until twice this has"
-        " passed, then it fails. Unset: one lease period (lease_ms, at least 1 s, and above"
-        " replica_ack_timeout_ms); 0: no limit. socket_timeout in the URL wins.",
+        " passed, then it fails. Unset: a quarter of a lease period (lease_ms; at least 1 s,"
+        " and 1 s above replica_ack_timeout_ms); 0: no limit. socket_timeout in the URL wins.",
     )
     redis_connect_timeout_s: float | None = Field(
         default=None,
         ge=0,
-        description="Seconds a connect to Redis (or a Redis broker) may take. Unset: one lease"
-        " period; 0: the system's limit. socket_connect_timeout in the URL wins.",
+        description="Seconds a connect to Redis (or a Redis broker) may take. Unset: a quarter"
+        " of a lease period (at least 1 s); 0: the system's limit. socket_connect_timeout in"
+        " the URL wins.",
     )
     redis_health_check_interval_s: float | None = Field(
         default=None,
         ge=0,
         description="A Redis connection idle this long is checked (PING) before its next"
         " command; the broker also drops a consumer connection whose reply is this overdue."
-        " Unset: one lease period; 0: off. health_check_interval in the URL wins.",
+        " Unset: a quarter of a lease period (at least 1 s); 0: off. health_check_interval in"
+        " the URL wins.",
     )
     redis_socket_keepalive: bool = Field(
         default=True,

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from convoq.redis.protocol import SubmitResult
 
 # One XREAD BLOCK at most this long, then the record is read again: a stream that expired
-# or was trimmed cannot leave a waiter blocked for ever. convoq.redis.connect sets no
-# socket timeout; one given in the URL (?socket_timeout=) caps the block at half of it,
-# so a block never looks like a dead connection (which the client would retry, blocked).
+# or was trimmed cannot leave a waiter blocked for ever. The connection's socket timeout
+# (CONVOQ_REDIS_SOCKET_TIMEOUT_S, or ?socket_timeout= in the URL) caps the block at half
+# of it, so a block never looks like a dead connection (which the client would retry).
 _BLOCK_MS = 2_000
 
 WaitUntil = Literal["settled", "final"]

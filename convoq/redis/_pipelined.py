@@ -146,8 +146,10 @@ class AsyncDirect:
             async with asyncio.timeout(connection.socket_timeout):
                 await _send(connection, packed)
                 raw = [await _reply(connection) for _ in sent]
-        except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
+        except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError) as exc:
             await self._drop(connection)
+            if isinstance(exc, TimeoutError | redis.TimeoutError):
+                await self._drop_idle()
             metrics.redis_direct_fallback("connection")
             return None
         except BaseException:
@@ -179,6 +181,17 @@ class AsyncDirect:
     async def _drop(self, connection: Any) -> None:
         await connection.disconnect(nowait=True)
         await self._pool.release(connection)  # the pool connects it again when next used
+
+    async def _drop_idle(self) -> None:
+        """After a reply that did not come in time: the connections idle now (kept here,
+        or in the pool) likely went the same way (a NAT that forgot them, a partition),
+        so they are closed too, and the resend and the calls after it open new ones
+        instead of finding each dead one by its own timeout (each would cost a lease
+        renewal its turn)."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await self._drop(connection)
+        await self._pool.disconnect(inuse_connections=False)
 
 
 async def _send(connection: Any, packed: bytes) -> None:
@@ -220,8 +233,10 @@ def read(
     try:
         connection.send_packed_command([packed], check_health=False)
         raw = [_sync_reply(connection) for _ in sent]
-    except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError):
+    except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError) as exc:
         connection.disconnect()
+        if isinstance(exc, TimeoutError | redis.TimeoutError):
+            pool.disconnect(inuse_connections=False)  # as AsyncDirect._drop_idle says why
         metrics.redis_direct_fallback("connection")
         return None
     except BaseException:
