@@ -128,6 +128,11 @@ LEASES_LOST = Counter(
 SWEEPER_KICKS = Counter(
     "convoq_sweeper_kicks_total", "Conversations re-kicked by the sweeper (queued, no lease)."
 )
+SWEEPER_KICK_ERRORS = Counter(
+    "convoq_sweeper_kick_errors_total",
+    "Kicks of the sweeper that could not be sent (the broker refused or was away); each is"
+    " logged, the pass goes on, and the next pass kicks that conversation again.",
+)
 INBOX_DEPTH = Gauge(
     "convoq_inbox_depth",
     "Turns queued or running per partition, as the last sweep saw them (only the process"

@@ -58,8 +58,8 @@ class Sweeper:
         self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
 
     async def sweep_once(self) -> list[str]:
-        """One pass: kick every candidate; return their ids (empty if another process
-        swept in this period)."""
+        """One pass: kick every candidate; return the ids of those kicked (empty if another
+        process swept in this period)."""
         if self._guard is not None:
             await self._guard()  # raises when this worker must not serve (dataset changed)
         if not await self._take_turn():
@@ -68,17 +68,31 @@ class Sweeper:
             return []
         if self._measure is not None:
             await self._measure()
-        kicked: list[str] = []
-        for cid in await self._protocol.sweep_candidates():
-            await self._kick(cid)
-            kicked.append(cid)
-        metrics.SWEEPER_KICKS.inc(len(kicked))
-        if kicked:
-            log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
+        kicked = await self._kick_all(await self._protocol.sweep_candidates())
         # Turns that ended without being uncounted stop counting against the limits.
         await self._protocol.reconcile_admitted(grace_ms=self._reconcile_grace_ms)
         if self._also is not None:
             await self._also()  # the worker's own duties of the period (owed callbacks)
+        return kicked
+
+    async def _kick_all(self, candidates: list[str]) -> list[str]:
+        """Kick each candidate; one whose kick raises (a broker connection reconnecting,
+        a queue the broker refuses) is logged and counted, and the others are still
+        kicked: the next pass finds that one again. Returns those kicked."""
+        kicked: list[str] = []
+        for cid in candidates:
+            try:
+                await self._kick(cid)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                metrics.SWEEPER_KICK_ERRORS.inc()
+                log.warning("sweeper could not kick %s (%r); the next pass tries again", cid, exc)
+                continue
+            kicked.append(cid)
+        metrics.SWEEPER_KICKS.inc(len(kicked))
+        if kicked:
+            log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
         return kicked
 
     async def run_forever(self) -> None:
