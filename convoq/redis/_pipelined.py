@@ -15,8 +15,13 @@ twice and every write script is a no-op when replayed (see :mod:`convoq.redis.sc
 Error replies of a batch come back as ``ResponseError`` values in their place, as
 ``pipeline.execute(raise_on_error=False)`` gives them; a script's error is raised.
 
+Replies are taken from hiredis's reader as it parses them when redis-py uses hiredis
+(one ``read_response`` per reply costs more than a window's reads), else through
+``read_response``.
+
 A fenced shortcut: it leans on redis-py internals (``AbstractConnection._writer``,
-``read_response(timeout=math.inf)``, the pool's ``get_connection``/``release``), checked
+``read_response(timeout=math.inf)``, the pool's ``get_connection``/``release``, the
+hiredis parsers' ``_reader`` and ``read_from_socket``), checked
 with redis-py 5.0 to 8.1 (:data:`CHECKED_WITH`). :func:`direct_for` and
 :func:`enabled_for` are the only ways in, and answer "no" when ``CONVOQ_FAST_PATHS`` is
 off (:func:`convoq.settings.fast_paths`) or the installed redis-py is outside
@@ -39,11 +44,18 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis._parsers import hiredis as _hiredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, ResponseError
 
 from convoq.observe import metrics
 from convoq.settings import fast_path
+
+# hiredis's parsers, when redis-py uses them: their replies are read in one go here. A
+# redis-py without these names: one read_response per reply.
+_ASYNC_HIREDIS: Any = getattr(_hiredis, "_AsyncHiredisParser", None)
+_SYNC_HIREDIS: Any = getattr(_hiredis, "_HiredisParser", None)
+_NOT_ENOUGH_DATA: Any = getattr(_hiredis, "NOT_ENOUGH_DATA", None)
 
 CHECKED_WITH = ("redis", ">=5.0,<8.2")
 """The redis-py releases this module was checked with: outside them it is off (and says
@@ -93,14 +105,26 @@ def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     for command in commands:
         out.append(b"*%d\r\n" % len(command))
         for arg in command:
-            if isinstance(arg, str):
+            kind = arg.__class__
+            if kind is str:
                 arg = arg.encode("utf-8")
-            elif isinstance(arg, int) and not isinstance(arg, bool):
+            elif kind is int:
                 arg = b"%d" % arg
-            elif not isinstance(arg, bytes):
-                raise Unpackable(f"only str, bytes and int arguments are packed here: {arg!r}")
+            elif kind is not bytes:
+                arg = _packed_arg(arg)
             out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
     return b"".join(out)
+
+
+def _packed_arg(arg: Any) -> bytes:
+    """An argument of a subclass of str, int or bytes (bool is refused), as bytes."""
+    if isinstance(arg, str):
+        return arg.encode("utf-8")
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return b"%d" % arg
+    if isinstance(arg, bytes):
+        return bytes(arg)
+    raise Unpackable(f"only str, bytes and int arguments are packed here: {arg!r}")
 
 
 def _replies(raw: list[Any], transaction: bool) -> list[Any]:
@@ -145,7 +169,7 @@ class AsyncDirect:
             # redis-py bounds each write with wait_for, which starts a task per call.
             async with asyncio.timeout(connection.socket_timeout):
                 await _send(connection, packed)
-                raw = [await _reply(connection) for _ in sent]
+                raw = await _replies_of(connection, len(sent))
         except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError) as exc:
             await self._drop(connection)
             if isinstance(exc, TimeoutError | redis.TimeoutError):
@@ -206,6 +230,27 @@ async def _send(connection: Any, packed: bytes) -> None:
     await writer.drain()
 
 
+async def _replies_of(connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection``, an error reply as a ResponseError in
+    its place. With hiredis's parser, taken from its reader as they are parsed, reading the
+    socket only when it has not enough (one ``read_response`` per reply, each with its own
+    checks and timeout context, cost more than the reads of a window)."""
+    parser: Any = getattr(connection, "_parser", None)
+    reader = getattr(parser, "_reader", None)
+    if type(parser) is not _ASYNC_HIREDIS or reader is None or _NOT_ENOUGH_DATA is None:
+        return [await _reply(connection) for _ in range(count)]
+    out: list[Any] = []
+    while len(out) < count:
+        reply = reader.gets()
+        if reply is _NOT_ENOUGH_DATA:
+            await parser.read_from_socket()  # raises ConnectionError at EOF
+            continue
+        if isinstance(reply, redis.ConnectionError):
+            raise reply
+        out.append(reply)
+    return out
+
+
 async def _reply(connection: Any) -> Any:
     try:
         # math.inf: no bound of its own (redis-py's way to say so); the batch has one.
@@ -232,7 +277,7 @@ def read(
     connection: Any = pool.get_connection()  # redis-py leaves the sync connection untyped
     try:
         connection.send_packed_command([packed], check_health=False)
-        raw = [_sync_reply(connection) for _ in sent]
+        raw = _sync_replies_of(connection, len(sent))
     except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError) as exc:
         connection.disconnect()
         if isinstance(exc, TimeoutError | redis.TimeoutError):
@@ -273,6 +318,24 @@ def _script_reply(replies: list[Any] | None) -> Any:
     if isinstance(replies[0], ResponseError):
         raise replies[0]
     return replies[0]
+
+
+def _sync_replies_of(connection: Any, count: int) -> list[Any]:
+    """:func:`_replies_of` on a sync connection."""
+    parser: Any = getattr(connection, "_parser", None)
+    reader = getattr(parser, "_reader", None)
+    if type(parser) is not _SYNC_HIREDIS or reader is None or _NOT_ENOUGH_DATA is None:
+        return [_sync_reply(connection) for _ in range(count)]
+    out: list[Any] = []
+    while len(out) < count:
+        reply = reader.gets()
+        if reply is _NOT_ENOUGH_DATA:
+            parser.read_from_socket()  # raises ConnectionError at EOF
+            continue
+        if isinstance(reply, redis.ConnectionError):
+            raise reply
+        out.append(reply)
+    return out
 
 
 def _sync_reply(connection: Any) -> Any:

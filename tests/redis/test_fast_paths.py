@@ -172,10 +172,10 @@ async def test_a_bug_inside_the_direct_read_is_raised_not_sent_again_through_red
     memory = RedisConversationMemory(client=client, prefix=key_prefix)
     await memory.aappend(CID, [Message.user("q"), Message.assistant("a")])
 
-    async def broken_reply(connection: Any) -> Any:
+    async def broken_replies(connection: Any, count: int) -> Any:
         raise TypeError("a bug in the reply reader")
 
-    monkeypatch.setattr(_pipelined, "_reply", broken_reply)
+    monkeypatch.setattr(_pipelined, "_replies_of", broken_replies)
     with pytest.raises(TypeError, match="a bug in the reply reader"):
         await memory.aload(CID)
     with pytest.raises(TypeError, match="a bug in the reply reader"):
