@@ -14,7 +14,7 @@ from typing import Any
 
 from convoq.errors import ModelError, ModelHTTPError
 from convoq.messages import Message
-from convoq.models._http_attempt import RetryableError
+from convoq.models._http_attempt import RetryableError, cut_off
 from convoq.models._sse import SSEBuffer, event_object, excerpt
 from convoq.models._wire_common import Json, answer, count, get, load_json
 from convoq.usage import Usage
@@ -109,7 +109,8 @@ class AnthropicStream:
     - ``content_block_delta``: ``text_delta`` (handed out as it arrives) and
       ``input_json_delta`` (a tool's input, in pieces); other deltas are ignored;
     - ``message_delta``: the stop reason and the usage so far;
-    - ``message_stop``: the end; without it the answer is cut off (ModelError);
+    - ``message_stop``: the end; a body that ends without it was cut off: retried as a
+      dropped connection is, as long as no text was handed out yet (else ModelError);
     - ``error``: ModelError with the server's message; ``overloaded_error``,
       ``api_error`` and ``rate_limit_error`` are retried as HTTP 529, 500 and 429 would be,
       as long as no text was handed out yet.
@@ -163,9 +164,7 @@ class AnthropicStream:
         if last is not None:
             self._take(event_object(last.data))
         if not self._stopped:
-            raise ModelError(
-                "the model stream ended before message_stop; the answer may be cut off"
-            )
+            raise cut_off("message_stop")
         for index, pieces in self._inputs.items():
             raw = "".join(pieces).strip() or "{}"
             self._blocks[index]["input"] = load_json(raw, "tool input")

@@ -49,8 +49,17 @@ class StreamDecoder(Protocol):
         ...
 
     def finish(self) -> Message:
-        """The assembled message, once the stream has ended; ModelError if it is cut off."""
+        """The assembled message, once the stream has ended; :func:`cut_off` when it
+        ended before its end marker, else ModelError for an answer that cannot be used."""
         ...
+
+
+def cut_off(end_marker: str) -> RetryableError:
+    """A stream whose body ended before ``end_marker``: the connection dropped (closed,
+    not reset, so the body just ended), worth another attempt unless text went out."""
+    return RetryableError(
+        ModelError(f"the model stream ended before {end_marker}; the answer may be cut off")
+    )
 
 
 @dataclass(frozen=True)
@@ -187,11 +196,11 @@ async def _read_stream(
             if text:
                 attempt.delivered = True
                 await on_text_delta(text)
-    except RetryableError as failure:  # the stream itself said "overloaded", say
+        message = decoder.finish()
+    except RetryableError as failure:  # "overloaded" in the stream, or the stream cut off
         if attempt.delivered:  # a retry would repeat text already handed out
             raise failure.error from failure
         raise
-    message = decoder.finish()
     if not attempt.delivered and message.text:
         await on_text_delta(message.text)  # text no delta carried (an output tool's JSON)
     return message

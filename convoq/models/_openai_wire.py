@@ -17,6 +17,7 @@ from typing import Any
 from convoq.errors import ModelError, TruncatedAnswerError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart, ToolCall
 from convoq.model_settings import ModelSettings
+from convoq.models._http_attempt import cut_off
 from convoq.models._sse import SSEBuffer
 from convoq.models.base import ModelRequest, OutputSpec, ToolSpec
 from convoq.usage import Usage
@@ -349,14 +350,12 @@ class StreamAssembler:
         entry[2] += str(function.get("arguments") or "")
 
     def finish(self) -> Message:
-        """The assembled message; ModelError if the stream did not end with [DONE]."""
+        """The assembled message; a retryable cut-off if the stream did not end with [DONE]."""
         last = self._sse.flush()
         if last is not None:
             self._take_event(last.data)
         if not self.done:
-            raise ModelError(
-                "the model stream ended before 'data: [DONE]'; the answer may be cut off"
-            )
+            raise cut_off("'data: [DONE]'")
         calls = [self._calls[i] for i in sorted(self._calls)]
         refusal = "".join(self._refusal) or None
         return assemble(

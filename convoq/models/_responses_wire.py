@@ -15,6 +15,7 @@ from typing import Any
 from convoq.errors import ModelError
 from convoq.messages import FilePart, ImagePart, Message, MessageRole, TextPart
 from convoq.model_settings import ModelSettings
+from convoq.models._http_attempt import cut_off
 from convoq.models._sse import SSEBuffer, event_object, excerpt
 from convoq.models._wire_common import (
     Json,
@@ -253,8 +254,6 @@ class ResponsesStream:
         if last is not None:
             self._take(event_object(last.data))
         if self._final is None:
-            raise ModelError(
-                "the model stream ended before response.completed; the answer may be cut off"
-            )
+            raise cut_off("response.completed")
         items = [self._items[i] for i in sorted(self._items)]
         return message_of(self._final, fallback=items)

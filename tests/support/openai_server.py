@@ -12,9 +12,10 @@ Queue replies, point a model at ``server.url``, then look at what arrived::
 Each request takes the next reply in order. Replies made with :meth:`reply_text`,
 :meth:`reply_tool_call` and :meth:`reply_message` follow the request like a real server:
 a JSON completion, or an SSE stream when the request says ``"stream": true``.
-:meth:`reply_stream` always streams the chunks given; :meth:`reply_status` and
-:meth:`reply_raw` send exactly what they are told; :meth:`reply_keepalive` sends SSE
-comments and never an answer, :meth:`reply_silent` nothing at all. Replies carry a usage
+:meth:`reply_stream` always streams the chunks given (or drops the connection part way:
+``cut_after``, ``reset``); :meth:`reply_status` and :meth:`reply_raw` send exactly what
+they are told; :meth:`reply_keepalive` sends SSE comments and never an answer,
+:meth:`reply_silent` nothing at all. Replies carry a usage
 object (``usage=None``: none, as servers that do not report it). With no reply left the
 server answers 400 with a message saying so.
 """
@@ -22,6 +23,8 @@ server answers 400 with a message saying so.
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,6 +69,8 @@ class _Reply:
     usage: Json | None = field(default_factory=lambda: dict(_USAGE))
     keepalive: float | None = None  # send ": keep-alive" this often, and nothing else
     cut_at: int | None = None  # send only this many bytes of the body, then hang up
+    cut_after: int | None = None  # send only this many stream chunks, then hang up
+    reset: bool = False  # hang up with a TCP reset (RST) rather than a clean close (FIN)
 
 
 def text_chunk(text: str, *, index: int = 0) -> Json:
@@ -135,12 +140,23 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in reply.headers.items():
             self.send_header(name, value)
         self.end_headers()
-        for chunk in _stream_chunks(reply):
+        for index, chunk in enumerate(_stream_chunks(reply)):
+            if index == reply.cut_after:
+                self._hang_up(reset=reply.reset)
+                return
             event = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "model": model}
             self.wfile.write(b"data: " + json.dumps({**event, **chunk}).encode() + b"\n\n")
             self.wfile.flush()
         if reply.done:
             self.wfile.write(b"data: [DONE]\n\n")
+
+    def _hang_up(self, *, reset: bool) -> None:
+        """End the connection mid-answer: a clean close (the body, close-delimited, just
+        ends) or a TCP reset (linger 0: the client's read fails)."""
+        self.wfile.flush()
+        if reset:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
 
     def _send_keepalive(self, every: float) -> None:
         self.send_response(200)
@@ -263,12 +279,16 @@ class OpenAIServer:
         finish_reason: str | None = "stop",
         done: bool = True,
         usage: Json | None = _USAGE_DEFAULT,
+        cut_after: int | None = None,
+        reset: bool = False,
     ) -> None:
         """An SSE stream: a ``str`` is a text delta, a dict a whole chunk (see
         :func:`tool_call_chunk`); then the finish chunk, a usage chunk (unless ``usage``
-        is None) and, if ``done``, ``data: [DONE]``."""
+        is None) and, if ``done``, ``data: [DONE]``. With ``cut_after``, the connection
+        drops after that many chunks: closed cleanly, or reset (``reset=True``)."""
         items = [text_chunk(c) if isinstance(c, str) else dict(c) for c in chunks]
-        reply = _Reply(chunks=items, finish_reason=finish_reason, done=done)
+        reply = _Reply(chunks=items, finish_reason=finish_reason, done=done,
+                       cut_after=cut_after, reset=reset)  # fmt: skip
         self._push(_with_usage(reply, usage))
 
     def reply_keepalive(self, every: float = 0.5) -> None:
