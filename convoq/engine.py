@@ -181,7 +181,9 @@ class TurnLoop:
         async def on_delta(text: str) -> None:
             await self.emit(TurnEvent(type="text_delta", data={"text": text}))
 
+        started = time.monotonic()
         reply = await self._ask(request, on_delta, state.steps + 1)
+        latency_ms = round((time.monotonic() - started) * 1000)
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(
                 "the model stopped at its token limit (finish_reason 'length'), its answer"
@@ -193,7 +195,8 @@ class TurnLoop:
         state.steps += 1
         state.messages.append(reply)
         await self.checkpoint(state)
-        await self.emit(TurnEvent(type="assistant", data=_assistant_data(reply)))
+        answered = _assistant_data(reply, self.model.name, latency_ms)
+        await self.emit(TurnEvent(type="assistant", data=answered))
 
     async def _final(self, state: TurnState) -> Completed | None:
         """The turn's end, or None when an answer that does not fit the output type was
@@ -364,9 +367,10 @@ def _token_counts(usage: Usage) -> dict[str, int]:
     }
 
 
-def _assistant_data(reply: Message) -> dict[str, Any]:
-    """The ``assistant`` event: its text, and what the model reported about the call."""
-    data: dict[str, Any] = {"text": reply.text}
+def _assistant_data(reply: Message, model: str, latency_ms: int) -> dict[str, Any]:
+    """The ``assistant`` event: its text, what the model reported about the call, which
+    model answered and how long the call took (ms)."""
+    data: dict[str, Any] = {"text": reply.text, "model": model, "latency_ms": latency_ms}
     if reply.refusal is not None:
         data["refusal"] = reply.refusal
     if reply.finish_reason is not None:

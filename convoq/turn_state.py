@@ -42,6 +42,12 @@ class TurnEvent(BaseModel):
     on with the attempt that parked). Steps the earlier run finished are not repeated; a
     step it was cut off in (a ``tool_call`` without its ``tool_result``) is.
 
+    ``assistant`` (a model call answered) carries its ``text``, the ``finish_reason``,
+    ``usage`` and ``refusal`` the model reported, and from the turn loop the ``model``
+    that answered and the call's ``latency_ms``. On a worker, ``assistant``,
+    ``tool_call`` and ``tool_result`` also name the worker that ran the step (``worker``:
+    the id it holds leases as, ``host:pid``).
+
     ``retried`` (``{"retry": n}``) follows the ``done`` of a failed turn that was retried:
     the turn is queued again, and its events go on to a second ``done``.
     """

@@ -50,6 +50,7 @@ class Heartbeat:
         *,
         kick: Kick,
         also: Callable[[], Awaitable[None]],
+        worker_id: str = "",
     ) -> None:
         self._app = app
         self._settings = settings
@@ -60,6 +61,7 @@ class Heartbeat:
         self._serving = serving
         self._kick = kick
         self._also = also
+        self._worker_id = worker_id
         self._announced_as: str | None = None
         self._queues: list[str] = []
         self._info: dict[str, Any] = {}
@@ -108,6 +110,10 @@ class Heartbeat:
             "pid": os.getpid(),
             "queues": queues,
             "partitions": self._settings.partitions,
+            # Slots, and the id its runs hold leases as: running turns per worker are the
+            # active leases with this holder.
+            "concurrency": self._settings.concurrency,
+            "worker_id": self._worker_id,
             "agents": sorted(self._profiles),
             "started_ms": now,
             "seen_ms": now,

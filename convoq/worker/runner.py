@@ -48,7 +48,7 @@ from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding
 from convoq.redis.roles import RunnerStore
-from convoq.turn_state import TurnState, expire_undecided
+from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from convoq.worker import _observed
 from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
@@ -60,6 +60,24 @@ CompactHook = Callable[[str, str], Awaitable[None]]
 """Queues compaction of a conversation (id, agent profile name) after a stored turn."""
 
 log = logging.getLogger("convoq.worker")
+
+# The events of the steps a worker runs name it: which worker ran a model call or a tool
+# call (the console's timeline of a turn shows it; a rerun after a takeover shows another).
+SIGNED_EVENTS = frozenset({"assistant", "tool_call", "tool_result"})
+
+
+def signed(
+    add: Callable[[TurnEvent], Awaitable[None]], worker_id: str
+) -> Callable[[TurnEvent], Awaitable[None]]:
+    """``add`` with the events of :data:`SIGNED_EVENTS` carrying ``"worker": worker_id``."""
+
+    async def emit(event: TurnEvent) -> None:
+        if event.type in SIGNED_EVENTS:
+            event = TurnEvent(type=event.type, data={**event.data, "worker": worker_id})
+        await add(event)
+
+    return emit
+
 
 # TurnProtocol.commit_and_hand_off or .fail_and_hand_off bound to its turn and outcome:
 # ends the head turn, hands over the next one.
@@ -267,7 +285,7 @@ class Runner:
             turn.agent,
             state,
             await self._history(run.acq),
-            emit=run.events.add,
+            emit=signed(run.events.add, self._config.worker_id),
             checkpoint=run.checkpoint,
             should_stop=run.should_stop,
             metadata=turn.metadata,

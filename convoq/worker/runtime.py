@@ -87,6 +87,7 @@ class WorkerRuntime:
             serving,
             kick=self.kicks.kick,
             also=self.callbacks.send_overdue,
+            worker_id=self.worker_id,
         )
         self.shutdown = Shutdown(
             settings, self.loop, self.backlog, serving, self.direct, self.heartbeat, mcp_servers
