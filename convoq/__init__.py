@@ -23,7 +23,8 @@ from convoq._sync import set_blocking_threads
 from convoq.agent import Agent
 from convoq.agent_response import Continuation, Response
 from convoq.context import RunContext
-from convoq.errors import ConvoqError, ToolFailure
+from convoq.errors import ConvoqError, GuardrailTripped, ToolFailure
+from convoq.guardrails import GuardrailResult, input_guardrail, output_guardrail
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import (
     FilePart,
@@ -73,6 +74,8 @@ __all__ = [
     "Decision",
     "FilePart",
     "GenerationRequest",
+    "GuardrailResult",
+    "GuardrailTripped",
     "ImagePart",
     "Message",
     "MessageRole",
@@ -89,8 +92,10 @@ __all__ = [
     "TurnHandle",
     "TurnResult",
     "Usage",
+    "input_guardrail",
     "load_image",
     "load_pdf",
+    "output_guardrail",
     "set_blocking_threads",
     "tool",
 ]

@@ -13,6 +13,7 @@ from convoq.approvals import ApprovalRule
 from convoq.context import Instructions, TurnScope
 from convoq.engine import EventSink, TurnLoop
 from convoq.errors import ConvoqError
+from convoq.guardrails import InputGuardrail, OutputGuardrail
 from convoq.memory.base import ConversationMemory
 from convoq.messages import Message
 from convoq.model_settings import (
@@ -63,6 +64,12 @@ class AgentOptions(Protocol):
 
     @property
     def model_settings(self) -> ModelSettings | None: ...
+
+    @property
+    def input_guardrails(self) -> tuple[InputGuardrail, ...]: ...
+
+    @property
+    def output_guardrails(self) -> tuple[OutputGuardrail, ...]: ...
 
 
 class ConversationOwner(AgentOptions, Protocol):
@@ -176,5 +183,6 @@ def loop_of(
         instructions=agent.instructions, max_steps=agent.max_steps, emit=emit,
         fail_on_length=agent.fail_on_length, scope=scope,
         approval_policy=agent.approval_policy, settings=settings, output=output,
-        output_retries=agent.output_retries,
+        output_retries=agent.output_retries, input_guardrails=agent.input_guardrails,
+        output_guardrails=agent.output_guardrails,
     )  # fmt: skip

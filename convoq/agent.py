@@ -29,6 +29,7 @@ from convoq.approvals import ApprovalRule, check_rule
 from convoq.compaction import CompactionPolicy
 from convoq.context import DepsHolder, Instructions, check_metadata
 from convoq.engine import DEFAULT_MAX_STEPS, Outcome, ignore_event
+from convoq.guardrails import input_guardrails_of, output_guardrails_of
 from convoq.ids import check_conversation_id
 from convoq.mcp.config import MCPServer, check_servers
 from convoq.memory.adapt import MemoryLike, as_memory
@@ -93,6 +94,12 @@ class Agent:
         mcp_servers: MCP servers whose tools are offered too, named ``<server>__<tool>``
             (:func:`convoq.mcp.stdio_server`, :func:`convoq.mcp.http_server`; needs
             ``convoq[mcp]``).
+        input_guardrails: checks of the user message before the first model call
+            (functions ``(ctx, message) -> GuardrailResult``, agents, or
+            :func:`~convoq.guardrails.input_guardrail` ones; see :mod:`convoq.guardrails`).
+        output_guardrails: checks of the final answer (typed output, else text) before
+            the turn is stored. A tripped guardrail ends the turn as blocked, storing
+            nothing: GuardrailTripped names it and says why.
     """
 
     def __init__(
@@ -120,6 +127,8 @@ class Agent:
         deps_factory: Callable[[], Any] | None = None,
         approval_policy: ApprovalRule = False,
         mcp_servers: Iterable[MCPServer] = (),
+        input_guardrails: Iterable[Any] = (),
+        output_guardrails: Iterable[Any] = (),
     ) -> None:
         check_options(
             if_busy=if_busy, busy_timeout_s=busy_timeout_s, approval_ttl_s=approval_ttl_s,
@@ -150,6 +159,9 @@ class Agent:
         self.approval_ttl_s = approval_ttl_s
         self.approval_policy = check_rule(approval_policy, "approval_policy")
         self._deps = DepsHolder(deps, deps_factory)
+        owner = f"Agent {name!r}" if name else "Agent"
+        self.input_guardrails = input_guardrails_of(input_guardrails, owner)
+        self.output_guardrails = output_guardrails_of(output_guardrails, owner)
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(

@@ -3,12 +3,14 @@
 :class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and
 drives model calls and tool calls until the model answers without tool calls
 (``Completed``), a tool needs approval (``Paused``), or the calls whose approval expired
-got their answers (``Expired``: no further model call). Each tool call, each instructions
-function and each approval policy sees a :class:`~convoq.context.RunContext` made from the
-loop's ``scope``. Any error raised ends the turn as failed; the caller stores nothing
-then. The state after every step is handed to ``checkpoint`` so a worker can journal it,
-and running again from a journaled state repeats no finished step: the loop derives what
-is left to do from the messages alone.
+got their answers (``Expired``: no further model call). Guardrails
+(:mod:`convoq.guardrails`) check the user message before the first model call and the
+final answer before it is returned; a tripped one raises GuardrailTripped (the turn is
+blocked). Each tool call, each instructions function and each approval policy sees a
+:class:`~convoq.context.RunContext` made from the loop's ``scope``. Any error raised ends
+the turn as failed; the caller stores nothing then. The state after every step is handed
+to ``checkpoint`` so a worker can journal it, and running again from a journaled state
+repeats no finished step: the loop derives what is left to do from the messages alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from convoq.errors import (
     TruncatedAnswerError,
     TurnCancelledError,
 )
+from convoq.guardrails import InputGuardrail, OutputGuardrail, beside, check_all
 from convoq.messages import Message, MessageRole, ToolCall
 from convoq.model_settings import ModelSettings
 from convoq.models.base import Model, ModelRequest
@@ -140,6 +143,10 @@ class TurnLoop:
     output_retries: int = DEFAULT_OUTPUT_RETRIES
     scope: TurnScope = field(default_factory=lambda: TurnScope(None, ""))
     approval_policy: ApprovalRule = False
+    # Checks of the user message before the first model call, and of the final answer
+    # (:mod:`convoq.guardrails`): a tripped one raises GuardrailTripped.
+    input_guardrails: tuple[InputGuardrail, ...] = ()
+    output_guardrails: tuple[OutputGuardrail, ...] = ()
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
@@ -182,7 +189,7 @@ class TurnLoop:
             await self.emit(TurnEvent(type="text_delta", data={"text": text}))
 
         started = time.monotonic()
-        reply = await self._ask(request, on_delta, state.steps + 1)
+        reply = await self._guarded_ask(state, request, on_delta)
         latency_ms = round((time.monotonic() - started) * 1000)
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(
@@ -198,17 +205,43 @@ class TurnLoop:
         answered = _assistant_data(reply, self.model.name, latency_ms)
         await self.emit(TurnEvent(type="assistant", data=answered))
 
+    async def _guarded_ask(
+        self, state: TurnState, request: ModelRequest, on_delta: Callable[[str], Awaitable[None]]
+    ) -> Message:
+        """The model call; before the first one, the input guardrails check the user
+        message (those that run in parallel beside it: its answer is kept only once they
+        passed). The first answer is journaled only after that, so a rerun that finds it
+        skips the guardrails that let it through."""
+        if state.steps > 0 or not self.input_guardrails:
+            return await self._ask(request, on_delta, state.steps + 1)
+        ctx = self.scope.context(state.steps, _usage_so_far(state))
+        first = [g for g in self.input_guardrails if not g.run_in_parallel]
+        along = [g for g in self.input_guardrails if g.run_in_parallel]
+        await check_all(first, ctx, state.messages[0], self.emit)
+        asking = self._ask(request, on_delta, state.steps + 1)
+        return await beside(asking, along, ctx, state.messages[0], self.emit)
+
     async def _final(self, state: TurnState) -> Completed | None:
-        """The turn's end, or None when an answer that does not fit the output type was
-        answered with a retry prompt (journaled: a rerun goes on from there)."""
+        """The turn's end (its answer checked by the output guardrails), or None when an
+        answer that does not fit the output type was answered with a retry prompt
+        (journaled: a rerun goes on from there)."""
         if self.output is None:
-            return Completed(list(state.messages), state.steps)
+            completed = Completed(list(state.messages), state.steps)
+            await self._guard_output(state, completed.text)
+            return completed
         verdict = self.output.judge(state.messages, self.output_retries)
         if isinstance(verdict, TypedOutput):
+            await self._guard_output(state, verdict.value)
             return Completed(list(state.messages), state.steps, verdict)
         state.messages.append(verdict)
         await self.checkpoint(state)
         return None
+
+    async def _guard_output(self, state: TurnState, value: Any) -> None:
+        """The output guardrails on the final answer (raise GuardrailTripped)."""
+        if self.output_guardrails:
+            ctx = self.scope.context(state.steps, _usage_so_far(state))
+            await check_all(self.output_guardrails, ctx, value, self.emit)
 
     async def _ask(
         self, request: ModelRequest, on_delta: Callable[[str], Awaitable[None]], step: int

@@ -23,6 +23,7 @@
     ├── ToolError                      a tool is unknown or its arguments are invalid
     ├── ToolFailure                    raised by a tool: its message is what the model reads
     ├── MaxStepsExceededError          the model/tool loop did not finish in max_steps
+    ├── GuardrailTripped               a guardrail tripped: the turn ended as blocked
     ├── ProtocolError                  a turn-protocol script refused a transition
     │   ├── StaleFenceError            the caller's lease was taken over
     │   ├── LeaseLostError             renewing the lease failed while a turn ran
@@ -183,6 +184,43 @@ class ToolFailure(ConvoqError):
 
 class MaxStepsExceededError(ConvoqError):
     """The model/tool loop did not reach a final answer within max_steps."""
+
+
+class GuardrailTripped(ConvoqError):
+    """A guardrail tripped: the turn ended with status ``blocked`` and stored nothing.
+    ``guardrail`` names it, ``kind`` is ``"input"`` or ``"output"``, ``reason`` says why
+    and ``info`` is what it reported besides (JSON)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        guardrail: str = "",
+        kind: str = "input",
+        reason: str = "",
+        info: Any = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message, guardrail=guardrail, kind=kind, reason=reason, info=info, **details
+        )
+
+    # Read from details, so the fields survive to_data()/error_from_data() and pickling.
+    @property
+    def guardrail(self) -> str:
+        return str(self.details.get("guardrail", ""))
+
+    @property
+    def kind(self) -> str:
+        return str(self.details.get("kind", "input"))
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
+
+    @property
+    def info(self) -> Any:
+        return self.details.get("info")
 
 
 class NotDurableError(ConvoqError):

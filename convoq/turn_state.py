@@ -25,6 +25,7 @@ EventType = Literal[
     "tool_result",
     "approval_required",
     "decision",
+    "guardrail_tripped",
     "done",
 ]
 
@@ -47,6 +48,9 @@ class TurnEvent(BaseModel):
     that answered and the call's ``latency_ms``. On a worker, ``assistant``,
     ``tool_call`` and ``tool_result`` also name the worker that ran the step (``worker``:
     the id it holds leases as, ``host:pid``).
+
+    ``guardrail_tripped`` (``{"guardrail", "kind", "reason", "info"}``) comes before the
+    ``done`` of a turn a guardrail blocked (:mod:`convoq.guardrails`).
 
     ``retried`` (``{"retry": n}``) follows the ``done`` of a failed turn that was retried:
     the turn is queued again, and its events go on to a second ``done``.

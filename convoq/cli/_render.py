@@ -35,6 +35,7 @@ STATUS_STYLE = {
     "failed": "red",
     "cancelled": "dim",
     "expired": "red",
+    "blocked": "red",
 }
 
 

@@ -258,7 +258,7 @@ def submit(
             with err_console.status(f"waiting for turn {handle.turn_id}..."):
                 result = handle.wait(timeout, raise_on_error=False)
             print_result(result)
-            if result.status in ("failed", "cancelled", "expired"):
+            if result.status in ("failed", "cancelled", "expired", "blocked"):
                 raise typer.Exit(1)
 
 

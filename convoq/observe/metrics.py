@@ -62,7 +62,8 @@ TURNS_STARTED = Counter(
 )
 TURNS_FINISHED = Counter(
     "convoq_turns_finished_total",
-    "Turns that ended, by status: succeeded, failed, cancelled, expired (approval).",
+    "Turns that ended, by status: succeeded, failed, cancelled, expired (approval),"
+    " blocked (guardrail).",
     ["agent", "status"],
 )
 TURNS_PARKED = Counter(
@@ -117,6 +118,12 @@ TOOL_ERRORS = Counter(
     "Tool calls that raised (or whose MCP server answered isError), by agent profile and"
     " tool; each is logged with its ids by the convoq.tools logger.",
     ["agent", "tool"],
+)
+GUARDRAIL_TRIPS = Counter(
+    "convoq_guardrail_trips_total",
+    "Guardrails that tripped and ended a turn as blocked, by agent profile, guardrail and"
+    " kind (input, output).",
+    ["agent", "guardrail", "kind"],
 )
 LEASE_RENEWALS = Counter("convoq_lease_renewals_total", "Leases renewed while a turn ran.")
 LEASE_RENEWAL_ERRORS = Counter(
@@ -252,6 +259,11 @@ def tool_called(tool: str, outcome: str) -> None:
 def tool_failed(agent: str, tool: str) -> None:
     """A tool call raised, or reported an error (``agent``: '' for an unnamed Agent)."""
     _child(TOOL_ERRORS, agent, tool).inc()
+
+
+def guardrail_tripped(agent: str, guardrail: str, kind: str) -> None:
+    """A guardrail ended a turn as blocked (``agent``: '' for an unnamed Agent)."""
+    _child(GUARDRAIL_TRIPS, agent, guardrail, kind).inc()
 
 
 def error_status(error: BaseException) -> str:

@@ -124,4 +124,9 @@ def _bounded_usage(usage: dict[str, Any] | None) -> dict[str, int] | None:
 def _bounded_error(error: dict[str, Any] | None) -> dict[str, Any] | None:
     if error is None:
         return None
-    return {"type": error.get("type"), "message": str(error.get("message", ""))[:2000]}
+    bounded = {"type": error.get("type"), "message": str(error.get("message", ""))[:2000]}
+    details = error.get("details")
+    if error.get("type") == "GuardrailTripped" and isinstance(details, dict):
+        # Which guardrail blocked the turn and why (its reason is bounded already).
+        bounded |= {k: str(details.get(k, ""))[:2000] for k in ("guardrail", "kind", "reason")}
+    return bounded

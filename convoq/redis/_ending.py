@@ -28,6 +28,8 @@ from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import turn_usage
 
 P = ParamSpec("P")
+# The final status of a turn ended by these errors (any other: "failed").
+_FAILED_AS = {"TurnCancelledError": "cancelled", "GuardrailTripped": "blocked"}
 
 
 def next_turn_only(
@@ -168,9 +170,10 @@ class EndingMixin(TakingMixin):
         self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding
     ) -> Handoff:
         """End the turn as failed (``error`` = ConvoqError.to_data()), storing nothing; an
-        error of type TurnCancelledError ends it as cancelled. ``ending.events`` go to its
-        stream before "done". Guards and hand-off as :meth:`commit_and_hand_off`."""
-        status = "cancelled" if error.get("type") == "TurnCancelledError" else "failed"
+        error of type TurnCancelledError ends it as cancelled, GuardrailTripped as blocked.
+        ``ending.events`` go to its stream before "done". Guards and hand-off as
+        :meth:`commit_and_hand_off`."""
+        status = _FAILED_AS.get(str(error.get("type")), "failed")
         following = self.next_turn_keys(cid, ending.expected_next)
         keys = self._ending_keys(cid, turn_id)
         keys += [*self.keys.history_keys(cid), *following] if following else []

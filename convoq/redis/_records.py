@@ -17,11 +17,21 @@ from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.window import AgentWindows
 
 TurnStatus = Literal[
-    "queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled", "expired"
+    "queued",
+    "running",
+    "awaiting_approval",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "expired",
+    "blocked",
 ]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
-# expired: the approval ran out; the turn is stored, its tool results saying so.
-FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
+# expired: the approval ran out; the turn is stored, its tool results saying so. blocked: a
+# guardrail tripped; nothing is stored, the error (GuardrailTripped) says which and why.
+FINAL_STATUSES: frozenset[str] = frozenset(
+    {"succeeded", "failed", "cancelled", "expired", "blocked"}
+)
 DECISION_FIELD = "decision:"
 
 

@@ -102,6 +102,7 @@ _INSTEAD_OF_RETRY = {
     "succeeded": "it is stored: submit a new turn to ask again",
     "expired": "it is stored (its approval expired): submit a new turn to ask again",
     "cancelled": "submit it again as a new turn",
+    "blocked": "a guardrail blocked it (its error says which and why): submit a new turn",
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from convoq.errors import ConfigurationError, TurnCancelledError
+from convoq.errors import ConfigurationError, GuardrailTripped, TurnCancelledError
 from convoq.observe import metrics, tracing
 from convoq.queue.routing import partition_of
 from convoq.redis import KeySchema
@@ -96,6 +96,8 @@ def _outcome(report: DrainReport, turn_id: str, watch: _Watch) -> str:
     if turn_id in report.expired:
         return "expired"
     if turn_id in report.failed:
+        if isinstance(watch.error, GuardrailTripped):
+            return "blocked"
         return "cancelled" if isinstance(watch.error, TurnCancelledError) else "failed"
     if turn_id in report.parked:
         return "parked"

@@ -3,7 +3,8 @@
 -- Numbers reach redis.call as strings via istr(): Lua's default number format (%.14g)
 -- would mangle large integers.
 
-local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true}
+local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true,
+  blocked = true}
 -- The stored layout this code reads and writes (FORMAT_VERSION in _codec.py).
 local FORMAT = '2'
 

@@ -15,7 +15,7 @@
 -- ARGV[1] = turn id
 -- ARGV[2] = fence
 -- ARGV[3] = error JSON {type, message, details}
--- ARGV[4] = final status: 'failed' or 'cancelled'
+-- ARGV[4] = final status: 'failed', 'cancelled' or 'blocked' (a guardrail tripped)
 -- ARGV[5] = next tid: the turn the caller expects next (acquire's peek), '' = none
 -- ARGV[6 .. 13] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
 --                 windows by agent (turn_window()), max attempts, error JSON over max
