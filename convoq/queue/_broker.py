@@ -23,13 +23,16 @@ What only shapes the store's own client (``timeout``, the wait for a pooled conn
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
 
+import redis
+
 from convoq import defaults
 from convoq._connection_bounds import ConnectionBounds
-from convoq._redis_urls import is_sentinel_url, parse_sentinel_url, query_options
+from convoq._redis_urls import is_sentinel_url, parse_sentinel_url, query_options, redacted
 from convoq.errors import ConfigurationError
 
 KOMBU_OPTIONS = (
@@ -66,8 +69,8 @@ def broker_for(
 
     Raises:
         ConfigurationError: the memory Redis is a cluster and no broker is given (Celery
-            cannot use a Redis Cluster as its broker), or an option of the URL has a
-            value redis-py cannot read.
+            cannot use a Redis Cluster as its broker), or the URL has an option redis-py
+            does not know or a value it cannot read.
     """
     if not broker_url and urlsplit(redis_url).scheme.lower() in defaults.CLUSTER_SCHEMES:
         raise ConfigurationError(
@@ -83,6 +86,7 @@ def broker_for(
     if parts.scheme.lower() not in _REDIS_SCHEMES:
         return Broker(url)
     options = query_options(url)
+    _check(lambda: redis.BlockingConnectionPool.from_url(url), url)
     tcp = parts.scheme.lower() != "unix"
     transport = {**bounds.redis_options(tcp=tcp), **_kombu_options(options)}
     tls = {k: v for k, v in options.items() if k.startswith("ssl_")}
@@ -93,6 +97,19 @@ def broker_for(
 def broker_url_for(redis_url: str, broker_url: str | None = None) -> str:
     """The broker's URL as kombu takes it (:func:`broker_for`, its ``url``)."""
     return broker_for(redis_url, broker_url).url
+
+
+def _check(pool: Callable[[], Any], url: str) -> None:
+    """Refuse what redis-py would refuse (an unknown option): the store's client checks
+    its URL the same way, but a broker URL of its own is read only here."""
+    try:
+        made = pool()
+        made.connection_class(**made.connection_kwargs)  # opens nothing
+    except (TypeError, ValueError) as exc:
+        shown = redacted(url)
+        raise ConfigurationError(
+            f"the broker URL {shown} does not work: {exc}", url=shown
+        ) from None
 
 
 def _kombu_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +135,7 @@ def _sentinel(url: str, bounds: ConnectionBounds) -> Broker:
     """kombu's Sentinel form: one ``sentinel://`` URL per sentinel (each with the servers'
     credentials and the database), the service as ``master_name``."""
     address = parse_sentinel_url(url)
+    _check(lambda: redis.BlockingConnectionPool(**address.options), url)  # type: ignore[no-untyped-call]
     auth = ""
     if address.username or address.password:
         user = quote(address.username or "", safe="")

@@ -30,11 +30,24 @@ _FOR_SENTINELS = ("socket_timeout", "socket_connect_timeout", "socket_keepalive"
 
 
 class _WaitingPool(async_sentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
-    """redis-py's async Sentinel pool that waits for a free connection."""
+    """redis-py's async Sentinel pool that waits for a free connection; closing it (as
+    closing its client does) closes the connections to the sentinels too."""
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        close = getattr(self.sentinel_manager, "aclose", None)  # older redis-py: none
+        if close is not None:
+            await close()
 
 
 class _WaitingSyncPool(sync_sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
-    """redis-py's sync Sentinel pool that waits for a free connection."""
+    """The sync twin of :class:`_WaitingPool`."""
+
+    def close(self) -> None:
+        super().close()
+        close = getattr(self.sentinel_manager, "close", None)  # older redis-py: none
+        if close is not None:
+            close()
 
 
 def connect_sentinel(
