@@ -40,21 +40,22 @@ _BLOCK_MS = 2_000
 
 WaitUntil = Literal["settled", "final"]
 """What a wait waits for: ``"settled"``, final or parked awaiting approval (a parked turn
-waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed or
-cancelled only. The HTTP gateway's ``?wait=N&until=`` takes the same two values."""
+waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed,
+cancelled, expired or blocked only. The HTTP gateway's ``?wait=N&until=`` takes the same two values."""
 
 
 @dataclass(frozen=True)
 class TurnResult:
-    """Where a turn stands: final (succeeded/failed/cancelled/expired) or parked for approval.
-    ``expired``: its approval ran out; the turn is stored, its tool results saying so, and
-    ``error`` says it expired.
+    """Where a turn stands: final (succeeded/failed/cancelled/expired/blocked) or parked for
+    approval. ``expired``: its approval ran out; the turn is stored, its tool results saying
+    so, and ``error`` says it expired. ``blocked``: a guardrail tripped; nothing is stored,
+    and ``error`` is :class:`~convoq.errors.GuardrailTripped` naming it and its reason.
 
     Attributes:
         text: the final answer ('' unless succeeded).
         turn: the whole stored turn (user message first) when succeeded or expired.
-        error: the turn's error rebuilt as a ConvoqError when failed, cancelled or
-            expired.
+        error: the turn's error rebuilt as a ConvoqError when failed, cancelled, expired
+            or blocked.
         pending_approvals: tool calls waiting for approve/deny when parked.
         attempts: runs of the turn that started: 1, plus one for each run a worker lost
             (or handed back on shutdown) and another took over; a resume after approvals
@@ -90,7 +91,8 @@ class TurnResult:
         return self.status == "succeeded"
 
     def raise_for_error(self) -> TurnResult:
-        """Raise the turn's error if it failed or was cancelled; else return self."""
+        """Raise the turn's error if it failed, was cancelled, expired or was blocked (a
+        guardrail: GuardrailTripped); else return self."""
         if self.error is not None:
             raise self.error
         if self.status == "cancelled":
@@ -191,7 +193,8 @@ class AsyncTurnHandle:
         return await self._client.protocol.get_turn(self.conversation_id, self.turn_id)
 
     async def status(self) -> TurnStatus:
-        """queued | running | awaiting_approval | succeeded | failed | cancelled | expired."""
+        """queued | running | awaiting_approval | succeeded | failed | cancelled | expired |
+        blocked."""
         return (await self.record()).status
 
     async def result(self) -> TurnResult:
