@@ -20,8 +20,16 @@ from redis.exceptions import RedisError
 from convoq import __version__
 from convoq.client import AsyncClient
 from convoq.errors import ConvoqError
+from convoq.gateway import (
+    console,
+    inbox,
+    problems,
+    routes_console,
+    routes_conversations,
+    routes_turns,
+    routes_workers,
+)
 from convoq.gateway import document as document_of
-from convoq.gateway import inbox, problems, routes_conversations, routes_turns
 from convoq.gateway.auth import Access, KeyRing
 from convoq.gateway.bodies import GatewayRoute
 from convoq.gateway.document import KEYED, errors
@@ -70,7 +78,10 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
     problems.install(app)
     app.include_router(routes_turns.router)
     app.include_router(routes_conversations.router)
+    app.include_router(routes_console.router)
+    app.include_router(routes_workers.router)
     app.include_router(inbox.router)
+    app.include_router(console.router)
     _health_routes(app)
     _metrics_route(app)
     _document(app, s)

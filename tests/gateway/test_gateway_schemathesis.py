@@ -90,7 +90,7 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         run = subprocess.run(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
-    assert "Operations:       13 selected / 13 total" in output, output[-4000:]
+    assert "Operations:       21 selected / 21 total" in output, output[-4000:]
     # The stateful phase ran and followed every link the document declares (and those
     # schemathesis infers), the decision on a real pending call among them.
     assert "✅  Stateful" in output, output[-4000:]

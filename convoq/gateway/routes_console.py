@@ -1,0 +1,291 @@
+"""What the console's pages read (:mod:`.console`), as JSON routes of the API: the calling
+key, conversations and one conversation (overview, transcript, attachments, turns), a
+turn's timeline, and the workers with the backlog of each partition.
+
+Each route has the scope and prefix checks of every route here (:class:`Access`; a
+conversation outside the key's prefix is a 403), and what spans conversations (the list,
+the backlog, the turns a worker runs) holds only those the key may reach. Lists come from
+bounded SCANs (:mod:`convoq.redis._browse` says why, and what the bound means).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, Security
+from fastapi.security import HTTPAuthorizationCredentials
+
+from convoq.client import AsyncClient
+from convoq.errors import UnknownTurnError
+from convoq.gateway.auth import BEARER, Access, KeyRing, Principal, check_path_encoding
+from convoq.gateway.bodies import GatewayRoute
+from convoq.gateway.console_models import (
+    ConversationList,
+    ConversationRow,
+    ConversationView,
+    KeyInfo,
+    LeaseView,
+    SummaryView,
+    Transcript,
+    TurnDetail,
+    TurnList,
+    TurnRow,
+)
+from convoq.gateway.document import KEYED, errors
+from convoq.gateway.inputs import NOT_NULL, TURN_ID, Cid, Tid
+from convoq.gateway.problems import GatewayError
+from convoq.gateway.routes_turns import AppClient
+from convoq.gateway.timeline import timeline
+from convoq.redis._browse import Browse
+from convoq.redis._inspect import Inspect, TurnBrief
+from convoq.redis._transcript import Transcript as StoredTranscript
+
+router = APIRouter(tags=["console"], route_class=GatewayRoute, responses=errors(*KEYED))
+Reader = Annotated[Principal, Depends(Access("read"))]
+# An id's start: what a conversation id may hold (no control characters), or nothing.
+ID_PREFIX = r"^[^\x00-\x1f\x7f-\x9f]{0,256}$"
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class AnyScope(Access):
+    """A known key, whatever its scopes (what the key may do is what it asks about)."""
+
+    def __init__(self) -> None:
+        super().__init__("read")
+
+    async def __call__(
+        self,
+        request: Request,
+        _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
+    ) -> Principal:
+        return self.check(request)
+
+    def check(self, request: Request) -> Principal:
+        ring: KeyRing = request.app.state.keys
+        principal = ring.authenticate(request.headers.get("authorization"))
+        check_path_encoding(request)
+        return principal
+
+
+def within(principal: Principal, asked: str) -> str | None:
+    """The id prefix to look under: ``asked`` narrowed to the key's prefix, or None when
+    the two exclude each other (nothing the key may reach starts with ``asked``)."""
+    own = principal.conversation_prefix
+    if asked.startswith(own):
+        return asked
+    return own if own.startswith(asked) else None
+
+
+def _store(client: AsyncClient) -> tuple[Browse, Inspect]:
+    store = client.protocol
+    return Browse(store.redis, store.keys), Inspect(store.redis, store.keys)
+
+
+@router.get(
+    "/v1/key",
+    response_model=KeyInfo,
+    summary="The calling API key: its name, scopes and conversation prefix (any scope)",
+)
+async def key_info(principal: Annotated[Principal, Depends(AnyScope())]) -> KeyInfo:
+    """What the console shows and offers depends on it (a button for what the key may do)."""
+    return KeyInfo(
+        name=principal.name,
+        scopes=sorted(principal.scopes),
+        conversation_prefix=principal.conversation_prefix,
+        may_set_by=principal.may_set_by,
+    )
+
+
+@router.get(
+    "/v1/conversations",
+    response_model=ConversationList,
+    summary="Conversations, latest turn first (scope: read)",
+)
+async def conversations(
+    client: AppClient,
+    principal: Reader,
+    prefix: Annotated[
+        str, Query(pattern=ID_PREFIX, description="Only ids starting with it (within the key's).")
+    ] = "",
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> ConversationList:
+    """The conversations the key may reach whose id starts with ``prefix``, the one with
+    the newest turn first: what each stores, what waits in its inbox, whether a turn runs
+    or awaits approval, and its latest turn. Found by a bounded SCAN (``complete`` false:
+    the scan stopped at its bound; narrow the prefix)."""
+    under = within(principal, prefix)
+    if under is None:
+        return ConversationList(conversations=[], found=0, complete=True)
+    browse, inspect = _store(client)
+    scan = await browse.conversations(under)
+    ordered = sorted(
+        ((max(seen.turn_ids, default=""), cid) for cid, seen in scan.found.items()), reverse=True
+    )[:limit]
+    cids = [cid for _, cid in ordered]
+    states = await inspect.leases(cids)
+    latest = {b.conversation_id: b for b in await inspect.briefs([(c, t) for t, c in ordered if t])}
+    rows = [_row(cid, state, latest.get(cid)) for cid, state in zip(cids, states, strict=True)]
+    return ConversationList(conversations=rows, found=len(scan.found), complete=scan.complete)
+
+
+def _row(cid: str, state: tuple[int, int, object], brief: TurnBrief | None) -> ConversationRow:
+    stored, inbox, lease = state
+    held = getattr(lease, "state", None)
+    busy = inbox > 0 and held in ("active", "parked")
+    times = (
+        [t for t in (brief.finished_ms, brief.started_ms, brief.created_ms) if t] if brief else []
+    )
+    return ConversationRow(
+        conversation_id=cid,
+        stored_turns=stored,
+        queued=inbox - (1 if busy else 0),
+        running=busy and held == "active",
+        parked=busy and held == "parked",
+        latest_turn=TurnRow.of(brief) if brief else None,
+        activity_ms=max(times) if times else None,
+    )
+
+
+@router.get(
+    "/v1/conversations/{cid}",
+    response_model=ConversationView,
+    summary="A conversation now: stored turns, usage, summary, inbox, lease (scope: read)",
+)
+async def conversation(cid: Cid, client: AppClient, _: Reader) -> ConversationView:
+    """What the conversation's keys hold now (all zero for one that holds nothing)."""
+    inspect = _store(client)[1]
+    seen = await inspect.overview(cid)
+    inbox = await inspect.briefs([(cid, tid) for tid in seen.inbox])
+    summary = (
+        SummaryView(text=seen.summary, watermark=seen.summary_watermark)
+        if seen.summary is not None
+        else None
+    )
+    return ConversationView(
+        conversation_id=cid,
+        stored_turns=seen.stored_turns,
+        stored_bytes=seen.stored_bytes,
+        stored_elements=seen.stored_elements,
+        usage=seen.usage,
+        summary=summary,
+        inbox=[TurnRow.of(b) for b in inbox],
+        inbox_length=seen.inbox_length,
+        lease=LeaseView.of(seen.lease),
+    )
+
+
+@router.get(
+    "/v1/conversations/{cid}/transcript",
+    response_model=Transcript,
+    summary="A conversation's stored turns, newest first, attachments by reference (scope: read)",
+)
+async def transcript(
+    cid: Cid,
+    client: AppClient,
+    _: Reader,
+    before: Annotated[
+        int | None,
+        NOT_NULL,
+        Query(ge=1, le=1_000_000_000, description="The next_before of the page before."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="Stored elements per page.")] = 20,
+) -> Transcript:
+    """A page of the stored history, newest turn first: each message as stored, its
+    attachments named by SHA-256 with their type, name and size (GET
+    ``.../attachments/{sha256}`` answers the bytes). The cost of a page does not grow
+    with the history."""
+    store = client.protocol
+    page = await StoredTranscript(store.redis, store.keys).page(cid, before=before, limit=limit)
+    return Transcript.model_validate(
+        {
+            "conversation_id": cid,
+            "total": page.total,
+            "turns": [{"index": t.index, "messages": t.messages} for t in page.turns],
+            "next_before": page.next_before,
+            "lead": page.lead,
+        }
+    )
+
+
+@router.get(
+    "/v1/conversations/{cid}/attachments/{sha256}",
+    summary="The bytes of one of a conversation's stored attachments (scope: read)",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(404)},
+)
+async def attachment(
+    cid: Cid,
+    sha256: Annotated[str, Path(pattern=SHA256, description="As the transcript names it.")],
+    client: AppClient,
+    _: Reader,
+) -> Response:
+    """Always ``application/octet-stream`` as a download (the transcript says its type):
+    bytes a user sent are never served as a page of this origin."""
+    store = client.protocol
+    data = await StoredTranscript(store.redis, store.keys).attachment(cid, sha256)
+    if data is None:
+        raise GatewayError(404, "UnknownAttachment", "no stored attachment with that SHA-256")
+    headers = {
+        "Content-Disposition": f'attachment; filename="{sha256[:16]}"',
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'none'; sandbox",
+        "Cache-Control": "private, max-age=3600",
+    }
+    return Response(data, media_type="application/octet-stream", headers=headers)
+
+
+@router.get(
+    "/v1/conversations/{cid}/turns",
+    response_model=TurnList,
+    summary="A conversation's turns with a record, newest first (scope: read)",
+)
+async def turns(
+    cid: Cid,
+    client: AppClient,
+    _: Reader,
+    before: Annotated[
+        str | None,
+        NOT_NULL,
+        Query(pattern=TURN_ID, description="The next_before of the page before."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> TurnList:
+    """Its turns whose records are kept (``CONVOQ_TURN_TTL_S`` after they end), newest
+    first, with their status; found by a bounded SCAN of the conversation's keys."""
+    browse, inspect = _store(client)
+    ids, complete = await browse.turn_ids(cid)
+    older = [t for t in ids if before is None or t < before]
+    page = older[:limit]
+    briefs = await inspect.briefs([(cid, tid) for tid in page])
+    return TurnList(
+        conversation_id=cid,
+        turns=[TurnRow.of(b) for b in briefs],
+        total=len(ids),
+        next_before=page[-1] if len(older) > limit else None,
+        complete=complete,
+    )
+
+
+@router.get(
+    "/v1/conversations/{cid}/turns/{tid}/timeline",
+    response_model=TurnDetail,
+    summary="A turn's steps: model calls, tool calls, approvals, takeovers (scope: read)",
+    responses=errors(404),
+)
+async def turn_timeline(cid: Cid, tid: Tid, client: AppClient, _: Reader) -> TurnDetail:
+    """The turn's record in brief and its steps, read from its events (see the console's
+    docs for what each step carries); ``last_event_id``: follow the turn's events after it."""
+    inspect = _store(client)[1]
+    whole = await inspect.whole(cid, tid)
+    if whole is None:
+        raise UnknownTurnError(
+            f"no turn {tid!r} in conversation {cid!r}: it never existed or its record expired",
+            conversation_id=cid,
+            turn_id=tid,
+        )
+    last = whole.events[-1][0] if whole.events else "0"
+    detail = TurnDetail.of(whole.record, timeline(whole), last)
+    lease = whole.lease
+    if lease is not None and lease.state == "active" and whole.inbox_head == tid:
+        detail.running_on = lease.holder
+    return detail

@@ -1,0 +1,43 @@
+"""Profiles for the console tests (CONVOQ_AGENTS=...,tests.support.console_agents).
+
+``taker`` asks for its tool ``step(text)`` once per turn and then answers with the
+tool's result. The tool's first run of each call kills its own worker process (after a
+pause, so the events before it reach Redis): another worker takes the turn over (a
+``resumed`` event, worker_lost) and runs the call again with the same idempotency key,
+which the tool records under ``{CONVOQ_PREFIX}:test:step:<key>`` with the pid of each run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from convoq import Agent, Message, RunContext, ToolCall, tool
+from convoq.messages import MessageRole
+from convoq.models import ModelRequest, ScriptedModel
+from convoq.usage import Usage
+from tests.support.worker_agents import test_key, test_redis
+
+USAGE = Usage(requests=1, prompt_tokens=12, completion_tokens=3, total_tokens=15)
+
+
+@tool
+def step(ctx: RunContext[None], text: str) -> str:
+    """A step whose first run dies with its worker."""
+    runs = test_redis().rpush(test_key("step", ctx.idempotency_key), str(os.getpid()))
+    if runs == 1:
+        time.sleep(0.5)  # the events of the run so far go out first
+        os.kill(os.getpid(), signal.SIGKILL)
+    return f"stepped {text}"
+
+
+def taker_fn(request: ModelRequest) -> Message:
+    last = request.messages[-1]
+    if last.role == MessageRole.TOOL:
+        return Message.assistant(f"done: {last.text}", usage=USAGE, finish_reason="stop")
+    call = ToolCall(id="step-1", name="step", arguments={"text": last.text})
+    return Message.assistant("", [call], usage=USAGE, finish_reason="tool_calls")
+
+
+taker = Agent(ScriptedModel(taker_fn), name="taker", tools=[step])
