@@ -13,10 +13,9 @@ from urllib.parse import quote
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
 
 from convoq._ports import free_loopback_port
-from convoq._redis_urls import parse_sentinel_url
+from convoq.redis._sync_client import connect_blocking
 from tests.support.redis_server import redis_server_binary
 from tests.support.tls import TlsFiles
 
@@ -328,9 +327,8 @@ def plain_client(url: str) -> redis.Redis:
     (typed as ``redis.Redis``: tests use the commands both have), the primary for a convoq
     Sentinel URL."""
     if url.startswith("redis+sentinel://"):
-        address = parse_sentinel_url(url)
-        sentinel = Sentinel(list(address.sentinels), socket_timeout=5)
-        return sentinel.master_for(address.service, db=address.db, socket_timeout=5)
+        # convoq's own sync client: closing it closes its connections to the sentinels too.
+        return cast(redis.Redis, connect_blocking(url))
     if not url.startswith("redis+cluster://"):
         return redis.Redis.from_url(url)
     nodes = [item.rsplit(":", 1) for item in url.removeprefix("redis+cluster://").split(",")]
