@@ -40,10 +40,16 @@ import redis
 
 from convoq import Client
 from convoq.client import TurnHandle
-from convoq.queue.routing import partition_of
 from convoq.redis.keys import KeySchema
 from tests.support import netns
-from tests.support.chaos_check import Tally, leftover_keys, tally
+from tests.support.chaos_check import (
+    Tally,
+    leftover_keys,
+    on_partitions,
+    own_partitions,
+    tally,
+    wedged_workers,
+)
 from tests.support.netns import Direction, Host, Lab
 from tests.support.partition_lab import HubRedis, NamespacedPool, NamespacedWorker, running_client
 from tests.support.workers import wait_until
@@ -132,13 +138,7 @@ class Deployment:
 
 def conversations(count: int, tag: str) -> list[str]:
     """``count`` conversation ids on the shared partitions (any worker serves them)."""
-    found, n = [], 0
-    while len(found) < count:
-        cid = f"{tag}-{n}"
-        if partition_of(cid, SHARED + WORKERS) < SHARED:
-            found.append(cid)
-        n += 1
-    return found
+    return on_partitions(count, tag, range(SHARED), SHARED + WORKERS)
 
 
 @contextmanager
@@ -165,7 +165,7 @@ def deployed(
             partitions=SHARED + WORKERS, lease_ms=int(LEASE_S * 1000), sweep_interval_s=0.5,
             concurrency=4, shutdown_grace_s=1, **{"max_attempts": 50, **settings},
         )  # fmt: skip
-        pool.start_in(hosts, [f"0-{SHARED - 1},{SHARED + k}" for k in range(WORKERS)])
+        pool.start_in(hosts, own_partitions(WORKERS, SHARED))
         store = redis.Redis.from_url(server.url)
         with pool.client() as client:
             yield Deployment(lab, pool, client, store, client_host, tool_log, tmp_path)
@@ -227,21 +227,6 @@ def _until_final(handles: dict[str, list[TurnHandle]], timeout: float) -> float:
     return time.monotonic()
 
 
-def _probe_workers(d: Deployment) -> list[str]:
-    """A turn on each worker's own partition: a wedged worker never answers it."""
-    wedged = []
-    for k, host in enumerate(d.worker_hosts()):
-        cid = next(
-            f"probe-{k}-{n}" for n in range(10_000)
-            if partition_of(f"probe-{k}-{n}", SHARED + WORKERS) == SHARED + k
-        )  # fmt: skip
-        result = d.client.submit(cid, "who?", agent="whoami").wait(60, raise_on_error=False)
-        serving = {f"served by {w.pid}" for w in d.workers_on(host)}
-        if result.text not in serving:
-            wedged.append(f"{host.name}: {result.status} {result.text!r}")
-    return wedged
-
-
 def check(d: Deployment, run: Submitted) -> Tally:
     """Once the chaos is over: every invariant of a chaos run, the recovery time printed."""
     total = len(run.cids) * run.turns
@@ -254,7 +239,7 @@ def check(d: Deployment, run: Submitted) -> Tally:
     expected = {cid: [f"{cid} t{t}" for t in range(run.turns)] for cid in run.cids}
     found = tally(d.client, run.handles, expected, d.tool_log, wait_s=10)
     left = leftover_keys(d.store, d.pool.prefix, run.cids)
-    wedged = _probe_workers(d)
+    wedged = wedged_workers(d.client, d.pool.workers, SHARED)
     run.process.wait(60)
     client_saw = [x for x in run.lines() if "final" in x]
     unseen = [x for x in client_saw if x["status"] != "succeeded"]

@@ -62,6 +62,14 @@ def nap_fn(request: ModelRequest) -> str:
 napper = Agent(ScriptedModel(nap_fn), name="napper")
 
 
+def whoami_fn(request: ModelRequest) -> str:
+    """Which worker process answered: a probe that the worker still serves its queue."""
+    return f"served by {os.getpid()}"
+
+
+whoami = Agent(ScriptedModel(whoami_fn), name="whoami")
+
+
 _effects: redis.Redis | None = None
 
 

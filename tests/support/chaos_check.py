@@ -1,6 +1,7 @@
 """What every chaos run checks once the chaos is over, whatever broke: each conversation's
 turns against what the client submitted, the side effects their tools left, the keys left
-behind and the workers still serving.
+behind and the workers still serving (:func:`wedged_workers`: each worker also consumes a
+partition of its own, :func:`own_partitions`, where it is sent a probe turn).
 
 Turns run the ``effect`` profile of :mod:`tests.support.chaos_agents` (a tool records
 one line per execution with its idempotency key in ``CHAOS_TOOL_LOG``, then the model
@@ -13,7 +14,9 @@ off (its worker killed, paused, or cut from Redis).
 from __future__ import annotations
 
 import collections
+import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +26,9 @@ from convoq import Client
 from convoq.client import TurnHandle, TurnResult
 from convoq.errors import TurnTimeoutError
 from convoq.messages import MessageRole
+from convoq.queue.routing import partition_of
 from convoq.redis.keys import KeySchema
+from tests.support.workers import WorkerProcess
 
 
 @dataclass
@@ -143,3 +148,31 @@ def leftover_keys(store: redis.Redis, prefix: str, conversations: list[str]) -> 
         if cid in conversations:
             left.append(f"{members} {entry.decode()}")
     return left
+
+
+def own_partitions(workers: int, shared: int) -> list[str]:
+    """Each worker's ``--partitions``: the ``shared`` ones all consume (``0..shared-1``),
+    and one of its own (``shared + k``), where nothing but its probe goes."""
+    return [f"0-{shared - 1},{shared + k}" for k in range(workers)]
+
+
+def on_partitions(count: int, tag: str, wanted: range, partitions: int) -> list[str]:
+    """``count`` conversation ids (``{tag}-{n}``) whose partition is in ``wanted``."""
+    ids = (f"{tag}-{n}" for n in itertools.count())
+    return list(itertools.islice((c for c in ids if partition_of(c, partitions) in wanted), count))
+
+
+def wedged_workers(
+    client: Client, workers: Sequence[WorkerProcess], shared: int, wait_s: float = 60
+) -> list[str]:
+    """The workers (started with :func:`own_partitions`, in that order, running the
+    ``whoami`` profile of :mod:`tests.support.chaos_agents`) that do not answer a probe
+    turn on their own partition: alive or not, they no longer serve their queue."""
+    partitions = shared + len(workers)
+    wedged = []
+    for k, worker in enumerate(workers):
+        [cid] = on_partitions(1, f"probe-{k}", range(shared + k, shared + k + 1), partitions)
+        result = client.submit(cid, "who?", agent="whoami").wait(wait_s, raise_on_error=False)
+        if result.text != f"served by {worker.pid}":
+            wedged.append(f"{worker.name}: {result.status} {result.text!r}")
+    return wedged

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from convoq import Agent, Message
@@ -19,11 +18,3 @@ def slow_effect_fn(request: ModelRequest) -> str | Message:
 
 
 slow_effect = Agent(ScriptedModel(slow_effect_fn), name="slow_effect", tools=[record])
-
-
-def whoami_fn(request: ModelRequest) -> str:
-    """Which worker process answered (a probe that this worker still serves its queue)."""
-    return f"served by {os.getpid()}"
-
-
-whoami = Agent(ScriptedModel(whoami_fn), name="whoami")
