@@ -56,6 +56,8 @@ def _cid(name: str) -> str:
         ("guarded", "what is the password?", "no_secrets", "input", "asks for a password"),
         ("guarded_parallel", "the password", "no_secrets", "input", "asks for a password"),
         ("guarded", "shout hello", "no_shouting", "output", "the answer shouts"),
+        ("pai_guarded", "what is the password?", "no_secrets", "input", "asks for a password"),
+        ("pai_guarded", "shout hello", "no_shouting", "output", "the answer shouts"),
     ],
 )
 def test_a_tripped_guardrail_blocks_the_queued_turn_and_stores_nothing(
@@ -87,6 +89,19 @@ def test_a_tripped_guardrail_blocks_the_queued_turn_and_stores_nothing(
     # The conversation goes on: its next turn runs and is stored.
     assert client.submit(cid, "hello", agent=agent).wait(60).text == "ok: hello"
     assert [m.text for m in memory.load(cid)] == ["hello", "ok: hello"]
+
+
+def test_a_pydantic_ai_profile_refuses_an_input_guardrail_beside_the_model() -> None:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.models.test import TestModel
+
+    from convoq.errors import ConfigurationError
+    from convoq.integrations.pydantic_ai import durable
+    from tests.support.guardrail_agents import beside
+
+    with pytest.raises(ConfigurationError, match=r"'pai_x'.*run_in_parallel") as caught:
+        durable(PydanticAgent(TestModel(), name="pai_x"), input_guardrails=[beside])
+    assert caught.value.details == {"profile": "pai_x", "option": "input_guardrails"}
 
 
 def test_a_guardrail_that_raises_fails_the_turn_with_its_error(

@@ -9,11 +9,19 @@ approval parks the turn until ``approve``/``deny``, which resume it with Pydanti
 deferred tool results. What a submit asks of the turn (``model_settings``, an output
 schema, ``metadata``) becomes the run's own arguments (:mod:`._pydantic_ai_options`). See
 the README section "Pydantic AI agents on workers".
+
+Guardrails map as they run on a convoq Agent: ``input_guardrails`` check the user message
+before the run starts, ``output_guardrails`` the run's output (typed, or its text) before
+the turn is stored; a tripped one blocks the turn (:mod:`convoq.guardrails`). An input
+guardrail beside the first model call (``run_in_parallel``) is refused: the run journals
+its first model response itself, before a guardrail beside it could discard it. Pydantic
+AI's own output validators stay what they are there, retries the model reads (ModelRetry),
+never trips.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from convoq.errors import ConfigurationError
@@ -31,8 +39,14 @@ from pydantic_core import to_jsonable_python
 
 from convoq.approvals import refused_result
 from convoq.compaction import CompactionPolicy
-from convoq.context import DepsHolder
+from convoq.context import DepsHolder, TurnScope
 from convoq.engine import Completed, Outcome, Paused
+from convoq.guardrails import (
+    InputGuardrail,
+    check_all,
+    input_guardrails_of,
+    output_guardrails_of,
+)
 from convoq.integrations._pydantic_ai_journal import JournalCapability, TurnJournal
 from convoq.integrations._pydantic_ai_messages import (
     is_journal_entry,
@@ -46,6 +60,7 @@ from convoq.output import TypedOutput
 from convoq.profile import TurnJob
 from convoq.tokens import TokenCounter
 from convoq.turn_state import TurnEvent, TurnState
+from convoq.usage import Usage
 from convoq.window import check_budget
 
 __all__ = ["DurableAgent", "durable"]
@@ -65,6 +80,8 @@ class DurableAgent:
         deps: Any = None,
         deps_factory: Callable[[], Any] | None = None,
         approval_ttl_s: float | None = None,
+        input_guardrails: Iterable[Any] = (),
+        output_guardrails: Iterable[Any] = (),
     ) -> None:
         if not isinstance(agent, PydanticAgent):
             raise ConfigurationError(
@@ -88,6 +105,10 @@ class DurableAgent:
         self.token_counter = token_counter
         self.compaction: CompactionPolicy | None = None
         self._deps = DepsHolder(deps, deps_factory)
+        self.input_guardrails = _input_guardrails(self.name, input_guardrails)
+        self.output_guardrails = output_guardrails_of(
+            output_guardrails, f"the Pydantic AI profile {self.name!r}"
+        )
 
     async def provided_deps(self) -> Any:
         """``deps``, or what ``deps_factory`` made in this process."""
@@ -102,13 +123,24 @@ class DurableAgent:
         so_far = history + (to_pydantic_ai(base) if started else [])
         journal = TurnJournal(job, base, len(so_far))
         prompt = None if started else user_prompt(state.messages[0])
+        if not started:
+            await self._guard(job, self.input_guardrails, state.messages[0], 0)
         result = await self._run(job, prompt, so_far, JournalCapability(journal))
         messages = base + to_convoq(result.new_messages(), journal.audit)
         steps = journal.steps
         if isinstance(result.output, DeferredToolRequests):
             return await self._park(job, result.output, messages, steps)
+        await self._guard(job, self.output_guardrails, result.output, steps)
         data = _jsonable(result.output)
         return Completed(messages, steps, output=TypedOutput(result.output, data))
+
+    async def _guard(self, job: TurnJob, guardrails: Any, value: Any, step: int) -> None:
+        """Run ``guardrails`` on ``value`` in the turn's context (raise GuardrailTripped)."""
+        if guardrails:
+            deps = await self.provided_deps()
+            scope = TurnScope(job.conversation_id, job.turn_id, job.agent, deps, job.metadata,
+                              attempt=job.attempt)  # fmt: skip
+            await check_all(guardrails, scope.context(step, Usage()), value, job.emit)
 
     async def _run(
         self, job: TurnJob, prompt: Any, so_far: list[Any], journaled: JournalCapability
@@ -193,6 +225,8 @@ def durable(
     deps: Any = None,
     deps_factory: Callable[[], Any] | None = None,
     approval_ttl_s: float | None = None,
+    input_guardrails: Iterable[Any] = (),
+    output_guardrails: Iterable[Any] = (),
 ) -> DurableAgent:
     """A Pydantic AI agent as a convoq worker profile, named ``name`` or ``agent.name``.
 
@@ -205,9 +239,12 @@ def durable(
             worker process.
         approval_ttl_s: how long a turn parked for approval waits for its decisions
             (None: the workers' ``CONVOQ_APPROVAL_TTL_S``).
+        input_guardrails: checks of the user message before the run (see the module:
+            none may ``run_in_parallel``); ``output_guardrails``: checks of its output.
 
     Raises:
-        ConfigurationError: not a Pydantic AI agent, no name, or bad settings.
+        ConfigurationError: not a Pydantic AI agent, no name, bad settings, or an input
+            guardrail that runs in parallel.
     """
     return DurableAgent(
         agent,
@@ -218,7 +255,24 @@ def durable(
         deps=deps,
         deps_factory=deps_factory,
         approval_ttl_s=approval_ttl_s,
+        input_guardrails=input_guardrails,
+        output_guardrails=output_guardrails,
     )
+
+
+def _input_guardrails(profile: str, given: Iterable[Any]) -> tuple[InputGuardrail, ...]:
+    """The profile's input guardrails; one that runs in parallel is refused (see the module)."""
+    owner = f"the Pydantic AI profile {profile!r}"
+    guardrails = input_guardrails_of(given, owner)
+    if beside := [g.name for g in guardrails if g.run_in_parallel]:
+        raise ConfigurationError(
+            f"{owner}: input guardrails {beside} run_in_parallel, which a Pydantic AI run"
+            " cannot honour (it journals its first model response before they could discard"
+            " it); give them run_in_parallel=False",
+            profile=profile,
+            option="input_guardrails",
+        )
+    return guardrails
 
 
 def profile_of(value: Any) -> DurableAgent | None:
