@@ -22,7 +22,6 @@ from bench.memory_append import a_turn
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import MessageList
 from convoq.redis import connect
-from convoq.redis._codec import collector_paused
 
 SECTION = "memory (no workers; a server per system)"
 HOP_TURNS = 50  # stored turns of the URL-vs-client conversations
@@ -129,9 +128,8 @@ async def _measure(urls: dict[str, str], table: Table) -> None:
             # the same messages' JSON from bytes already in memory (no Redis at all).
             raw = MessageList.dump_json(await convoq.aload(cid))
 
-            async def validate_only(raw: bytes = raw, size: int = size) -> object:
-                with collector_paused(size):
-                    return MessageList.validate_json(raw)
+            async def validate_only(raw: bytes = raw) -> object:
+                return MessageList.validate_json(raw)
 
             async def langchain(load: Callable[[], object] = langchain_load) -> object:
                 return load()

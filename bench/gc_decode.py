@@ -1,19 +1,21 @@
-"""The cyclic garbage collector and long history loads: what ``gc.freeze()`` at worker
-start buys, next to pausing the collector around each decode.
+"""The cyclic garbage collector and long history loads, with the collector left on (convoq
+never switches it off): decoding each time, the turns a process keeps decoded, and
+``gc.freeze()`` as a worker does at start.
 
-A whole-history load of 10,000 turns creates some 100,000 small objects; each burst of
-allocations triggers collections, and a full collection walks every tracked object of
+A whole-history load of 10,000 turns decodes to some 140,000 tracked objects; each burst
+of allocations triggers collections, and a full collection walks every tracked object of
 the process: in a worker, Celery's, kombu's and convoq's own by the hundred thousand. For
 a process as bare as the benchmark's and for one holding a worker's heap (the worker app
 built and its modules imported, a worker's worth of extra objects), it prints the median
 of a full load with:
 
-- ``collector on``: nothing done (convoq's own pause bypassed);
-- ``paused``: the collector paused around the decode (:data:`convoq.redis._codec.collector_paused`,
-  what convoq does);
-- ``frozen``: ``gc.freeze()`` before the load, convoq's pause bypassed (what a worker
-  freezing its heap at start would get: the objects alive then are left out of every
-  later collection).
+- ``decoded``: every load decodes (``CONVOQ_DECODED_CACHE_BYTES=0``);
+- ``first``: the process keeps decoded turns (the default) and reads these the first
+  time: it decodes them and keeps them;
+- ``kept``: the same turns read again: the load allocates no message at all;
+- ``frozen``: as ``decoded``, after ``gc.freeze()`` of everything alive (what a worker
+  freezing its heap at start gets: the objects alive then are left out of every later
+  collection).
 
 Then how long one full collection takes with the worker's heap, and with it frozen (the
 worker freezes its heap at start: :meth:`convoq.worker.runtime.WorkerRuntime.announce`).
@@ -25,15 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 
 from bench._harness import embedded_redis, print_run
 from bench.memory_window import _populate
 from convoq.memory.redis import RedisConversationMemory
-from convoq.redis import _codec
+from convoq.redis import _decoded
 
 TURNS = 10_000
 ROUNDS = 9
@@ -42,34 +44,40 @@ ROUNDS = 9
 WORKER_EXTRA = 300_000
 
 
+MODES = ("decoded", "first", "kept", "frozen")
+
+
 @contextlib.contextmanager
 def _mode(name: str) -> Iterator[None]:
-    if name == "paused":
-        yield  # convoq's own pause
-        return
-    bulk, _codec.BULK = _codec.BULK, sys.maxsize  # no read is long enough to pause
+    """See the module docstring (the collector on in every mode)."""
+    keeps = name in ("first", "kept")
+    os.environ["CONVOQ_DECODED_CACHE_BYTES"] = str(512 * 1024**2) if keeps else "0"
+    _decoded.reset()
     if name == "frozen":
         gc.collect()
         gc.freeze()
     try:
         yield
     finally:
-        _codec.BULK = bulk
         gc.unfreeze()
+        os.environ.pop("CONVOQ_DECODED_CACHE_BYTES", None)
 
 
 async def _medians(memory: RedisConversationMemory, cid: str) -> dict[str, float]:
     """Median ms per mode, the modes alternating round by round."""
-    times: dict[str, list[float]] = {"collector on": [], "paused": [], "frozen": []}
+    times: dict[str, list[float]] = {name: [] for name in MODES}
     for _ in range(ROUNDS):
         for name, samples in times.items():
             with _mode(name):
+                if name == "kept":
+                    await memory.aload(cid)  # the read before, untimed
                 started = time.perf_counter()
                 loaded = await memory.aload(cid)
                 samples.append((time.perf_counter() - started) * 1000)
-            assert len(loaded) == 2 * TURNS + 1
-            del loaded
-            gc.collect()
+                assert len(loaded) == 2 * TURNS + 1
+                del loaded
+                _decoded.reset()
+                gc.collect()
     return {name: statistics.median(samples) for name, samples in times.items()}
 
 
@@ -91,7 +99,7 @@ async def run() -> str:
             cid = f"gc-{TURNS}"
             await _populate(memory, cid, TURNS)
             lines = [f"full load of {TURNS:,} turns, median ms of {ROUNDS} (modes alternating)"]
-            lines.append(f"{'process':<34}{'tracked':>10}{'on':>9}{'paused':>9}{'frozen':>9}")
+            lines.append(f"{'process':<34}{'tracked':>10}" + "".join(f"{m:>9}" for m in MODES))
             bare = await _medians(memory, cid)
             lines.append(_line("bare (benchmark process)", bare))
             heap = _worker_heap()
@@ -127,7 +135,7 @@ def _full_collections() -> str:
 
 def _line(what: str, medians: dict[str, float]) -> str:
     tracked = len(gc.get_objects())
-    values = "".join(f"{medians[name]:>9.1f}" for name in ("collector on", "paused", "frozen"))
+    values = "".join(f"{medians[name]:>9.1f}" for name in MODES)
     return f"{what:<34}{tracked:>10,}{values}"
 
 

@@ -69,6 +69,9 @@ MAX_ATTACHMENT_BYTES = 20 * MiB
 """Largest attachment accepted (``CONVOQ_MAX_ATTACHMENT_BYTES``)."""
 MAX_TURN_BYTES = 64 * MiB
 """Largest turn (messages plus attachments) accepted (``CONVOQ_MAX_TURN_BYTES``)."""
+DECODED_CACHE_BYTES = 64 * MiB
+"""Decoded stored turns a process keeps, shared by every read of them
+(``CONVOQ_DECODED_CACHE_BYTES``; 0 keeps none): a worker's windows, repeated loads."""
 MAX_QUEUED_PER_CONVERSATION: int | None = 1000
 """Turns one conversation may have waiting (its inbox, the running one included) before
 ``submit`` raises QueueFullError (``CONVOQ_MAX_QUEUED_PER_CONVERSATION``; 0 or unset:

@@ -7,6 +7,7 @@ list of turns, optionally preceded by leading system/developer messages.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -25,7 +26,10 @@ from pydantic import (
 from convoq.errors import InvalidMessageError
 from convoq.usage import Usage
 
-_BYTES_AS_BASE64 = ConfigDict(val_json_bytes="base64")
+# Messages and their parts are values: a field is never reassigned (``model_copy(update=...)``
+# makes a changed one), so one decoded message can be handed to every reader of a stored
+# turn (see :func:`shared_message`).
+_BYTES_AS_BASE64 = ConfigDict(val_json_bytes="base64", frozen=True)
 
 
 def _standard_base64(data: bytes) -> str:
@@ -90,6 +94,7 @@ UNREADABLE_RECORD = "convoq-unreadable"
 class ToolCall(BaseModel):
     """A call the model asks for; ``arguments`` is the decoded JSON object."""
 
+    model_config = ConfigDict(frozen=True)
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -106,6 +111,7 @@ class Decision(BaseModel):
     decided (``by``), when (``at_ms``, unix ms) and why (``reason``). ``expired``: no one
     decided before the approval's time ran out (then ``approved`` is False)."""
 
+    model_config = ConfigDict(frozen=True)
     approved: bool
     reason: str | None = None
     by: str | None = None
@@ -158,8 +164,10 @@ class Message(BaseModel):
         if content and content[-1].type == "file":
             last = content[-1]
             if isinstance(last, FilePart) and last.mime_type == LEGACY_RECORD_MIME_TYPE:
-                self.content = content[:-1]
-                self.framework = {**(self.framework or {}), **_legacy_record(last.data)}
+                # Frozen: the instance is still being built, so its fields are set here.
+                self.__dict__["content"] = content[:-1]
+                framework = {**(self.framework or {}), **_legacy_record(last.data)}
+                self.__dict__["framework"] = framework
         return self
 
     @property
@@ -230,6 +238,112 @@ class GenerationRequest(BaseModel):
 
 
 MessageList = TypeAdapter(list[Message])
+
+
+def _read_only(*_args: Any, **_kwargs: Any) -> Any:
+    raise InvalidMessageError(
+        "this message is shared read-only: every load of its stored turn in this process gets"
+        " the same object (the store keeps decoded turns, see CONVOQ_DECODED_CACHE_BYTES);"
+        " change a copy: message.model_copy(deep=True), or build a new list",
+        rule="read_only",
+    )
+
+
+class ReadOnlyList(list):  # type: ignore[type-arg]
+    """A list a shared message holds (its parts, its tool calls, JSON inside them): equal
+    to any list with the same items, JSON like one, but every change raises
+    InvalidMessageError. Copies (``copy.deepcopy``, ``model_copy(deep=True)``) and pickles
+    are plain lists."""
+
+    __slots__ = ()
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+    def __copy__(self) -> list[Any]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        return copy.deepcopy(list(self), memo)
+
+
+class ReadOnlyDict(dict):  # type: ignore[type-arg]
+    """The dict twin of :class:`ReadOnlyList` (tool call arguments, provider options,
+    ``framework``)."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
+
+    def __copy__(self) -> dict[Any, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
+        return copy.deepcopy(dict(self), memo)
+
+
+def _read_only_json(value: Any) -> Any:
+    """``value`` (decoded JSON) with every list and dict in it read-only."""
+    if isinstance(value, dict):
+        return ReadOnlyDict({k: _read_only_json(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return ReadOnlyList(_read_only_json(v) for v in value)
+    return value
+
+
+_NO_CALLS = ReadOnlyList()
+# Fields of parts and tool calls that hold JSON of their own.
+_DICT_FIELDS = ("arguments", "provider_options")
+# pydantic gives each instance a set of the fields it was given; shared messages and parts
+# share one per distinct set (pydantic copies it before it changes one), which leaves the
+# garbage collector two objects less to walk per kept message. A handful of sets in all.
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
+
+def shared_message(message: Message) -> Message:
+    """``message``, made safe to hand to every reader: its lists and dicts (and those of
+    its parts and tool calls) become :class:`ReadOnlyList` / :class:`ReadOnlyDict`; with
+    the frozen models themselves, nothing about it can change. For a message just decoded
+    from storage and not yet handed out (it is changed in place, then never again)."""
+    fields = message.__dict__
+    content = fields["content"]
+    for part in content:
+        if part.__class__ is not TextPart:  # text parts hold nothing that changes
+            _share_dicts(part)
+        _share_fields_set(part)
+    fields["content"] = ReadOnlyList(content)
+    calls = fields["tool_calls"]
+    if calls:
+        for call in calls:
+            _share_dicts(call)
+        fields["tool_calls"] = ReadOnlyList(calls)
+    else:
+        fields["tool_calls"] = _NO_CALLS
+    if fields["framework"] is not None:
+        fields["framework"] = _read_only_json(fields["framework"])
+    _share_fields_set(message)
+    return message
+
+
+def _share_fields_set(model: BaseModel) -> None:
+    given = model.__pydantic_fields_set__
+    key = frozenset(given)
+    shared = _FIELDS_SETS.get(key)
+    if shared is None:
+        shared = _FIELDS_SETS.setdefault(key, given)
+    object.__setattr__(model, "__pydantic_fields_set__", shared)
+
+
+def _share_dicts(model: BaseModel) -> None:
+    for name in _DICT_FIELDS:
+        value = model.__dict__.get(name)
+        if value is not None:
+            model.__dict__[name] = _read_only_json(value)
 
 
 def messages_to_json(messages: list[Message]) -> bytes:

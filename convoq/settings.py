@@ -165,6 +165,13 @@ class ConvoqSettings(BaseSettings):
     )
     max_attachment_bytes: int = Field(default=defaults.MAX_ATTACHMENT_BYTES, ge=1)
     max_turn_bytes: int = Field(default=defaults.MAX_TURN_BYTES, ge=1)
+    decoded_cache_bytes: int = Field(
+        default=defaults.DECODED_CACHE_BYTES,
+        ge=0,
+        description="Decoded stored turns a process keeps, in bytes (an estimate), so reading"
+        " turns it read before decodes nothing again; their messages are then shared"
+        " read-only values. One cache per process, read at its first decode. 0: none kept.",
+    )
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")
     webhook_max_retries: int = Field(default=8, ge=0)
     webhook_retry_base_s: float = Field(

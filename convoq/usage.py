@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from pydantic import BaseModel, NonNegativeInt
+from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 
 class Usage(BaseModel):
@@ -29,6 +29,8 @@ class Usage(BaseModel):
     OpenAI API reports them.
     """
 
+    # A value (a sum makes a new one): stored messages share theirs (convoq.messages).
+    model_config = ConfigDict(frozen=True)
     requests: NonNegativeInt = 0
     prompt_tokens: NonNegativeInt = 0
     completion_tokens: NonNegativeInt = 0

@@ -194,8 +194,9 @@ def parse_usage(data: Any) -> Usage | None:
         cached_tokens=count(get(data, "input_tokens_details", "cached_tokens")),
         reasoning_tokens=count(get(data, "output_tokens_details", "reasoning_tokens")),
     )
-    if not usage.total_tokens:
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    if not usage.total_tokens:  # a value: the sum goes in a copy
+        total = usage.prompt_tokens + usage.completion_tokens
+        usage = usage.model_copy(update={"total_tokens": total})
     return usage
 
 

@@ -22,6 +22,7 @@ from convoq.redis._codec import (
     parse_header,
     text,
 )
+from convoq.redis._decoded import process_cache
 from convoq.redis._history import (
     CHUNK,
     _blobs_steps,
@@ -96,8 +97,13 @@ def _decode_inline(
     blobs, blobs_key = pairs_to_dict(pairs), keys.blobs(cid)
     lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
     headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
-    lead_messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
-    return lead_messages, decode_elements(headers, blobs, key=keys.turns(cid), blobs_key=blobs_key)
+    cache, owner = process_cache(), keys.base(cid)
+    lead_messages = decode_elements(
+        lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key, cache=cache, owner=owner
+    )
+    return lead_messages, decode_elements(
+        headers, blobs, key=keys.turns(cid), blobs_key=blobs_key, cache=cache, owner=owner
+    )
 
 
 def _range_steps(
@@ -125,5 +131,10 @@ def _range_steps(
     headers = [parse_header(e, key=turns) for e in elements]
     blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
     blobs_key = keys.blobs(cid)
-    lead_messages = decode_elements(lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key)
-    return lead_messages, decode_elements(headers, blobs, key=turns, blobs_key=blobs_key)
+    cache, owner = process_cache(), keys.base(cid)
+    lead_messages = decode_elements(
+        lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key, cache=cache, owner=owner
+    )
+    return lead_messages, decode_elements(
+        headers, blobs, key=turns, blobs_key=blobs_key, cache=cache, owner=owner
+    )

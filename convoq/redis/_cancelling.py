@@ -13,6 +13,7 @@ from convoq.errors import ConversationMemoryError, TurnCancelledError
 from convoq.ids import check_turn_id
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
+from convoq.redis._decoded import forget
 from convoq.redis._replies import Outcome
 
 _CLEAR_RETRIES = 20
@@ -76,6 +77,7 @@ class CancellingMixin(ProtocolBase):
             if reply.refusal is not None:
                 raise self.refusal(reply.refusal, cid, None)
             if reply.status == "OK":
+                forget(self.keys.base(cid))  # what this process decoded of it goes too
                 return
         raise ConversationMemoryError(
             f"conversation {cid!r} kept changing while it was cleared; try again"

@@ -36,20 +36,18 @@ refused with UnsupportedFormatVersionError, and nothing is written):
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import json
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from convoq.errors import CorruptDataError
 from convoq.limits import Limits, attachment_too_large, turn_too_large
-from convoq.messages import Message, MessageList, MessageRole, TextPart
+from convoq.messages import Message, MessageList, MessageRole, TextPart, shared_message
+from convoq.redis._decoded import DecodedTurns, Turn
 from convoq.tokens import DEFAULT_COUNTER
 from convoq.usage import COUNTER_FIELDS, Usage, turn_tokens, turn_usage
 
@@ -59,7 +57,7 @@ _BLOBS_FIELD = b"b="
 _TOKENS_FIELD = b"t="
 _WINDOW_FIELD = b"w="
 # What plain_messages looks for: a header's first byte, and its attachments field.
-_STARTS_ONLY, _ANY_KIND = frozenset(_STARTS), frozenset(_STARTS + _CONTINUES)
+_ANY_KIND = frozenset(_STARTS + _CONTINUES)
 _BLOBS_MARK = b" " + _BLOBS_FIELD
 # A body is a JSON array: its brackets are checked, then stripped to join bodies in one.
 _OPEN, _CLOSE = ord("["), ord("]")
@@ -160,6 +158,7 @@ class Header:
     blobs: tuple[str, ...]
     body: memoryview  # the JSON array after the header line
     tokens: int | None = None  # the t= field: see the module docstring
+    element: bytes = b""  # the whole stored element (what decoded turns are kept by)
 
 
 def parse_header(element: bytes, *, key: str) -> Header:
@@ -175,7 +174,7 @@ def parse_header(element: bytes, *, key: str) -> Header:
             blobs = tuple(item[2:].decode("ascii").split(","))
         elif item.startswith(_TOKENS_FIELD) and item[2:].isdigit():
             tokens = int(item[2:])
-    return Header(kind == _STARTS, blobs, memoryview(element)[newline + 1 :], tokens)
+    return Header(kind == _STARTS, blobs, memoryview(element)[newline + 1 :], tokens, element)
 
 
 def blob_refs(headers: Iterable[Header]) -> list[str]:
@@ -183,74 +182,124 @@ def blob_refs(headers: Iterable[Header]) -> list[str]:
     return list(dict.fromkeys(sha for header in headers for sha in header.blobs))
 
 
+# Elements (each a JSON array of messages) decoded in one compiled call: a list of lists.
+_ELEMENTS = TypeAdapter(list[list[Message]])
+
+
 def decode_elements(
-    headers: list[Header], blobs: dict[str, bytes], *, key: str, blobs_key: str
+    headers: list[Header],
+    blobs: dict[str, bytes],
+    *,
+    key: str,
+    blobs_key: str,
+    cache: DecodedTurns | None = None,
+    owner: str = "",
 ) -> list[Message]:
-    """Messages of stored elements, attachment bytes restored from ``blobs``. Runs of
-    elements without attachments are validated in one ``validate_json`` call."""
-    messages: list[Message] = []
-    run: list[memoryview] = []
+    """Messages of stored elements, attachment bytes restored from ``blobs``. Elements
+    without attachments are validated together in one ``validate_json`` call. With
+    ``cache``, elements of conversation ``owner`` decoded before come from it and those
+    decoded now join it (shared, read-only messages); without, every message is new."""
+    elements = [header.element for header in headers]
+    found: list[Turn | None] = cache.lookup(owner, elements) if cache else [None] * len(headers)
     try:
-        for header in headers:
-            if not header.blobs:
-                body = header.body
-                if len(body) < 2 or body[0] != _OPEN or body[-1] != _CLOSE:
-                    raise ValueError("the element body is no JSON array")
-                if len(body) > 2:  # "[]" holds nothing
-                    run.append(body[1:-1])
-                continue
-            messages += _validate_run(run)
-            run = []
-            messages += _with_blobs(header.body, blobs, blobs_key)
-        messages += _validate_run(run)
+        plain = [i for i, turn in enumerate(found) if turn is None and not headers[i].blobs]
+        decoded: dict[int, list[Message]] = dict(
+            zip(plain, _validate_bodies([headers[i].body for i in plain]), strict=True)
+        )
+        sizes = dict.fromkeys(decoded, 0)
+        for i, turn in enumerate(found):
+            if turn is None and i not in decoded:
+                decoded[i] = _with_blobs(headers[i].body, blobs, blobs_key)
+                sizes[i] = sum(len(blobs.get(sha, b"")) for sha in headers[i].blobs)
     except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
         raise _corrupt(key, f"{type(exc).__name__}") from exc
-    return messages
+    return _assembled(found, decoded, elements, cache, owner, sizes)
 
 
 def plain_messages(
-    lead: list[bytes], elements: list[bytes], *, starts_only: bool
+    lead: list[bytes],
+    elements: list[bytes],
+    *,
+    starts_only: bool,
+    cache: DecodedTurns | None = None,
+    owner: str = "",
 ) -> list[Message] | None:
     """The messages of ``lead`` then ``elements``, validated in one compiled
-    ``validate_json``, read from their header lines alone when none refers to an
+    ``validate_json`` (those ``cache`` holds for ``owner`` taken from it, see
+    :func:`decode_elements`), read from their header lines alone when none refers to an
     attachment; None if one does, one has no header, (with ``starts_only``) one of
     ``elements`` does not start a turn, or they do not parse (the caller then reads them
-    the way that names the key at fault)."""
-    lead_bodies = _plain_bodies(lead, _ANY_KIND)
-    bodies = _plain_bodies(elements, _STARTS_ONLY if starts_only else _ANY_KIND)
-    if lead_bodies is None or bodies is None:
+    the way that names the key at fault). An element found in ``cache`` was read whole
+    before: only its first byte (whether it starts a turn) is looked at again."""
+    if starts_only and any(element[:1] != _STARTS for element in elements):
+        return None
+    everything = [*lead, *elements] if lead else elements
+    found: list[Turn | None] = (
+        cache.lookup(owner, everything) if cache else [None] * len(everything)
+    )
+    missing = [i for i, turn in enumerate(found) if turn is None]
+    bodies = _plain_bodies([everything[i] for i in missing])
+    if bodies is None:
         return None
     try:
-        return _validate_run(lead_bodies + bodies)
+        if cache is None:  # every message new: one call, flat
+            return [m for turn in _ELEMENTS.validate_json(_json_array(bodies)) for m in turn]
+        decoded = dict(zip(missing, _validate_bodies(bodies), strict=True))
     except (ValueError, ValidationError):
         return None
+    return _assembled(found, decoded, everything, cache, owner)
 
 
-def _plain_bodies(elements: list[bytes], kinds: frozenset[int]) -> list[bytes] | None:
-    """The JSON bodies (array brackets stripped; empty arrays left out) of elements whose
-    header's first byte is in ``kinds``, which refer to no attachment and whose body is
-    bracketed as an array, else None."""
-    bodies: list[bytes] = []
+def _assembled(
+    found: list[Turn | None],
+    decoded: dict[int, list[Message]],
+    elements: list[bytes],
+    cache: DecodedTurns | None,
+    owner: str,
+    blob_sizes: dict[int, int] | None = None,
+) -> list[Message]:
+    """The messages of every element in order: those ``found`` in the cache, and those
+    ``decoded`` now (by index), shared and kept when there is a cache."""
+    if decoded and cache is not None:
+        kept = []
+        for i, messages in decoded.items():
+            turn = tuple([shared_message(m) for m in messages])
+            found[i] = turn
+            kept.append((elements[i], turn, (blob_sizes or {}).get(i, 0)))
+        cache.store_many(owner, kept)
+    out: list[Message] = []
+    for i, held in enumerate(found):
+        out += decoded[i] if held is None else held
+    return out
+
+
+def _plain_bodies(elements: list[bytes]) -> list[memoryview] | None:
+    """The JSON bodies (each a JSON array) of elements that have a header line, refer to
+    no attachment and whose body is bracketed as an array, else None."""
+    bodies: list[memoryview] = []
     for element in elements:
         newline = element.find(b"\n")
         if (
             newline < 1
             or len(element) - newline < 3  # no room for "[]" after the header line
-            or element[0] not in kinds
+            or element[0] not in _ANY_KIND
             or element.find(_BLOBS_MARK, 1, newline) >= 0
             or element[newline + 1] != _OPEN
             or element[-1] != _CLOSE
         ):
             return None
-        if len(element) - newline > 3:  # more than "[]" after the header line
-            bodies.append(element[newline + 2 : -1])
+        bodies.append(memoryview(element)[newline + 1 :])
     return bodies
 
 
-def _validate_run(bodies: list[memoryview] | list[bytes]) -> list[Message]:
+def _validate_bodies(bodies: Sequence[memoryview]) -> list[list[Message]]:
+    """Each body (a JSON array of messages) decoded, in one compiled call."""
     if not bodies:
         return []
-    return MessageList.validate_json(_json_array(bodies))
+    for body in bodies:
+        if len(body) < 2 or body[0] != _OPEN or body[-1] != _CLOSE:
+            raise ValueError("the element body is no JSON array")
+    return _ELEMENTS.validate_json(_json_array(bodies))
 
 
 def _json_array(bodies: Sequence[bytes | memoryview]) -> bytes:
@@ -260,54 +309,6 @@ def _json_array(bodies: Sequence[bytes | memoryview]) -> bytes:
     if len(bodies) == 1:
         return b"[" + bodies[0] + b"]"
     return b",".join([b"[" + bodies[0], *bodies[1:-1], bytes(bodies[-1]) + b"]"])
-
-
-# Reads of at least this many elements decode with the cyclic garbage collector paused.
-BULK = 512
-
-
-class _CollectorPause:
-    """One pause of the cyclic garbage collector shared by every thread decoding at once.
-
-    Decoding 10,000 turns creates some 100,000 small acyclic objects; each burst of
-    allocations triggers collections that walk them again and again as they age, which
-    made such a load 1.2-1.6x slower in a small process (``python -m bench gc``).
-    ``gc.freeze()`` does not win this back (the objects walked are the ones the decode
-    creates, not those alive before it); a worker freezes its start-up heap for another
-    reason (see ``WorkerRuntime.announce``). So the collector is paused, and because the
-    switch is process-wide, the pause is counted: the first decode to start turns it off,
-    the last to end turns it back on, and only if it was on (a caller's ``gc.disable()``
-    holds). Other threads meanwhile free their objects by reference counting as always;
-    only their cycles wait for the end of the decode (well under a second).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._resume = False
-
-    @contextlib.contextmanager
-    def __call__(self, elements: int) -> Iterator[None]:
-        if elements < BULK:
-            yield
-            return
-        with self._lock:
-            if self._holders == 0:
-                self._resume = gc.isenabled()
-                gc.disable()
-            self._holders += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._holders -= 1
-                if self._holders == 0 and self._resume:
-                    gc.enable()
-
-
-collector_paused = _CollectorPause()
-"""``with collector_paused(len(elements)):`` around a decode (see :class:`_CollectorPause`;
-below ``BULK`` elements the collector is left alone)."""
 
 
 def _with_blobs(body: memoryview, blobs: dict[str, bytes], blobs_key: str) -> list[Message]:

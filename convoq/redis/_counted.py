@@ -18,6 +18,7 @@ from convoq.redis._codec import (
     parse_header,
     text,
 )
+from convoq.redis._decoded import process_cache
 from convoq.redis._history import _blobs_steps, _raise_stored_errors
 from convoq.redis._refusals import cleared_while_read, version_error
 from convoq.redis.keys import KeySchema
@@ -108,4 +109,11 @@ def _walk(keys: KeySchema, cid: str, window: Window) -> Steps[list[Message] | No
 
 def _decoded(keys: KeySchema, cid: str, headers: list[Header], key: str) -> Steps[list[Message]]:
     blobs = yield from _blobs_steps(keys, cid, blob_refs(headers))
-    return decode_elements(headers, blobs, key=key, blobs_key=keys.blobs(cid))
+    return decode_elements(
+        headers,
+        blobs,
+        key=key,
+        blobs_key=keys.blobs(cid),
+        cache=process_cache(),
+        owner=keys.base(cid),
+    )

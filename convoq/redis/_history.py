@@ -29,9 +29,9 @@ from convoq.redis._cluster import CLUSTER_UNAVAILABLE
 from convoq.redis._codec import (
     FORMAT_VERSION,
     Encoded,
+    Header,
     blob_refs,
     check_turn_size,
-    collector_paused,
     counters_arg,
     decode_elements,
     encode_element,
@@ -40,6 +40,7 @@ from convoq.redis._codec import (
     text,
     usage_of,
 )
+from convoq.redis._decoded import process_cache
 from convoq.redis._refusals import cleared_while_read, refusal_error, version_error
 from convoq.redis._replies import AppendReply, LoadReply
 from convoq.redis.keys import KeySchema
@@ -69,12 +70,27 @@ def decode_window(
     stops at the element that starts the window's first turn, and element headers mark
     turn starts exactly where :func:`~convoq.window.split_turns` does, so no cut is
     needed here)."""
-    lead_key, turns_key = keys.lead(cid), keys.turns(cid)
-    lead_headers = [parse_header(e, key=lead_key) for e in lead]
-    headers = [parse_header(e, key=turns_key) for e in elements]
-    blobs_key = keys.blobs(cid)
-    messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
-    messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
+    lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
+    headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
+    return decode_stored(keys, cid, lead_headers, headers, blobs)
+
+
+def decode_stored(
+    keys: KeySchema,
+    cid: str,
+    lead_headers: list[Header],
+    headers: list[Header],
+    blobs: dict[str, bytes],
+) -> list[Message]:
+    """The messages of the lead's then the turns' elements, those read before in this
+    process from its decoded turns (:func:`~convoq.redis._decoded.process_cache`)."""
+    cache, owner, blobs_key = process_cache(), keys.base(cid), keys.blobs(cid)
+    messages = decode_elements(
+        lead_headers, blobs, key=keys.lead(cid), blobs_key=blobs_key, cache=cache, owner=owner
+    )
+    messages += decode_elements(
+        headers, blobs, key=keys.turns(cid), blobs_key=blobs_key, cache=cache, owner=owner
+    )
     return messages
 
 
@@ -122,7 +138,13 @@ def plain_window_steps(
     if with_summary and replies[3] is not None:
         return None
     # Fewer elements than asked for: the whole list, whatever its first element starts.
-    return plain_messages(lead, elements, starts_only=len(elements) == window)
+    return plain_messages(
+        lead,
+        elements,
+        starts_only=len(elements) == window,
+        cache=process_cache(),
+        owner=keys.base(cid),
+    )
 
 
 async def load_history(
@@ -139,19 +161,16 @@ def chunked_steps(keys: KeySchema, cid: str, window: int) -> Steps[list[Message]
         if read is None:
             continue  # cleared while we read: start over
         lead, elements = read
-        lead_key, turns_key = keys.lead(cid), keys.turns(cid)
-        with collector_paused(len(elements)):
-            plain = plain_messages(lead, elements, starts_only=False)
-            if plain is not None:
-                return window_last_turns(plain, window or None)
-            headers = [parse_header(e, key=turns_key) for e in elements]
-            lead_headers = [parse_header(e, key=lead_key) for e in lead]
+        plain = plain_messages(
+            lead, elements, starts_only=False, cache=process_cache(), owner=keys.base(cid)
+        )
+        if plain is not None:
+            return window_last_turns(plain, window or None)
+        headers = [parse_header(e, key=keys.turns(cid)) for e in elements]
+        lead_headers = [parse_header(e, key=keys.lead(cid)) for e in lead]
         blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead_headers, *headers]))
-        blobs_key = keys.blobs(cid)
-        with collector_paused(len(elements)):
-            messages = decode_elements(lead_headers, blobs, key=lead_key, blobs_key=blobs_key)
-            messages += decode_elements(headers, blobs, key=turns_key, blobs_key=blobs_key)
-            return window_last_turns(messages, window or None)
+        messages = decode_stored(keys, cid, lead_headers, headers, blobs)
+        return window_last_turns(messages, window or None)
     raise cleared_while_read(cid)
 
 

@@ -38,6 +38,7 @@ from convoq.redis._codec import (
     parse_header,
     text,
 )
+from convoq.redis._decoded import forget
 from convoq.redis._history import APPEND_ID_TTL_MS, _blobs_steps, _raise_stored_errors
 from convoq.redis._holding import BusyWait
 from convoq.redis._refusals import refusal_error, version_error
@@ -87,6 +88,7 @@ def pop_steps(
     reply = Outcome.parse("pop", (yield ScriptCall("pop", pop_keys(keys, cid, pop_id), args)))
     if reply.refusal is not None:
         raise refusal_error(reply.refusal, keys, cid, None)
+    forget(keys.base(cid))  # the element it replaced, decoded here, goes too
     if reply.status == "EMPTY":
         return None
     if reply.status == "CHANGED" or newest is None:

@@ -24,6 +24,7 @@ from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
+from convoq.redis._decoded import forget
 from convoq.redis._replies import CountReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import ScriptCall
@@ -91,5 +92,6 @@ class RetentionMixin(ProtocolBase):
         reply = CountReply.parse("prune", await self.scripts.run("prune", keys, [keep_last_turns]))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, None)
+        forget(self.keys.base(cid))  # the turns it dropped, decoded here, go too
         await self.touch(cid)
         return reply.count

@@ -7,6 +7,7 @@ import hashlib
 
 from convoq.messages import Message
 from convoq.redis._codec import text
+from convoq.redis._decoded import forget
 from convoq.redis._history import _raise_stored_errors, chunked_steps
 from convoq.redis._refusals import refusal_error
 from convoq.redis._replies import Outcome
@@ -65,3 +66,5 @@ def commit_steps(keys: KeySchema, cid: str, summary: Summary, basis: SummaryBasi
     reply = Outcome.parse("summarise", (yield ScriptCall("summarise", script_keys, args)))
     if reply.refusal is not None:
         raise refusal_error(reply.refusal, keys, cid, None)
+    # The turns it covers are read no more (a compaction prunes them next).
+    forget(keys.base(cid))

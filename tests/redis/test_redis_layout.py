@@ -3,7 +3,6 @@ version gate, and long histories read in bounded chunks."""
 
 from __future__ import annotations
 
-import gc
 import re
 from collections.abc import AsyncIterator
 
@@ -15,7 +14,6 @@ from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, MessageRole, TextPart
 from convoq.redis import TurnProtocol, scripts
 from convoq.redis import _history as history_module
-from convoq.redis._codec import BULK, collector_paused
 
 CID = "layout"
 LEASE = 30_000
@@ -97,19 +95,3 @@ async def test_long_histories_are_read_in_chunks_with_their_attachments(
     await proto.submit(CID, "t1", agent="a", message=Message.user("next"), options={})
     acquired = await proto.acquire(CID, worker_id="w", lease_ms=LEASE, window=0)
     assert acquired is not None and acquired.history == everything
-
-
-def test_long_reads_decode_with_the_collector_paused_and_restored() -> None:
-    assert gc.isenabled()
-    with collector_paused(BULK):
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    with collector_paused(BULK - 1):
-        assert gc.isenabled()  # small reads leave it alone
-    gc.disable()
-    try:
-        with collector_paused(BULK):
-            pass
-        assert not gc.isenabled()  # the caller's choice stands
-    finally:
-        gc.enable()
