@@ -219,3 +219,26 @@ def test_bad_guardrail_options_are_refused_when_the_agent_is_made(
 ) -> None:
     with pytest.raises(ConvoqError, match=match):
         Agent(ScriptedModel(echo), **options)
+
+
+def test_a_rerun_that_finds_the_first_answer_journaled_does_not_check_the_input_again() -> None:
+    from convoq.engine import Completed, TurnLoop
+    from convoq.tools import ToolRegistry
+    from convoq.turn_state import TurnState
+
+    checked: list[str] = []
+
+    def count(ctx: RunContext[Any], message: Message) -> GuardrailResult:
+        checked.append(message.text)
+        return GuardrailResult.passed()
+
+    guard = (InputGuardrail(count, "count"),)
+    model = ScriptedModel(echo)
+    loop = TurnLoop(model=model, tools=ToolRegistry([]), history=[], input_guardrails=guard)
+    fresh = TurnState.start(Message.user("hi"))
+    assert isinstance(asyncio.run(loop.run(fresh)), Completed)
+    assert checked == ["hi"]
+    # The state a journal keeps after the first model call: the guardrails passed then.
+    journaled = TurnState(messages=[Message.user("hi"), Message.assistant("ok")], steps=1)
+    assert isinstance(asyncio.run(loop.run(journaled)), Completed)
+    assert checked == ["hi"] and model.call_count == 1
