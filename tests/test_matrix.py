@@ -20,6 +20,9 @@ What rides on the turn:
 - ``langchain_history`` / ``openai_agents_history``: the conversation so far was written
   by the LangChain and OpenAI Agents adapters; the turn succeeds, sends no framework data
   to the model, and the adapter reads back exactly what it wrote.
+- ``input_guardrail`` / ``output_guardrail``: the profile's guardrail trips on the user
+  message (no request reaches the model) or on the answer; the turn ends ``blocked``
+  naming the guardrail and its reason, and the conversation stores nothing.
 
 Cells that cannot apply are in :data:`NOT_APPLICABLE` with the reason.
 """
@@ -38,7 +41,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from convoq import Agent, Client
+from convoq import Agent, Client, GuardrailTripped
 from convoq.compaction import CompactionPolicy, compact
 from convoq.memory import RedisConversationMemory
 from convoq.messages import Message
@@ -56,7 +59,9 @@ ENTRIES = ("in_process", "worker", "gateway")
 PROFILES = ("convoq", "pydantic_ai")
 WIRES = matrix_agents.WIRES
 RIDERS = ("metadata", "model_settings", "typed_output", "approval", "mcp", "summary",
-          "langchain_history", "openai_agents_history")  # fmt: skip
+          "langchain_history", "openai_agents_history", "input_guardrail",
+          "output_guardrail")  # fmt: skip
+GUARDED = {"input_guardrail": "no_blocked_input", "output_guardrail": "no_blocked_output"}
 ANY = "*"
 # (entry, profile, wire, rider), ANY matching every value -> why the cell cannot apply.
 NOT_APPLICABLE: dict[tuple[str, str, str, str], str] = {
@@ -99,6 +104,7 @@ class Ran:
     text: str = ""
     output: Any = None
     pending: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +203,10 @@ def test_cell(
         written = cell.seed()
         ran = cell.run()
     cid = cell.cid
+    requests = [s for s in wire.seen() if any(cid in item.text for item in s.items)]
+    if rider in GUARDED:
+        check_blocked(cell, ran, requests)
+        return
     if rider == "approval":
         assert ran.status == "awaiting_approval" and ran.pending == ["refund"], ran
         ran = cell.approve()
@@ -206,6 +216,19 @@ def test_cell(
     for seen in requests:
         assert "vnd.convoq" not in json.dumps(seen.body), "framework data reached a model"
     check_rider(cell, ran, requests, written)
+
+
+def check_blocked(cell: Cell, ran: Ran, requests: list[Seen]) -> None:
+    """A guardrail cell: blocked, saying which guardrail and why; nothing stored; an
+    input trip before any model call, an output trip after the one answer."""
+    assert ran.status == "blocked", ran
+    assert ran.error is not None and ran.error["type"] == "GuardrailTripped", ran
+    details = ran.error["details"]
+    kind = cell.rider.removesuffix("_guardrail")
+    assert (details["guardrail"], details["kind"]) == (GUARDED[cell.rider], kind), details
+    assert details["reason"] == f"blocked {kind} of {cell.cid}"
+    assert len(requests) == (0 if kind == "input" else 1), [s.items for s in requests]
+    assert cell.memory.load(cell.cid) == []
 
 
 def check_rider(cell: Cell, ran: Ran, requests: list[Seen], written: Any) -> None:
@@ -326,9 +349,12 @@ class Cell:
         agent: Agent = getattr(self.fixture("agents"), self.agent)
         with_memory = _with_memory(agent, self.memory)
         output = {"output_type": Answer} if self.rider == "typed_output" else {}
-        self.response = with_memory.generate(
-            self.text, conversation_id=self.cid, **self.options(), **output
-        )
+        try:
+            self.response = with_memory.generate(
+                self.text, conversation_id=self.cid, **self.options(), **output
+            )
+        except GuardrailTripped as tripped:
+            return Ran("blocked", error=tripped.to_data())
         return _ran_in_process(self.response)
 
     def _run_worker(self) -> Ran:
@@ -407,9 +433,10 @@ def _ran_in_process(response: Any) -> Ran:
 
 def _ran_worker(result: Any) -> Ran:
     pending = [c.name for c in result.pending_approvals]
-    return Ran(result.status, result.text, result.output, pending)
+    error = result.error.to_data() if result.error is not None else None
+    return Ran(result.status, result.text, result.output, pending, error)
 
 
 def _ran_gateway(view: dict[str, Any]) -> Ran:
     pending = [c["name"] for c in view["pending_approvals"]]
-    return Ran(view["status"], view["text"], view["output"], pending)
+    return Ran(view["status"], view["text"], view["output"], pending, view["error"])

@@ -5,7 +5,9 @@ loopback server at ``MATRIX_WIRE_URL`` (``.../v1``, :mod:`tests.support.wire_ser
 ``convoq_chat``, ``convoq_responses``, ``convoq_anthropic``, ``pydantic_ai_chat``,
 ``pydantic_ai_responses``, ``pydantic_ai_anthropic``. Each has the same tools: ``refund``
 (needs approval), ``whoami`` (reads the turn's metadata) and, for convoq agents, the MCP
-test server's ``t__add``. What each model answers is :func:`script`, read from the request.
+test server's ``t__add``; and the same guardrails: ``no_blocked_input`` trips on a user
+message of the ``input_guardrail`` rider, ``no_blocked_output`` on an answer of the
+``output_guardrail`` rider. What each model answers is :func:`script`, read from the request.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from convoq import Agent, RunContext, tool
+from convoq import Agent, GuardrailResult, Message, RunContext, tool
+from convoq.integrations.pydantic_ai import DurableAgent, durable
 from convoq.mcp import stdio_server
 from convoq.models import anthropic, openai, responses
 from tests.support.mcp_servers import stdio_args
@@ -89,6 +92,24 @@ def whoami(ctx: RunContext) -> str:
     return str(ctx.metadata.get("customer"))
 
 
+def no_blocked_input(ctx: RunContext, message: Message) -> GuardrailResult:
+    if f"{MARK}input_guardrail" in message.text:
+        return GuardrailResult.trip(f"blocked input of {ctx.conversation_id}")
+    return GuardrailResult.passed()
+
+
+async def no_blocked_output(ctx: RunContext, answer: Any) -> GuardrailResult:
+    if isinstance(answer, str) and answer.startswith("output_guardrail"):
+        return GuardrailResult.trip(f"blocked output of {ctx.conversation_id}")
+    return GuardrailResult.passed()
+
+
+GUARDRAILS: dict[str, Any] = {
+    "input_guardrails": [no_blocked_input],
+    "output_guardrails": [no_blocked_output],
+}
+
+
 def _convoq(wire: str) -> Agent:
     return Agent(
         convoq_model(wire),
@@ -96,10 +117,11 @@ def _convoq(wire: str) -> Agent:
         name=f"convoq_{wire}",
         tools=[refund, whoami],
         mcp_servers=[stdio_server("t", **stdio_args(MCP_LOG))],
+        **GUARDRAILS,
     )
 
 
-def _pydantic_ai(wire: str) -> PydanticAgent[Any, Any]:
+def _pydantic_ai(wire: str) -> DurableAgent:
     agent: PydanticAgent[Any, Any] = PydanticAgent(
         pydantic_ai_model(wire), name=f"pydantic_ai_{wire}", instructions="Be brief."
     )
@@ -114,7 +136,7 @@ def _pydantic_ai(wire: str) -> PydanticAgent[Any, Any]:
         """The customer this turn is for."""
         return str((ctx.metadata or {}).get("customer"))
 
-    return agent
+    return durable(agent, **GUARDRAILS)
 
 
 convoq_chat = _convoq("chat")
