@@ -53,13 +53,16 @@ class ConvoqSettings(BaseSettings):
     redis_url: str | None = Field(
         default=None,
         description="Redis for memory and the turn protocol (redis://, rediss://, unix://,"
-        " or redis+cluster://host:port,... for a Redis Cluster)."
+        " redis+cluster://host:port,... for a Redis Cluster, or"
+        " redis+sentinel://host:port,.../service_name/db for a Redis served by Sentinel);"
+        " redis-py options may follow (?socket_timeout=5), for the broker too."
         " Unset: an embedded redis-server under `home`.",
     )
     broker_url: str | None = Field(
         default=None,
         description="Celery broker; defaults to redis_url (amqp:// works too). Required"
-        " when redis_url is a cluster.",
+        " when redis_url is a cluster. A Redis broker URL's redis-py options go to kombu's"
+        " transport options.",
     )
     prefix: str = Field(default=defaults.PREFIX, description="Prefix of every Redis key.")
     home: Path = Field(default=defaults.HOME, description="Where the embedded Redis lives.")

@@ -75,6 +75,8 @@ def test_unix_sockets_tls_and_sentinel_in_kombus_spelling() -> None:
     assert tls.url == "rediss://h:1/0"
     # Certificates are checked, as redis-py checks them (kombu alone would not).
     assert tls.use_ssl == {"ssl_cert_reqs": "required", "ssl_ca_certs": "/ca.pem"}
+    unverified = broker_for("rediss://h:1/0?ssl_cert_reqs=none")
+    assert unverified.use_ssl == {"ssl_cert_reqs": "none"}
     sentinel = broker_for(
         "redis+sentinel://u:p%40ss@s1:26379,s2:26380/main/4?socket_timeout=3&sentinel_password=x"
     )
@@ -84,9 +86,12 @@ def test_unix_sockets_tls_and_sentinel_in_kombus_spelling() -> None:
     assert sentinel.transport_options["sentinel_kwargs"]["socket_timeout"] == 3.0
 
 
-def test_a_bad_value_is_a_configuration_error() -> None:
+def test_a_bad_value_or_an_unknown_option_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="socket_timeout"):
         broker_for("redis://h:1/0?socket_timeout=soon")
+    with pytest.raises(ConfigurationError, match="colour") as caught:
+        broker_for("redis://:hunter2@h:1/0", "redis://:hunter2@h:1/0?colour=blue")
+    assert "hunter2" not in caught.value.message
 
 
 def test_a_celery_app_connects_with_the_options(redis_server: RedisServer) -> None:

@@ -81,6 +81,13 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
 async def test_store_and_memory_reach_the_primary_and_acks_wait_for_its_replicas(
     group: SentinelGroup, key_prefix: str
 ) -> None:
+    # Without the sentinels' password no primary is found: they refused it.
+    unauthenticated = RedisConversationMemory(url=group.url().split("?")[0], prefix=key_prefix)
+    try:
+        with pytest.raises(redis.ConnectionError, match="AuthenticationError"):
+            await unauthenticated.aload("c")
+    finally:
+        await unauthenticated.aclose()
     url = group.url(query="socket_timeout=3")
     memory = RedisConversationMemory(url=url, prefix=key_prefix)
     try:

@@ -38,10 +38,20 @@ def sentinel_binary() -> str:
 
 
 class SentinelGroup:
-    """``replicas`` replicas of a primary and ``sentinels`` sentinels under ``directory``."""
+    """``replicas`` replicas of a primary and ``sentinels`` sentinels under ``directory``;
+    the sentinels want ``sentinel_password`` (as clients give it: ``sentinel_password=`` in
+    the URL)."""
 
-    def __init__(self, directory: Path, *, replicas: int = 2, sentinels: int = 3) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        replicas: int = 2,
+        sentinels: int = 3,
+        sentinel_password: str = "sentinel-secret",
+    ) -> None:
         self.directory = directory
+        self.sentinel_password = sentinel_password
         self.binary = sentinel_binary()
         self.primary = RedisServer(directory / "primary")
         self.replicas = [RedisServer(directory / f"replica-{n}") for n in range(replicas)]
@@ -53,9 +63,16 @@ class SentinelGroup:
         return [self.primary, *self.replicas]
 
     def url(self, db: int = 0, query: str = "") -> str:
-        """The ``redis+sentinel://`` URL convoq takes for this group."""
+        """The ``redis+sentinel://`` URL convoq takes for this group (``query``: more
+        options after the sentinels' password)."""
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
-        return f"redis+sentinel://{hosts}/{SERVICE}/{db}" + (f"?{query}" if query else "")
+        options = f"sentinel_password={self.sentinel_password}" + (f"&{query}" if query else "")
+        return f"redis+sentinel://{hosts}/{SERVICE}/{db}?{options}"
+
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(
+            host="127.0.0.1", port=port, password=self.sentinel_password, socket_timeout=1
+        )
 
     def start(self, timeout_s: float = 30.0) -> None:
         try:
@@ -89,6 +106,8 @@ class SentinelGroup:
         config.write_text(
             f"port {port}\nbind 127.0.0.1\ndir {home}\nlogfile {home / 'sentinel.log'}\n"
             f"sentinel myid {_sentinel_id(n)}\n"
+            f"requirepass {self.sentinel_password}\n"
+            f"sentinel sentinel-pass {self.sentinel_password}\n"
             f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 2\n"
             f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
@@ -107,7 +126,7 @@ class SentinelGroup:
         raise RuntimeError(f"the sentinels did not find each other in {timeout_s}s")
 
     def _ready(self, port: int) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+        client = self._sentinel(port)
         try:
             state = client.sentinel_master(SERVICE)
         except redis.RedisError:
@@ -123,7 +142,7 @@ class SentinelGroup:
     def primary_port(self) -> int:
         """The port of the primary as a sentinel that answers names it now."""
         for port in self.sentinel_ports:
-            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+            client = self._sentinel(port)
             try:
                 _, primary = client.sentinel_get_master_addr_by_name(SERVICE)
                 return int(primary)
