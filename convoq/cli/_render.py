@@ -187,6 +187,9 @@ def print_event(event: TurnEvent) -> None:
     elif event.type == "resumed":
         shown = escape(f"{data.get('reason')} (attempt {data.get('attempt')})")
         console.print(f"\n[yellow]resumed[/yellow] {shown}")
+    elif event.type == "guardrail_tripped":
+        shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
+        console.print(f"\n[red]guardrail_tripped[/red] {shown}")
     elif event.type == "done":
         console.print(f"\n[bold]done[/bold]: {data.get('status')}")
 

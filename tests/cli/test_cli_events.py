@@ -18,6 +18,7 @@ SAMPLES = {
     "approval_required": {"id": "c1", "name": "refund", "arguments": {"amount": 5}},
     "decision": {"call_id": "c1", "approved": True},
     "resumed": {"reason": "worker_lost", "attempt": 2},
+    "guardrail_tripped": {"guardrail": "no_secrets", "kind": "input", "reason": "a password"},
     "done": {"status": "succeeded"},
 }
 # Its text is shown by the text deltas before it and the result after it.
@@ -33,6 +34,13 @@ def test_watch_prints_each_kind_of_event(kind: str, capsys: pytest.CaptureFixtur
     _render.print_event(TurnEvent(type=kind, data=SAMPLES[kind]))  # type: ignore[arg-type]
     printed = capsys.readouterr().out
     assert printed.strip(), f"a {kind} event printed nothing"
+
+
+def test_a_guardrail_tripped_event_names_the_guardrail_and_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _render.print_event(TurnEvent(type="guardrail_tripped", data=SAMPLES["guardrail_tripped"]))
+    assert "guardrail_tripped input no_secrets: a password" in capsys.readouterr().out
 
 
 def test_a_resumed_event_says_why_and_which_attempt(capsys: pytest.CaptureFixture[str]) -> None:
