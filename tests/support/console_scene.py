@@ -95,7 +95,6 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
         {"type": "file", "data": _b64(PDF), "mime_type": "application/pdf",
          "filename": "receipt.pdf"},
     ]}  # fmt: skip
-    taken_tid = submit(gateway, ids["taken"], "the long step", "taker")
     images_tid = submit(gateway, ids["images"], image_message, "echo")
     failed_tid = submit(gateway, ids["failed"], "this will fail", "failer")
     before = submit(gateway, ids["parked"], "my order A-7 arrived broken", "refunder")
@@ -108,14 +107,21 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
     submit(gateway, tenant, f"tenant hello {XSS}", "echo")
     for text in ("one", "two", "three"):
         submit(gateway, ids["summarised"], f"summary turn {text}", "compacting")
-    for cid, tid in ((ids["images"], images_tid), (ids["failed"], failed_tid),
-                     (ids["parked"], before), (ids["parked"], parked_tid), (xss_cid, xss_tid)):
+    for cid, tid in (
+        (ids["images"], images_tid),
+        (ids["failed"], failed_tid),
+        (ids["parked"], before),
+        (ids["parked"], parked_tid),
+        (xss_cid, xss_tid),
+    ):
         settled(gateway, cid, tid)  # fmt: skip
-    assert settled(gateway, ids["taken"], taken_tid, "final")["status"] == "succeeded"
     with gateway.client("admin") as http:
         wait_until(lambda: conversation(http, ids["summarised"])["summary"], 60,
                    what="the summary of the compacting conversation")  # fmt: skip
         wait_until(lambda: conversation(http, tenant)["stored_turns"] == 1, 30)
+    # Last: its tool kills the worker running it, and whatever else that worker held.
+    taken_tid = submit(gateway, ids["taken"], "the long step", "taker")
+    assert settled(gateway, ids["taken"], taken_tid, "final")["status"] == "succeeded"
     return Scene(
         images=ids["images"], images_tid=images_tid, parked=ids["parked"], parked_tid=parked_tid,
         failed=ids["failed"], failed_tid=failed_tid, taken=ids["taken"], taken_tid=taken_tid,

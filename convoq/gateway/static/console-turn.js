@@ -38,8 +38,16 @@
   };
 
   function render(parts, turn, reload, signal) {
-    C.clear(parts.head);
-    parts.head.append(C.facts([
+    C.update(parts.head, { ...turn, steps: null }, () => renderHead(parts.head, turn));
+    const asked = [turn.status, turn.pending_approvals, turn.decisions, C.me && C.me.scopes];
+    C.update(parts.actions, asked, () => renderActions(parts.actions, turn, reload, signal));
+    C.update(parts.steps, turn.steps, () => {
+      for (const step of turn.steps) parts.steps.append(renderStep(step));
+    });
+  }
+
+  function renderHead(head, turn) {
+    head.append(C.facts([
       ["Status", C.status(turn.status)],
       ["Agent", turn.agent],
       ["Running on", turn.running_on],
@@ -55,11 +63,8 @@
       el("span", { className: "text", textContent: turn.input_text }),
       ...turn.input_attachments.map((a) => el("div", { className: "muted attachment-note",
         textContent: (a.filename || "(" + a.kind + ")") + " · " + a.mime_type }))));
-    if (turn.text) parts.head.append(el("h3", { textContent: "Answer" }), el("div", { className: "message answer", dataset: { role: "assistant" }, textContent: turn.text }));
-    if (turn.error) parts.head.append(el("h3", { textContent: "Error" }), el("pre", { className: "error", textContent: turn.error.type + ": " + turn.error.message }));
-    renderActions(parts.actions, turn, reload, signal);
-    C.clear(parts.steps);
-    for (const step of turn.steps) parts.steps.append(renderStep(step));
+    if (turn.text) head.append(el("h3", { textContent: "Answer" }), el("div", { className: "message answer", dataset: { role: "assistant" }, textContent: turn.text }));
+    if (turn.error) head.append(el("h3", { textContent: "Error" }), el("pre", { className: "error", textContent: turn.error.type + ": " + turn.error.message }));
   }
 
   // The turn's metadata as given at submit (whose refund is this?), values as JSON text.
@@ -75,13 +80,10 @@
   }
 
   // Only what the key's scopes allow: approve/deny/discard (approve), cancel (submit).
-  function renderActions(box, turn, reload, signal) {
-    const focused = document.activeElement;
-    const keep = focused && box.contains(focused) ? focused.dataset.action : null;
-    C.clear(box);
+  function renderActions(box, turn, reload) {
     if (turn.status === "awaiting_approval" && C.may("approve")) {
       for (const call of turn.pending_approvals) {
-        if (!turn.decisions[call.id]) box.append(pendingCall(turn, call, reload, signal));
+        if (!turn.decisions[call.id]) box.append(pendingCall(turn, call, reload));
       }
       box.append(el("div", { className: "actions" }, button("Discard turn", "danger", "discard",
         () => act("POST", C.turnPath(turn.conversation_id, turn.turn_id) + "/discard", undefined, "Discarded the turn.", reload))));
@@ -89,10 +91,6 @@
     if (!FINAL.includes(turn.status) && C.may("submit")) {
       box.append(el("div", { className: "actions" }, button("Cancel turn", "danger", "cancel",
         () => act("POST", C.turnPath(turn.conversation_id, turn.turn_id) + "/cancel", undefined, "Cancel asked.", reload))));
-    }
-    if (keep) {
-      const again = box.querySelector('[data-action="' + CSS.escape(keep) + '"]');
-      if (again) again.focus();
     }
   }
 

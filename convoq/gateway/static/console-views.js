@@ -33,8 +33,9 @@
     async function load() {
       const query = "?limit=100" + (prefix ? "&prefix=" + encodeURIComponent(prefix) : "");
       const data = await C.get("/v1/conversations" + query, signal);
-      C.clear(body);
-      for (const row of data.conversations) body.append(conversationRow(row));
+      C.update(body, data.conversations, () => {
+        for (const row of data.conversations) body.append(conversationRow(row));
+      });
       const partial = data.complete ? "" : " (the scan stopped at its bound: narrow the prefix)";
       summary.textContent = data.found + (data.found === 1 ? " conversation" : " conversations")
         + (data.found > data.conversations.length ? ", the " + data.conversations.length + " latest shown" : "")
@@ -95,8 +96,11 @@
     async function loadTurns(reset) {
       const before = reset ? null : state.turnsBefore;
       const page = await C.get(path + "/turns?limit=50" + (before ? "&before=" + encodeURIComponent(before) : ""), signal);
-      if (reset) C.clear(turns);
-      for (const turn of page.turns) turns.append(turnRow(turn));
+      if (reset) {
+        C.update(turns, page.turns, () => { for (const turn of page.turns) turns.append(turnRow(turn)); });
+      } else {
+        for (const turn of page.turns) turns.append(turnRow(turn));
+      }
       state.turnsBefore = page.next_before;
       olderTurns.hidden = page.next_before === null;
     }
@@ -105,10 +109,8 @@
       const changed = !state.seen || seen.stored_turns !== state.seen.stored_turns
         || JSON.stringify(seen.inbox) !== JSON.stringify(state.seen.inbox);
       state.seen = seen;
-      C.clear(facts);
-      facts.append(overviewFacts(seen));
-      C.clear(inbox);
-      if (seen.inbox.length) inbox.append(inboxList(cid, seen));
+      C.update(facts, seen, () => facts.append(overviewFacts(seen)));
+      C.update(inbox, seen.inbox, () => { if (seen.inbox.length) inbox.append(inboxList(cid, seen)); });
       followHead(seen);
       return changed;
     }
@@ -255,23 +257,27 @@
 
     async function load() {
       const data = await C.get("/v1/workers", signal);
-      C.clear(workers);
-      for (const w of data.workers) workers.append(workerRow(w));
-      if (!data.workers.length) workers.append(el("tr", {}, el("td", { colSpan: 7, textContent: "No worker registered." })));
-      C.clear(partitions);
-      for (const p of data.partitions) {
-        partitions.append(el("tr", { dataset: { partition: String(p.partition) } },
-          el("td", { textContent: String(p.partition) }), el("td", { className: "mono", textContent: p.queue }),
-          el("td", { className: "queued", textContent: String(p.queued) }),
-          el("td", { className: "running", textContent: String(p.running) }),
-          el("td", { className: "parked", textContent: String(p.parked) })));
-      }
+      C.update(workers, data.workers, () => {
+        for (const w of data.workers) workers.append(workerRow(w));
+        if (!data.workers.length) workers.append(el("tr", {}, el("td", { colSpan: 7, textContent: "No worker registered." })));
+      });
+      C.update(partitions, data.partitions, () => renderPartitions(partitions, data.partitions));
       note.textContent = (data.elsewhere ? data.elsewhere + " turns run under leases no registered worker holds (in process). " : "")
         + (data.complete ? "" : "The scan of inboxes stopped at its bound: the counts are partial.");
     }
     await load();
     C.every(2000, load, signal);
   };
+
+  function renderPartitions(partitions, rows) {
+      for (const p of rows) {
+        partitions.append(el("tr", { dataset: { partition: String(p.partition) } },
+          el("td", { textContent: String(p.partition) }), el("td", { className: "mono", textContent: p.queue }),
+          el("td", { className: "queued", textContent: String(p.queued) }),
+          el("td", { className: "running", textContent: String(p.running) }),
+          el("td", { className: "parked", textContent: String(p.parked) })));
+      }
+  }
 
   function workerRow(w) {
     const slots = w.running + " of " + (w.concurrency === null ? "?" : w.concurrency);

@@ -27,7 +27,9 @@ C.clear = (node) => { while (node.firstChild) node.firstChild.remove(); };
 C.takeKey = function () {
   const match = /(?:^#|&)key=([^&]*)/.exec(location.hash);
   if (match) {
-    sessionStorage.setItem("convoq-key", decodeURIComponent(match[1]));
+    const given = decodeURIComponent(match[1]);
+    if (given !== sessionStorage.getItem("convoq-key")) C.me = null;
+    sessionStorage.setItem("convoq-key", given);
     const rest = location.hash.replace(match[0], "").replace(/^#?&?/, "");
     history.replaceState(null, "", location.pathname + (rest ? "#" + rest : "#/conversations"));
   }
@@ -88,6 +90,25 @@ C.facts = function (pairs) {
 };
 C.usage = (u) => (u ? u.prompt_tokens + " prompt · " + u.completion_tokens + " completion · "
   + u.total_tokens + " total tokens, " + u.requests + " model calls" : "—");
+
+// Re-renders `container` with `render` only when `data` changed since its last render,
+// keeping the keyboard focus on the link or control it was on (same href or action).
+C.update = function (container, data, render) {
+  const signature = JSON.stringify(data);
+  if (container.dataset.signature === signature) return false;
+  container.dataset.signature = signature;
+  const active = document.activeElement;
+  const mark = (node) => node.getAttribute("href") || node.dataset.action || node.id || null;
+  const key = active && container.contains(active) ? mark(active) : null;
+  C.clear(container);
+  render();
+  if (key) {
+    for (const node of container.querySelectorAll("a, button, input, summary")) {
+      if (mark(node) === key) { node.focus(); break; }
+    }
+  }
+  return true;
+};
 
 C.notice = function (text, isError) {
   C.$("notice").textContent = text;
@@ -193,11 +214,15 @@ C.show = async function () {
     await C.views[route.view](main, route, controller.signal);
     if (controller.signal.aborted) return;
     main.dataset.state = "ready";
+    if (C.$("notice").className === "error") C.notice("", false);
     document.body.dataset.readyMs = String(Math.round(performance.now()));
     const heading = main.querySelector("h2");
     if (heading && document.activeElement === document.body) heading.focus();
   } catch (error) {
     if (controller.signal.aborted) return;
+    // Nothing of what the view began to show stays: only why it cannot be shown.
+    C.clear(main);
+    main.append(C.el("p", { className: "muted", textContent: "This page cannot be shown." }));
     main.dataset.state = "error";
     C.notice("cannot show this page: " + error.message, true);
     if (error.status === 401) C.forget();

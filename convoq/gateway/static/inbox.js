@@ -48,6 +48,11 @@ function expiresText(expiresMs) {
   return "expires in " + (h ? h + "h " : "") + (h || m ? m + "m " : "") + s + "s";
 }
 
+// The console's pages of the turn and its conversation (the same tab keeps the key).
+function consoleHref(turn) {
+  return "/console#/c/" + encodeURIComponent(turn.conversation_id);
+}
+
 function turnPath(turn) {
   return "/v1/conversations/" + encodeURIComponent(turn.conversation_id) +
     "/turns/" + encodeURIComponent(turn.turn_id);
@@ -151,7 +156,11 @@ function renderTurn(turn) {
   const node = el("li", { className: "turn" },
     el("h2", {}, el("span", { className: "agent", textContent: turn.agent }), " · ",
       el("span", { className: "conversation", textContent: turn.conversation_id })),
-    el("div", { className: "meta" }, "turn " + turn.turn_id + " · ", expires),
+    el("div", { className: "meta" }, "turn " + turn.turn_id + " · ", expires, " · ",
+      el("a", { className: "console-turn", href: consoleHref(turn) + "/t/" +
+        encodeURIComponent(turn.turn_id), textContent: "timeline in the console" }), " · ",
+      el("a", { className: "console-conversation", href: consoleHref(turn),
+        textContent: "whole conversation" })),
     renderMetadata(turn.metadata),
     renderConversation(turn.conversation || []),
     el("div", { className: "input", textContent: turn.input_text }),
