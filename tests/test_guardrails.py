@@ -242,3 +242,56 @@ def test_a_rerun_that_finds_the_first_answer_journaled_does_not_check_the_input_
     journaled = TurnState(messages=[Message.user("hi"), Message.assistant("ok")], steps=1)
     assert isinstance(asyncio.run(loop.run(journaled)), Completed)
     assert checked == ["hi"] and model.call_count == 1
+
+
+def test_around_an_approval_input_is_checked_once_and_output_on_the_final_answer() -> None:
+    from convoq import ToolCall, tool
+
+    @tool(requires_approval=True)
+    def refund(amount: int) -> str:
+        """Refund an amount."""
+        return f"refunded {amount}"
+
+    def model(request: ModelRequest) -> Any:
+        if request.messages[-1].role == "tool":
+            return "done: " + request.messages[-1].text
+        return Message.assistant("", [ToolCall(id="r1", name="refund", arguments={"amount": 5})])
+
+    checked: list[tuple[str, Any]] = []
+
+    def log_input(ctx: RunContext[Any], message: Message) -> GuardrailResult:
+        checked.append(("input", message.text))
+        return GuardrailResult.passed()
+
+    def log_output(ctx: RunContext[Any], answer: Any) -> GuardrailResult:
+        checked.append(("output", answer))
+        return GuardrailResult.passed()
+
+    agent = make(ScriptedModel(model), tools=[refund], input_guardrails=[log_input],
+                 output_guardrails=[log_output])  # fmt: skip
+    parked = agent.generate("refund me", conversation_id="c12")
+    assert parked.status == "awaiting_approval" and checked == [("input", "refund me")]
+    assert parked.continuation is not None
+    done = agent.resume(parked.continuation, {"r1": True})
+    assert done.text == "done: refunded 5"
+    assert checked == [("input", "refund me"), ("output", "done: refunded 5")]
+
+
+def test_a_turn_ended_by_an_expired_approval_has_no_answer_to_check() -> None:
+    from convoq import ToolCall
+    from convoq.engine import Expired, TurnLoop
+    from convoq.tools import ToolRegistry
+    from convoq.turn_state import TurnState
+
+    called: list[Any] = []
+    guard = output_guardrail(name="never")(lambda ctx, v: called.append(v))
+    call = ToolCall(id="r1", name="refund", arguments={})
+    state = TurnState(
+        messages=[Message.user("hi"), Message.assistant("", [call]),
+                  Message.tool_result(call, "the approval expired")],
+        steps=1, expired=True,
+    )  # fmt: skip
+    loop = TurnLoop(model=ScriptedModel(echo), tools=ToolRegistry([]), history=[],
+                    output_guardrails=(guard,))  # fmt: skip
+    assert isinstance(asyncio.run(loop.run(state)), Expired)
+    assert called == []

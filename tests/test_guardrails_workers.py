@@ -142,6 +142,10 @@ def test_the_gateway_shows_a_blocked_turn_with_its_guardrail_and_reason(
             "no_secrets", "input", "asks for a password",
         )  # fmt: skip
         assert view["messages"] == [] and view["text"] == ""
+        # Its Server-Sent Events say it too, before the end.
+        stream = http.get(f"{turns_path(cid)}/{tid}/events").text
+        assert "event: guardrail_tripped" in stream and "asks for a password" in stream
+        assert stream.index("guardrail_tripped") < stream.rindex("event: done")
 
 
 def test_convoq_submit_wait_prints_the_block_and_exits_1(pool: WorkerPool) -> None:
