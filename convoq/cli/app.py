@@ -31,7 +31,7 @@ from convoq.cli._render import (
     reported,
 )
 from convoq.cli._usage import OneLineUsage, plain_help
-from convoq.client import Client
+from convoq.client import Client, TurnHandle
 from convoq.context import check_metadata
 from convoq.errors import ConfigurationError, ConversationBusyError
 from convoq.loaders import load_image, load_pdf
@@ -255,11 +255,40 @@ def submit(
         print(handle.turn_id, flush=True)
         err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
         if wait:
-            with err_console.status(f"waiting for turn {handle.turn_id}..."):
-                result = handle.wait(timeout, raise_on_error=False)
-            print_result(result)
-            if result.status in ("failed", "cancelled", "expired", "blocked"):
-                raise typer.Exit(1)
+            _wait_and_print(handle, timeout)
+
+
+def _wait_and_print(handle: TurnHandle, timeout: float) -> None:
+    """``--wait``: the turn's result once it settles (exit code 1 unless it succeeded or
+    is parked awaiting approval)."""
+    with err_console.status(f"waiting for turn {handle.turn_id}..."):
+        result = handle.wait(timeout, raise_on_error=False)
+    print_result(result)
+    if result.status in ("failed", "cancelled", "expired", "blocked"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def retry(
+    conversation_id: str,
+    turn_id: str,
+    wait: Annotated[bool, typer.Option(help="Wait for the result and print it.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 120.0,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Retry at most once for this key.")
+    ] = None,
+) -> None:
+    """Run a failed turn again, as the same turn: at the back of its conversation's line,
+    the steps it finished not run again (its tools keep their idempotency keys). A turn
+    that did not fail is refused, and nothing changes."""
+    with _connected() as client:
+        handle = client.retry(
+            client.handle(conversation_id, turn_id), idempotency_key=idempotency_key
+        )
+        again = "already queued again by that key" if handle.repeated else "queued again"
+        err_console.print(f"turn {turn_id} of {conversation_id} {again}")
+        if wait:
+            _wait_and_print(handle, timeout)
 
 
 @app.command()

@@ -1,22 +1,26 @@
 """A turn's control from the client: approve or deny its parked tool calls, discard it,
-cancel it, and list the turns parked for approval (the approvals inbox).
+cancel it, retry it when it failed, and list the turns parked for approval (the approvals
+inbox).
 
 A decision that completes a parked turn's approvals sends the ``resume`` kick; a turn
 ended here (discarded, or cancelled before it ran) no longer counts against the queue
-limits and wakes the turns behind it.
+limits and wakes the turns behind it; a failed turn retried into an idle conversation
+sends it a ``drain`` kick.
 """
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from collections.abc import Callable
 from typing import Literal, Protocol
 
 from convoq.approvals import check_decision_note
-from convoq.client._base import check_call_id, check_turn_ref
+from convoq.client._base import check_call_id, check_idempotency_key, check_turn_ref
 from convoq.client._kicks import Kicks
 from convoq.observe import tracing
 from convoq.queue import routing
-from convoq.redis.protocol import ParkedTurn
+from convoq.redis.protocol import ParkedTurn, Retried
 from convoq.redis.roles import ClientStore
 
 Outcome = Literal["resume", "pending"]
@@ -81,6 +85,19 @@ class TurnControl:
             await self._kicks.send(routing.DRAIN_TASK, cid)
         return outcome
 
+    async def retry(self, turn: TurnRef, *, idempotency_key: str | None) -> Retried:
+        """Queue a failed turn again as the same turn (see ``AsyncClient.retry``)."""
+        cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
+        token = retry_token(check_idempotency_key(idempotency_key))
+        store = self._store()
+        await store.follow_retention()  # a failed turn's record expires as the workers say
+        retried = await store.retry(cid, tid, token=token)
+        # First in line: wake a worker. A resend may have lost the first answer and its
+        # kick; a kick more is harmless (the drain finds the lease held, or the inbox).
+        if (retried.position == 0 and not retried.repeated) or retried.status == "queued":
+            await self._kicks.send(routing.DRAIN_TASK, cid, head=tid)
+        return retried
+
     async def awaiting_approval(
         self, *, limit: int, offset: int, conversation_prefix: str
     ) -> list[ParkedTurn]:
@@ -94,3 +111,12 @@ class TurnControl:
         """A turn ended here no longer counts against the per-agent and total limits."""
         if store.queue_limits.counted:
             await store.unadmit_quietly(cid, tid)
+
+
+def retry_token(idempotency_key: str | None) -> str:
+    """The token of one retry request: from the caller's idempotency key (a resend of the
+    same request carries the same key), else new for each call (redis-py's own resend of
+    the script after a lost reply carries the same token all the same)."""
+    if idempotency_key is None:
+        return uuid.uuid4().hex
+    return "k" + hashlib.sha256(idempotency_key.encode()).hexdigest()

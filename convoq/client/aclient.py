@@ -305,6 +305,35 @@ class AsyncClient:
         return await self._control.cancel(turn)
 
     @mapped
+    async def retry(self, turn: TurnRef, *, idempotency_key: str | None = None) -> AsyncTurnHandle:
+        """Run a failed turn again, as the same turn: it goes to the back of its
+        conversation's line (turns submitted after it ran meanwhile, so its answer now
+        comes after theirs), with its id, its journal (the steps it finished are not run
+        again; a tool call cut off mid-way runs again with the same
+        ``ctx.idempotency_key``) and a fresh ``CONVOQ_MAX_ATTEMPTS`` budget. Its events go
+        on after its first ``done`` (a ``retried`` event, then the new run's), and its
+        handle's ``wait()`` and ``events()`` follow it again. A failed turn can be retried
+        as long as its record is kept (``CONVOQ_TURN_TTL_S`` after it failed).
+
+        ``idempotency_key``: the same key on a resent request (after a lost answer)
+        retries once; without one, each call is a request of its own, and one made after
+        the turn was queued again is refused (it is no longer failed).
+
+        Returns the turn's handle; ``handle.repeated`` is True when this was a resend of
+        an earlier request (same ``idempotency_key``), which changed nothing.
+
+        Raises:
+            TurnNotRetryableError: the turn did not fail (``details["status"]`` says where
+                it stands); nothing changed.
+            UnknownTurnError: no such turn, or its record expired.
+            QueueFullError: a limit on queued turns; nothing changed.
+        """
+        retried = await self._control.retry(turn, idempotency_key=idempotency_key)
+        handle = self.handle(turn.conversation_id, turn.turn_id)
+        handle.repeated = retried.repeated
+        return handle
+
+    @mapped
     async def awaiting_approval(
         self, *, limit: int = 100, offset: int = 0, conversation_prefix: str = ""
     ) -> list[ParkedTurn]:

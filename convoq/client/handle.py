@@ -60,7 +60,9 @@ class TurnResult:
         pending_approvals: tool calls waiting for approve/deny when parked.
         attempts: runs of the turn that started: 1, plus one for each run a worker lost
             (or handed back on shutdown) and another took over; a resume after approvals
-            goes on with the attempt that parked (0 while queued).
+            goes on with the attempt that parked (0 while queued). A retried turn's
+            attempts go on counting.
+        retries: how often the turn failed and was retried (``client.retry``).
         usage: tokens the turn's model calls reported, summed (when succeeded; when
             parked, those of the calls made so far).
         finish_reason: why the final model call stopped (``"length"``: cut off).
@@ -86,6 +88,7 @@ class TurnResult:
     output: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
+    retries: int = 0
 
     @property
     def ok(self) -> bool:
@@ -124,6 +127,7 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         output=data.get("output"),
         metadata=record.metadata,
         decisions=record.decisions,
+        retries=record.retries,
     )
 
 
@@ -310,7 +314,9 @@ class AsyncTurnHandle:
         """The turn's events from the start (or after stream id ``after``) until ``done``:
         ``status``, ``resumed`` (a run goes on with the turn an earlier one started, and
         why: see :class:`~convoq.turn_state.TurnEvent`), ``text_delta``, ``assistant``,
-        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``done``.
+        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``done``. A
+        failed turn that was retried goes on past its first ``done``: ``retried``, then
+        the events of its runs after the retry, to their ``done``.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.
@@ -343,10 +349,19 @@ class AsyncTurnHandle:
             for event_id, event in batch:
                 after = event_id
                 yield event_id, event
-                if event.type == "done":
+                if event.type == "done" and not await self._retried_after(event, event_id):
                     return
             if not batch and (await self.record()).status in FINAL_STATUSES:
                 return  # final but its stream is gone (expired): nothing more will come
+
+    async def _retried_after(self, done: TurnEvent, event_id: str) -> bool:
+        """Whether the turn goes on after this ``done``: it failed, and was retried since
+        (a ``retried`` event follows). One read, and only after a failed turn's ``done``."""
+        if done.data.get("status") != "failed":
+            return False
+        protocol = self._client.protocol
+        cid, tid = self.conversation_id, self.turn_id
+        return bool(await protocol.read_events(cid, tid, after=event_id, count=1))
 
     async def _stall_note(self) -> str:
         """For a timeout's message: why the turn may wait for ever, if it is still
@@ -377,6 +392,10 @@ class AsyncTurnHandle:
     async def cancel(self) -> str:
         return await self._client.cancel(self)
 
+    async def retry(self, *, idempotency_key: str | None = None) -> None:
+        """Run this failed turn again as the same turn (see ``AsyncClient.retry``)."""
+        await self._client.retry(self, idempotency_key=idempotency_key)
+
     async def discard(self) -> None:
         await self._client.discard(self)
 
@@ -397,6 +416,12 @@ class TurnHandle:
     def async_handle(self) -> AsyncTurnHandle:
         return self._async
 
+    @property
+    def repeated(self) -> bool:
+        """True when the call that made this handle was a repeat of an earlier one (same
+        idempotency key) and changed nothing."""
+        return self._async.repeated
+
     record = blocking(AsyncTurnHandle.record)
     status = blocking(AsyncTurnHandle.status)
     result = blocking(AsyncTurnHandle.result)
@@ -404,6 +429,7 @@ class TurnHandle:
     approve = blocking(AsyncTurnHandle.approve)
     deny = blocking(AsyncTurnHandle.deny)
     cancel = blocking(AsyncTurnHandle.cancel)
+    retry = blocking(AsyncTurnHandle.retry)
     discard = blocking(AsyncTurnHandle.discard)
 
     def events(self, *, after: str = "0", timeout: float | None = None) -> Iterator[TurnEvent]:

@@ -17,6 +17,7 @@ class TurnLinks(BaseModel):
     self: str
     events: str
     cancel: str
+    retry: str = Field(description="POST: run the turn again once it failed.")
 
 
 class TurnAccepted(BaseModel):
@@ -40,6 +41,7 @@ class TurnView(BaseModel):
     pending_approvals: list[ToolCall] = Field(default_factory=list)
     error: dict[str, Any] | None = None
     attempts: int = 0
+    retries: int = Field(default=0, description="How often it failed and was retried.")
     usage: Usage = Field(
         default_factory=Usage,
         description="Tokens its model calls reported (parked: those made so far).",
@@ -76,6 +78,7 @@ class TurnView(BaseModel):
             else [],
             error=record.error,
             attempts=record.attempts,
+            retries=record.retries,
             # Parked: the usage of the model calls made so far.
             usage=Usage.model_validate(data["usage"])
             if data.get("usage") and (done or record.status == "awaiting_approval")

@@ -1,4 +1,4 @@
-"""``/v1/conversations/{cid}/turns``: submit, read, follow, decide, cancel, discard."""
+"""``/v1/conversations/{cid}/turns``: submit, read, follow, decide, cancel, discard, retry."""
 
 from __future__ import annotations
 
@@ -74,6 +74,8 @@ _VIEWED: dict[str, Any] = {
             "decide", **{"path.call_id": "$response.body#/pending_approvals/0/id"}
         ),
         "Discard": _link("discard"),
+        # A failed turn (status "failed") runs again as the same turn.
+        "Retry": _link("retry"),
     }
 }
 
@@ -96,7 +98,9 @@ def turns_url(request: Request, cid: str) -> str:
 
 def _links(turns: str, tid: str) -> TurnLinks:
     base = f"{turns}/{quote(tid, safe='')}"
-    return TurnLinks(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
+    return TurnLinks(
+        self=base, events=f"{base}/events", cancel=f"{base}/cancel", retry=f"{base}/retry"
+    )
 
 
 @router.post(
@@ -261,6 +265,38 @@ async def cancel(
     """Queued or parked: cancelled at once. Running: it stops at its next step
     ("stopping"). Already final: "finished"."""
     return CancelResult(outcome=await client.cancel(client.handle(cid, tid)))
+
+
+@router.post(
+    "/{tid}/retry",
+    status_code=202,
+    response_model=TurnAccepted,
+    summary="Run a failed turn again, as the same turn (scope: submit)",
+    # Its answer names the turn's URLs as a submit's does (no OpenAPI links: a fuzzer's
+    # stateful phase reaches a failed turn too seldom to follow them).
+    responses={202: {"headers": {"Location": _LOCATION}}, **errors(404, 409, 429)},
+)
+async def retry(
+    cid: Cid,
+    tid: Tid,
+    request: Request,
+    response: Response,
+    client: AppClient,
+    _: Annotated[Principal, Depends(Access("submit"))],
+    idempotency_key: Annotated[str | None, NOT_NULL, Header(min_length=1, max_length=256)] = None,
+) -> TurnAccepted:
+    """Queue a failed turn again as the same turn, at the back of its conversation's line
+    (its answer comes after the turns submitted since): its journal is kept, so the steps
+    it finished are not run again and its tools keep their idempotency keys. A turn that
+    did not fail is a 409 naming its status (nothing changed). ``Idempotency-Key``: the
+    same request again (after a lost answer) answers as the first, with the turn as it
+    stands now; without one, a second retry of a turn queued again is a 409."""
+    turns = turns_url(request, cid)
+    handle = await client.retry(client.handle(cid, tid), idempotency_key=idempotency_key)
+    status = await handle.status() if handle.repeated else "queued"
+    links = _links(turns, tid)
+    response.headers["Location"] = links.self
+    return TurnAccepted(conversation_id=cid, turn_id=tid, status=status, links=links)
 
 
 @router.post(

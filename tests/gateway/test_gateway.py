@@ -455,6 +455,7 @@ def test_the_document_links_a_submit_to_its_turn_and_a_turn_to_its_approvals(
         "Cancel": "/v1/conversations/{cid}/turns/{tid}/cancel",
         "DecidePending": "/v1/conversations/{cid}/turns/{tid}/approvals/{call_id}",
         "Discard": "/v1/conversations/{cid}/turns/{tid}/discard",
+        "Retry": "/v1/conversations/{cid}/turns/{tid}/retry",
     }
     decide = view["links"]["DecidePending"]["parameters"]
     assert decide["path.call_id"] == "$response.body#/pending_approvals/0/id"

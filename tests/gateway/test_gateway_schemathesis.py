@@ -36,9 +36,8 @@ pytestmark = pytest.mark.slow
 MAX_TURN_BYTES = 64 * 1024
 EXAMPLES_PER_OPERATION = 8
 STATEFUL_STEPS = 6
-DECLARED_LINKS = (
-    5  # convoq.gateway.document: submit -> turn, events, cancel; turn -> decide, discard
-)
+# convoq.gateway routes_turns: submit -> turn, events, cancel; turn -> decide, discard, retry.
+DECLARED_LINKS = 6
 SEED = 20261201
 # Schemathesis' own list of refusals (its default), plus 413.
 REFUSALS = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
@@ -90,7 +89,7 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         run = subprocess.run(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
-    assert "Operations:       21 selected / 21 total" in output, output[-4000:]
+    assert "Operations:       22 selected / 22 total" in output, output[-4000:]
     # The stateful phase ran and followed every link the document declares (and those
     # schemathesis infers), the decision on a real pending call among them.
     assert "✅  Stateful" in output, output[-4000:]
