@@ -67,8 +67,10 @@ class Transcript:
             pipe.lrange(self.keys.lead(cid), 0, -1)
             total, elements, lead = await pipe.execute()
         total = int(total)
-        # LRANGE clamps its end: a page asked for past the end holds what is there.
-        first = total - len(elements) if before is None else min(max(0, before - limit), total)
+        if before is not None and before > total:
+            # Asked past the end (the history was pruned or cleared since): the newest page.
+            return await self.page(cid, before=None, limit=limit)
+        first = total - len(elements) if before is None else max(0, before - limit)
         headers = [parse_header(e, key=turns_key) for e in elements]
         skip = _continued(headers) if first > 0 else 0
         headers, first = headers[skip:], first + skip
