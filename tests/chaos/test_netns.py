@@ -104,8 +104,7 @@ def test_what_a_killed_run_left_is_swept_by_the_next() -> None:
     finally:
         run.kill()
         run.communicate(timeout=10)  # the process left inside has no copy of the pipe
-    swept = netns.sweep_stale(ip)
-    assert {f"cq{tag}-hub", f"cq{tag}-left"} <= set(swept)
+    netns.sweep_stale(ip)  # (a test running beside this one may have swept them first)
     deadline = time.monotonic() + 10
     while ghost.leftovers() and time.monotonic() < deadline:
         time.sleep(0.1)
