@@ -124,3 +124,16 @@ def _ends(pid: int, within: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_without_root_the_partition_tests_skip_and_under_ci_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    netns.require()  # iproute2 here, so what follows is about root alone
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="need root"):
+        netns.require()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="need root"):
+        netns.require()
