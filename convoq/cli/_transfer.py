@@ -12,7 +12,7 @@ import typer
 from convoq.cli._render import console, err_console, fail, reported
 from convoq.memory.base import StoredConversationMemory
 from convoq.memory.file import FileConversationMemory
-from convoq.memory.transfer import export_conversation, import_conversation
+from convoq.memory.transfer import export_json, import_conversation
 from convoq.settings import ConvoqSettings
 
 DirOption = Annotated[
@@ -43,7 +43,8 @@ def register(app: typer.Typer, settings: typer.models.CommandFunctionType) -> No
         with reported():
             memory = _memory(directory, settings())
             try:
-                raw = export_conversation(memory, conversation_id).to_json()
+                # The stored JSON passed through: no message of a long history decoded.
+                raw = export_json(memory, conversation_id).decode("utf-8")
             finally:
                 _close(memory)
         if out is None:

@@ -6,6 +6,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
+from pydantic_core import to_json
 
 from convoq.errors import ConversationBusyError
 from convoq.gateway.auth import Access, Principal
@@ -33,11 +34,20 @@ async def messages(
     last_turns: Annotated[
         int | None, NOT_NULL, Query(ge=1, description="Only the last N turns")
     ] = None,
-) -> History:
-    """Messages oldest first (attachments as base64): ``limit`` of them from ``offset``."""
-    stored = await client.history(cid, last_turns=last_turns)
-    page = stored[offset : offset + limit]
-    return History(conversation_id=cid, messages=page, offset=offset, total=len(stored))
+) -> Response:
+    """Messages oldest first (attachments as base64): ``limit`` of them from ``offset``.
+    The stored JSON goes out as it is stored: no message is decoded on the way but those
+    with attachments and those a page boundary cuts (:mod:`convoq.redis._raw`)."""
+    stored = await client.protocol.history_json(cid, last_turns=last_turns)
+    head = to_json(cid)
+    page = stored.array(offset, limit)
+    body = b'{"conversation_id":%s,"messages":%s,"offset":%d,"total":%d}' % (
+        head,
+        page,
+        offset,
+        stored.total,
+    )
+    return Response(content=body, media_type="application/json")
 
 
 @router.get(

@@ -22,7 +22,7 @@ from convoq.errors import (
 from convoq.ids import check_conversation_id
 from convoq.memory._popping import Keep, check_pop, rewrite_without_newest
 from convoq.memory._turns import TurnHooks
-from convoq.messages import Message
+from convoq.messages import Message, messages_to_json
 from convoq.summary import Summary, SummaryBasis, fingerprint, with_summary
 from convoq.tokens import TokenCounter
 from convoq.window import Window, check_budget, split_turns
@@ -153,6 +153,18 @@ class StoredConversationMemory(ConversationMemory, ABC):
         window = _window(last_turns, max_tokens, counter)
         check_conversation_id(conversation_id)
         return window.apply(self._read_blocking(conversation_id, window))
+
+    async def aload_json(self, conversation_id: str, *, last_turns: int | None = None) -> bytes:
+        """The messages :meth:`aload` returns (the lead and, with ``last_turns``, only the
+        newest whole turns), as one JSON array in convoq's JSON form (attachments as
+        base64, :func:`~convoq.messages.messages_to_json`): for a reader that only
+        forwards them. A Redis memory passes the stored JSON through, decoding no message
+        it does not have to (:mod:`convoq.redis._raw`); this default encodes a load."""
+        return messages_to_json(await self.aload(conversation_id, last_turns=last_turns))
+
+    def load_json(self, conversation_id: str, *, last_turns: int | None = None) -> bytes:
+        """Blocking :meth:`aload_json`."""
+        return messages_to_json(self.load(conversation_id, last_turns=last_turns))
 
     async def aload_window(self, conversation_id: str, window: Window) -> list[Message]:
         check_conversation_id(conversation_id)

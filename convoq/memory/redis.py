@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from convoq._connection_bounds import ConnectionBounds
-from convoq._sync import adrive, drive
+from convoq._sync import adrive, drive, run_sync
+from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
 from convoq.memory._loop_protocols import LoopProtocols
@@ -30,8 +31,9 @@ from convoq.messages import Message
 from convoq.redis._budget import budget_steps
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
+from convoq.redis._raw import json_steps
 from convoq.redis._retention import touch_call
-from convoq.redis._summary import commit_steps, counts_steps, state_steps
+from convoq.redis._summary import commit_steps, counts_steps, state_steps, summary_steps
 from convoq.redis._sync_client import BlockingScripts, connect_blocking
 from convoq.redis.embedded import url_or_embedded
 from convoq.redis.keys import KeySchema
@@ -134,6 +136,22 @@ class RedisConversationMemory(StoredConversationMemory):
 
         await self._run(append)
 
+    async def aload_json(self, conversation_id: str, *, last_turns: int | None = None) -> bytes:
+        """The stored JSON of the messages :meth:`aload` returns, passed through: only
+        elements with attachments (their bytes go in as base64), or stored before their
+        header counted messages, are decoded (see :mod:`convoq.redis._raw`)."""
+        steps = json_steps(self._keys, _checked(conversation_id, last_turns), last_turns)
+        stored = await self._run(lambda p: adrive(steps, p.scripts.perform))
+        return stored.array()
+
+    def load_json(self, conversation_id: str, *, last_turns: int | None = None) -> bytes:
+        """Blocking :meth:`aload_json`, its I/O on the caller's thread."""
+        scripts = self._blocking_scripts()
+        if scripts is None:
+            return run_sync(self.aload_json(conversation_id, last_turns=last_turns))
+        steps = json_steps(self._keys, _checked(conversation_id, last_turns), last_turns)
+        return drive(steps, scripts.perform).array()
+
     async def _read_sent(self, conversation_id: str, window: Window) -> list[Message]:
         return await self._read(conversation_id, window)  # the window script honours it
 
@@ -141,6 +159,11 @@ class RedisConversationMemory(StoredConversationMemory):
         self, conversation_id: str
     ) -> tuple[list[Message], Summary | None, SummaryBasis]:
         steps = state_steps(self._keys, conversation_id)
+        return await self._run(lambda p: adrive(steps, p.scripts.perform))
+
+    async def asummary(self, conversation_id: str) -> Summary | None:
+        """The conversation's stored summary, if any (one read of it alone)."""
+        steps = summary_steps(self._keys, check_conversation_id(conversation_id))
         return await self._run(lambda p: adrive(steps, p.scripts.perform))
 
     async def aunsummarised_turns(self, conversation_id: str) -> int:
@@ -279,6 +302,13 @@ class RedisConversationMemory(StoredConversationMemory):
         if self._given is not None:
             return await call(self._given)
         return await call(await self._loops.current())
+
+
+def _checked(conversation_id: str, last_turns: int | None) -> str:
+    """The id, once it and ``last_turns`` are fit to read with (as :meth:`aload` checks)."""
+    if last_turns is not None and last_turns < 0:
+        raise ConvoqError("last_turns must be >= 0 (None or 0 loads every turn)")
+    return check_conversation_id(conversation_id)
 
 
 def _ttl_until(until_ms: int) -> int:

@@ -88,6 +88,22 @@ async def aexport_conversation(
     return ConversationExport(conversation_id=conversation_id, messages=messages)
 
 
+async def aexport_json(memory: ConversationMemory | MemoryLike, conversation_id: str) -> bytes:
+    """The document :func:`aexport_conversation` makes, as its JSON (the bytes of
+    ``ConversationExport.to_json()``), built from the stored messages' JSON where the
+    memory passes it through (:meth:`~convoq.memory.base.StoredConversationMemory.aload_json`):
+    a Redis history of any length is exported without decoding its messages."""
+    check_conversation_id(conversation_id)
+    if not isinstance(memory, StoredConversationMemory):
+        return (await aexport_conversation(memory, conversation_id)).to_json().encode()
+    summary = await memory.asummary(conversation_id)  # first, as the state for compaction
+    messages = await memory.aload_json(conversation_id)
+    head = ConversationExport(conversation_id=conversation_id, messages=[], summary=summary)
+    # The document with its empty message list replaced: the fields keep their order.
+    before, after = head.to_json().encode().split(b',"messages":[],', 1)
+    return before + b',"messages":' + messages + b"," + after
+
+
 async def aimport_conversation(
     memory: ConversationMemory | MemoryLike,
     document: ConversationExport | str | bytes | dict[str, Any],
@@ -138,6 +154,11 @@ def export_conversation(
 ) -> ConversationExport:
     """Blocking :func:`aexport_conversation`."""
     return run_sync(aexport_conversation(memory, conversation_id))
+
+
+def export_json(memory: ConversationMemory | MemoryLike, conversation_id: str) -> bytes:
+    """Blocking :func:`aexport_json`."""
+    return run_sync(aexport_json(memory, conversation_id))
 
 
 def import_conversation(

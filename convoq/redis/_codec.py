@@ -19,6 +19,9 @@ skip fields they do not know, so a field can be added without a new format versi
                         the element: the ``window`` script sums these to choose a
                         token-budget window from headers alone (absent on elements stored
                         before it existed: a token per 4 bytes is assumed).
+    ``n=N``             how many messages the body holds, so a read that only forwards
+                        the JSON (:mod:`convoq.redis._raw`) can page it without decoding
+                        (absent on elements stored before it existed: they are decoded).
 
 The body is the JSON array of the element's messages, exactly :class:`Message`'s JSON,
 except that an attachment part's ``data`` is replaced by ``"blob": sha256hex``; the bytes
@@ -56,6 +59,7 @@ _STARTS, _CONTINUES = b"T", b"C"
 _BLOBS_FIELD = b"b="
 _TOKENS_FIELD = b"t="
 _WINDOW_FIELD = b"w="
+_COUNT_FIELD = b"n="
 # What plain_messages looks for: a header's first byte, and its attachments field.
 _ANY_KIND = frozenset(_STARTS + _CONTINUES)
 _BLOBS_MARK = b" " + _BLOBS_FIELD
@@ -83,8 +87,14 @@ def encode_element(messages: list[Message], limits: Limits, into: Encoded) -> by
     kind = _STARTS if messages and messages[0].role == MessageRole.USER else _CONTINUES
     tokens = turn_tokens(messages) if kind == _STARTS else None
     head = kind if tokens is None else kind + b" " + _TOKENS_FIELD + b"%d" % tokens
-    # Last in the header: the window script's field, added after the others existed.
-    window = b" " + _WINDOW_FIELD + b"%d" % DEFAULT_COUNTER.count(messages)
+    # Last in the header: the fields added after the others existed (the window script's
+    # token estimate, the message count).
+    window = b" %s%d %s%d" % (
+        _WINDOW_FIELD,
+        DEFAULT_COUNTER.count(messages),
+        _COUNT_FIELD,
+        len(messages),
+    )
     if not any(m.attachments for m in messages):
         element = head + window + b"\n" + MessageList.dump_json(messages)
         into.elements.append(element)
@@ -159,6 +169,7 @@ class Header:
     body: memoryview  # the JSON array after the header line
     tokens: int | None = None  # the t= field: see the module docstring
     element: bytes = b""  # the whole stored element (what decoded turns are kept by)
+    messages: int | None = None  # the n= field: see the module docstring
 
 
 def parse_header(element: bytes, *, key: str) -> Header:
@@ -169,12 +180,16 @@ def parse_header(element: bytes, *, key: str) -> Header:
         raise _corrupt(key, "no element header")
     blobs: tuple[str, ...] = ()
     tokens: int | None = None
+    count: int | None = None
     for item in element[1:newline].split():
         if item.startswith(_BLOBS_FIELD):
             blobs = tuple(item[2:].decode("ascii").split(","))
         elif item.startswith(_TOKENS_FIELD) and item[2:].isdigit():
             tokens = int(item[2:])
-    return Header(kind == _STARTS, blobs, memoryview(element)[newline + 1 :], tokens, element)
+        elif item.startswith(_COUNT_FIELD) and item[2:].isdigit():
+            count = int(item[2:])
+    body = memoryview(element)[newline + 1 :]
+    return Header(kind == _STARTS, blobs, body, tokens, element, count)
 
 
 def blob_refs(headers: Iterable[Header]) -> list[str]:
@@ -200,7 +215,9 @@ def decode_elements(
     ``cache``, elements of conversation ``owner`` decoded before come from it and those
     decoded now join it (shared, read-only messages); without, every message is new."""
     elements = [header.element for header in headers]
-    found: list[Turn | None] = cache.lookup(owner, elements) if cache else [None] * len(headers)
+    found: list[Turn | None] = (
+        cache.lookup(owner, elements) if cache is not None else [None] * len(headers)
+    )
     try:
         plain = [i for i, turn in enumerate(found) if turn is None and not headers[i].blobs]
         decoded: dict[int, list[Message]] = dict(
@@ -235,7 +252,7 @@ def plain_messages(
         return None
     everything = [*lead, *elements] if lead else elements
     found: list[Turn | None] = (
-        cache.lookup(owner, everything) if cache else [None] * len(everything)
+        cache.lookup(owner, everything) if cache is not None else [None] * len(everything)
     )
     missing = [i for i, turn in enumerate(found) if turn is None]
     bodies = _plain_bodies([everything[i] for i in missing])

@@ -1,5 +1,6 @@
-"""Reading a conversation: its stored messages (``history``), the messages a window sends
-(``window``) and what its turns used (``usage``). Reads take no lease."""
+"""Reading a conversation: its stored messages (``history``, or their JSON as stored:
+``history_json``), the messages a window sends (``window``) and what its turns used
+(``usage``). Reads take no lease."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from convoq.redis._base import ProtocolBase
 from convoq.redis._budget import budget_steps
 from convoq.redis._counted import counted_steps
 from convoq.redis._history import load_history
+from convoq.redis._raw import StoredJson, json_steps
 from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
 from convoq.window import Window
 
 
 class ReadingMixin(ProtocolBase):
-    """``history``, ``window``, ``usage``."""
+    """``history``, ``history_json``, ``window``, ``usage``."""
 
     async def history(self, cid: str, *, last_turns: int | None = None) -> list[Message]:
         """Stored messages: the leading system/developer ones plus the last N turns."""
@@ -24,6 +26,14 @@ class ReadingMixin(ProtocolBase):
         if last_turns is not None and last_turns < 0:
             raise ConvoqError("last_turns must be >= 0 (0 or None loads the whole history)")
         return await load_history(self.scripts, self.keys, cid, last_turns)
+
+    async def history_json(self, cid: str, *, last_turns: int | None = None) -> StoredJson:
+        """:meth:`history` as the stored JSON, passed through without decoding it (see
+        :mod:`convoq.redis._raw`): for a reader that only forwards it."""
+        check_conversation_id(cid)
+        if last_turns is not None and last_turns < 0:
+            raise ConvoqError("last_turns must be >= 0 (0 or None loads the whole history)")
+        return await adrive(json_steps(self.keys, cid, last_turns), self.scripts.perform)
 
     async def window(self, cid: str, window: Window) -> list[Message]:
         """The stored messages ``window`` sends. A token budget with the default counter

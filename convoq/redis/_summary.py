@@ -44,6 +44,17 @@ def state_steps(
     return messages, summary, basis
 
 
+def summary_steps(keys: KeySchema, cid: str) -> Steps[Summary | None]:
+    """The stored summary alone (one read, whatever the history's length)."""
+    key = keys.summary(cid)
+    replies = yield Batch([("HMGET", key, "text", "watermark", "version")])
+    _raise_stored_errors(replies, [key])
+    raw_text, watermark, version = replies[0]
+    if raw_text is None:
+        return None
+    return Summary(text=text(raw_text), watermark=int(watermark), version=int(version))
+
+
 def counts_steps(keys: KeySchema, cid: str) -> Steps[int]:
     """Stored turns after the summary's watermark, from two counters (no history read)."""
     replies = yield Batch(

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from convoq.redis._cluster import AsyncRedis
     from convoq.redis._durable import Acks
     from convoq.redis._popping import Keep
+    from convoq.redis._raw import StoredJson
     from convoq.redis._records import (
         Handoff,
         ParkedTurn,
@@ -226,6 +227,8 @@ class ClientStore(TurnReader, Protocol):
     async def clear(self, cid: str, *, force: bool = False) -> None: ...
 
     async def history(self, cid: str, *, last_turns: int | None = None) -> list[Message]: ...
+
+    async def history_json(self, cid: str, *, last_turns: int | None = None) -> StoredJson: ...
 
     async def usage(self, cid: str) -> Usage: ...
 

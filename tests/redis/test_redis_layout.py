@@ -51,9 +51,9 @@ async def test_elements_carry_a_header_line_and_meta_says_format_2(
     await memory.aappend(CID, [Message.assistant("more")])
     first, second, third = store_client.lrange(proto.keys.turns(CID), 0, -1)
     sha = store_client.hkeys(proto.keys.blobs(CID))[0]
-    assert re.match(rb"T b=" + sha + rb" w=\d+\n\[", first)
-    assert re.match(rb'T w=\d+\n\[\{"role":"user"', second)
-    assert re.match(rb'C w=\d+\n\[\{"role":"assistant"', third)
+    assert re.match(rb"T b=" + sha + rb" w=\d+ n=2\n\[", first)
+    assert re.match(rb'T w=\d+ n=2\n\[\{"role":"user"', second)
+    assert re.match(rb'C w=\d+ n=1\n\[\{"role":"assistant"', third)
     assert store_client.hget(proto.keys.meta(CID), "format_version") == b"2"
 
 
