@@ -186,6 +186,8 @@ def test_an_approval_by_keyboard_from_the_conversations_page(
     watched.ready()
     text = watched.shot(tmp_path, "parked")
     assert f"customer\n{CUSTOMER}" in text.replace("\t", "\n")  # whose refund it is
+    before = page.locator("#before .message .text").all_text_contents()
+    assert before == ["my order A-7 arrived broken", "noted: my order A-7 arrived broken"]
     assert page.locator("button", has_text="Cancel turn").count() == 0  # approve, not submit
     _tab_to(page, "input.reason")
     page.keyboard.type("receipt checked")

@@ -12,13 +12,14 @@
     const { cid, tid } = route;
     const parts = {
       head: el("div", { id: "turn-head" }),
+      before: el("div", { id: "before" }),
       actions: el("div", { id: "actions" }),
       steps: el("ol", { className: "steps", id: "steps" }),
     };
     main.append(
       el("p", {}, "Conversation ", C.link(C.convHref(cid), cid, "mono conversation-link")),
       el("h2", { textContent: "Turn " + tid, tabIndex: -1 }),
-      parts.head, parts.actions,
+      parts.head, parts.before, parts.actions,
       el("h3", { textContent: "Timeline" }), parts.steps);
 
     let following = false;
@@ -35,7 +36,18 @@
       }
     }
     await load();
+    const first = parts.head.querySelector(".status");
+    if (first && !FINAL.includes(first.dataset.status)) await before(parts.before, cid, signal);
   };
+
+  // A turn not final yet comes after every stored turn: the newest of them are the
+  // conversation that led to it (what a person deciding on its tool calls reads).
+  async function before(box, cid, signal) {
+    const page = await C.get(C.convPath(cid) + "/transcript?limit=3", signal);
+    if (!page.turns.length) return;
+    box.append(el("h3", { textContent: "The conversation before it (latest stored turns)" }),
+      el("ol", { className: "transcript" }, ...page.turns.reverse().map((t) => C.storedTurn(cid, t, signal))));
+  }
 
   function render(parts, turn, reload, signal) {
     C.update(parts.head, { ...turn, steps: null }, () => renderHead(parts.head, turn));
