@@ -9,7 +9,8 @@ resend on a fresh connection then goes through. Only what is still failing when 
 is spent raises (see :mod:`convoq._connection_bounds`).
 
 Both flavours override only ``call_with_retry``, redis-py's public entry point, and hand
-its failure callback on with a check added after it.
+its failure callback on with a check added after it (whatever else a redis-py release
+passes is passed on as it came).
 """
 
 from __future__ import annotations
@@ -39,11 +40,7 @@ class BudgetedRetry(AsyncRetry):
         self.budget_s = budget_s
 
     async def call_with_retry(
-        self,
-        do: Callable[[], Awaitable[T]],
-        fail: Callable[..., Any],
-        is_retryable: Callable[[Exception], bool] | None = None,
-        with_failure_count: bool = False,
+        self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> T:
         budget, started = self.budget_s, time.monotonic()
 
@@ -52,7 +49,7 @@ class BudgetedRetry(AsyncRetry):
             if budget is not None and time.monotonic() - started >= budget:
                 raise error
 
-        return await super().call_with_retry(do, failed, is_retryable, with_failure_count)
+        return await super().call_with_retry(do, failed, *args, **kwargs)
 
 
 class BudgetedSyncRetry(Retry):
@@ -63,11 +60,7 @@ class BudgetedSyncRetry(Retry):
         self.budget_s = budget_s
 
     def call_with_retry(
-        self,
-        do: Callable[[], T],
-        fail: Callable[..., Any],
-        is_retryable: Callable[[Exception], bool] | None = None,
-        with_failure_count: bool = False,
+        self, do: Callable[[], T], fail: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> T:
         budget, started = self.budget_s, time.monotonic()
 
@@ -76,4 +69,4 @@ class BudgetedSyncRetry(Retry):
             if budget is not None and time.monotonic() - started >= budget:
                 raise error
 
-        return super().call_with_retry(do, failed, is_retryable, with_failure_count)
+        return super().call_with_retry(do, failed, *args, **kwargs)
