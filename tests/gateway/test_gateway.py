@@ -390,7 +390,8 @@ def test_health_readiness_openapi_and_docs(gateway: GatewayProcess) -> None:
     assert httpx.get(f"{gateway.url}/readyz").json()["status"] == "ok"
     document = httpx.get(f"{gateway.url}/openapi.json").json()
     paths = document["paths"]
-    assert set(paths["/v1/conversations/{cid}/turns"]) == {"post"}
+    # POST queues a turn; GET lists the conversation's turns (the console's).
+    assert set(paths["/v1/conversations/{cid}/turns"]) == {"post", "get"}
     body = paths["/v1/conversations/{cid}/turns"]["post"]["requestBody"]["content"]
     assert {"application/json", "multipart/form-data"} <= set(body)
     assert "TurnRequest" in document["components"]["schemas"]
