@@ -4,8 +4,10 @@ fails on purpose (:class:`~tests.support.model_faults.FaultyWireServer`: 429 sto
 or reset) while worker processes are killed (-9) and restarted, as a supervisor would.
 
 No model call gets more faults than its ``max_retries``, so no turn may fail: a retry
-saves every one. What must hold besides every chaos invariant
-(:mod:`tests.support.chaos_check`): no call makes more requests than ``1 + max_retries``;
+saves every one. One turn more is refused its final answer past its budget: it fails,
+and retried as the same turn once the server is well, it succeeds from its journal.
+What must hold besides every chaos invariant (:mod:`tests.support.chaos_check`): no call
+makes more requests than ``1 + max_retries`` (the refused one makes exactly that many);
 a retry after 429 waits ``Retry-After``; a hang is given up on at the attempt deadline
 and retried; no call ends on a fault while its worker lives. The figures are printed.
 """
@@ -65,6 +67,8 @@ def test_model_faults_while_workers_die_fail_no_turn(
                                  SHARED + WORKERS)  # fmt: skip
             with supervised(pool):
                 handles = _run(pool, client, cids, killed)
+                over = _over_budget_then_retried(client, model_server, cids[0], tool_log)
+                handles[over.conversation_id] = [over]
                 _check(pool, client, model_server, handles, tool_log, killed)
 
 
@@ -94,6 +98,26 @@ def _run(
     return handles
 
 
+def _over_budget_then_retried(
+    client: Client, server: FaultyWireServer, like: str, tool_log: Path
+) -> TurnHandle:
+    """A turn whose final answer fails past its budget fails (503 after its retries); the
+    server well again, it is retried as the same turn and succeeds from its journal (its
+    tool does not run again: the tally counts one execution)."""
+    cid = f"{like}-over"
+    server.refuse.add(f"{cid} t0")
+    handle = client.submit(cid, f"{cid} t0", agent="faulty")
+    failed = handle.wait(60, raise_on_error=False)
+    assert failed.status == "failed" and "answered HTTP 503" in str(failed.error), failed
+    server.refuse.clear()
+    handle.retry()
+    result = handle.wait(60)
+    assert (result.retries, result.text) == (1, f"seen: {cid} t0")
+    ran = [line for line in tool_log.read_text().splitlines() if line.startswith(f"{cid} t0\t")]
+    assert len(ran) == 1, ran  # its journal kept the tool's result: it did not run again
+    return handle
+
+
 def _check(
     pool: WorkerPool,
     client: Client,
@@ -102,7 +126,7 @@ def _check(
     tool_log: Path,
     killed: set[int],
 ) -> None:
-    expected = {cid: [f"{cid} t{t}" for t in range(TURNS)] for cid in handles}
+    expected = {cid: [f"{cid} t{t}" for t in range(len(hs))] for cid, hs in handles.items()}
     found = tally(client, handles, expected, tool_log)
     final_at = time.monotonic()
     store = redis.Redis.from_url(pool.redis_url)
@@ -131,5 +155,5 @@ def _check(
     assert not wedged, (wedged, pool.logs())
     assert not broken, broken[:10]
     # The chaos happened: every kind of fault, and calls that needed their retries.
-    assert set(faults) == set(KINDS), faults
+    assert set(faults) == {*KINDS, "refused"}, faults
     assert max(calls.values()) > 1

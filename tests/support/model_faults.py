@@ -8,7 +8,8 @@ carry one ``x-chaos-call`` header (see :mod:`tests.support.model_fault_agents`).
 gets at most ``budget`` faults (its model's ``max_retries``), so every call a retry can
 save is saved by the retries the model is allowed: a turn that fails anyway is a bug.
 A stream is dropped only before any text went out (a drop after text is not retried by
-design: a retry would hand the text out again).
+design: a retry would hand the text out again). A turn whose user text is in ``refuse``
+gets 503 for its final answer whatever the budget: it fails, to be retried as a turn.
 
 Every request is logged as a :class:`Hit`; :func:`broken_promises` reads the log for
 what the model's retries promise (budget, ``Retry-After``, bounded hangs, no call given
@@ -25,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tests.support.openai_server import RecordedRequest, _Reply
-from tests.support.wire_server import Script, WireServer
+from tests.support.wire_server import Script, WireServer, read
 
 KINDS = ("5xx", "hang", "drop-closed", "429", "drop-reset")
 
@@ -68,15 +69,23 @@ class FaultyWireServer(WireServer):
         self._kinds = itertools.cycle(KINDS)
         self._hit_lock = threading.Lock()
         self.started = time.monotonic()
+        self.refuse: set[str] = set()  # user texts whose final answers always get a 503
 
     def _record(self, request: RecordedRequest) -> _Reply:
         reply = super()._record(request)
         call = request.headers.get("x-chaos-call", "")
         pid = int(request.headers.get("x-chaos-pid", "0"))
         with self._hit_lock:
-            fault = self._fault_for(call)
+            fault = "refused" if self._refused(request) else self._fault_for(call)
             self.hits.append(Hit(call, pid, time.monotonic(), fault))
         return reply if fault is None else self._failing(fault, reply)
+
+    def _refused(self, request: RecordedRequest) -> bool:
+        """Whether the request is one of a turn in ``refuse`` asking for its final answer
+        (its tool's result is in): such a call fails past any retry budget."""
+        items = read(request).items
+        users = [i.text for i in items if i.role == "user"]
+        return bool(users) and users[-1] in self.refuse and items[-1].role == "tool"
 
     def in_storm(self) -> bool:
         into = (time.monotonic() - self.started) % self.plan.storm_every_s
@@ -98,7 +107,7 @@ class FaultyWireServer(WireServer):
         if fault == "429":
             headers = {"Retry-After": str(self.plan.retry_after_s)}
             return _Reply(status=429, headers=headers, body=_error("rate limited"))
-        if fault == "5xx":
+        if fault in ("5xx", "refused"):
             return _Reply(status=503, body=_error("overloaded"))
         if fault == "hang":
             answer.delay = self.plan.hang_s  # the answer comes after the client gave up
@@ -130,7 +139,8 @@ class Promises:
     def broken(self, hits: list[Hit], killed: set[int], slack_s: float = 3.0) -> list[str]:
         """Each promise the log shows broken: more requests in a call than its budget; a
         retry after 429 sooner than ``Retry-After``; a hang not given up on within the
-        deadline plus a backoff; a call that ended on a fault although its worker lived."""
+        deadline plus a backoff; a call that ended on a fault although its worker lived
+        (unless refused: then it must have spent its whole budget)."""
         calls: dict[str, list[Hit]] = defaultdict(list)
         for hit in hits:
             calls[hit.call].append(hit)
@@ -147,6 +157,9 @@ class Promises:
                 # client started its clock), not at once and not much later.
                 if before.fault == "hang" and not self.attempt_timeout_s - 0.5 <= gap <= bound:
                     broken.append(f"call {call}: retried {gap:.2f} s after a hang")
-            if its[-1].fault is not None and its[-1].pid not in killed:
+            refused = its[-1].fault == "refused"
+            if refused and len(its) != 1 + self.max_retries and its[-1].pid not in killed:
+                broken.append(f"call {call}: gave up after {len(its)} requests, not all")
+            if its[-1].fault not in (None, "refused") and its[-1].pid not in killed:
                 broken.append(f"call {call}: ended on {its[-1].fault}, its worker alive")
         return broken
