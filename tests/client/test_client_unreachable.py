@@ -25,6 +25,7 @@ CALLS: dict[str, Call] = {
     "deny": lambda c, h: c.deny(h, "call-1"),
     "discard": lambda c, h: c.discard(h),
     "cancel": lambda c, h: c.cancel(h),
+    "retry": lambda c, h: c.retry(h),
     "history": lambda c, h: c.history("c1"),
     "usage": lambda c, h: c.usage("c1"),
     "clear": lambda c, h: c.clear("c1"),
@@ -39,6 +40,7 @@ CALLS: dict[str, Call] = {
     "handle.approve": lambda c, h: h.approve("call-1"),
     "handle.deny": lambda c, h: h.deny("call-1"),
     "handle.cancel": lambda c, h: h.cancel(),
+    "handle.retry": lambda c, h: h.retry(),
     "handle.discard": lambda c, h: h.discard(),
 }
 

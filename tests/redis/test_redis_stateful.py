@@ -1,5 +1,6 @@
 """Random interleavings of the turn protocol from several workers against a real Redis,
-checked step by step against a plain-Python model of what must happen."""
+checked step by step against a plain-Python model of what must happen: runs reported cut
+off and failed turns retried among them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from convoq.errors import (
     StaleFenceError,
     TurnAlreadyAppliedError,
     TurnCancelledError,
+    TurnNotRetryableError,
 )
 from convoq.messages import Message, ToolCall
 from convoq.redis import Acquired, TurnProtocol
@@ -35,6 +37,7 @@ from tests.support.redis_cluster import plain_client
 CID = "stateful"
 WORKERS = ("w1", "w2", "w3")
 MAX_ATTEMPTS = 3
+MAX_CUT_OFFS = 2
 LEASE_MS = 60_000
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -59,12 +62,17 @@ class Model:
     resume: bool = False
     saved: dict[str, int] = field(default_factory=dict)  # tid -> steps of the saved state
     last_fence: int = 0
+    cut_offs: dict[str, int] = field(default_factory=dict)  # runs reported cut off
+    cut_fence: dict[str, int] = field(default_factory=dict)  # newest fence reported
+    retries: dict[str, int] = field(default_factory=dict)
+    retry_token: dict[str, str] = field(default_factory=dict)
 
     def end(self, tid: str, status: str) -> None:
         self.status[tid] = status
         if tid in self.queue:
             self.queue.remove(tid)
-        self.saved.pop(tid, None)
+        if status != "failed":  # a failed turn keeps its journal for a retry
+            self.saved.pop(tid, None)
 
     def take(self, handoff: bool) -> str | None:
         """The turn acquire hands out (failing heads over max attempts on the way), or None."""
@@ -73,11 +81,15 @@ class Model:
             # A parked head whose approval expired with its lease runs on (its undecided
             # calls recorded as expired), as a resumed one does: with the run that parked
             # it (max attempts counts the runs that started).
-            if self.status[head] != "awaiting_approval":
-                self.runs[head] = self.runs.get(head, 0) + 1
-            if self.runs[head] > MAX_ATTEMPTS:
+            parked = self.status[head] == "awaiting_approval"
+            runs = self.runs.get(head, 0) + (0 if parked else 1)
+            # Max attempts counts the runs nobody reported (crashed); cut-offs apart. A
+            # turn failed here keeps the runs it had.
+            over_cut_offs = not parked and self.cut_offs.get(head, 0) >= MAX_CUT_OFFS
+            if runs > MAX_ATTEMPTS or over_cut_offs:
                 self.end(head, "failed")
                 continue
+            self.runs[head] = runs
             self.status[head] = "running"
             self.resume = False
             if not handoff:
@@ -160,7 +172,13 @@ class TurnProtocolMachine(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS))
     def acquire(self, worker: str) -> None:
         got = run_sync(
-            self.proto.acquire(CID, worker_id=worker, lease_ms=LEASE_MS, max_attempts=MAX_ATTEMPTS)
+            self.proto.acquire(
+                CID,
+                worker_id=worker,
+                lease_ms=LEASE_MS,
+                max_attempts=MAX_ATTEMPTS,
+                max_cut_offs=MAX_CUT_OFFS,
+            )
         )
         expected = None if self.model.lease is not None else self.model.take(handoff=False)
         self.received(worker, got, expected, 0)
@@ -198,6 +216,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
                     fence=fence,
                     lease_ms=LEASE_MS,
                     max_attempts=MAX_ATTEMPTS,
+                    max_cut_offs=MAX_CUT_OFFS,
                     next_turn_id=peek if peeked else None,
                 ),
             ),
@@ -220,6 +239,7 @@ class TurnProtocolMachine(RuleBasedStateMachine):
                     fence=fence,
                     lease_ms=LEASE_MS,
                     max_attempts=MAX_ATTEMPTS,
+                    max_cut_offs=MAX_CUT_OFFS,
                     next_turn_id=peek if peeked else None,
                 ),
             ),
@@ -328,6 +348,54 @@ class TurnProtocolMachine(RuleBasedStateMachine):
             None if live else StaleFenceError, self.proto.renew(CID, fence=fence, lease_ms=LEASE_MS)
         )
 
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data())
+    def report_cut_off(self, data: st.DataObject) -> None:
+        """A worker that lived reports the run it holds (or held) cut off."""
+        worker = data.draw(st.sampled_from(sorted(self.claims)))
+        tid, fence, _peek = self.claims[worker]
+        m = self.model
+        counted = (
+            m.status[tid] in ("running", "awaiting_approval")
+            and fence > m.cut_fence.get(tid, 0)
+            and m.runs.get(tid, 0) > 0
+        )
+        assert run_sync(self.proto.report_cut_off(CID, tid, fence=fence)) == counted
+        if not counted:
+            return
+        m.runs[tid] -= 1
+        m.cut_offs[tid] = m.cut_offs.get(tid, 0) + 1
+        m.cut_fence[tid] = fence
+        lease = m.lease
+        if lease and lease.fence == fence and lease.state == "active" and m.queue[0] == tid:
+            m.lease = None  # the run's lease is freed for the next run
+
+    @precondition(lambda self: self.model.status)
+    @rule(data=st.data(), resend=st.booleans())
+    def retry(self, data: st.DataObject, resend: bool) -> None:
+        """A failed turn queued again as itself; a resend of the last request (its token)
+        changes nothing; any other turn is refused."""
+        tid = data.draw(st.sampled_from(sorted(self.model.status)))
+        m = self.model
+        token = m.retry_token.get(tid) if resend else None
+        got = None
+        if token is not None:
+            got = run_sync(self.proto.retry(CID, tid, token=token))
+            assert got.repeated and got.status == m.status[tid]
+            return
+        token = uuid.uuid4().hex
+        if m.status[tid] != "failed":
+            self.expect(TurnNotRetryableError, self.proto.retry(CID, tid, token=token))
+            return
+        got = run_sync(self.proto.retry(CID, tid, token=token))
+        assert (got.repeated, got.position) == (False, len(m.queue))
+        m.retries[tid] = m.retries.get(tid, 0) + 1
+        assert got.retries == m.retries[tid]
+        m.retry_token[tid] = token
+        m.queue.append(tid)
+        m.status[tid] = "queued"
+        m.runs[tid], m.cut_offs[tid], m.cut_fence[tid] = 0, 0, m.last_fence
+
     # -- invariants --------------------------------------------------------------------
     @invariant()
     def redis_matches_the_model(self) -> None:
@@ -338,7 +406,12 @@ class TurnProtocolMachine(RuleBasedStateMachine):
         assert stored == m.history  # committed once each, in submission order
         assert sorted(stored, key=lambda t: int(t[1:])) == stored
         for tid, status in m.status.items():
-            assert self.client.hget(keys.turn(CID, tid), "status") == status.encode()
+            fields = ["status", "runs", "cut_offs", "retries"]
+            record = [v and v.decode() for v in self.client.hmget(keys.turn(CID, tid), fields)]
+            assert record[0] == status
+            assert int(record[1] or 0) == m.runs.get(tid, 0)
+            assert int(record[2] or 0) == m.cut_offs.get(tid, 0)
+            assert int(record[3] or 0) == m.retries.get(tid, 0)
         lease = self.client.hmget(keys.lease(CID), "fence", "state")
         if m.lease is None:
             assert lease == [None, None]
