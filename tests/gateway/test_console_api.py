@@ -8,6 +8,7 @@ only its prefix on every one of them."""
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -291,3 +292,20 @@ def test_the_console_routes_are_in_the_document_with_their_scopes(
         assert "console" in operation["tags"]
         assert "scope" in operation["summary"], path
     assert "get" in paths["/v1/conversations/{cid}/turns"]
+
+
+def test_the_console_loads_nothing_from_elsewhere(gateway: GatewayProcess) -> None:
+    page = httpx.get(f"{gateway.url}/console")
+    assert page.status_code == 200
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "script-src 'self';" in policy
+    assert "unsafe" not in policy and "img-src 'self' blob:" in policy
+    files = re.findall(r'(?:src|href)="(/console/[^"]+)"', page.text)
+    assert len(files) == 5  # its scripts, its stylesheet and its icon: all of this origin
+    assert "http" not in page.text.split("<body>", 1)[1]
+    for name in files:
+        served = httpx.get(f"{gateway.url}{name}")
+        assert served.status_code == 200 and served.headers["content-security-policy"] == policy
+        if name.endswith((".js", ".css")):
+            assert "innerHTML" not in served.text and "http" not in served.text, name
+    assert httpx.get(f"{gateway.url}/console/app.py").status_code == 404

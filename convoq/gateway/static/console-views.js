@@ -42,7 +42,7 @@
         + partial;
     }
     await load();
-    C.every(5000, load, signal);
+    C.every(10000, load, signal);  // each is a SCAN of the keyspace: not too often
   };
 
   function conversationRow(row) {

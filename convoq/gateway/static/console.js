@@ -10,7 +10,7 @@ const C = (window.convoqConsole = { key: null, me: null, views: {}, controller: 
 
 C.$ = (id) => document.getElementById(id);
 
-// An element with properties (never innerHTML) and children (nodes or strings, as text).
+// An element with properties and children (nodes, or strings as text: nothing is parsed as HTML).
 C.el = function (tag, props, ...children) {
   const node = document.createElement(tag);
   const { dataset, ...rest } = props || {};
