@@ -23,6 +23,10 @@ What rides on the turn:
 - ``input_guardrail`` / ``output_guardrail``: the profile's guardrail trips on the user
   message (no request reaches the model) or on the answer; the turn ends ``blocked``
   naming the guardrail and its reason, and the conversation stores nothing.
+- ``retry``: the model API refuses the answer after the tool result (HTTP 400), so the
+  turn fails after its first step; once the API takes it again the turn is retried (the
+  client's ``retry``, the gateway's ``POST .../retry``) and succeeds as the same turn: the
+  journaled model answer and tool result are not asked or run again.
 
 Cells that cannot apply are in :data:`NOT_APPLICABLE` with the reason.
 """
@@ -60,7 +64,7 @@ PROFILES = ("convoq", "pydantic_ai")
 WIRES = matrix_agents.WIRES
 RIDERS = ("metadata", "model_settings", "typed_output", "approval", "mcp", "summary",
           "langchain_history", "openai_agents_history", "input_guardrail",
-          "output_guardrail")  # fmt: skip
+          "output_guardrail", "retry")  # fmt: skip
 GUARDED = {"input_guardrail": "no_blocked_input", "output_guardrail": "no_blocked_output"}
 ANY = "*"
 # (entry, profile, wire, rider), ANY matching every value -> why the cell cannot apply.
@@ -69,6 +73,8 @@ NOT_APPLICABLE: dict[tuple[str, str, str, str], str] = {
     " own run; convoq serves it as a worker profile (durable), so it is tested on workers",
     (ANY, "pydantic_ai", ANY, "mcp"): "MCP servers are a convoq Agent's mcp_servers; a"
     " Pydantic AI agent brings its own toolsets, which run inside its run as its tools",
+    ("in_process", ANY, ANY, "retry"): "a turn that fails in process raises to its caller"
+    " and leaves no turn record: only a queued turn can be retried (worker, gateway)",
 }
 SETTINGS = {"temperature": 0.25, "top_p": 0.5}
 
@@ -210,6 +216,9 @@ def test_cell(
     if rider == "approval":
         assert ran.status == "awaiting_approval" and ran.pending == ["refund"], ran
         ran = cell.approve()
+    if rider == "retry":
+        assert ran.status == "failed", ran
+        ran = cell.retry()
     assert ran.status in ("succeeded", "completed"), ran
     requests = [s for s in wire.seen() if any(cid in item.text for item in s.items)]
     assert requests, f"no request of {cid} reached the model"
@@ -251,6 +260,12 @@ def check_rider(cell: Cell, ran: Ran, requests: list[Seen], written: Any) -> Non
         assert [m.text for m in stored if m.role == "tool"] == ["refunded 5"]
     elif rider == "mcp":
         assert ran.text == "mcp done: 5"
+    elif rider == "retry":
+        assert ran.text == "retry done: None"
+        # Asked for the tool call, refused after it, asked again after the retry: the
+        # journal held the first answer and the tool's result.
+        assert len(requests) == 3, [s.items for s in requests]
+        assert [m.text for m in stored if m.role == "tool"] == ["None"]
     elif rider == "summary":
         sent = [item.text for item in requests[0].items] + requests[0].system
         assert any(SUMMARY_PREFIX + "users said hello" in t for t in sent), sent
@@ -296,6 +311,8 @@ class Cell:
 
     # -- what the conversation holds before the turn ----------------------------------------
     def seed(self) -> Any:
+        if self.rider == "retry":
+            matrix_agents.BROKEN.add(self.cid)
         if self.rider == "summary":
             for n in range(3):
                 self.memory.append(self.cid, [Message.user(f"folded away {n}"),
@@ -401,6 +418,19 @@ class Cell:
             url = f"{turns_path(self.cid)}/{self.handle}/approvals/{call}"
             decided = http.post(url, json={"decision": "approve"})
             assert decided.status_code == 200, decided.text
+            return _ran_gateway(_wait_http(http, self.cid, self.handle, until="final"))
+
+    # -- the failed turn, retried once the model API takes it again -------------------------
+    def retry(self) -> Ran:
+        matrix_agents.BROKEN.discard(self.cid)
+        if self.entry == "worker":
+            client: Client = self.fixture("client")
+            client.retry(self.handle)
+            return _ran_worker(self.handle.wait(90, raise_on_error=False))
+        gateway: GatewayProcess = self.fixture("gateway")
+        with gateway.client() as http:
+            retried = http.post(f"{turns_path(self.cid)}/{self.handle}/retry")
+            assert retried.status_code == 202, retried.text
             return _ran_gateway(_wait_http(http, self.cid, self.handle, until="final"))
 
 

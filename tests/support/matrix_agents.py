@@ -7,7 +7,8 @@ loopback server at ``MATRIX_WIRE_URL`` (``.../v1``, :mod:`tests.support.wire_ser
 (needs approval), ``whoami`` (reads the turn's metadata) and, for convoq agents, the MCP
 test server's ``t__add``; and the same guardrails: ``no_blocked_input`` trips on a user
 message of the ``input_guardrail`` rider, ``no_blocked_output`` on an answer of the
-``output_guardrail`` rider. What each model answers is :func:`script`, read from the request.
+``output_guardrail`` rider. What each model answers is :func:`script`, read from the request
+(and, for the ``retry`` rider, from :data:`BROKEN` in the process serving the wire).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ MARK = "cell:"
 ANSWER = {"answer": "forty-two", "n": 42}
 WRONG = {"answer": 42}  # n missing, answer not a string: fails the output schema
 MCP_LOG = os.environ.get("MATRIX_MCP_LOG", "/tmp/convoq-matrix-mcp.log")
+# Conversations of the retry rider whose model refuses its answer after the tool result
+# (HTTP 400: the turn fails after its first step); the test takes a conversation out to
+# let its retried turn succeed. Read where the wire server runs: the test's process.
+BROKEN: set[str] = set()
 
 
 def rider_of(seen: Seen) -> tuple[str, list[Any]]:
@@ -56,12 +61,21 @@ def script(seen: Seen) -> Said:
         tried = any(item.role == "assistant" for item in after)
         return Said(output=ANSWER if tried else WRONG)
     tool = {"approval": ("refund", {"amount": 5}), "metadata": ("whoami", {}),
-            "mcp": ("t__add", {"a": 2, "b": 3})}.get(rider)  # fmt: skip
+            "mcp": ("t__add", {"a": 2, "b": 3}), "retry": ("whoami", {})}.get(rider)  # fmt: skip
     if tool is not None and not results:
         return Said(calls=[(f"call_{rider}", tool[0], tool[1])])
+    if rider == "retry" and _cid_of(seen) in BROKEN:
+        return Said("the model API refuses this request", error=400)
     if results:
         return Said(f"{rider} done: {results[-1].text}")
     return Said(f"{rider or 'plain'} ok")
+
+
+def _cid_of(seen: Seen) -> str:
+    """The conversation id a cell's user message names after its rider."""
+    marked, _ = seen.since(MARK)
+    words = marked.text.split(MARK, 1)[1].split() if marked is not None else []
+    return words[1] if len(words) > 1 else ""
 
 
 def convoq_model(wire: str) -> Any:

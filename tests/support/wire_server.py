@@ -57,11 +57,13 @@ class Seen:
 @dataclass
 class Said:
     """A model's answer: text, tool calls, or both; or a typed ``output``, given the way
-    the request asked for it (its output tool, else JSON text)."""
+    the request asked for it (its output tool, else JSON text); or, with ``error``, that
+    HTTP status and the wire's error body instead (a request the API refuses)."""
 
     text: str = ""
     calls: list[tuple[str, str, Json]] = field(default_factory=list)
     output: Any = None
+    error: int | None = None
 
 
 Script = Callable[[Seen], Said]
@@ -189,6 +191,8 @@ def _read_anthropic(body: Json) -> Seen:
 
 
 def _render(seen: Seen, said: Said) -> _Reply:
+    if said.error is not None:
+        return _refused(seen, said.error, said.text or "refused by the test's script")
     stream = bool(seen.body.get("stream"))
     if seen.wire == "chat":
         message: Json = {"role": "assistant", "content": said.text or None}
@@ -216,6 +220,14 @@ def _render(seen: Seen, said: Said) -> _Reply:
     return _Reply(
         headers={"Content-Type": "application/json"}, body=message_.model_dump_json().encode()
     )
+
+
+def _refused(seen: Seen, status: int, message: str) -> _Reply:
+    """The wire's own error answer (OpenAI's ``{"error": ...}``, Anthropic's typed one)."""
+    error: Json = {"type": "invalid_request_error", "message": message}
+    body: Json = {"type": "error", "error": error} if seen.wire == "anthropic" else {"error": error}
+    headers = {"Content-Type": "application/json"}
+    return _Reply(status=status, headers=headers, body=json.dumps(body).encode(), usage=None)
 
 
 def _sse(text: str) -> _Reply:
