@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from convoq.gateway.timeline import Step
 from convoq.messages import Decision, ToolCall
+from convoq.observe import tracing
 from convoq.redis._inspect import Lease, TurnBrief
 from convoq.redis._records import TurnRecord
 from convoq.usage import Usage
@@ -221,7 +222,7 @@ class TurnDetail(BaseModel):
 
 
 # Shown apart (metadata) or of no use to a reader (the submit's trace context).
-_NOT_OPTIONS = frozenset({"metadata", "traceparent", "trace"})
+_NOT_OPTIONS = frozenset({"metadata", tracing.OPTION})
 
 
 def _note(part: Any) -> AttachmentNote:

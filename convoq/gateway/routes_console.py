@@ -37,7 +37,7 @@ from convoq.gateway.problems import GatewayError
 from convoq.gateway.routes_turns import AppClient
 from convoq.gateway.timeline import timeline
 from convoq.redis._browse import Browse
-from convoq.redis._inspect import Inspect, TurnBrief
+from convoq.redis._inspect import Glance, Inspect, TurnBrief
 from convoq.redis._transcript import Transcript as StoredTranscript
 
 router = APIRouter(tags=["console"], route_class=GatewayRoute, responses=errors(*KEYED))
@@ -122,25 +122,22 @@ async def conversations(
         ((max(seen.turn_ids, default=""), cid) for cid, seen in scan.found.items()), reverse=True
     )[:limit]
     cids = [cid for _, cid in ordered]
-    states = await inspect.leases(cids)
+    glances = await inspect.glances(cids)
     latest = {b.conversation_id: b for b in await inspect.briefs([(c, t) for t, c in ordered if t])}
-    rows = [_row(cid, state, latest.get(cid)) for cid, state in zip(cids, states, strict=True)]
+    rows = [_row(cid, seen, latest.get(cid)) for cid, seen in zip(cids, glances, strict=True)]
     return ConversationList(conversations=rows, found=len(scan.found), complete=scan.complete)
 
 
-def _row(cid: str, state: tuple[int, int, object], brief: TurnBrief | None) -> ConversationRow:
-    stored, inbox, lease = state
-    held = getattr(lease, "state", None)
-    busy = inbox > 0 and held in ("active", "parked")
+def _row(cid: str, seen: Glance, brief: TurnBrief | None) -> ConversationRow:
     times = (
         [t for t in (brief.finished_ms, brief.started_ms, brief.created_ms) if t] if brief else []
     )
     return ConversationRow(
         conversation_id=cid,
-        stored_turns=stored,
-        queued=inbox - (1 if busy else 0),
-        running=busy and held == "active",
-        parked=busy and held == "parked",
+        stored_turns=seen.stored_turns,
+        queued=seen.inbox_length - (1 if seen.running or seen.parked else 0),
+        running=seen.running,
+        parked=seen.parked,
         latest_turn=TurnRow.of(brief) if brief else None,
         activity_ms=max(times) if times else None,
     )

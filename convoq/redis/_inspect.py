@@ -39,6 +39,25 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Glance:
+    """A conversation at a glance: turns stored, turns in its inbox, its lease."""
+
+    stored_turns: int
+    inbox_length: int
+    lease: Lease | None
+
+    @property
+    def running(self) -> bool:
+        """Its inbox's head runs (an active lease; an in-process turn has no inbox)."""
+        return self.inbox_length > 0 and self.lease is not None and self.lease.state == "active"
+
+    @property
+    def parked(self) -> bool:
+        """Its inbox's head awaits approval."""
+        return self.inbox_length > 0 and self.lease is not None and self.lease.state == "parked"
+
+
+@dataclass(frozen=True)
 class Overview:
     """A conversation as its keys hold it now."""
 
@@ -148,7 +167,7 @@ class Inspect:
                 found.append(_brief(cid, tid, values))
         return found
 
-    async def leases(self, cids: Sequence[str]) -> list[tuple[int, int, Lease | None]]:
+    async def glances(self, cids: Sequence[str]) -> list[Glance]:
         """For each conversation: its stored turns, its inbox's length and its lease."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for cid in cids:
@@ -157,7 +176,7 @@ class Inspect:
                 pipe.hgetall(self.keys.lease(cid))
             replies = await pipe.execute()
         return [
-            (_int(replies[i]) or 0, int(replies[i + 1]), _lease(replies[i + 2]))
+            Glance(_int(replies[i]) or 0, int(replies[i + 1]), _lease(replies[i + 2]))
             for i in range(0, len(replies), 3)
         ]
 
