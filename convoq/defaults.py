@@ -72,6 +72,11 @@ MAX_TURN_BYTES = 64 * MiB
 DECODED_CACHE_BYTES = 64 * MiB
 """Decoded stored turns a process keeps, shared by every read of them
 (``CONVOQ_DECODED_CACHE_BYTES``; 0 keeps none): a worker's windows, repeated loads."""
+DELTA_FLUSH_MS = 50
+"""Streamed text waits at most this long before it is written to the turn's event stream
+as one ``text_delta`` event (``CONVOQ_DELTA_FLUSH_MS``)."""
+DELTA_FLUSH_BYTES = 1024
+"""Streamed text of this many bytes is written at once (``CONVOQ_DELTA_FLUSH_BYTES``)."""
 MAX_QUEUED_PER_CONVERSATION: int | None = 1000
 """Turns one conversation may have waiting (its inbox, the running one included) before
 ``submit`` raises QueueFullError (``CONVOQ_MAX_QUEUED_PER_CONVERSATION``; 0 or unset:

@@ -101,6 +101,8 @@ class Expired(Completed):
 
 Outcome = Completed | Paused
 EventSink = Callable[[TurnEvent], Awaitable[None]]
+# What a sink may offer beside: ``sink.text(text)``, a ``text_delta`` event's text alone.
+TextSink = Callable[[str], Awaitable[None]]
 Checkpoint = Callable[[TurnState], Awaitable[None]]
 StopCheck = Callable[[], Awaitable[bool]]
 
@@ -188,8 +190,11 @@ class TurnLoop:
         async def on_delta(text: str) -> None:
             await self.emit(TurnEvent(type="text_delta", data={"text": text}))
 
+        # A sink that takes streamed text as it is (a worker's, which coalesces it) saves
+        # an event object per delta: a reply streams in dozens of them.
+        text_sink: TextSink | None = getattr(self.emit, "text", None)
         started = time.monotonic()
-        reply = await self._guarded_ask(state, request, on_delta)
+        reply = await self._guarded_ask(state, request, text_sink or on_delta)
         latency_ms = round((time.monotonic() - started) * 1000)
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(

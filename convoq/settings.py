@@ -175,6 +175,19 @@ class ConvoqSettings(BaseSettings):
         " turns it read before decodes nothing again; their messages are then shared"
         " read-only values. One cache per process, read at its first decode. 0: none kept.",
     )
+    delta_flush_ms: int = Field(
+        default=defaults.DELTA_FLUSH_MS,
+        ge=0,
+        description="Streamed text waits at most this long for more before it goes to the"
+        " turn's event stream as one text_delta event (what an SSE reader waits at most for"
+        " the first text). 0: each delta is sent at once.",
+    )
+    delta_flush_bytes: int = Field(
+        default=defaults.DELTA_FLUSH_BYTES,
+        ge=1,
+        description="Streamed text of this many bytes goes to the event stream at once,"
+        " without waiting for delta_flush_ms.",
+    )
     webhook_secret: str | None = Field(default=None, description="HMAC key for callbacks.")
     webhook_max_retries: int = Field(default=8, ge=0)
     webhook_retry_base_s: float = Field(

@@ -1,8 +1,10 @@
-"""Streamed text reaches a turn's event stream as one delta event per write, unless someone
-follows the stream live (a reader of ``events()``), who gets each delta as it came."""
+"""Streamed text reaches a turn's event stream coalesced: the deltas added in a row become
+one event, written with the turn's next write, at its size bound or at its time bound
+(what a reader waits at most), in order among the other events."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -38,10 +40,10 @@ def test_runs_of_deltas_are_joined_in_order() -> None:
     assert joined == [delta("a b"), other, delta("c d")]
 
 
-async def test_deltas_are_joined_per_write_until_a_live_reader_shows_up(
+async def test_streamed_text_is_one_event_per_write_live_reader_or_not(
     proto: TurnProtocol,
 ) -> None:
-    events = TurnEvents(proto, CID, "t1", flush_after_s=600)  # flushed by the test only
+    events = TurnEvents(proto, CID, "t1", flush_after_s=600, text_after_s=600)  # by hand
     for word in ("one", " two", " three"):
         await events.add(delta(word))
     await events.flush()
@@ -56,8 +58,36 @@ async def test_deltas_are_joined_per_write_until_a_live_reader_shows_up(
     async with events.pending() as batch:  # what a fenced write would carry
         assert batch == []
     await events.add(delta(" seven"))
+    other = TurnEvent(type="tool_call", data={"id": "c"})
+    await events.add(other)
     await events.add(delta(" eight"))
-    async with events.pending() as batch:
-        assert batch == [delta(" seven"), delta(" eight")]
-    assert await deltas(proto) == ["one two three", " four", " five", " six"]
+    async with events.pending() as batch:  # text keeps its place among the other events
+        assert batch == [delta(" seven"), other, delta(" eight")]
+    assert await deltas(proto) == ["one two three", " four", " five six"]
+    await events.close()
+
+
+async def test_text_goes_out_on_its_own_at_its_size_or_its_time_bound(
+    proto: TurnProtocol,
+) -> None:
+    events = TurnEvents(proto, CID, "t1", flush_after_s=600, text_after_s=600, text_bytes=10)
+    await events.add(delta("12345"))
+    assert await deltas(proto) == []
+    await events.add(delta("67890"))  # 10 bytes: written at once, no flush asked for
+    assert await deltas(proto) == ["1234567890"]
+    await events.close()
+
+    events = TurnEvents(proto, CID, "t1", flush_after_s=600, text_after_s=0.05)
+    await events.add(delta("later"))
+    for _ in range(200):  # the timer writes it (bounded: 10 s)
+        if len(await deltas(proto)) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert await deltas(proto) == ["1234567890", "later"]
+    await events.close()
+
+    events = TurnEvents(proto, CID, "t1", flush_after_s=600, text_after_s=0)
+    await events.add(delta("at"))
+    await events.add(delta(" once"))  # 0: each delta is written as it comes
+    assert await deltas(proto) == ["1234567890", "later", "at", " once"]
     await events.close()

@@ -9,12 +9,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast, get_args
 
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
+from convoq import defaults
 from convoq.errors import CorruptDataError, UnknownTurnError
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
@@ -127,8 +129,9 @@ class EventsMixin(ProtocolBase):
     ) -> list[tuple[str, TurnEvent]]:
         """Events after stream id ``after`` ("0": from the start); waits up to ``block_ms``
         for the first one (0: no waiting). ``live``: the caller follows the stream as it
-        comes; while such a reader is there, the worker sends each text delta as its own
-        event (otherwise it joins the deltas of each flush into one)."""
+        comes; while such a reader is there, the worker keeps each chunk of streamed text
+        it writes as its own event (otherwise it joins those of one write into one; see
+        :class:`TurnEvents`)."""
         key = self.keys.events(cid, turn_id)
         block = block_ms if block_ms > 0 else None
         if not live:
@@ -271,12 +274,19 @@ class TurnEvents:
     :meth:`add` only buffers. What is buffered goes out with the turn's next fenced write
     (the runner hands :meth:`pending` to checkpoint, commit, fail or park, which append
     the events before their own, so "done" still comes last: one round trip for both), or
-    on its own ``flush_after_s`` after it was buffered when no such write comes first (a
-    model streaming for seconds still shows its text as it comes). One write at a time,
-    so the stream keeps the order of :meth:`add`. Each write joins the text deltas it
-    carries into one event, unless the previous write saw a live reader (the key
-    :meth:`EventsMixin.read_events` sets with ``live=True``): a word per event costs an
-    XADD per word, worth it only while someone watches the text appear.
+    on its own ``flush_after_s`` after it was buffered when no such write comes first.
+    One write at a time, so the stream keeps the order of :meth:`add`.
+
+    Streamed text is coalesced before it becomes an event: the ``text_delta`` events
+    added in a row become one, written ``text_after_s`` after the first of them at the
+    latest (what a reader of the stream waits at most for text), at once when they hold
+    ``text_bytes`` bytes, or earlier with anything else that is written (a fenced write,
+    another event's flush). A reply streamed from a model costs a list append per delta
+    and one event per flush, not an event (and its checks) per word; readers see the
+    same text, in the same order. Each write also joins the text deltas it carries into
+    one event, unless the previous write saw a live reader (the key
+    :meth:`EventsMixin.read_events` sets with ``live=True``): then the chunks stay as
+    they were written.
     """
 
     def __init__(
@@ -287,27 +297,63 @@ class TurnEvents:
         *,
         flush_after_s: float = 0.01,
         max_buffered: int = 64,
+        text_after_s: float = defaults.DELTA_FLUSH_MS / 1000,
+        text_bytes: int = defaults.DELTA_FLUSH_BYTES,
     ) -> None:
         self._protocol, self._cid, self._tid = protocol, cid, turn_id
         self._delay, self._max = flush_after_s, max_buffered
+        self._text_delay, self._text_max = text_after_s, text_bytes
         self._buffer: list[TurnEvent] = []
+        # Streamed text not yet an event: its pieces, their size, when the first came.
+        self._text: list[str] = []
+        self._text_size = 0
+        self._text_since = 0.0
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
-        # Whether the last write saw a live reader: then each text delta stays an event.
+        # Whether the last write saw a live reader: then each text chunk stays an event.
         self._live = False
 
     async def add(self, event: TurnEvent) -> None:
         """Buffer ``event`` (ConvoqError at once if its data is not JSON-safe)."""
-        self._protocol.json_arg(event.data, "event data")
+        data = event.data
+        if event.type == "text_delta" and len(data) == 1 and type(data.get("text")) is str:
+            await self.add_text(data["text"])
+            return
+        self._protocol.json_arg(data, "event data")
+        self._take_text()  # the text streamed before it goes first
         self._buffer.append(event)
         if len(self._buffer) >= self._max:
             await self.flush()
         elif self._timer is None or self._timer.done():
             self._timer = asyncio.create_task(self._flush_later())
 
+    async def add_text(self, text: str) -> None:
+        """Buffer streamed ``text``: :meth:`add` of a ``text_delta`` event, without one."""
+        if self._kept_text(text):
+            await self.flush()
+
+    def _kept_text(self, text: str) -> bool:
+        """Keep streamed ``text``; whether it must be written now (its size bound)."""
+        if not self._text:
+            self._text_since = asyncio.get_running_loop().time()
+            if self._timer is None or self._timer.done():
+                self._timer = asyncio.create_task(self._flush_later())
+        self._text.append(text)
+        self._text_size += len(text.encode("utf-8"))
+        return self._text_size >= self._text_max or self._text_delay <= 0
+
+    def _take_text(self) -> None:
+        """The streamed text so far becomes one ``text_delta`` event in the buffer."""
+        if self._text:
+            text = "".join(self._text)
+            self._text.clear()
+            self._text_size = 0
+            self._buffer.append(TurnEvent(type="text_delta", data={"text": text}))
+
     async def flush(self) -> None:
-        """Append what is buffered now to the stream."""
+        """Append what is buffered now (the streamed text too) to the stream."""
         async with self._lock:
+            self._take_text()
             batch = self._buffer[:]
             if batch:
                 self._live = await self._protocol.emit_many(self._cid, self._tid, self._out(batch))
@@ -318,6 +364,7 @@ class TurnEvents:
         """The buffered events, for a fenced write to send along. They leave the buffer
         when the block ends without an error (kept for the next write otherwise)."""
         async with self._lock:
+            self._take_text()
             batch = self._buffer[:]
             yield self._out(batch)
             del self._buffer[: len(batch)]
@@ -334,12 +381,18 @@ class TurnEvents:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
         self._buffer.clear()
+        self._text.clear()
 
     async def _flush_later(self) -> None:
-        """Flush ``flush_after_s`` after an event was buffered, again while more came in
-        meanwhile; stop once the buffer is empty (a fenced write may have emptied it)."""
-        while self._buffer:
-            await asyncio.sleep(self._delay)
+        """Flush ``flush_after_s`` after an event was buffered (``text_after_s`` after the
+        first streamed text, when only text waits), again while more came in meanwhile;
+        stop once nothing waits (a fenced write may have taken it all)."""
+        loop = asyncio.get_running_loop()
+        while self._buffer or self._text:
+            due = loop.time() + self._delay if self._buffer else math.inf
+            if self._text:
+                due = min(due, self._text_since + self._text_delay)
+            await asyncio.sleep(max(0.0, due - loop.time()))
             try:
                 await self.flush()
             except Exception as exc:  # they stay buffered and go with the turn's next write

@@ -195,12 +195,27 @@ class TurnRun:
 
 @contextlib.asynccontextmanager
 async def turn_run(
-    protocol: LeaseStore, acq: Acquired, *, flush_after_s: float, lease_ms: int
+    protocol: LeaseStore,
+    acq: Acquired,
+    *,
+    flush_after_s: float,
+    lease_ms: int,
+    text_after_s: float = defaults.DELTA_FLUSH_MS / 1000,
+    text_bytes: int = defaults.DELTA_FLUSH_BYTES,
 ) -> AsyncIterator[TurnRun]:
     """A run of ``acq``'s turn; events still buffered when it ends are dropped (the turn
-    ended, and its last write carried them, or it was abandoned)."""
+    ended, and its last write carried them, or it was abandoned). Streamed text is
+    coalesced as :class:`~convoq.redis._events.TurnEvents` says (``text_after_s``,
+    ``text_bytes``)."""
     turn = acq.turn
-    events = TurnEvents(protocol, turn.conversation_id, turn.turn_id, flush_after_s=flush_after_s)
+    events = TurnEvents(
+        protocol,
+        turn.conversation_id,
+        turn.turn_id,
+        flush_after_s=flush_after_s,
+        text_after_s=text_after_s,
+        text_bytes=text_bytes,
+    )
     now = asyncio.get_running_loop().time()
     run = TurnRun(protocol, acq, events, lease_ms=lease_ms, confirmed_at=now)
     try:

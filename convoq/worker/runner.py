@@ -46,7 +46,7 @@ from convoq.observe import tracing
 from convoq.profile import TurnJob
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
-from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding
+from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding, TurnEvents
 from convoq.redis.roles import RunnerStore
 from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from convoq.worker import _observed
@@ -66,17 +66,19 @@ log = logging.getLogger("convoq.worker")
 SIGNED_EVENTS = frozenset({"assistant", "tool_call", "tool_result"})
 
 
-def signed(
-    add: Callable[[TurnEvent], Awaitable[None]], worker_id: str
-) -> Callable[[TurnEvent], Awaitable[None]]:
-    """``add`` with the events of :data:`SIGNED_EVENTS` carrying ``"worker": worker_id``."""
+class SignedEvents:
+    """``events.add`` with the events of :data:`SIGNED_EVENTS` carrying ``"worker":
+    worker_id``; streamed text goes to ``events`` as it is (:meth:`text`, which the turn
+    loop uses when a sink has it), coalesced there without an event object per delta."""
 
-    async def emit(event: TurnEvent) -> None:
+    def __init__(self, events: TurnEvents, worker_id: str) -> None:
+        self._events, self._worker = events, worker_id
+        self.text = events.add_text
+
+    async def __call__(self, event: TurnEvent) -> None:
         if event.type in SIGNED_EVENTS:
-            event = TurnEvent(type=event.type, data={**event.data, "worker": worker_id})
-        await add(event)
-
-    return emit
+            event = TurnEvent(type=event.type, data={**event.data, "worker": self._worker})
+        await self._events.add(event)
 
 
 # TurnProtocol.commit_and_hand_off or .fail_and_hand_off bound to its turn and outcome:
@@ -96,6 +98,9 @@ class RunnerConfig:
     approval_ttl_s: int = defaults.APPROVAL_TTL_S
     # How long an event may wait for the turn's next write before it is sent on its own.
     event_flush_ms: int = defaults.EVENT_FLUSH_MS
+    # How long streamed text may wait (and how much of it) before it becomes an event.
+    delta_flush_ms: int = defaults.DELTA_FLUSH_MS
+    delta_flush_bytes: int = defaults.DELTA_FLUSH_BYTES
     max_turn_s: float = defaults.MAX_TURN_S
     shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
 
@@ -213,10 +218,16 @@ class Runner:
         report.abandoned.append(tid)
 
     async def _run_turn(self, acq: Acquired, report: DrainReport) -> Acquired | None:
-        delay = self._config.event_flush_ms / 1000
-        lease_ms = self._config.lease_ms
+        config = self._config
         with _observed.watched_turn(acq, report):
-            async with turn_run(self._protocol, acq, flush_after_s=delay, lease_ms=lease_ms) as run:
+            async with turn_run(
+                self._protocol,
+                acq,
+                flush_after_s=config.event_flush_ms / 1000,
+                lease_ms=config.lease_ms,
+                text_after_s=config.delta_flush_ms / 1000,
+                text_bytes=config.delta_flush_bytes,
+            ) as run:
                 return await self._run(run, report)
 
     async def _run(self, run: TurnRun, report: DrainReport) -> Acquired | None:
@@ -285,7 +296,7 @@ class Runner:
             turn.agent,
             state,
             await self._history(run.acq),
-            emit=signed(run.events.add, self._config.worker_id),
+            emit=SignedEvents(run.events, self._config.worker_id),
             checkpoint=run.checkpoint,
             should_stop=run.should_stop,
             metadata=turn.metadata,

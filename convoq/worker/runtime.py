@@ -103,6 +103,8 @@ class WorkerRuntime:
             approval_ttl_s=s.approval_ttl_s,
             max_turn_s=s.max_turn_s,
             shutdown_grace_s=s.shutdown_grace_s,
+            delta_flush_ms=s.delta_flush_ms,
+            delta_flush_bytes=s.delta_flush_bytes,
         )
         return Runner(
             protocol,

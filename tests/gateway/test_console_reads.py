@@ -24,14 +24,21 @@ from convoq.turn_state import TurnEvent
 PNG = b"\x89PNG\r\n\x1a\n" + b"0" * 40
 
 
-def _memory(redis_url: str, key_prefix: str) -> RedisConversationMemory:
-    return RedisConversationMemory(redis_url, prefix=key_prefix)
+@pytest.fixture
+def protocol_url(store_url: str) -> str:
+    """Each test runs on one redis-server and again on the Redis Cluster (every read of a
+    conversation stays in its slot; SCAN visits every primary)."""
+    return store_url
+
+
+def _memory(url: str, key_prefix: str) -> RedisConversationMemory:
+    return RedisConversationMemory(url, prefix=key_prefix)
 
 
 async def test_transcript_pages_newest_first_keeping_turns_whole(
-    proto: TurnProtocol, redis_url: str, key_prefix: str
+    proto: TurnProtocol, protocol_url: str, key_prefix: str
 ) -> None:
-    memory = _memory(redis_url, key_prefix)
+    memory = _memory(protocol_url, key_prefix)
     cid = "paged"
     await memory.aappend(cid, [Message.system("be brief")])
     picture = Message(content=[TextPart(text="look"), ImagePart(data=PNG, mime_type="image/png")])
