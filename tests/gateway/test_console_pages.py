@@ -284,6 +284,8 @@ def test_a_tenant_key_sees_only_its_prefix_on_every_page(
     assert scene.tenant in ids and all(i.startswith("tenant-a:") for i in ids)
     watched.go(_c(scene.tenant))
     assert page.locator("#transcript .message").count() == 2
+    watched.go(_t(scene.tenant, scene.tenant_tid))
+    assert page.locator("#turn-head .status").inner_text() == "succeeded"
     watched.go("#/workers")
     assert page.locator("#partitions td.parked").all_text_contents() == ["0"] * 4
     # Outside its prefix: a 403, and nothing of the conversation on the page.

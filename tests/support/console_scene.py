@@ -48,6 +48,7 @@ class Scene:
     xss: str
     xss_tid: str
     tenant: str
+    tenant_tid: str
 
 
 def _b64(data: bytes) -> str:
@@ -104,7 +105,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
     marked = {"amount": 1, "order": XSS}
     xss_tid = submit(gateway, xss_cid, json.dumps(marked), "refunder",
                      metadata={XSS: XSS, "note": XSS})  # fmt: skip
-    submit(gateway, tenant, f"tenant hello {XSS}", "echo")
+    tenant_tid = submit(gateway, tenant, f"tenant hello {XSS}", "echo")
     for text in ("one", "two", "three"):
         submit(gateway, ids["summarised"], f"summary turn {text}", "compacting")
     for cid, tid in (
@@ -126,4 +127,5 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
         images=ids["images"], images_tid=images_tid, parked=ids["parked"], parked_tid=parked_tid,
         failed=ids["failed"], failed_tid=failed_tid, taken=ids["taken"], taken_tid=taken_tid,
         summarised=ids["summarised"], xss=xss_cid, xss_tid=xss_tid, tenant=tenant,
+        tenant_tid=tenant_tid,
     )  # fmt: skip
