@@ -25,7 +25,7 @@ from convoq.errors import ModelError, TurnNotRetryableError
 from convoq.messages import MessageRole
 from tests.support.gateway import GatewayProcess, module_gateway, turns_path
 from tests.support.rerun_agents import rerun_key
-from tests.support.workers import WorkerPool, module_pool
+from tests.support.workers import WorkerPool, module_pool, wait_until, webhook_receiver
 
 pytestmark = pytest.mark.slow
 
@@ -111,6 +111,26 @@ def test_a_retry_sent_twice_with_one_key_retries_once(
     assert [e.type for e in handle.events(timeout=10)].count("retried") == 1
     assert _users(client, cid) == ["later", "pay"]
     assert len(_executions(pool, r, cid)) == 1
+
+
+def test_a_retried_turn_with_a_callback_is_called_back_again_when_it_ends(
+    client: Client, pool: WorkerPool, r: redis.Redis
+) -> None:
+    word = uuid.uuid4().hex[:8]
+    broken = rerun_key(pool.prefix, "broken", word)
+    r.set(broken, 1)
+    with webhook_receiver() as hooks:
+        turn = client.submit(
+            f"hook-{word}", f"{word} pay", agent="flaky", callback_url=f"{hooks.url}/done"
+        )
+        assert turn.wait(30, raise_on_error=False).status == "failed"
+        wait_until(lambda: hooks.posts("/done"), 30, what="the callback of the failure")
+        r.delete(broken)
+        client.retry(turn)
+        assert turn.wait(30).ok
+        wait_until(lambda: len(hooks.posts("/done")) >= 2, 30, what="the callback again")
+        statuses = [json.loads(body)["status"] for _, _, _, body in hooks.posts("/done")]
+    assert statuses == ["failed", "succeeded"]
 
 
 def _problem(response: httpx.Response, status: int) -> dict[str, object]:
