@@ -123,3 +123,35 @@ async def test_an_agent_turn_whose_commit_reply_is_lost_is_stored_once(
         assert (await agent.agenerate("next")).text == "answer"  # the lease was freed
     finally:
         await memory.aclose()
+
+
+async def test_a_retry_whose_reply_is_lost_queues_the_turn_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    async with open_protocol(proxy.url, key_prefix) as proto:
+        await submit_all(proto, "c", "t1")
+        taken = await proto.acquire("c", worker_id="w", lease_ms=30_000)
+        assert taken is not None
+        error = {"type": "ModelError", "message": "down", "details": {}}
+        await proto.fail("c", "t1", error, TurnEnding(fence=taken.fence))
+        proxy.drop_reply_to(b"EVALSHA")
+        retried = await proto.retry("c", "t1", token="one-request")
+        assert proxy.dropped == 1
+        assert (retried.repeated, retried.status, retried.retries) == (True, "queued", 1)
+        assert await proto.redis.lrange(proto.keys.inbox("c"), 0, -1) == [b"t1"]
+        events = [e.type for _, e in await proto.read_events("c", "t1")]
+        assert events.count("retried") == 1
+
+
+async def test_a_cut_off_report_whose_reply_is_lost_counts_the_run_once(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    async with open_protocol(proxy.url, key_prefix) as proto:
+        await submit_all(proto, "c", "t1")
+        taken = await proto.acquire("c", worker_id="w", lease_ms=30_000)
+        assert taken is not None
+        proxy.drop_reply_to(b"EVALSHA")
+        assert not await proto.report_cut_off("c", "t1", fence=taken.fence)  # the resend: seen
+        assert proxy.dropped == 1
+        fields = await proto.redis.hmget(proto.keys.turn("c", "t1"), ["runs", "cut_offs"])
+        assert fields == [b"0", b"1"]
