@@ -70,7 +70,7 @@ def max_attempts_error(max_attempts: int) -> dict[str, Any]:
         "message": f"the turn's worker died in {max_attempts} runs (CONVOQ_MAX_ATTEMPTS):"
         " each ended without its worker coming back (killed, out of memory, or its process"
         " crashed); look for a crash or an OOM kill in the agent or its tools, then retry"
-        " the turn",
+        " the turn (client.retry, convoq retry): it goes on from its journal",
         "details": {"max_attempts": max_attempts},
     }
 
@@ -84,7 +84,8 @@ def max_cut_offs_error(max_cut_offs: int) -> dict[str, Any]:
         "message": f"the turn's workers lost their connection to Redis in {max_cut_offs}"
         " runs (CONVOQ_MAX_CUT_OFFS): each worker lived but lost the turn's lease (or"
         " stalled past it); check the network between the workers and Redis, and Redis"
-        " itself, then retry the turn",
+        " itself, then retry the turn (client.retry, convoq retry): it goes on from its"
+        " journal",
         "details": {"max_cut_offs": max_cut_offs},
     }
 
