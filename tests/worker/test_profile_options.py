@@ -33,6 +33,8 @@ HERE = "tests/worker/test_profile_options.py"
 E2E = "tests/worker/test_worker_e2e.py"
 CONTEXT = "tests/test_run_context_workers.py"
 OUTPUT = "tests/test_output_workers.py"
+GUARDRAILS = "tests/test_guardrails_workers.py"
+TRIPPED = "test_a_tripped_guardrail_blocks_the_queued_turn_and_stores_nothing"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ OPTIONS: dict[str, Honoured | Refused] = {
         "tests/mcp/test_mcp_workers.py",
         "test_a_worker_keeps_its_session_and_reports_the_server_healthy",
     ),
+    "input_guardrails": Honoured(GUARDRAILS, TRIPPED),
+    "output_guardrails": Honoured(GUARDRAILS, TRIPPED),
 }
 REFUSED = sorted(name for name, decided in OPTIONS.items() if isinstance(decided, Refused))
 
