@@ -189,8 +189,8 @@ async def transcript(
 ) -> Transcript:
     """A page of the stored history, newest turn first: each message as stored, its
     attachments named by SHA-256 with their type, name and size (GET
-    ``.../attachments/{sha256}`` answers the bytes). The cost of a page does not grow
-    with the history."""
+    ``.../attachments/{sha256}`` answers the bytes). A page reads only its own stored
+    elements, whatever the history's length."""
     store = client.protocol
     page = await StoredTranscript(store.redis, store.keys).page(cid, before=before, limit=limit)
     return Transcript.model_validate(

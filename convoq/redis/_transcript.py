@@ -5,9 +5,9 @@ An element is read as stored (:mod:`convoq.redis._codec`): its header says wheth
 starts a turn and which blobs it refers to, its body is the JSON of its messages with each
 attachment's bytes replaced by ``"blob": sha256``. The page keeps that form (no bytes, no
 base64: a page of a conversation full of images stays small) and adds each attachment's
-size; the bytes come one attachment at a time from :meth:`Transcript.attachment`. Reading
-a page costs the same whatever the history's length (``LRANGE`` of the page, then one
-``HSTRLEN`` per attachment on it).
+size; the bytes come one attachment at a time from :meth:`Transcript.attachment`. A page
+reads only what it shows, whatever the history's length: ``LRANGE`` of its elements (with
+the list's length and the lead), then one ``HSTRLEN`` per attachment on it.
 """
 
 from __future__ import annotations
