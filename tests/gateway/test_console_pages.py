@@ -200,6 +200,10 @@ def test_an_approval_by_keyboard_from_the_conversations_page(
     decision = page.locator('li[data-kind="approval"] .decision').inner_text()
     assert decision.startswith("approved by approver at ")
     assert decision.endswith(": receipt checked")
+    page.locator(".conversation-link").click()
+    watched.ready()
+    result = page.locator("#transcript details.tool-result summary").first
+    assert result.inner_text() == "result of refund · approved by approver"
 
 
 def test_buttons_follow_the_key_s_scopes(watched: Watched, scene: Scene) -> None:

@@ -11,6 +11,7 @@ import hashlib
 import pytest
 
 from convoq.context import idempotency_key
+from convoq.gateway.console_models import TurnDetail
 from convoq.gateway.timeline import timeline
 from convoq.ids import new_turn_id
 from convoq.memory.redis import RedisConversationMemory
@@ -132,3 +133,10 @@ async def test_a_timeline_reads_steps_from_events_and_keys_from_messages(
     assert tool.idempotency_key == idempotency_key(cid, tid, 1, "c1")
     assert steps[-1].type == "retried" and steps[-1].data == {"retry": 1}
     assert all(s.at_ms and s.at_ms > 0 for s in steps)
+    detail = TurnDetail.of(whole.record, steps, whole.events[-1][0])
+    assert detail.options == {"model_settings": {"temperature": 0.2}}  # metadata apart
+    assert detail.metadata == {"who": "Ada"}
+
+
+def test_a_scan_is_bounded_by_default() -> None:
+    assert ScanBound() == ScanBound(max_keys=200_000, max_s=2.0)
