@@ -91,6 +91,8 @@ async def test_acquire_names_a_key_of_another_type_and_writes_nothing(
     proto: TurnProtocol, redis_client: redis.Redis, name: str
 ) -> None:
     await submit_all(proto, CID, "t1")
+    if name == "lead":  # read only when meta does not say it is empty (as the first commit did)
+        redis_client.hdel(proto.keys.meta(CID), "lead")
     key = ACQUIRE[name](proto.keys)
     await refused_naming(
         redis_client, proto, key, lambda: proto.acquire(CID, worker_id="w", lease_ms=LEASE)
@@ -112,7 +114,7 @@ async def test_acquire_of_a_turn_that_ran_before_names_its_saved_state_of_anothe
 
 
 @pytest.mark.parametrize("name", sorted(SAVED_STATE))
-async def test_a_turn_never_started_reads_no_saved_state_and_its_commit_drops_a_stray_key(
+async def test_a_turn_never_started_reads_no_saved_state_and_its_commit_leaves_a_stray_key(
     proto: TurnProtocol, redis_client: redis.Redis, name: str
 ) -> None:
     await submit_all(proto, CID, "t1")
@@ -122,7 +124,8 @@ async def test_a_turn_never_started_reads_no_saved_state_and_its_commit_drops_a_
     assert acquired is not None and acquired.state is None
     await proto.commit(CID, "t1", exchange("t1"), TurnEnding(fence=acquired.fence, lease_ms=LEASE))
     assert (await proto.get_turn(CID, "t1")).status == "succeeded"
-    assert not redis_client.exists(key)
+    # Neither read nor deleted: no checkpoint marked the turn, it never parked.
+    assert redis_client.type(key) == b"hash"
 
 
 SUBMIT = {**HISTORY, "events": lambda k: k.events(CID, "t1")}
@@ -190,6 +193,10 @@ async def test_a_plain_turn_checks_no_key_type_of_its_own(
     assert sent.get("xadd", 0) == 3  # queued, running, commit's events in one entry
     # Meta was stamped by the first turn; started_ms goes with the run's other fields.
     assert sent.get("hsetnx", 0) == 0
+    # The window of a conversation with no lead reads no lead list (meta says so), and the
+    # ending deletes no journal or continuation the turn never had: only the lease goes.
+    assert sent.get("lrange", 0) == 3  # the inbox twice (acquire, commit), the window
+    assert sent.get("del", 0) == 1
     assert sum(n for name, n in sent.items() if name != "info") <= 35
 
 

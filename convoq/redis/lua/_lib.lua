@@ -214,7 +214,9 @@ local function finish(k, tid, status, field, value, ttl_ms, maxlen, now, first, 
     redis.call('HDEL', k.turn, 'cancel')
   end
   redis.call('LREM', k.inbox, 1, tid)
-  if status == 'failed' then
+  if k.saved == false then  -- guard_run() saw no journal nor continuation can exist
+    -- nothing to keep or delete
+  elseif status == 'failed' then
     -- A failed turn may be retried as the same turn (retry.lua): its journal and its
     -- continuation live as long as its record, so a retry replays the finished steps.
     redis.call('PEXPIRE', k.journal, ttl_ms)
@@ -233,7 +235,7 @@ end
 -- else a refusal code ('CORRUPT' with the key that holds another type).
 local function guard_run(lease, inbox, turn, tid, fence, allowed, span)
   local rec = touch(turn, 'HMGET', turn, 'status', 'cancel', 'last_event', 'attempts',
-    'started_ms')
+    'started_ms', 'journaled', 'parked_ms')
   if rec == nil then
     return 'CORRUPT', turn
   end
@@ -261,9 +263,12 @@ local function guard_run(lease, inbox, turn, tid, fence, allowed, span)
   if not allowed[status] then
     return 'NOT_RUNNING'
   end
+  -- `saved`: the turn may have a journal (a checkpoint marked it) or a continuation (it
+  -- parked once): false, and ending it has neither to delete (a command less).
   return nil, rec[2] == '1',
     {fence = l[1], holder = l[3] or '', next = queue[2] or false, peek = queue[3] or false,
-      last = rec[3] or nil, run = {attempts = rec[4], started_ms = rec[5]}}
+      last = rec[3] or nil, run = {attempts = rec[4], started_ms = rec[5]},
+      saved = rec[6] ~= false or rec[7] ~= false}
 end
 
 -- Writes must not fail half way (Lua does not roll back), so a script checks the keys it
@@ -411,9 +416,13 @@ local function add_refs(refs, seen, header)
 end
 
 -- {lead elements, window elements or false (too long: the client reads it), {sha, bytes,
--- ...}} or nil, name of the malformed key.
-local function load_window(lead, turns, blobs, window)
-  local lead_raw = touch(lead, 'LRANGE', lead, 0, -1)
+-- ...}} or nil, name of the malformed key. `no_lead`: meta says the lead list is empty
+-- (its 'lead' field is '0': see append.lua), so it is not read.
+local function load_window(lead, turns, blobs, window, no_lead)
+  local lead_raw = {}
+  if not no_lead then
+    lead_raw = touch(lead, 'LRANGE', lead, 0, -1)
+  end
   if lead_raw == nil then
     return nil, lead
   end
@@ -740,7 +749,7 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
   local window = turn_window(rec, o, summarised[h.meta])
   local win, corrupt = {{}, {}, {}}, nil
   if not h.empty then  -- h.empty: the caller saw the conversation has no history
-    win, corrupt = load_window(h.lead, h.turns, h.blobs, window)
+    win, corrupt = load_window(h.lead, h.turns, h.blobs, window, h.no_lead)
   end
   if not win then
     return {'CORRUPT', corrupt}

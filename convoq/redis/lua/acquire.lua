@@ -33,12 +33,14 @@ local h = {meta = KEYS[1], turns = KEYS[2], blobs = KEYS[3], lead = KEYS[4]}
 local k = turn_keys(KEYS[5], KEYS[6], 7)
 local tid, o = ARGV[1], take_options(4)
 -- `bytes` is read along: every write of history (commit, a memory append) counts its size
--- there, so a meta without it has no history to read (a new conversation: two reads less).
-local refusal, counted = meta_refusal(h.meta, 'bytes')
+-- there, so a meta without it has no history to read (a new conversation: two reads less);
+-- so is `lead`: '0' says the lead list is empty (a read less).
+local refusal, counted = meta_refusal(h.meta, 'bytes', 'lead')
 if refusal then
   return refusal
 end
 h.empty = not counted[1]
+h.no_lead = counted[2] == '0'
 -- First reads check their key's type (touch()): nothing is written before them.
 local queue = touch(k.inbox, 'LRANGE', k.inbox, 0, 1)  -- the head and the peek behind it
 if queue == nil then

@@ -69,7 +69,15 @@ for i = 7, 6 + n do
 end
 size = size + store_blobs(blobs, 7 + n)
 redis.call('HSETNX', meta, 'format_version', FORMAT)
-redis.call('HINCRBY', meta, 'bytes', size)
+local bytes = redis.call('HINCRBY', meta, 'bytes', size)
+-- Meta's `lead`: '1' once a lead element is stored, '0' while the lead list is empty (set
+-- by the first write of a history: here, or commit's); absent on conversations stored
+-- before it existed. A turn's window then reads the lead list only when it may hold one.
+if ARGV[3] ~= '' and empty then
+  redis.call('HSET', meta, 'lead', '1')
+elseif bytes == size then  -- nothing was stored before: the lead list is empty
+  redis.call('HSET', meta, 'lead', '0')
+end
 for field, count in pairs(usage) do
   redis.call('HINCRBY', meta, field, istr(count))
 end

@@ -18,7 +18,8 @@
 --      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
 local inbox, lease, turn, journal, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local refused, where = guard_run(lease, inbox, turn, ARGV[1], ARGV[2], {running = true})
+local refused, where, ahead = guard_run(lease, inbox, turn, ARGV[1], ARGV[2],
+  {running = true})
 if refused then
   return {refused, where}
 end
@@ -37,4 +38,7 @@ if n > 0 then
   redis.call('PEXPIRE', events, ARGV[4])
 end
 redis.call('SET', journal, ARGV[3], 'PX', ARGV[4])
+if not ahead.saved then
+  redis.call('HSET', turn, 'journaled', '1')  -- its ending deletes the journal (guard_run)
+end
 return {'OK', cancel_requested(turn) and '1' or '0'}

@@ -63,7 +63,10 @@ for field in pairs(usage) do
   counters[#counters + 1] = field
 end
 -- The counters are read with the format check: the new values are written in one HSET.
-local refusal, values = meta_refusal(h.meta, unpack(counters))
+-- And `lead` after them: see append.lua.
+local wanted = {unpack(counters)}
+wanted[#wanted + 1] = 'lead'
+local refusal, values = meta_refusal(h.meta, unpack(wanted))
 if refusal then
   return refusal
 end
@@ -86,6 +89,7 @@ if touch(h.turns, 'RPUSH', h.turns, ARGV[3]) == nil then
   return {'CORRUPT', h.turns}
 end
 k.last = ahead.last
+k.saved = ahead.saved
 if not finish(k, tid, status, 'result', ARGV[4], o.ttl, o.maxlen, now, 18, n, ahead.run) then
   redis.call('RPOP', h.turns)
   return {'CORRUPT', k.events}
@@ -100,6 +104,13 @@ for i = 3, #counters do
   fields[#fields + 1] = counters[i]
   fields[#fields + 1] = plus(i, tonumber(usage[counters[i]]))
 end
+local lead = values[#counters + 1]
+if not values[2] and not lead then
+  -- No history before this turn, so no lead either: said once, read by every acquire.
+  fields[#fields + 1] = 'lead'
+  fields[#fields + 1] = '0'
+end
+h.no_lead = lead == '0' or (not values[2] and not lead)
 if not stamped[h.meta] then
   fields[#fields + 1] = 'format_version'
   fields[#fields + 1] = FORMAT

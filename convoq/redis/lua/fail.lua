@@ -40,6 +40,7 @@ if refused then
   return {refused, where}
 end
 k.cancel = where
+k.saved = ahead.saved
 local now = now_ms()
 k.last = ahead.last
 finish(k, tid, ARGV[4], 'error', ARGV[3], o.ttl, o.maxlen, now, 15, tonumber(ARGV[14]))
