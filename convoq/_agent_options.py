@@ -25,6 +25,7 @@ from convoq.model_settings import (
 )
 from convoq.models.base import Model, OutputSpec
 from convoq.output import OutputShape, OutputType, output_shape, shape_for
+from convoq.subagents import check_inline
 from convoq.tools import ToolRegistry
 from convoq.window import Window, WindowRule, WindowSettings, check_budget
 
@@ -146,7 +147,9 @@ def tool_names(agent: AgentOptions) -> list[str]:
 def asked(
     agent: AgentOptions, output_type: OutputType | None, settings: SettingsLike | None
 ) -> Asked:
-    """A call's output shape and settings (checked before anything runs)."""
+    """A call's output shape and settings (checked before anything runs); sub-agents
+    named only by profile cannot run in process (ConfigurationError)."""
+    check_inline(agent.tools)
     shape = output_shape(output_type) if output_type is not None else agent.output
     merged = merge_settings(agent.model_settings, coerce_settings(settings))
     check_tool_choice(merged, tool_names(agent))

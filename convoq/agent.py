@@ -38,6 +38,7 @@ from convoq.model_settings import ModelSettings, SettingsLike, check_tool_choice
 from convoq.models.base import Model
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, OutputType, output_shape
 from convoq.profile import TurnJob
+from convoq.subagents import subagent_tool, subagent_tools
 from convoq.tokens import TokenCounter
 from convoq.tools import Tool, ToolRegistry
 from convoq.turn_state import TurnEvent
@@ -100,6 +101,9 @@ class Agent:
         output_guardrails: checks of the final answer (typed output, else text) before
             the turn is stored. A tripped guardrail ends the turn as blocked, storing
             nothing: GuardrailTripped names it and says why.
+        subagents: agents (named) offered to the model as tools, each taking an
+            ``input`` to ask; on workers also profile names. A call runs the sub-agent as
+            a child turn (:mod:`convoq.subagents`); :meth:`as_tool` names one otherwise.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class Agent:
         mcp_servers: Iterable[MCPServer] = (),
         input_guardrails: Iterable[Any] = (),
         output_guardrails: Iterable[Any] = (),
+        subagents: Iterable[Any] = (),
     ) -> None:
         check_options(
             if_busy=if_busy, busy_timeout_s=busy_timeout_s, approval_ttl_s=approval_ttl_s,
@@ -141,7 +146,7 @@ class Agent:
             check_conversation_id(conversation_id) if conversation_id is not None else None
         )
         self.mcp_servers = check_servers(mcp_servers)
-        self.tools = ToolRegistry(tools, toolsets=self.mcp_servers)
+        self.tools = ToolRegistry([*tools, *subagent_tools(subagents)], toolsets=self.mcp_servers)
         self.output = output_shape(output_type)
         self.output_retries = output_retries
         self.model_settings = coerce_settings(model_settings)
@@ -162,6 +167,17 @@ class Agent:
         owner = f"Agent {name!r}" if name else "Agent"
         self.input_guardrails = input_guardrails_of(input_guardrails, owner)
         self.output_guardrails = output_guardrails_of(output_guardrails, owner)
+
+    def as_tool(self, *, name: str | None = None, description: str | None = None) -> Tool:
+        """This agent as a sub-agent tool of another (``tools=[...]`` or
+        ``subagents=[...]``): named ``name`` (default: the agent's name), described to the
+        model by ``description``; a call runs it as a child turn (:mod:`convoq.subagents`).
+
+        Raises:
+            ConfigurationError: the agent has no name (its child turns run on the worker
+                profile of that name).
+        """
+        return subagent_tool(self, name=name, description=description)
 
     # -- the async core -------------------------------------------------------------------
     async def agenerate(

@@ -42,6 +42,10 @@ from max attempts, so a flapping network does not fail a turn that a crash budge
 would."""
 APPROVAL_TTL_S = 86_400
 """How long a parked turn waits for its decisions (``CONVOQ_APPROVAL_TTL_S``)."""
+SUBAGENT_MAX_DEPTH = 3
+"""How deep sub-agent calls may nest (``CONVOQ_SUBAGENT_MAX_DEPTH``)."""
+SUBAGENT_MAX_FANOUT = 8
+"""Sub-agent calls one model step may make (``CONVOQ_SUBAGENT_MAX_FANOUT``)."""
 TURN_TTL_S = 7 * 86_400
 """How long finished turn records and their events are kept (``CONVOQ_TURN_TTL_S``)."""
 CONVERSATION_TTL_S: int | None = None

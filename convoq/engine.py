@@ -15,6 +15,7 @@ repeats no finished step: the loop derives what is left to do from the messages 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,7 @@ from convoq.model_settings import ModelSettings
 from convoq.models.base import Model, ModelRequest
 from convoq.observe import metrics, tracing
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
+from convoq.subagents import Children, InlineChildren, SubAgentTool, child_ids, limit_refusal
 from convoq.tools import Tool, ToolOutput, ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.usage import Usage, turn_usage
@@ -149,6 +151,9 @@ class TurnLoop:
     # (:mod:`convoq.guardrails`): a tripped one raises GuardrailTripped.
     input_guardrails: tuple[InputGuardrail, ...] = ()
     output_guardrails: tuple[OutputGuardrail, ...] = ()
+    # How sub-agent calls run (:mod:`convoq.subagents`): in process here, or parked as
+    # child turns on workers.
+    children: Children = field(default_factory=InlineChildren)
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
@@ -283,10 +288,11 @@ class TurnLoop:
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run what may run; return False when some calls still wait for a decision."""
         waiting: list[ToolCall] = []
+        ready = await self._subagent_results(state, calls)
         for call in calls:
             decision = state.decisions.get(call.id)
             ctx = self._context(state, call)
-            if decision is None and await self._needs_approval(ctx, call):
+            if decision is None and call.id not in ready and await self._waits(ctx, call):
                 waiting.append(call)
                 continue
             if decision is not None and decision.expired:
@@ -294,7 +300,10 @@ class TurnLoop:
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
             attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
             with tracing.span("convoq.tool", attributes):
-                output = await self._result_for(call, decision, ctx)
+                if call.id in ready:
+                    output = ready[call.id]
+                else:
+                    output = await self._result_for(call, decision, ctx)
             result = Message.tool_result(call, output.text, decision)
             result.content.extend(output.attachments)  # images an MCP tool returned
             state.messages.append(result)
@@ -311,9 +320,53 @@ class TurnLoop:
         if waiting:
             await self.checkpoint(state)
             for call in waiting:
-                await self.emit(TurnEvent(type="approval_required", data=call.model_dump()))
+                await self.emit(self._waiting_event(call))
             return False
         return True
+
+    def _subagent(self, call: ToolCall) -> SubAgentTool | None:
+        tool = self.tools.get(call.name) if call.name in self.tools else None
+        return tool if isinstance(tool, SubAgentTool) else None
+
+    async def _waits(self, ctx: RunContext[Any], call: ToolCall) -> bool:
+        """The call waits: for a child turn (a sub-agent call, on workers) or a person."""
+        if (tool := self._subagent(call)) is not None:
+            return self.children.parks and tool.fits(call.arguments)
+        return await self._needs_approval(ctx, call)
+
+    async def _subagent_results(
+        self, state: TurnState, calls: list[ToolCall]
+    ) -> dict[str, ToolOutput]:
+        """The results of this step's sub-agent calls known now, by call id: all refused
+        past a limit; in process, the children run together; on workers, none (they park)."""
+        subs = [
+            (call, tool)
+            for call in calls
+            if (tool := self._subagent(call)) is not None
+            and call.id not in state.decisions
+            and tool.fits(call.arguments)
+        ]
+        if not subs:
+            return {}
+        kids = self.children
+        refused = limit_refusal(len(subs), kids.depth + 1, kids.max_depth, kids.max_fanout)
+        if refused is not None:
+            return {call.id: ToolOutput(refused, is_error=True) for call, _ in subs}
+        if kids.parks:
+            return {}
+        runs = (kids.run(tool, call, self._context(state, call)) for call, tool in subs)
+        outputs = await asyncio.gather(*runs)
+        return {call.id: output for (call, _), output in zip(subs, outputs, strict=True)}
+
+    def _waiting_event(self, call: ToolCall) -> TurnEvent:
+        """``subagent_call`` (with the child turn it waits for) or ``approval_required``."""
+        tool = self._subagent(call)
+        if tool is None:
+            return TurnEvent(type="approval_required", data=call.model_dump())
+        child = child_ids(self.scope.conversation_id or "", self.scope.turn_id, call.id)
+        data = {**call.model_dump(), "agent": tool.profile}
+        data |= {"conversation_id": child.conversation_id, "turn_id": child.turn_id}
+        return TurnEvent(type="subagent_call", data=data)
 
     async def _needs_approval(self, ctx: RunContext[Any], call: ToolCall) -> bool:
         """The tool's rule or the agent's policy asks for a human. Unknown tools and
@@ -330,6 +383,13 @@ class TurnLoop:
     ) -> ToolOutput:
         # A name the model made up is no label: labels must stay few.
         label = call.name if call.name in self.tools else "(unknown)"
+        if decision is not None and (sub := self._subagent(call)) is not None:
+            # Decided: its child turn ended (or the wait for it expired).
+            metrics.tool_called(label, "ok")
+            if decision.expired:
+                return ToolOutput(f"Error: the sub-agent {sub.profile!r} did not finish"
+                                  " before the turn's wait expired", is_error=True)  # fmt: skip
+            return await self.children.run(sub, call, ctx)
         if decision is not None and not decision.approved:
             metrics.tool_called(label, "denied")
             return ToolOutput(refused_result(decision))

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from convoq.compaction import CompactionPolicy
 from convoq.engine import Checkpoint, EventSink, Outcome, StopCheck
 from convoq.messages import Message
+from convoq.subagents import Children
 from convoq.tokens import TokenCounter
 from convoq.turn_state import TurnState
 
@@ -45,6 +46,8 @@ class TurnJob:
     # What the submitter asked of the model for this turn (``model_settings``, ``output``
     # as JSON, from the turn record): the profile merges them over its own.
     options: dict[str, Any] = field(default_factory=dict)
+    # How the turn's sub-agent calls run on this worker: as child turns it parks for.
+    children: Children | None = None
 
 
 @runtime_checkable

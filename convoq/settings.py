@@ -106,6 +106,18 @@ class ConvoqSettings(BaseSettings):
     turn_ttl_s: int = Field(
         default=defaults.TURN_TTL_S, ge=60, description="Finished turn records expire."
     )
+    subagent_max_depth: int = Field(
+        default=defaults.SUBAGENT_MAX_DEPTH,
+        ge=1,
+        description="How deep sub-agent calls may nest (1: a sub-agent calls none); a"
+        " deeper call is refused with a tool error the model reads.",
+    )
+    subagent_max_fanout: int = Field(
+        default=defaults.SUBAGENT_MAX_FANOUT,
+        ge=1,
+        description="Sub-agent calls one model step may make; a step asking for more has"
+        " them all refused with a tool error the model reads.",
+    )
     conversation_ttl_s: int | None = Field(
         default=defaults.CONVERSATION_TTL_S,
         ge=1,

@@ -24,6 +24,7 @@ EventType = Literal[
     "tool_call",
     "tool_result",
     "approval_required",
+    "subagent_call",
     "decision",
     "guardrail_tripped",
     "done",
@@ -48,6 +49,9 @@ class TurnEvent(BaseModel):
     that answered and the call's ``latency_ms``. On a worker, ``assistant``,
     ``tool_call`` and ``tool_result`` also name the worker that ran the step (``worker``:
     the id it holds leases as, ``host:pid``).
+
+    ``subagent_call`` (the call, ``agent``, and the child turn's ``conversation_id`` and
+    ``turn_id``) says a sub-agent call waits for its child turn (:mod:`convoq.subagents`).
 
     ``guardrail_tripped`` (``{"guardrail", "kind", "reason", "info"}``) comes before the
     ``done`` of a turn a guardrail blocked (:mod:`convoq.guardrails`).

@@ -31,6 +31,7 @@ STATUS_STYLE = {
     "queued": "yellow",
     "running": "cyan",
     "awaiting_approval": "magenta",
+    "waiting": "magenta",
     "succeeded": "green",
     "failed": "red",
     "cancelled": "dim",
@@ -187,6 +188,10 @@ def print_event(event: TurnEvent) -> None:
     elif event.type == "resumed":
         shown = escape(f"{data.get('reason')} (attempt {data.get('attempt')})")
         console.print(f"\n[yellow]resumed[/yellow] {shown}")
+    elif event.type == "subagent_call":
+        shown = escape(f"{data.get('id')} {data.get('agent')} -> {data.get('conversation_id')}"
+                       f" {data.get('turn_id')}")  # fmt: skip
+        console.print(f"\n[magenta]subagent_call[/magenta] {shown}")
     elif event.type == "guardrail_tripped":
         shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
         console.print(f"\n[red]guardrail_tripped[/red] {shown}")

@@ -48,7 +48,8 @@ two values."""
 @dataclass(frozen=True)
 class TurnResult:
     """Where a turn stands: final (succeeded/failed/cancelled/expired/blocked) or parked for
-    approval. ``expired``: its approval ran out; the turn is stored, its tool results saying
+    approval (a turn ``waiting`` for child turns is no approval: a wait goes on through
+    it). ``expired``: its approval ran out; the turn is stored, its tool results saying
     so, and ``error`` says it expired. ``blocked``: a guardrail tripped; nothing is stored,
     and ``error`` is :class:`~convoq.errors.GuardrailTripped` naming it and its reason.
 
@@ -198,8 +199,8 @@ class AsyncTurnHandle:
         return await self._client.protocol.get_turn(self.conversation_id, self.turn_id)
 
     async def status(self) -> TurnStatus:
-        """queued | running | awaiting_approval | succeeded | failed | cancelled | expired |
-        blocked."""
+        """queued | running | awaiting_approval | waiting (for its sub-agent calls' child
+        turns) | succeeded | failed | cancelled | expired | blocked."""
         return (await self.record()).status
 
     async def result(self) -> TurnResult:

@@ -68,14 +68,17 @@ class ApprovalsMixin(ProtocolBase):
         approved: bool,
         reason: str | None = None,
         by: str | None = None,
+        kind: Literal["person", "child"] = "person",
     ) -> Decided:
         """:meth:`decide`, saying also whether the same decision was recorded before (a
-        retry: the first is kept, nothing is written, the resume was owed by the first)."""
+        retry: the first is kept, nothing is written, the resume was owed by the first).
+        ``kind`` "child": the call's child turn ended (a sub-agent call is decided so, and
+        only so)."""
         decision = Decision(approved=approved, reason=reason, by=by)
         raw = decision.model_dump_json(exclude={"at_ms"})
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
         keys.append(self.keys.events(cid, turn_id))
-        args = [call_id, raw, self.events_maxlen]
+        args = [call_id, raw, self.events_maxlen, kind]
         reply = Outcome.parse("decide", await self.scripts.run("decide", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id)

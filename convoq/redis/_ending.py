@@ -196,11 +196,14 @@ class EndingMixin(TakingMixin):
         state: TurnState,
         approval_ttl_ms: int,
         events: Sequence[TurnEvent] = (),
+        children: Sequence[str] = (),
     ) -> None:
         """Store the continuation and wait for decisions on ``state``'s undecided calls; the
         conversation stays reserved until they are decided or the approval expires.
         ``events`` go to its stream first. A replay for a turn already parked with this
-        fence is a no-op."""
+        fence is a no-op. ``children``: the ids of the calls that wait for a child turn
+        (sub-agent calls), decided by their children only; when every call does, the turn
+        is "waiting", else "awaiting_approval"."""
         waiting = state.undecided
         if not waiting:
             raise ProtocolError("park needs a state with tool calls waiting for a decision")
@@ -212,7 +215,8 @@ class EndingMixin(TakingMixin):
             "usage": usage.model_dump(),
         }
         args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
-        args += [approval_ttl_ms, self.events_maxlen, *self.event_args(events)]
+        args += [approval_ttl_ms, self.events_maxlen, self.json_arg(list(children), "children")]
+        args += self.event_args(events)
         keys = self._ending_keys(cid, turn_id)
         reply = Outcome.parse("park", await self.run_acked("park", cid, keys, args))
         if reply.refusal is not None:

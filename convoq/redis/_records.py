@@ -25,10 +25,12 @@ TurnStatus = Literal[
     "cancelled",
     "expired",
     "blocked",
+    "waiting",
 ]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
 # expired: the approval ran out; the turn is stored, its tool results saying so. blocked: a
 # guardrail tripped; nothing is stored, the error (GuardrailTripped) says which and why.
+# waiting (not final): parked until its child turns (sub-agent calls) end.
 FINAL_STATUSES: frozenset[str] = frozenset(
     {"succeeded", "failed", "cancelled", "expired", "blocked"}
 )

@@ -101,6 +101,7 @@ _INSTEAD_OF_RETRY = {
     "awaiting_approval": "it waits for approval: approve or deny its tool calls",
     "succeeded": "it is stored: submit a new turn to ask again",
     "expired": "it is stored (its approval expired): submit a new turn to ask again",
+    "waiting": "it waits for its sub-agent calls' child turns: wait for it",
     "cancelled": "submit it again as a new turn",
     "blocked": "a guardrail blocked it (its error says which and why): submit a new turn",
 }
@@ -225,6 +226,13 @@ REFUSALS: dict[tuple[str, str], Callable[[Refused], ConvoqError]] = {
     ),
     (ANY, "DECIDED"): _protocol(
         lambda r: f"that tool call of {r.where} was already decided otherwise"
+    ),
+    (ANY, "CHILD_CALL"): _protocol(
+        lambda r: f"that tool call of {r.where} is a sub-agent call: its child turn decides"
+        " it when it ends, not a person; cancel the turn to stop it"
+    ),
+    (ANY, "NOT_CHILD_CALL"): _protocol(
+        lambda r: f"that tool call of {r.where} waits for a person's decision, not a child turn"
     ),
     (ANY, "EXPIRED"): _protocol(
         lambda r: f"the approval for {r.where} expired; submit the turn again"

@@ -132,6 +132,7 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
         state: TurnState,
         approval_ttl_ms: int,
         events: Sequence[TurnEvent] = (),
+        children: Sequence[str] = (),
     ) -> None: ...
 
     async def commit_and_hand_off(
@@ -214,6 +215,7 @@ class ClientStore(TurnReader, Protocol):
         approved: bool,
         reason: str | None = None,
         by: str | None = None,
+        kind: Literal["person", "child"] = "person",
     ) -> Decided: ...
 
     async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool: ...

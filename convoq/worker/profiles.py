@@ -22,6 +22,7 @@ from typing import Any
 from convoq.errors import ConfigurationError, UnknownAgentError
 from convoq.profile import AgentProfile, approval_ttl_of, refusals_of
 from convoq.window import STORE_CHOOSES, AgentWindows, WindowRule
+from convoq.worker._subagents import check_subagents
 
 ADAPTERS_GROUP = "convoq.profiles"
 """Entry points named after a framework's top package; each loads a function that makes a
@@ -46,6 +47,10 @@ class Profiles(Mapping[str, AgentProfile]):
             if other is not None and other is not agent:
                 raise ConfigurationError(f"two agent profiles are named {agent.name!r}")
             self._agents[agent.name] = agent
+        # Sub-agents given as agents are served too; one named only must be a profile.
+        for extra in check_subagents(self._agents):
+            check_servable(extra)
+            self._agents[str(extra.name)] = extra
         # Each profile's window rule, decided once: the windows its turns are handed out
         # with and the window its runner then sends come from the same decision.
         self._rules = {name: WindowRule.of(agent) for name, agent in self._agents.items()}

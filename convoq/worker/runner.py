@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from convoq import defaults
 from convoq.engine import Completed, Expired, Outcome
@@ -48,16 +49,22 @@ from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
 from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding, TurnEvents
 from convoq.redis.roles import RunnerStore
+from convoq.subagents import Children
 from convoq.turn_state import TurnEvent, TurnState, expire_undecided
 from convoq.worker import _observed
 from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
+from convoq.worker._subagents import subagent_tools_of
 from convoq.worker.profiles import Profiles
 
 CompactHook = Callable[[str, str], Awaitable[None]]
 """Queues compaction of a conversation (id, agent profile name) after a stored turn."""
+ParkedHook = Callable[[str, str], Awaitable[None]]
+"""Called after a turn parked (conversation id, turn id): its sub-agent calls go out."""
+ChildrenFor = Callable[[dict[str, Any]], Children]
+"""How the sub-agent calls of a turn with these options run (child turns it parks for)."""
 
 log = logging.getLogger("convoq.worker")
 
@@ -136,8 +143,12 @@ class Runner:
         on_finished: FinishedHook = no_hook,
         fairness: Fairness | None = None,
         on_compact: CompactHook | None = None,
+        on_parked: ParkedHook | None = None,
+        children: ChildrenFor | None = None,
     ) -> None:
         self._protocol = protocol
+        self._on_parked = on_parked
+        self._children = children
         self._on_compact = on_compact
         self._fair = fairness or NeverYield()
         self._profiles = profiles
@@ -266,6 +277,7 @@ class Runner:
                             state=outcome.state,
                             approval_ttl_ms=self._approval_ttls_ms[acq.turn.agent],
                             events=events,
+                            children=self._child_calls(acq.turn.agent, outcome.state),
                         ),
                         f"park of {cid}/{tid}",
                     )
@@ -281,7 +293,14 @@ class Runner:
             await self._cut_off(acq, report)
             return None
         report.parked.append(tid)
+        if self._on_parked is not None:
+            await self._on_parked(cid, tid)
         return None
+
+    def _child_calls(self, agent: str, state: TurnState) -> list[str]:
+        """The ids of the pending calls that wait for a child turn (sub-agent calls)."""
+        tools = subagent_tools_of(self._profiles.get(agent))
+        return [call.id for call in state.undecided if call.name in tools]
 
     async def _execute(self, run: TurnRun) -> Outcome:
         turn = run.acq.turn
@@ -302,6 +321,7 @@ class Runner:
             metadata=turn.metadata,
             attempt=max(1, turn.attempts),
             options=turn.options,
+            children=self._children(turn.options) if self._children is not None else None,
         )
         return await profile.run_turn(job)
 

@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from celery import Celery
 
@@ -38,6 +38,7 @@ from convoq.worker._heartbeat import Heartbeat
 from convoq.worker._kicks import Kicks
 from convoq.worker._owed_callbacks import Callbacks
 from convoq.worker._shutdown import Shutdown
+from convoq.worker._subagents import ChildStore, SubAgents
 from convoq.worker.profiles import Profiles, load_profiles
 from convoq.worker.runner import DrainReport, Runner, RunnerConfig
 
@@ -77,6 +78,8 @@ class WorkerRuntime:
         self.drains = Drains(self.loop, self.backlog, self.kicks, serving, self.direct)
         self.compactor = Compactor(self.loop, self.kicks, self.profiles, settings, self.keys)
         self.callbacks = Callbacks(self.loop, self.kicks, self.keys, settings, callback_policy)
+        # Made with the store, when the loop opens it (see _runner_for).
+        self.subagents: SubAgents | None = None
         self.heartbeat = Heartbeat(
             app,
             settings,
@@ -86,7 +89,7 @@ class WorkerRuntime:
             self.loop,
             serving,
             kick=self.kicks.kick,
-            also=self.callbacks.send_overdue,
+            also=self._every_sweep,
             worker_id=self.worker_id,
         )
         self.shutdown = Shutdown(
@@ -106,6 +109,10 @@ class WorkerRuntime:
             delta_flush_ms=s.delta_flush_ms,
             delta_flush_bytes=s.delta_flush_bytes,
         )
+        self.subagents = SubAgents(
+            cast(ChildStore, protocol), self.profiles, self.kicks.kick,
+            max_depth=s.subagent_max_depth, max_fanout=s.subagent_max_fanout,
+        )  # fmt: skip
         return Runner(
             protocol,
             self.profiles,
@@ -113,7 +120,16 @@ class WorkerRuntime:
             on_finished=self._after_turn,
             fairness=self.backlog,
             on_compact=self.compactor.queue,
+            on_parked=self.subagents.parked,
+            children=self.subagents.children_for,
         )
+
+    async def _every_sweep(self) -> None:
+        """The duties of the worker that sweeps in a period: owed callbacks, then the
+        sub-agent calls of parked turns."""
+        await self.callbacks.send_overdue()
+        if self.subagents is not None:
+            await self.subagents.sweep()
 
     async def _after_turn(self, cid: str, tid: str, options: dict[str, Any]) -> None:
         """The runner's finished hook: the turn no longer counts against the queue limits
@@ -122,6 +138,8 @@ class WorkerRuntime:
             await self.protocol.unadmit_quietly(cid, tid)
         if options.get("callback_url"):
             await self.callbacks.owe(cid, tid)
+        if self.subagents is not None:
+            await self.subagents.finished(cid, tid, options)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the process's loop (opening connections on first use)."""

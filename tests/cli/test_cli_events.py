@@ -18,6 +18,12 @@ SAMPLES = {
     "approval_required": {"id": "c1", "name": "refund", "arguments": {"amount": 5}},
     "decision": {"call_id": "c1", "approved": True},
     "resumed": {"reason": "worker_lost", "attempt": 2},
+    "subagent_call": {
+        "id": "c2",
+        "agent": "researcher",
+        "conversation_id": "u~sub~1",
+        "turn_id": "t1",
+    },
     "guardrail_tripped": {"guardrail": "no_secrets", "kind": "input", "reason": "a password"},
     "done": {"status": "succeeded"},
 }
@@ -41,6 +47,11 @@ def test_a_guardrail_tripped_event_names_the_guardrail_and_why(
 ) -> None:
     _render.print_event(TurnEvent(type="guardrail_tripped", data=SAMPLES["guardrail_tripped"]))
     assert "guardrail_tripped input no_secrets: a password" in capsys.readouterr().out
+
+
+def test_a_subagent_call_event_names_the_child_turn(capsys: pytest.CaptureFixture[str]) -> None:
+    _render.print_event(TurnEvent(type="subagent_call", data=SAMPLES["subagent_call"]))
+    assert "subagent_call c2 researcher -> u~sub~1 t1" in capsys.readouterr().out
 
 
 def test_a_resumed_event_says_why_and_which_attempt(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,9 @@
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true,
   blocked = true}
+-- Parked: waiting for decisions on tool calls, a person's (awaiting_approval) or, when
+-- every call waits for a child turn (a sub-agent call), the children's (waiting).
+local PARKED = {awaiting_approval = true, waiting = true}
 -- The stored layout this code reads and writes (FORMAT_VERSION in _codec.py).
 local FORMAT = '2'
 
@@ -603,8 +606,9 @@ end
 -- (a run taking over the lease of one that lapsed, worker_lost, of one whose worker
 -- reported it was cut off from Redis, worker_cut_off, or that its worker handed back on
 -- shutdown, worker_stopped; a failed turn retried, retried; a parked turn whose approvals
--- were all decided, approval_decided, or whose approval expired, approval_expired) and the
--- attempt it is.
+-- were all decided, approval_decided, or whose approval expired, approval_expired; a turn
+-- waiting for child turns whose children all ended, children_done, or whose wait expired,
+-- wait_expired) and the attempt it is.
 local function resumed_data(rec, attempts)
   local why
   if rec.status == 'running' then
@@ -615,6 +619,8 @@ local function resumed_data(rec, attempts)
     end
   elseif rec.status == 'queued' then
     why = 'retried'
+  elseif rec.status == 'waiting' then
+    why = rec.resume == '1' and 'children_done' or 'wait_expired'
   else
     why = rec.resume == '1' and 'approval_decided' or 'approval_expired'
   end
@@ -633,7 +639,7 @@ end
 -- run, no event, no attempt.
 local function start_run(h, k, rec, runs, holder, fence, o, now)
   local status = rec.status
-  local parked = status == 'awaiting_approval'
+  local parked = PARKED[status] == true
   local again = status == 'running' and fence
   local retried = status == 'queued' and (rec.retries or '0') ~= '0'
   local attempts = tonumber(rec.attempts or '0') + ((parked or again) and 0 or 1)
@@ -723,12 +729,12 @@ local function take_head(h, k, tid, holder, fence, o, now, peek)
     return {'DROPPED', false}
   end
   -- Parked, undecided and the parked lease is gone: the approval expired.
-  local expiring = status == 'awaiting_approval' and rec.resume ~= '1'
+  local expiring = PARKED[status] and rec.resume ~= '1'
   -- Max attempts counts the runs that crashed: those that started, less those handed
   -- back on shutdown and those whose worker reported them cut off (cut_off.lua), which
   -- max cut-offs bounds apart. A parked turn resumed goes on with the run that parked it,
   -- and cannot be over (nor can the caller's own hand-off taken again: see start_run()).
-  local same = status == 'awaiting_approval' or (status == 'running' and fence)
+  local same = PARKED[status] or (status == 'running' and fence)
   local runs = tonumber(rec.runs or '0') + (same and 0 or 1)
   local cut = tonumber(rec.cut_offs or '0')
   local over = nil

@@ -29,7 +29,7 @@ if status == 'running' and lease_state == 'active' then
   return {'STOPPING'}
 end
 finish(k, ARGV[1], 'cancelled', 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
-if status == 'awaiting_approval' then
+if PARKED[status] then
   redis.call('DEL', k.lease)
 end
 return {'CANCELLED'}

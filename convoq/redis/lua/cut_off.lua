@@ -27,7 +27,7 @@ if not rec[1] then
   return {'UNKNOWN'}
 end
 local fence = tonumber(ARGV[1])
-if (rec[1] ~= 'running' and rec[1] ~= 'awaiting_approval') or not fence
+if (rec[1] ~= 'running' and not PARKED[rec[1]]) or not fence
     or fence <= tonumber(rec[3] or '0') or tonumber(rec[2] or '0') <= 0 then
   return {'SEEN'}
 end

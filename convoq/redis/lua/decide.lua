@@ -5,6 +5,8 @@
 -- ARGV[2] = decision JSON {"approved": bool, "reason": str|null, "by": str|null,
 --           "expired": false}
 -- ARGV[3] = events stream MAXLEN (approximate)
+-- ARGV[4] = who decides: 'person' (an approval) or 'child' (the call's child turn ended);
+--           a call that waits for a child turn is decided by it alone, any other by a person
 -- Records a decision on a pending call of a parked turn, stamped with the server time
 -- (at_ms), and emits it as a "decision" event (the audit trail: who, when, why). Once
 -- every pending call is decided the parked lease is dropped and the turn is marked for
@@ -16,15 +18,31 @@
 --      same decision was recorded before: nothing written)
 --      or {'UNKNOWN'} / {'NOT_PARKED', status} / {'UNKNOWN_CALL', pending ids JSON}
 --      or {'DECIDED'} (the call was decided otherwise) / {'EXPIRED'} (approval expired)
+--      or {'CHILD_CALL'} / {'NOT_CHILD_CALL'} (the call is not one this decider decides)
 --      or {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
 local lease, turn, events = KEYS[1], KEYS[2], KEYS[3]
-local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume')
+local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume', 'children')
 if not rec[1] then
   return {'UNKNOWN'}
 end
 local field = 'decision:' .. ARGV[1]
 local decision = cjson.decode(ARGV[2])
+local ok_c, children = pcall(cjson.decode, rec[4] or '[]')
+if not ok_c or type(children) ~= 'table' then
+  return {'CORRUPT', turn}
+end
+local child_call = false
+for _, id in ipairs(children) do
+  if id == ARGV[1] then
+    child_call = true
+  end
+end
+if child_call and ARGV[4] ~= 'child' then
+  return {'CHILD_CALL'}
+elseif ARGV[4] == 'child' and not child_call then
+  return {'NOT_CHILD_CALL'}
+end
 -- A decision field only ever belongs to the calls the turn last parked on (park drops
 -- the ones before), so one found is this call's, whatever the turn's status is now.
 local previous = redis.call('HGET', turn, field)
@@ -37,12 +55,12 @@ if previous then
     return {'DECIDED'}
   end
   -- Every call was decided once the turn was marked for resumption or left the park.
-  if rec[3] == '1' or rec[1] ~= 'awaiting_approval' then
+  if rec[3] == '1' or not PARKED[rec[1]] then
     return {'KEPT_RESUME'}
   end
   return {'KEPT_PENDING'}
 end
-if rec[1] ~= 'awaiting_approval' then
+if not PARKED[rec[1]] then
   return {'NOT_PARKED', rec[1]}
 end
 local ok, pending = pcall(cjson.decode, rec[2] or '[]')

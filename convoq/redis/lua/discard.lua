@@ -23,7 +23,7 @@ end
 if TERMINAL[rec[1]] then
   return {'FINISHED', rec[1], redis.call('LLEN', k.inbox)}
 end
-if rec[1] ~= 'awaiting_approval' then
+if not PARKED[rec[1]] then
   return {'NOT_PARKED', rec[1]}
 end
 finish(k, ARGV[1], 'cancelled', 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())

@@ -11,10 +11,14 @@
 -- ARGV[5] = result JSON {"pending_approvals": [...], "usage": the usage so far}
 -- ARGV[6] = approval ttl ms (the parked lease expires with it)
 -- ARGV[7] = events stream MAXLEN (approximate)
--- ARGV[8] = n: events the turn emitted since its last write
--- ARGV[9 .. 8+2n] = type, data, type, data, ... (appended before the status change)
+-- ARGV[8] = JSON list of the pending call ids that wait for a child turn (sub-agent calls;
+--           decided by their children, never by a person)
+-- ARGV[9] = n: events the turn emitted since its last write
+-- ARGV[10 .. 9+2n] = type, data, type, data, ... (appended before the status change)
 -- Parks the running turn until its tool calls are decided: the conversation stays reserved
--- by a lease in state "parked" that lives as long as the approval may wait.
+-- by a lease in state "parked" that lives as long as the approval may wait. The status is
+-- "awaiting_approval" when a person must decide some call, else "waiting" (every pending
+-- call waits for a child turn).
 -- Returns {'OK'}, {'PARKED'} (replayed: already parked with this fence)
 --      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
@@ -23,8 +27,14 @@ if corrupt then
   return corrupt
 end
 local lease, turn = k.lease, k.turn
+local ok_p, pending = pcall(cjson.decode, ARGV[4])
+local ok_c, children = pcall(cjson.decode, ARGV[8])
+if not (ok_p and ok_c and type(pending) == 'table' and type(children) == 'table') then
+  return {'BAD_ARGS'}
+end
+local parks_as = #children < #pending and 'awaiting_approval' or 'waiting'
 local l = redis.call('HMGET', lease, 'fence', 'state')
-if l[1] == ARGV[2] and l[2] == 'parked' and redis.call('HGET', turn, 'status') == 'awaiting_approval' then
+if l[1] == ARGV[2] and l[2] == 'parked' and PARKED[redis.call('HGET', turn, 'status')] then
   return {'PARKED'}
 end
 local refused, where = guard_run(lease, k.inbox, turn, ARGV[1], ARGV[2], {running = true})
@@ -38,12 +48,12 @@ if ok and type(old) == 'table' then
     redis.call('HDEL', turn, 'decision:' .. id)
   end
 end
-emit_batch(k.events, ARGV[7], 9, tonumber(ARGV[8]))
+emit_batch(k.events, ARGV[7], 10, tonumber(ARGV[9]))
 redis.call('SET', k.cont, ARGV[3])
 redis.call('DEL', k.journal)
-redis.call('HSET', turn, 'status', 'awaiting_approval', 'result', ARGV[5], 'pending', ARGV[4],
-  'resume', '0', 'parked_ms', istr(now))
+redis.call('HSET', turn, 'status', parks_as, 'result', ARGV[5], 'pending', ARGV[4],
+  'children', ARGV[8], 'resume', '0', 'parked_ms', istr(now))
 redis.call('HSET', lease, 'state', 'parked', 'expires_ms', istr(now + tonumber(ARGV[6])))
 redis.call('PEXPIRE', lease, ARGV[6])
-emit(k.events, ARGV[7], 'status', status_data('awaiting_approval'))
+emit(k.events, ARGV[7], 'status', status_data(parks_as))
 return {'OK'}

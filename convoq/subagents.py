@@ -1,0 +1,263 @@
+"""Sub-agents: agents an agent offers the model as tools.
+
+``Agent(subagents=[...])`` takes agents (or, for workers, agent profile names); each is a
+tool named after it (``Agent.as_tool(name=..., description=...)`` names it otherwise) that
+takes one argument, ``input``: what to ask. A call of one is a *child turn*:
+
+- on workers, a turn of the sub-agent's profile queued like any other, on a child
+  conversation whose id is derived from the parent conversation, the parent turn and the
+  call id (:func:`child_ids`; a rerun of the parent finds its children instead of making
+  new ones). The parent parks holding no worker slot, exactly as for an approval: each
+  child that ends decides its call, and once every call of the step is decided the parent
+  resumes on any worker. Several calls in one model step fan out in parallel.
+- in process, the sub-agent's own ``agenerate``, run for the call (the calls of one step
+  together); nothing parks.
+
+The child's answer is the call's tool result (a typed output as its JSON); a child that
+failed, was cancelled or blocked gives the model a tool error saying so. Depth and
+fan-out are bounded (``CONVOQ_SUBAGENT_MAX_DEPTH``, ``CONVOQ_SUBAGENT_MAX_FANOUT``): a
+call past either limit is refused with a tool error naming it, so recursion stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from convoq.context import RunContext
+from convoq.errors import ConfigurationError, ConvoqError, GuardrailTripped, TurnCancelledError
+from convoq.ids import check_conversation_id
+from convoq.messages import ToolCall
+from convoq.settings import ConvoqSettings
+from convoq.tools import Tool, ToolOutput, ToolRegistry
+
+OPTION = "subagent"
+"""The turn option that makes a turn a child: ``{"conversation_id", "turn_id", "call_id",
+"depth"}`` of its parent call (depth 1: the child of a turn nobody called)."""
+
+_MAX_ID_PART = 160
+
+
+class SubAgentInput(BaseModel):
+    """What a sub-agent tool takes."""
+
+    input: str = Field(description="What to ask the sub-agent: the whole task, self-contained.")
+
+
+class Delegate(Protocol):
+    """An agent that can run a call in process (a convoq ``Agent`` is one)."""
+
+    name: str | None
+
+    async def agenerate(
+        self,
+        input: Any,
+        *,
+        conversation_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Any: ...
+
+
+class SubAgentTool(Tool):
+    """A sub-agent offered as a tool: ``profile`` is the agent profile its child turns
+    run on (workers); ``agent`` the agent itself, when given (in process)."""
+
+    def __init__(
+        self, profile: str, agent: Delegate | None, *, name: str | None, description: str | None
+    ) -> None:
+        async def call(input: str) -> str:  # the schema's shape; calls go through Children
+            raise ConvoqError("a sub-agent call runs as a child turn, not as a function")
+
+        call.__name__ = name or profile
+        super().__init__(
+            call, name=name or profile,
+            description=description or f"Ask the {profile} agent; it answers the input.",
+        )  # fmt: skip
+        self.profile = profile
+        self.agent = agent
+
+
+def subagent_tool(value: Any, *, name: str | None = None, description: str | None = None) -> Tool:
+    """``value`` as a sub-agent tool: an agent with a name, or a profile name.
+
+    Raises:
+        ConfigurationError: an agent without a name, or something else.
+    """
+    if isinstance(value, SubAgentTool):
+        return value
+    if isinstance(value, str):
+        if not value:
+            raise ConfigurationError("a sub-agent profile name must not be empty")
+        return SubAgentTool(value, None, name=name, description=description)
+    if callable(getattr(value, "agenerate", None)):
+        profile = getattr(value, "name", None)
+        if not profile:
+            raise ConfigurationError(
+                "a sub-agent needs a name (Agent(..., name='...')): its child turns run on"
+                " the worker profile of that name"
+            )
+        return SubAgentTool(str(profile), value, name=name, description=description)
+    raise ConfigurationError(
+        f"subagents takes agents (with names), profile names or Agent.as_tool(...), not"
+        f" {type(value).__name__}"
+    )
+
+
+def check_inline(tools: ToolRegistry) -> None:
+    """Refuse an in-process turn of an agent whose sub-agents are only profile names.
+
+    Raises:
+        ConfigurationError: naming the option and the sub-agent's profile.
+    """
+    for spec in tools.specs():
+        tool = tools.get(spec.name)
+        if isinstance(tool, SubAgentTool) and tool.agent is None:
+            raise ConfigurationError(
+                f"sub-agent {tool.profile!r} is a worker profile name (subagents): only"
+                " workers can run it; in process give the Agent itself",
+                option="subagents",
+                profile=tool.profile,
+            )
+
+
+def subagent_tools(values: Iterable[Any]) -> list[Tool]:
+    """An agent's ``subagents`` as tools (see :func:`subagent_tool`)."""
+    if isinstance(values, str | bytes):
+        raise ConfigurationError("subagents must be a list of agents or profile names")
+    return [subagent_tool(v) for v in values]
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    """Where a sub-agent call's child turn lives."""
+
+    conversation_id: str
+    turn_id: str
+
+
+def child_ids(parent_conversation: str, parent_turn: str, call_id: str) -> ChildRef:
+    """The child conversation and turn of a call: the same for every run of the parent
+    turn (so a rerun finds them), different for every parent turn and call."""
+    digest = hashlib.sha256(
+        "\0".join((parent_conversation, parent_turn, call_id)).encode()
+    ).hexdigest()
+    cid = f"{parent_conversation[:_MAX_ID_PART]}~sub~{digest[:16]}"
+    return ChildRef(check_conversation_id(cid), digest[:32])
+
+
+def child_input(call: ToolCall) -> str:
+    """The question of a sub-agent call (its arguments checked by its tool first)."""
+    value = call.arguments.get("input")
+    return value if isinstance(value, str) else json.dumps(call.arguments)
+
+
+def result_of(
+    agent: str, status: str, result: Mapping[str, Any] | None, error: Mapping[str, Any] | None
+) -> ToolOutput:
+    """The tool result of a finished child turn: its answer (typed output as JSON), or a
+    tool error saying how it ended."""
+    data = result or {}
+    if status in ("succeeded", "completed"):
+        output = data.get("output")
+        text = json.dumps(output) if output is not None else str(data.get("text") or "")
+        return ToolOutput(text)
+    said = (error or {}).get("message") or "no answer"
+    return ToolOutput(f"Error: the sub-agent {agent!r} {status}: {said}", is_error=True)
+
+
+def limit_refusal(calls: int, depth: int, max_depth: int, max_fanout: int) -> str | None:
+    """Why a sub-agent call is refused at ``depth`` (the child's) as one of ``calls`` in
+    its step beyond the fan-out, or None."""
+    if depth > max_depth:
+        return (
+            f"Error: sub-agent calls may nest {max_depth} deep (CONVOQ_SUBAGENT_MAX_DEPTH);"
+            " this one would be deeper: answer without it"
+        )
+    if calls > max_fanout:
+        return (
+            f"Error: at most {max_fanout} sub-agent calls may run at once"
+            " (CONVOQ_SUBAGENT_MAX_FANOUT); ask for fewer in one step"
+        )
+    return None
+
+
+class Children(Protocol):
+    """How a turn's sub-agent calls run: ``parks`` (workers: the turn waits for child
+    turns) or not (in process: :meth:`run` answers at once); ``depth`` is the turn's own
+    (0: nobody called it); the limits, as the settings say."""
+
+    @property
+    def parks(self) -> bool: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def max_depth(self) -> int: ...
+
+    @property
+    def max_fanout(self) -> int: ...
+
+    async def run(self, tool: SubAgentTool, call: ToolCall, ctx: RunContext[Any]) -> ToolOutput:
+        """The tool result of ``call``: the finished child's answer or error."""
+        ...
+
+
+# In process, how deep the running turn is (child turns run inside their parent's task).
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("convoq_subagent_depth", default=0)
+
+
+class InlineChildren:
+    """Sub-agent calls in process: the sub-agent's own ``agenerate`` on the child
+    conversation of the call (:func:`child_ids`: stored there when the sub-agent has a
+    memory), one level deeper."""
+
+    parks = False
+
+    def __init__(self, max_depth: int | None = None, max_fanout: int | None = None) -> None:
+        self._limits = (max_depth, max_fanout)
+
+    @property
+    def depth(self) -> int:
+        return _depth.get()
+
+    @property
+    def max_depth(self) -> int:
+        return self._limits[0] or ConvoqSettings().subagent_max_depth
+
+    @property
+    def max_fanout(self) -> int:
+        return self._limits[1] or ConvoqSettings().subagent_max_fanout
+
+    async def run(self, tool: SubAgentTool, call: ToolCall, ctx: RunContext[Any]) -> ToolOutput:
+        if tool.agent is None:
+            raise ConfigurationError(
+                f"sub-agent {tool.profile!r} is a worker profile name: in process give the"
+                " Agent itself (subagents=[agent])",
+                option="subagents",
+                profile=tool.profile,
+            )
+        child = child_ids(ctx.conversation_id or "", ctx.turn_id, call.id)
+        token = _depth.set(_depth.get() + 1)
+        try:
+            response = await tool.agent.agenerate(
+                child_input(call), conversation_id=child.conversation_id, metadata=ctx.metadata
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            status = "blocked" if isinstance(exc, GuardrailTripped) else "failed"
+            status = "cancelled" if isinstance(exc, TurnCancelledError) else status
+            return result_of(tool.profile, status, None, {"message": f"{exc}"})
+        finally:
+            _depth.reset(token)
+        data = getattr(response, "output_data", None)
+        text = getattr(response, "text", "")
+        return result_of(tool.profile, "succeeded", {"output": data, "text": text}, None)

@@ -1,0 +1,146 @@
+"""Profiles with sub-agents for worker tests (CONVOQ_AGENTS=tests.support.subagent_agents).
+
+``boss`` calls its three sub-agents (``researcher``, ``writer``, ``critic``) in one step,
+then answers with their results joined. Its instructions name the parent conversation and
+turn, so its model can choose call ids whose child conversations fall in the partitions
+``SPREAD`` lists (one each, when set: children on both pools of a test). Each sub-agent
+answers ``<name>: <input>`` after ``SUBAGENT_SLEEP_S``; ``stall`` in the input makes the
+researcher's first run hang (a test kills its worker there). Model runs are counted in the test
+Redis (``{prefix}:test:sub:{what}``), with the pid and time of each child's run.
+``recurse`` calls itself until refused; ``delegator`` calls ``broken`` (its model raises)
+and ``slowpoke`` (ticks a slow tool for a long time); ``impatient`` calls ``slowpoke`` and
+waits 2 s at most.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Any
+
+from convoq import Agent, Message, RunContext, ToolCall, tool
+from convoq.models import ModelRequest, ScriptedModel
+from convoq.queue.routing import partition_of
+from convoq.subagents import child_ids
+from tests.support.worker_agents import test_key, test_redis
+
+SLEEP_S = float(os.environ.get("SUBAGENT_SLEEP_S", "1.5"))
+PARTITIONS = int(os.environ.get("CONVOQ_PARTITIONS", "4"))
+
+
+def _spread() -> list[int]:
+    return [int(p) for p in os.environ.get("SPREAD", "").split(",") if p.strip()]
+
+
+def parent_of(ctx: RunContext) -> str:
+    return f"parent {ctx.conversation_id} {ctx.turn_id}"
+
+
+def _ids_in(request: ModelRequest) -> tuple[str, str]:
+    system = " ".join(m.text for m in request.messages if m.role == "system")
+    found = re.search(r"parent (\S+) (\S+)", system)
+    assert found is not None, system
+    return found.group(1), found.group(2)
+
+
+def call_ids(cid: str, tid: str, count: int) -> list[str]:
+    """``count`` call ids; with SPREAD, the first ones' children in those partitions."""
+    wanted = _spread()
+    chosen: list[str] = []
+    n = 0
+    while len(chosen) < count:
+        call_id = f"call_{n}"
+        n += 1
+        if len(chosen) < len(wanted):
+            child = child_ids(cid, tid, call_id).conversation_id
+            if partition_of(child, PARTITIONS) != wanted[len(chosen)]:
+                continue
+        chosen.append(call_id)
+    return chosen
+
+
+def boss_model(request: ModelRequest) -> Any:
+    last = request.messages[-1]
+    cid, tid = _ids_in(request)
+    test_redis().incr(test_key("sub", "boss", cid))
+    results = [m for m in request.messages if m.role == "tool"]
+    if results:
+        return " | ".join(sorted(m.text for m in results))
+    ids = call_ids(cid, tid, 3)
+    calls = [ToolCall(id=i, name=name, arguments={"input": f"{name} task {last.text}"})
+             for i, name in zip(ids, ("researcher", "writer", "critic"), strict=True)]  # fmt: skip
+    return Message.assistant("", calls)
+
+
+def worker_model(name: str) -> ScriptedModel:
+    def answer(request: ModelRequest) -> str:
+        said = request.messages[-1].text
+        r = test_redis()
+        runs = r.incr(test_key("sub", "runs", said))
+        started = time.time()
+        if "stall" in said and name == "researcher" and runs == 1:
+            r.set(test_key("sub", "stalled", said), os.getpid())
+            time.sleep(120)  # killed here
+        time.sleep(SLEEP_S)
+        r.rpush(test_key("sub", "spans"), json.dumps([said, os.getpid(), started, time.time()]))
+        return f"{name}: {said}"
+
+    return ScriptedModel(answer, name=name)
+
+
+researcher = Agent(worker_model("researcher"), name="researcher")
+writer = Agent(worker_model("writer"), name="writer")
+critic = Agent(worker_model("critic"), name="critic")
+boss = Agent(
+    ScriptedModel(boss_model),
+    parent_of,
+    name="boss",
+    subagents=[researcher, writer, "critic"],  # an agent or a profile name
+)
+
+
+def recurse_model(request: ModelRequest) -> Any:
+    results = [m for m in request.messages if m.role == "tool"]
+    if results:
+        return f"up({results[-1].text})"
+    return Message.assistant("", [ToolCall(id="deeper", name="recurse",
+                                           arguments={"input": "go deeper"})])  # fmt: skip
+
+
+recurse = Agent(ScriptedModel(recurse_model), name="recurse", subagents=["recurse"])
+
+
+def broken_model(request: ModelRequest) -> str:
+    raise RuntimeError("the broken model fails")
+
+
+@tool
+def tick() -> str:
+    """Wait a little."""
+    time.sleep(0.3)
+    return "tick"
+
+
+def slow_model(request: ModelRequest) -> Any:
+    n = sum(1 for m in request.messages if m.role == "tool")
+    return Message.assistant("", [ToolCall(id=f"t{n}", name="tick", arguments={})])
+
+
+broken = Agent(ScriptedModel(broken_model), name="broken")
+slowpoke = Agent(ScriptedModel(slow_model), name="slowpoke", tools=[tick], max_steps=200)
+
+
+def delegator_model(request: ModelRequest) -> Any:
+    results = [m for m in request.messages if m.role == "tool"]
+    if results:
+        return " | ".join(m.text for m in results)
+    name = "broken" if "broken" in request.messages[-1].text else "slowpoke"
+    return Message.assistant("", [ToolCall(id="d1", name=name, arguments={"input": "work"})])
+
+
+delegator = Agent(ScriptedModel(delegator_model), name="delegator", subagents=[broken, slowpoke])
+# Waits at most 2 s for its children (its approval ttl bounds every wait of its turns).
+impatient = Agent(ScriptedModel(delegator_model), name="impatient", subagents=[slowpoke],
+                  approval_ttl_s=2)  # fmt: skip
