@@ -39,6 +39,7 @@ def two_pools(
     """Two pools on one prefix: one consumes partitions 0-1, the other 2-3."""
     pool = _pool(redis_server, tmp_path_factory.mktemp("two"), concurrency=3)
     pool.env["SPREAD"] = "0,2,3"  # the boss's children: one on the first pool, two on the other
+    pool.env["SUBAGENT_SLEEP_S"] = "2.5"  # long enough that they overlap on a loaded machine
     try:
         pool.start(1, partitions="0-1")
         pool.start(1, partitions="2-3")
@@ -109,7 +110,7 @@ def test_three_calls_fan_out_on_two_pools_and_the_parent_resumes_once(
 def test_one_slot_serves_the_parent_and_its_children(
     redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
-    pool = _pool(redis_server, tmp_path, concurrency=1, SUBAGENT_SLEEP_S="0.2")
+    pool = _pool(redis_server, tmp_path, concurrency=1)
     pool.env["SUBAGENT_SLEEP_S"] = "0.2"
     try:
         pool.start(1)
