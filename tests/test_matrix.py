@@ -27,6 +27,9 @@ What rides on the turn:
   turn fails after its first step; once the API takes it again the turn is retried (the
   client's ``retry``, the gateway's ``POST .../retry``) and succeeds as the same turn: the
   journaled model answer and tool result are not asked or run again.
+- ``subagent``: the model calls its sub-agent (``helper``, a convoq agent on the same
+  wire); in process it runs inline, on workers as a child turn the parent waits for; the
+  child's answer is the tool result the parent's answer quotes.
 
 Cells that cannot apply are in :data:`NOT_APPLICABLE` with the reason.
 """
@@ -64,7 +67,7 @@ PROFILES = ("convoq", "pydantic_ai")
 WIRES = matrix_agents.WIRES
 RIDERS = ("metadata", "model_settings", "typed_output", "approval", "mcp", "summary",
           "langchain_history", "openai_agents_history", "input_guardrail",
-          "output_guardrail", "retry")  # fmt: skip
+          "output_guardrail", "retry", "subagent")  # fmt: skip
 GUARDED = {"input_guardrail": "no_blocked_input", "output_guardrail": "no_blocked_output"}
 ANY = "*"
 # (entry, profile, wire, rider), ANY matching every value -> why the cell cannot apply.
@@ -75,6 +78,9 @@ NOT_APPLICABLE: dict[tuple[str, str, str, str], str] = {
     " Pydantic AI agent brings its own toolsets, which run inside its run as its tools",
     ("in_process", ANY, ANY, "retry"): "a turn that fails in process raises to its caller"
     " and leaves no turn record: only a queued turn can be retried (worker, gateway)",
+    (ANY, "pydantic_ai", ANY, "subagent"): "sub-agents are a convoq Agent's subagents; a"
+    " Pydantic AI agent delegates inside its own run (its tools), and a convoq agent may"
+    " name a Pydantic AI profile as its sub-agent",
 }
 SETTINGS = {"temperature": 0.25, "top_p": 0.5}
 
@@ -260,6 +266,9 @@ def check_rider(cell: Cell, ran: Ran, requests: list[Seen], written: Any) -> Non
         assert [m.text for m in stored if m.role == "tool"] == ["refunded 5"]
     elif rider == "mcp":
         assert ran.text == "mcp done: 5"
+    elif rider == "subagent":
+        assert ran.text == "subagent done: plain ok"
+        assert [m.text for m in stored if m.role == "tool"] == ["plain ok"]
     elif rider == "retry":
         assert ran.text == "retry done: None"
         # Asked for the tool call, refused after it, asked again after the retry: the

@@ -61,7 +61,8 @@ def script(seen: Seen) -> Said:
         tried = any(item.role == "assistant" for item in after)
         return Said(output=ANSWER if tried else WRONG)
     tool = {"approval": ("refund", {"amount": 5}), "metadata": ("whoami", {}),
-            "mcp": ("t__add", {"a": 2, "b": 3}), "retry": ("whoami", {})}.get(rider)  # fmt: skip
+            "mcp": ("t__add", {"a": 2, "b": 3}), "retry": ("whoami", {}),
+            "subagent": ("helper", {"input": "help me"})}.get(rider)  # fmt: skip
     if tool is not None and not results:
         return Said(calls=[(f"call_{rider}", tool[0], tool[1])])
     if rider == "retry" and _cid_of(seen) in BROKEN:
@@ -125,12 +126,15 @@ GUARDRAILS: dict[str, Any] = {
 
 
 def _convoq(wire: str) -> Agent:
+    # Its sub-agent, on the same wire: asked without the cell's mark, it answers "plain ok".
+    helper = Agent(convoq_model(wire), "Be brief.", name=f"helper_{wire}")
     return Agent(
         convoq_model(wire),
         "Be brief.",
         name=f"convoq_{wire}",
         tools=[refund, whoami],
         mcp_servers=[stdio_server("t", **stdio_args(MCP_LOG))],
+        subagents=[helper.as_tool(name="helper", description="Helps.")],
         **GUARDRAILS,
     )
 
