@@ -235,31 +235,48 @@ def main() -> None:
     rounds = "quick" if quick() else "full"
     print(f"private redis-server per system ({PERSISTENCE_TEXT}); {rounds} rounds", flush=True)
     table = Table()
+    loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="convoq-bench-") as tmp:
         compare_memory.run(Path(tmp) / "memory", table)
+        loads.append(os.getloadavg()[0])
         print(f"(memory rows done after {time.monotonic() - started:.0f}s)", flush=True)
         compare_runs.run(Path(tmp) / "queued", table)
+    loads.append(os.getloadavg()[0])
     _bars(table)
     print(table.render())
+    shown = " / ".join(f"{load:.2f}" for load in loads)
+    print(f"load average (1 min) at the start / after the memory rows / at the end: {shown}")
     print(f"(took {time.monotonic() - started:.0f}s)")
 
 
 def _bars(t: Table) -> None:
     for size in FULL_SIZES:
-        t.bar(f"full load at {size:,}: convoq / RedisSession", f"full{size}-convoq",
-              f"full{size}-session", "<=", 1.0)  # fmt: skip
+        for system in ("convoq", "json"):
+            t.bar(f"full load at {size:,}: {system} / RedisSession", f"full{size}-{system}",
+                  f"full{size}-session", "<=", 1.0)  # fmt: skip
+    for size in (10, 1_000, 10_000):
+        for system in ("convoq", "sync"):
+            t.bar(f"last 10 turns of {size:,}: {system} / RedisSession", f"win{size}-{system}",
+                  f"win{size}-session", "<=", 1.0)  # fmt: skip
     for op in ("append", "load-10"):
         t.bar(f"memory from a URL, async {op} / given a client", f"{op}-url", f"{op}-client",
               "<=", 1.1)  # fmt: skip
-    t.bar("worker CPU per turn (burst): convoq / hand-built", "cpu-convoq", "cpu-hand", "<=", 1.0)
+    t.bar("worker CPU per turn (burst): convoq / hand-built", "cpu-burst-convoq",
+          "cpu-burst-hand", "<=", 1.0)  # fmt: skip
     t.bar("worker CPU per turn (one at a time): convoq / hand-built", "cpu1-convoq",
           "cpu1-hand", "<=", 1.0)  # fmt: skip
-    t.bar("burst 50 x 4: convoq / hand-built ordered chain", "burst-convoq", "burst-chain",
+    t.bar("burst, ok: convoq / hand-built ordered chain", "burst-convoq", "burst-chain",
           ">=", 1.0)  # fmt: skip
-    t.bar("burst 50 x 4: convoq / bare Celery", "burst-convoq", "burst-bare", ">=", 0.6)
-    t.bar("round trip, zero model, new conv: convoq / bare Celery", "new-convoq", "new-bare",
+    t.bar("burst, ok: convoq / bare Celery", "burst-convoq", "burst-bare", ">=", 0.6)
+    t.bar("burst: convoq, 300-byte reply / ok", "burst300-convoq", "burst-convoq", ">=", 0.9)
+    t.bar("burst, 300-byte reply: convoq / bare Celery", "burst300-convoq", "burst300-bare",
+          ">=", 1.0)  # fmt: skip
+    t.bar("burst, 300-byte reply, 10 stored turns: convoq / bare Celery", "burst10x300-convoq",
+          "burst10x300-bare", ">=", 1.0)  # fmt: skip
+    t.bar("round trip, ok, new conv: convoq / bare Celery", "new-convoq", "new-bare",
           "<=", 1.3)  # fmt: skip
-    t.bar("Redis commands per plain turn: convoq", "cmds-convoq", None, "<=", 35)
+    t.bar("Redis commands per turn, new conversation: convoq", "cmds-convoq", None, "<=", 35)
+    t.bar("Redis commands per turn, 10 stored turns: convoq", "cmds10-convoq", None, "<=", 35)
 
 
 if __name__ == "__main__":

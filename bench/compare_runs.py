@@ -1,42 +1,47 @@
 """The queued rows of :mod:`bench.compare`: turns end to end, bursts, worker CPU and Redis
 commands per turn, for convoq (fast paths on and off), bare Celery and the hand-built
-Celery task, each system on its own private redis-server with its own worker process.
+Celery task, each system on its own private redis-server with its own worker process,
+and its client side (submitters, waiters) in a process of its own
+(:mod:`bench.compare_sides`): no system's threads, heap or garbage collector slow
+another's. This process only orchestrates the rounds and reads the workers' CPU and the
+servers' command counts.
 
-- End to end: one turn at a time, submit to result, on a new conversation (zero model:
-  an async function answering "ok"; a 300-byte reply; a sync function) and on
-  conversations holding 10 and 1,000 stored turns, populated before timing for convoq
-  and the hand-built task alike: each 10-turn turn on a conversation of its own, each
-  round's 1,000-turn turns on a conversation of that round (1,000 to 1,000 + turns per
-  round). Each round times every (row, system) cell in turn.
-- Burst: 50 conversations x 4 turns, the same 50 submitter threads for every system (each
-  runs one conversation: its 4 turns submitted, then awaited). Peers: bare Celery (4
+- End to end: one turn at a time, submit to result: on a new conversation ("ok" from an
+  async function; a 300-byte reply; a sync function), on conversations of 10 stored
+  turns (a new one for each turn; "ok" and the 300-byte reply) and of 1,000 (one per
+  round), populated before timing for convoq and the hand-built task alike.
+- Burst: 50 conversations x 4 turns, 50 submitter threads (each runs one conversation:
+  its 4 turns submitted, then awaited): "ok" on new conversations, a 300-byte reply on
+  new conversations and on conversations of 10 stored turns. Peers: bare Celery (4
   tasks), the hand-built task as a Celery chain per conversation (its turns in order,
   what convoq guarantees) and unordered (4 conversations of one turn each).
-- Worker CPU per turn: utime+stime (and children's) of the system's worker processes
-  over each burst of 200 turns, / 200.
-- Redis commands per plain turn: ``INFO commandstats`` of the system's own server (scripts'
-  inner calls included) over a batch of turns, less the idle rate of its pollers.
+- Worker CPU per turn: the run time of the system's worker process (and children) over
+  each burst, / 200, and over each cell of the 10-stored-turns rows, / its turns.
+- Redis commands per turn: ``INFO commandstats`` of the system's own server (scripts'
+  inner calls included) over 30 turns, less the idle rate of its pollers: on new
+  conversations and on conversations with stored turns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from celery import Celery, chain
 
-from bench import peers, turn_cost
+from bench import peers
 from bench._harness import fast_paths_mode, for_rounds, redis_server, rotated
+from bench._procs import Remote
 from bench.compare import (
     Table,
     process_cpu_s,
@@ -45,162 +50,54 @@ from bench.compare import (
     worker_env,
 )
 from bench.compare_memory import populate_convoq, populate_session
+from bench.compare_sides import CONVERSATIONS, TURNS_EACH
 from convoq.client import Client
 from convoq.memory.redis import RedisConversationMemory
 from convoq.redis import connect
 from convoq.settings import ConvoqSettings
 
 SECTION_E2E = "end to end, one turn at a time (a server and a worker per system)"
-SECTION_BURST = "burst: 50 conversations x 4 turns, 50 submitter threads"
-SECTION_COST = "cost per plain turn"
-CONVERSATIONS, TURNS_EACH = 50, 4
+SECTION_BURST = f"burst: {CONVERSATIONS} conversations x {TURNS_EACH} turns"
+SECTION_COST = "cost per turn"
 STORED = (10, 1_000)
 WARM_UP = 10  # untimed turns of each cell before the first round
 _CONCURRENT_TURNS = 500  # at most this many appends in flight while populating
-# convoq's agent (bench.compare) for each kind of zero-latency model; the peers call a
-# plain function in every case, so "sync" is their "ok".
-AGENTS = {"ok": "zero", "300": "zero300", "sync": "zerosync"}
+NAMES = {
+    "convoq": "convoq",
+    "off": "convoq, fast paths off",
+    "bare": "bare Celery .get()",
+    "hand": "hand-built Celery+RedisSession",
+    "chain": "hand-built Celery+RedisSession, a chain per conversation",
+}
+# (row key, row title, reply kind, stored turns (0: a new conversation), systems)
+E2E_ROWS = [
+    ("new", "new conversation, ok", "ok", 0, ("convoq", "off", "bare", "hand")),
+    ("new300", "new conversation, 300-byte reply", "300", 0, ("convoq", "off", "bare", "hand")),
+    ("newsync", "new conversation, sync model fn", "sync", 0, ("convoq", "off")),
+    ("h10", "10 stored turns, ok", "ok", 10, ("convoq", "off", "hand")),
+    ("h10x300", "10 stored turns, 300-byte reply", "300", 10, ("convoq", "off", "bare", "hand")),
+    ("h1000", "1,000 stored turns, ok", "ok", 1_000, ("convoq", "off", "hand")),
+]
+# (key, title, reply kind, stored turns, systems)
+BURSTS = [
+    ("burst", "ok, new conversations", "ok", 0, ("convoq", "off", "bare", "chain", "hand")),
+    ("burst300", "300-byte reply, new conversations", "300", 0, ("convoq", "bare", "chain")),
+    ("burst10x300", "300-byte reply, 10 stored turns", "300", 10,
+     ("convoq", "bare", "chain", "hand")),
+]  # fmt: skip
 
 
-@dataclass
-class System:
-    """One queued system: ``turn(conversation id, reply kind)`` runs one turn to its end;
-    ``conversation(n)`` runs burst conversation ``n`` (its 4 turns) to its end."""
+class Stored:
+    """The populated conversations of each (system, purpose), handed out once each."""
 
-    key: str
-    name: str
-    url: str
-    worker: Popen[bytes]
-    turn: Callable[[str, str], None]
-    conversation: Callable[[str], None]
-    # stored turns -> the populated conversations' ids (see ``stored_conversation``)
-    stored: dict[int, list[str]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.pools: dict[tuple[str, str], list[str]] = {}
 
-    def stored_conversation(self, size: int, round_number: int) -> str:
-        """A conversation holding ``size`` stored turns: for 10, one never used before;
-        else the round's own (round -1: the warm-up's)."""
-        if size == STORED[0]:
-            return self.stored[size].pop()
-        return self.stored[size][round_number + 1]
-
-
-def _new() -> str:
-    return f"c-{uuid.uuid4().hex[:12]}"
-
-
-def _convoq(key: str, name: str, url: str, worker: Popen[bytes], client: Client) -> System:
-    mode = "off" if key == "off" else "on"
-
-    def turn(cid: str, kind: str) -> None:
-        fast_paths_mode(mode)
-        client.submit(cid, "hi", agent=AGENTS[kind]).wait(30)
-
-    def conversation(cid: str) -> None:
-        handles = [client.submit(cid, f"turn {i}", agent="zero") for i in range(TURNS_EACH)]
-        for handle in handles:
-            handle.wait(120)
-
-    return System(key, name, url, worker, turn, conversation)
-
-
-def _bare(url: str, worker: Popen[bytes], app: Celery) -> System:
-    def turn(_cid: str, kind: str) -> None:
-        app.send_task("bench.bare", args=["hi", _reply(kind)]).get(timeout=30)
-
-    def conversation(_cid: str) -> None:
-        results = [app.send_task("bench.bare", args=["hi"]) for _ in range(TURNS_EACH)]
-        for result in results:
-            result.get(timeout=120)
-
-    return System("bare", "bare Celery .get()", url, worker, turn, conversation)
-
-
-def _hand(url: str, worker: Popen[bytes], app: Celery) -> tuple[System, System]:
-    """The hand-built task; its burst runs one turn in each of 4 conversations (no order
-    to keep). And the same task as a Celery chain per conversation (turns in order)."""
-
-    def turn(cid: str, kind: str) -> None:
-        app.send_task("bench.handbuilt", args=[cid, "hi", _reply(kind)]).get(timeout=30)
-
-    def unordered(_cid: str) -> None:  # one turn in each of 4 conversations
-        results = [app.send_task("bench.handbuilt", args=[_new(), "hi"]) for _ in range(4)]
-        for result in results:
-            result.get(timeout=120)
-
-    def ordered(cid: str) -> None:  # a chain: each turn starts when the one before ended
-        steps = [app.signature("bench.handbuilt", args=[cid, f"turn {i}"], immutable=True)
-                 for i in range(TURNS_EACH)]  # fmt: skip
-        chain(*steps).apply_async().get(timeout=120)
-
-    name = "hand-built Celery+RedisSession"
-    return (
-        System("hand", name, url, worker, turn, unordered),
-        System("chain", f"{name}, a chain per conversation", url, worker, turn, ordered),
-    )
-
-
-def _reply(kind: str) -> str:
-    return "300" if kind == "300" else "ok"
-
-
-# -- setup -------------------------------------------------------------------------------------
-def _start(stack: ExitStack, home: Path) -> dict[str, System]:
-    urls = {
-        k: stack.enter_context(redis_server(home / k)) for k in ("convoq", "off", "bare", "hand")
-    }
-    systems: dict[str, System] = {}
-    for key, mode, name in (("convoq", "on", "convoq"), ("off", "off", "convoq, fast paths off")):
-        prefix = f"b{uuid.uuid4().hex[:6]}"
-        fast_paths_mode(mode)
-        settings = ConvoqSettings.resolve(
-            redis_url=urls[key], prefix=prefix, home=home / key, fast_paths=mode == "on"
-        )
-        client = stack.enter_context(Client(settings=settings))
-        env = worker_env(urls[key], prefix, home / key, 100, fast_paths=mode)
-        worker = start_convoq_worker(stack, env, home, client)
-        systems[key] = _convoq(key, name, urls[key], worker, client)
-        _populate_convoq(urls[key], prefix, mode, systems[key])
-    fast_paths_mode("on")
-    for key in ("bare", "hand"):
-        app = peers.make_app(urls[key])
-        worker = start_peer_worker(stack, worker_env(urls[key], "p", home, 100), home, app)
-        if key == "bare":
-            systems[key] = _bare(urls[key], worker, app)
-        else:
-            hand, ordered = _hand(urls[key], worker, app)
-            systems.update(hand=hand, chain=ordered)
-            _populate_hand(urls[key], hand)
-    return systems
-
-
-def _populate_convoq(url: str, prefix: str, mode: str, system: System) -> None:
-    async def populate() -> None:
-        fast_paths_mode(mode)
-        memory = RedisConversationMemory(client=connect(url), prefix=prefix)
-        try:
-            for size, cids in _stored_ids().items():
-                system.stored[size] = cids
-                step = _CONCURRENT_TURNS // size or 1  # conversations populated at once
-                for first in range(0, len(cids), step):
-                    await asyncio.gather(
-                        *(populate_convoq(memory, c, size) for c in cids[first : first + step])
-                    )
-            for size, cids in system.stored.items():
-                assert len(await memory.aload(cids[-1])) == 2 * size
-        finally:
-            await memory.aclose()
-
-    asyncio.run(populate())
-
-
-def _stored_ids() -> dict[int, list[str]]:
-    """The conversations to populate: for 10 turns one per timed turn (and warm-up turn),
-    for 1,000 one per round (and the warm-up)."""
-    rounds, per_round = _rounds(), _per_round()
-    return {
-        STORED[0]: [f"stored-10-{n}" for n in range(rounds * per_round + WARM_UP)],
-        STORED[1]: [f"stored-1000-{n}" for n in range(rounds + 1)],
-    }
+    def take(self, system: str, purpose: str, n: int) -> list[str]:
+        pool = self.pools[system, purpose]
+        taken, self.pools[system, purpose] = pool[:n], pool[n:]
+        assert len(taken) == n, f"not enough populated conversations for {system} {purpose}"
+        return taken
 
 
 def _rounds() -> int:
@@ -211,140 +108,262 @@ def _per_round() -> int:
     return for_rounds(30, 10)
 
 
-def _populate_hand(url: str, system: System) -> None:
-    session_type, _ = peers.session_class()
+def _burst_rounds() -> int:
+    return for_rounds(8, 3)
 
-    async def populate() -> None:
-        client = aioredis.Redis.from_url(url)
+
+def _wanted() -> dict[str, int]:
+    """Conversations of 10 stored turns each system needs, by purpose."""
+    # Two rows run on them (ok, the 300-byte reply), each with its warm-up.
+    e2e = 2 * (_rounds() * _per_round() + WARM_UP)
+    bursts = (_burst_rounds() + 1) * CONVERSATIONS
+    return {"e2e10": e2e, "burst10": bursts, "cmds10": 2 * 30}
+
+
+# -- setup ---------------------------------------------------------------------------------
+class Setup:
+    """Servers, workers and client sides of every system; the populated conversations."""
+
+    def __init__(self, stack: ExitStack, home: Path) -> None:
+        self.urls = {k: stack.enter_context(redis_server(home / k)) for k in
+                     ("convoq", "off", "bare", "hand")}  # fmt: skip
+        self.workers: dict[str, Popen[bytes]] = {}
+        self.sides: dict[str, Remote] = {}
+        self.stored = Stored()
+        self.h1000: dict[str, list[str]] = {}
+        for key, mode in (("convoq", "on"), ("off", "off")):
+            self._convoq(stack, home, key, mode)
+        fast_paths_mode(None)
+        for key in ("bare", "hand"):
+            app = peers.make_app(self.urls[key])
+            self.workers[key] = start_peer_worker(
+                stack, worker_env(self.urls[key], "p", home, 100), home, app
+            )
+        self.workers["chain"] = self.workers["hand"]
+        self.urls["chain"] = self.urls["hand"]
+        self._populate_hand()
+        sides: dict[str, tuple[str, tuple[Any, ...]]] = {
+            "bare": ("BareSide", (self.urls["bare"],)),
+            "hand": ("HandSide", (self.urls["hand"], False)),
+            "chain": ("HandSide", (self.urls["hand"], True)),
+        }
+        for key, (factory, args) in sides.items():
+            self.sides[key] = stack.enter_context(_remote(f"bench.compare_sides.{factory}", *args))
+
+    def _convoq(self, stack: ExitStack, home: Path, key: str, mode: str) -> None:
+        prefix = f"b{uuid.uuid4().hex[:6]}"
+        fast_paths_mode(mode)
+        settings = ConvoqSettings.resolve(
+            redis_url=self.urls[key], prefix=prefix, home=home / key, fast_paths=mode == "on"
+        )
+        client = stack.enter_context(Client(settings=settings))  # waits for the worker
+        env = worker_env(self.urls[key], prefix, home / key, 100, fast_paths=mode)
+        self.workers[key] = start_convoq_worker(stack, env, home, client)
+        self._populate_convoq(key, prefix, mode)
+        side = _remote("bench.compare_sides.ConvoqSide", self.urls[key], prefix, str(home / key),
+                       mode)  # fmt: skip
+        self.sides[key] = stack.enter_context(side)
+
+    def _ids(self, system: str) -> dict[str, list[str]]:
+        wanted = _wanted()
+        if system == "hand":  # unordered bursts: 4 conversations per burst slot
+            wanted["burst10x4"] = wanted["burst10"] * TURNS_EACH
+        return {purpose: [f"{purpose}-{n}" for n in range(count)]
+                for purpose, count in wanted.items()}  # fmt: skip
+
+    def _populate_convoq(self, key: str, prefix: str, mode: str) -> None:
+        ids = self._ids(key)
+        big = [f"stored-1000-{n}" for n in range(_rounds() + 1)]
+
+        async def populate() -> None:
+            fast_paths_mode(mode)
+            memory = RedisConversationMemory(client=connect(self.urls[key]), prefix=prefix)
+            try:
+                for size, cids in [(10, [c for v in ids.values() for c in v]), (1_000, big)]:
+                    step = _CONCURRENT_TURNS // size or 1
+                    for first in range(0, len(cids), step):
+                        await asyncio.gather(
+                            *(populate_convoq(memory, c, size) for c in cids[first : first + step])
+                        )
+            finally:
+                await memory.aclose()
+
+        asyncio.run(populate())
+        for purpose, cids in ids.items():
+            self.stored.pools[key, purpose] = cids
+        self.h1000[key] = big
+
+    def _populate_hand(self) -> None:
+        """The hand-built task's conversations: its own rows' (each on RedisSession's
+        keys), and for its unordered bursts 4 conversations per burst slot
+        ("<slot>/0".."<slot>/3"); the chain's bursts run on the 10-turn ones."""
+        session_type, _ = peers.session_class()
+        ids = self._ids("hand")
+        ids.pop("burst10x4")
+        subs = [f"{slot}/{i}" for slot in ids["burst10"] for i in range(TURNS_EACH)]
+        big = [f"stored-1000-{n}" for n in range(_rounds() + 1)]
+
+        async def populate() -> None:
+            client = aioredis.Redis.from_url(self.urls["hand"])
+            try:
+                ten = [c for cids in ids.values() for c in cids] + subs
+                for size, group in [(10, ten), (1_000, big)]:
+                    sessions = [session_type(c, redis_client=client, key_prefix=peers.HAND_PREFIX)
+                                for c in group]  # fmt: skip
+                    step = _CONCURRENT_TURNS // size or 1
+                    for first in range(0, len(sessions), step):
+                        await asyncio.gather(
+                            *(populate_session(s, size) for s in sessions[first : first + step])
+                        )
+            finally:
+                await client.aclose()
+
+        asyncio.run(populate())
+        for purpose, cids in ids.items():
+            self.stored.pools["hand", purpose] = cids
+        self.stored.pools["chain", "burst10"] = list(ids["burst10"])
+        self.h1000["hand"] = big
+
+
+def _remote(factory: str, *args: Any) -> Any:
+    """A :class:`Remote` as a context manager (closed with the stack)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def managed() -> Any:
+        remote = Remote(factory, *args)
         try:
-            for size, cids in _stored_ids().items():
-                system.stored[size] = cids
-                sessions = [session_type(cid, redis_client=client, key_prefix=peers.HAND_PREFIX)
-                            for cid in cids]  # fmt: skip
-                step = _CONCURRENT_TURNS // size or 1
-                for first in range(0, len(sessions), step):
-                    await asyncio.gather(
-                        *(populate_session(s, size) for s in sessions[first : first + step])
-                    )
-            for size, cids in system.stored.items():
-                last = session_type(cids[-1], redis_client=client, key_prefix=peers.HAND_PREFIX)
-                assert len(await last.get_items()) == 2 * size
+            yield remote
         finally:
-            await client.aclose()
+            remote.close()
 
-    asyncio.run(populate())
-
-
-# -- measurements ------------------------------------------------------------------------------
-# (row key, row title, reply kind, stored turns (0: a new conversation), systems)
-E2E_ROWS = [
-    ("new", "new conversation, zero model (async fn)", "ok", 0, ("convoq", "off", "bare", "hand")),
-    ("new300", "new conversation, 300-byte reply", "300", 0, ("convoq", "off", "bare", "hand")),
-    ("newsync", "new conversation, sync model fn", "sync", 0, ("convoq", "off")),
-    ("h10", "10 stored turns, zero model", "ok", 10, ("convoq", "off", "hand")),
-    ("h1000", "1,000 stored turns, zero model", "ok", 1_000, ("convoq", "off", "hand")),
-]
+    return managed()
 
 
-def _end_to_end(systems: dict[str, System], table: Table) -> None:
+# -- measurements ----------------------------------------------------------------------------
+def _cids(setup: Setup, system: str, stored: int, n: int, round_number: int) -> list[Any]:
+    if stored == 0 or system == "bare":  # a bare task keeps no history
+        return [None] * n
+    if stored == STORED[0]:
+        return setup.stored.take(system, "e2e10", n)
+    return [setup.h1000[system][round_number + 1]] * n
+
+
+def _end_to_end(setup: Setup, table: Table) -> None:
     cells = [(row, key) for row in E2E_ROWS for key in row[4]]
-    for row, key in cells:  # warm-up, untimed: connections, imports, the workers' threads
-        _timed_turns(systems[key], row[2], row[3], WARM_UP, -1)
+    for (_, _, kind, stored, _), key in cells:  # warm-up: connections, imports, threads
+        setup.sides[key].call("turns", kind, _cids(setup, key, stored, WARM_UP // 2, -1))
     for n in range(_rounds()):
         for (row_key, title, kind, stored, _), key in rotated(cells, n):
-            cpu = process_cpu_s(systems[key].worker.pid)
-            ms = _timed_turns(systems[key], kind, stored, _per_round(), n)
-            cpu = process_cpu_s(systems[key].worker.pid) - cpu
-            table.add(f"{row_key}-{key}", SECTION_E2E, f"{title}: {systems[key].name}", "ms",
+            worker = setup.workers[key]
+            cpu = process_cpu_s(worker.pid)
+            ms = setup.sides[key].call("turns", kind, _cids(setup, key, stored, _per_round(), n))
+            cpu = process_cpu_s(worker.pid) - cpu
+            table.add(f"{row_key}-{key}", SECTION_E2E, f"{title}: {NAMES[key]}", "ms",
                       statistics.median(ms))  # fmt: skip
-            if row_key == "h10":  # turns one at a time, each on a 10-turn history
+            if stored == STORED[0] and kind == "ok":
                 table.add(f"cpu1-{key}", SECTION_E2E,
-                          f"worker CPU per turn, one at a time (10 stored turns): "
-                          f"{systems[key].name}", "ms", cpu / _per_round() * 1000)  # fmt: skip
+                          f"worker CPU per turn, one at a time (10 stored turns): {NAMES[key]}",
+                          "ms", cpu / _per_round() * 1000)  # fmt: skip
     for row_key, title, _, _, keys in E2E_ROWS:
         base = "new-bare" if row_key == "newsync" else f"{row_key}-bare"
         if "bare" in keys or row_key == "newsync":
             table.ratio(f"{title}: convoq / bare Celery", f"{row_key}-convoq", base)
         if "hand" in keys:
             table.ratio(f"{title}: convoq / hand-built", f"{row_key}-convoq", f"{row_key}-hand")
-        table.ratio(f"{title}: convoq off / on", f"{row_key}-off", f"{row_key}-convoq")
     table.ratio("worker CPU per turn, one at a time: convoq / hand-built", "cpu1-convoq",
                 "cpu1-hand")  # fmt: skip
 
 
-def _timed_turns(
-    system: System, kind: str, stored: int, turns: int, round_number: int
-) -> list[float]:
-    samples = []
-    for _ in range(turns):
-        cid = system.stored_conversation(stored, round_number) if stored else _new()
-        start = time.perf_counter()
-        system.turn(cid, kind)
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
-
-
-def _bursts(systems: dict[str, System], table: Table) -> None:
-    keys = ["convoq", "off", "bare", "chain", "hand"]
+def _bursts(setup: Setup, table: Table) -> None:
+    cells = [(burst, key) for burst in BURSTS for key in burst[4]]
     turns = CONVERSATIONS * TURNS_EACH
-    with ThreadPoolExecutor(CONVERSATIONS) as pool:
-        for key in keys:  # warm-up: the threads, their connections
-            _burst(pool, systems[key])
-        for n in range(for_rounds(8, 3)):
-            for key in rotated(keys, n):
-                system = systems[key]
-                mode = "off" if key == "off" else "on"
-                fast_paths_mode(mode)
-                cpu = process_cpu_s(system.worker.pid)
-                seconds = _burst(pool, system)
-                cpu = process_cpu_s(system.worker.pid) - cpu
-                table.add(f"burst-{key}", SECTION_BURST, f"turns/s: {system.name}", "/s",
-                          turns / seconds)  # fmt: skip
-                table.add(f"cpu-{key}", SECTION_BURST, f"worker CPU per turn: {system.name}",
-                          "ms", cpu / turns * 1000)  # fmt: skip
-    table.ratio("burst: convoq / hand-built chain", "burst-convoq", "burst-chain")
-    table.ratio("burst: convoq / bare Celery", "burst-convoq", "burst-bare")
+    for (_, _, kind, stored, _), key in cells:  # warm-up: the threads, their connections
+        setup.sides[key].call("burst", kind, _burst_ids(setup, key, stored))
+    for n in range(_burst_rounds()):
+        for (bkey, title, kind, stored, _), key in rotated(cells, n):
+            worker = setup.workers[key]
+            cpu = process_cpu_s(worker.pid)
+            seconds = setup.sides[key].call("burst", kind, _burst_ids(setup, key, stored))
+            cpu = process_cpu_s(worker.pid) - cpu
+            table.add(f"{bkey}-{key}", SECTION_BURST, f"turns/s, {title}: {NAMES[key]}", "/s",
+                      turns / seconds)  # fmt: skip
+            table.add(f"cpu-{bkey}-{key}", SECTION_BURST,
+                      f"worker CPU per turn, {title}: {NAMES[key]}", "ms",
+                      cpu / turns * 1000)  # fmt: skip
+    for bkey, title, _, _, keys in BURSTS:
+        for peer in ("chain", "bare"):
+            if peer in keys:
+                table.ratio(f"burst, {title}: convoq / {NAMES[peer]}", f"{bkey}-convoq",
+                            f"{bkey}-{peer}")  # fmt: skip
     table.ratio("burst: convoq off / on", "burst-off", "burst-convoq")
-    table.ratio("worker CPU per turn: convoq / hand-built chain", "cpu-convoq", "cpu-chain")
-    table.ratio("worker CPU per turn: convoq off / on", "cpu-off", "cpu-convoq")
+    table.ratio("burst: convoq, 300-byte reply / ok", "burst300-convoq", "burst-convoq")
+    table.ratio("worker CPU per turn, burst: convoq / hand-built chain", "cpu-burst-convoq",
+                "cpu-burst-chain")  # fmt: skip
 
 
-def _burst(pool: ThreadPoolExecutor, system: System) -> float:
-    cids = [_new() for _ in range(CONVERSATIONS)]
-    started = time.perf_counter()
-    for done in [pool.submit(system.conversation, cid) for cid in cids]:
-        done.result(timeout=300)
-    return time.perf_counter() - started
+def _burst_ids(setup: Setup, system: str, stored: int) -> list[Any]:
+    if stored == 0 or system == "bare":  # a bare task keeps no history
+        return [None] * CONVERSATIONS
+    return setup.stored.take(system, "burst10", CONVERSATIONS)
 
 
-def _commands(systems: dict[str, System], table: Table) -> None:
-    keys = ["convoq", "off", "bare", "hand"]
-    servers = {key: redis.Redis.from_url(systems[key].url) for key in keys}
+def _commands(setup: Setup, table: Table) -> None:
+    cells = [(key, stored) for key in ("convoq", "off", "bare", "hand") for stored in (0, 10)
+             if not (key == "bare" and stored)]  # fmt: skip
+    servers = {key: redis.Redis.from_url(setup.urls[key]) for key in ("convoq", "off", "bare",
+                                                                       "hand")}  # fmt: skip
     try:
-        for n in range(for_rounds(3, 2)):
-            for key in rotated(keys, n):
-                system = systems[key]
-
-                def one(s: System = system) -> None:
-                    s.turn(_new(), "ok")
-
-                per_turn = turn_cost.commands_per_turn(servers[key], one, 30)
-                table.add(f"cmds-{key}", SECTION_COST,
-                          f"Redis commands per plain turn: {system.name}", "",
+        for n in range(2):
+            for key, stored in rotated(cells, n):
+                cids = setup.stored.take(key, "cmds10", 30) if stored else [None] * 30
+                per_turn = _commands_per_turn(
+                    servers[key], lambda k=key, c=cids: setup.sides[k].call("turns", "ok", c), 30
+                )
+                where = "a conversation of 10 stored turns" if stored else "a new conversation"
+                table.add(f"cmds{stored or ''}-{key}", SECTION_COST,
+                          f"Redis commands per turn on {where}: {NAMES[key]}", "",
                           sum(per_turn.values()))  # fmt: skip
     finally:
         for server in servers.values():
             server.close()
-    table.ratio("Redis commands per turn: convoq / hand-built", "cmds-convoq", "cmds-hand")
+
+
+def _calls(r: redis.Redis) -> Counter[str]:
+    stats = r.info("commandstats")
+    return Counter(
+        {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items() if "calls" in v}
+    )
+
+
+def _commands_per_turn(r: redis.Redis, run: Callable[[], object], turns: int) -> Counter[str]:
+    """Commands per turn by name on ``r``'s server while ``run()`` runs ``turns`` turns,
+    less what its idle clients (pollers, the sweeper) sent in as long, measured over one
+    second just before."""
+    r.config_resetstat()
+    idle_started = time.perf_counter()
+    time.sleep(1.0)
+    idle = _calls(r)
+    idle_seconds = time.perf_counter() - idle_started
+    r.config_resetstat()
+    started = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - started
+    busy = _calls(r)
+    busy.subtract({k: v * elapsed / idle_seconds for k, v in idle.items()})
+    own = ("info", "config|resetstat", "config")
+    return Counter({k: v / turns for k, v in busy.items() if v > 0 and k not in own})
 
 
 def run(home: Path, table: Table) -> None:
-    """Start the queued systems (servers, workers, populated histories), measure, stop."""
+    """Start the queued systems (servers, workers, populated histories, client sides),
+    measure, stop."""
     with ExitStack() as stack:
-        systems = _start(stack, home)
+        setup = Setup(stack, home)
         try:
-            _end_to_end(systems, table)
-            _bursts(systems, table)
-            _commands(systems, table)
+            _end_to_end(setup, table)
+            _bursts(setup, table)
+            _commands(setup, table)
         finally:
             fast_paths_mode(None)
+            os.environ.pop("CONVOQ_FAST_PATHS", None)
