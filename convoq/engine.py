@@ -15,7 +15,6 @@ repeats no finished step: the loop derives what is left to do from the messages 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,7 +38,7 @@ from convoq.model_settings import ModelSettings
 from convoq.models.base import Model, ModelRequest
 from convoq.observe import metrics, tracing
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
-from convoq.subagents import Children, InlineChildren, SubAgentTool, child_ids, limit_refusal
+from convoq.subagents import Children, InlineChildren, SubAgentTool, call_data, known_results
 from convoq.tools import Tool, ToolOutput, ToolRegistry
 from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.usage import Usage, turn_usage
@@ -337,36 +336,22 @@ class TurnLoop:
     async def _subagent_results(
         self, state: TurnState, calls: list[ToolCall]
     ) -> dict[str, ToolOutput]:
-        """The results of this step's sub-agent calls known now, by call id: all refused
-        past a limit; in process, the children run together; on workers, none (they park)."""
+        """The results of this step's sub-agent calls known now (:func:`known_results`)."""
         subs = [
-            (call, tool)
+            (call, tool, self._context(state, call))
             for call in calls
             if (tool := self._subagent(call)) is not None
             and call.id not in state.decisions
             and tool.fits(call.arguments)
         ]
-        if not subs:
-            return {}
-        kids = self.children
-        refused = limit_refusal(len(subs), kids.depth + 1, kids.max_depth, kids.max_fanout)
-        if refused is not None:
-            return {call.id: ToolOutput(refused, is_error=True) for call, _ in subs}
-        if kids.parks:
-            return {}
-        runs = (kids.run(tool, call, self._context(state, call)) for call, tool in subs)
-        outputs = await asyncio.gather(*runs)
-        return {call.id: output for (call, _), output in zip(subs, outputs, strict=True)}
+        return await known_results(self.children, subs)
 
     def _waiting_event(self, call: ToolCall) -> TurnEvent:
         """``subagent_call`` (with the child turn it waits for) or ``approval_required``."""
         tool = self._subagent(call)
         if tool is None:
             return TurnEvent(type="approval_required", data=call.model_dump())
-        child = child_ids(self.scope.conversation_id or "", self.scope.turn_id, call.id)
-        data = {**call.model_dump(), "agent": tool.profile}
-        data |= {"conversation_id": child.conversation_id, "turn_id": child.turn_id}
-        return TurnEvent(type="subagent_call", data=data)
+        return TurnEvent(type="subagent_call", data=call_data(tool, call, self.scope))
 
     async def _needs_approval(self, ctx: RunContext[Any], call: ToolCall) -> bool:
         """The tool's rule or the agent's policy asks for a human. Unknown tools and

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from convoq.context import RunContext
+from convoq.context import RunContext, TurnScope
 from convoq.errors import ConfigurationError, ConvoqError, GuardrailTripped, TurnCancelledError
 from convoq.ids import check_conversation_id
 from convoq.messages import ToolCall
@@ -161,13 +161,14 @@ def child_input(call: ToolCall) -> str:
 def result_of(
     agent: str, status: str, result: Mapping[str, Any] | None, error: Mapping[str, Any] | None
 ) -> ToolOutput:
-    """The tool result of a finished child turn: its answer (typed output as JSON), or a
-    tool error saying how it ended."""
+    """The tool result of a finished child turn: its answer (typed output as JSON, text as
+    it is), or a tool error saying how it ended."""
     data = result or {}
     if status in ("succeeded", "completed"):
         output = data.get("output")
-        text = json.dumps(output) if output is not None else str(data.get("text") or "")
-        return ToolOutput(text)
+        if output is None or isinstance(output, str):  # no type, or text (Pydantic AI's str)
+            return ToolOutput(output if isinstance(output, str) else str(data.get("text") or ""))
+        return ToolOutput(json.dumps(output))
     said = (error or {}).get("message") or "no answer"
     return ToolOutput(f"Error: the sub-agent {agent!r} {status}: {said}", is_error=True)
 
@@ -186,6 +187,31 @@ def limit_refusal(calls: int, depth: int, max_depth: int, max_fanout: int) -> st
             " (CONVOQ_SUBAGENT_MAX_FANOUT); ask for fewer in one step"
         )
     return None
+
+
+async def known_results(
+    children: Children, subs: list[tuple[ToolCall, SubAgentTool, RunContext[Any]]]
+) -> dict[str, ToolOutput]:
+    """The results of one step's sub-agent calls (with their tools and contexts) known
+    now, by call id: all refused past a limit; in process, the children run together; on
+    workers, none (the turn parks for them)."""
+    if not subs:
+        return {}
+    depth = children.depth + 1
+    refused = limit_refusal(len(subs), depth, children.max_depth, children.max_fanout)
+    if refused is not None:
+        return {call.id: ToolOutput(refused, is_error=True) for call, _, _ in subs}
+    if children.parks:
+        return {}
+    outputs = await asyncio.gather(*(children.run(tool, call, ctx) for call, tool, ctx in subs))
+    return {call.id: output for (call, _, _), output in zip(subs, outputs, strict=True)}
+
+
+def call_data(tool: SubAgentTool, call: ToolCall, scope: TurnScope) -> dict[str, Any]:
+    """A ``subagent_call`` event's data: the call, its agent and its child turn."""
+    child = child_ids(scope.conversation_id or "", scope.turn_id, call.id)
+    data = {**call.model_dump(), "agent": tool.profile}
+    return data | {"conversation_id": child.conversation_id, "turn_id": child.turn_id}
 
 
 class Children(Protocol):

@@ -172,6 +172,12 @@ def test_calls_past_the_depth_limit_are_refused_with_a_tool_error(pool: WorkerPo
     assert "CONVOQ_SUBAGENT_MAX_DEPTH" in result.text and result.text.endswith(")))")
 
 
+def test_a_pydantic_ai_profile_serves_as_a_sub_agent_by_name(pool: WorkerPool) -> None:
+    with pool.client() as client:
+        result = client.submit(_cid("pai"), "ask pai", agent="asks_pai").wait(90)
+    assert result.text == "heard: pai says hi"
+
+
 def test_a_failed_child_is_a_tool_error_the_parent_model_reads(pool: WorkerPool) -> None:
     with pool.client() as client:
         handle = client.submit(_cid("broken"), "use broken", agent="delegator")

@@ -228,8 +228,10 @@ REFUSALS: dict[tuple[str, str], Callable[[Refused], ConvoqError]] = {
         lambda r: f"that tool call of {r.where} was already decided otherwise"
     ),
     (ANY, "CHILD_CALL"): _protocol(
-        lambda r: f"that tool call of {r.where} is a sub-agent call: its child turn decides"
-        " it when it ends, not a person; cancel the turn to stop it"
+        lambda r: (
+            f"that tool call of {r.where} is a sub-agent call: its child turn decides"
+            " it when it ends, not a person; cancel the turn to stop it"
+        )
     ),
     (ANY, "NOT_CHILD_CALL"): _protocol(
         lambda r: f"that tool call of {r.where} waits for a person's decision, not a child turn"

@@ -9,7 +9,7 @@ researcher's first run hang (a test kills its worker there). Model runs are coun
 Redis (``{prefix}:test:sub:{what}``), with the pid and time of each child's run.
 ``recurse`` calls itself until refused; ``delegator`` calls ``broken`` (its model raises)
 and ``slowpoke`` (ticks a slow tool for a long time); ``impatient`` calls ``slowpoke`` and
-waits 2 s at most.
+waits 2 s at most; ``asks_pai`` calls the Pydantic AI profile ``pai_helper`` by name.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ import re
 import time
 from typing import Any
 
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
 from convoq import Agent, Message, RunContext, ToolCall, tool
+from convoq.integrations.pydantic_ai import durable
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.queue.routing import partition_of
 from convoq.subagents import child_ids
@@ -144,3 +149,21 @@ delegator = Agent(ScriptedModel(delegator_model), name="delegator", subagents=[b
 # Waits at most 2 s for its children (its approval ttl bounds every wait of its turns).
 impatient = Agent(ScriptedModel(delegator_model), name="impatient", subagents=[slowpoke],
                   approval_ttl_s=2)  # fmt: skip
+
+
+def _pai_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    return ModelResponse(parts=[TextPart("pai says hi")])
+
+
+# A Pydantic AI profile as a convoq agent's sub-agent, named by profile.
+pai_helper = durable(PydanticAgent(FunctionModel(_pai_answer), name="pai_helper"))
+
+
+def asks_pai_model(request: ModelRequest) -> Any:
+    results = [m.text for m in request.messages if m.role == "tool"]
+    if results:
+        return f"heard: {results[0]}"
+    return Message.assistant("", [ToolCall(id="p1", name="pai_helper", arguments={"input": "hi"})])
+
+
+asks_pai = Agent(ScriptedModel(asks_pai_model), name="asks_pai", subagents=["pai_helper"])
