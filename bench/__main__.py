@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "langchain": "bench.langchain_window",
     "gc": "bench.gc_decode",
     "fastpaths": "bench.fast_paths",
+    "history": "bench.history_route",
     "console": "bench.console_open",
 }
 

@@ -8,8 +8,9 @@ the bodies of the elements it covers, with no message decoded. Decoded (typed, t
 the process's decoded turns) and dumped again are only the elements whose body is not
 that JSON or whose count is unknown: those referring to attachments (their bytes live in
 the blobs hash; the JSON carries them as base64), those stored before headers counted
-messages, those holding a legacy record part (a load moves it), and an element a page
-boundary cuts through.
+messages (among them any holding a legacy record part, which a load moves: a message
+made by this version has moved it already), and an element a page boundary cuts
+through.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from convoq.messages import LEGACY_RECORD_MIME_TYPE, MessageList
+from convoq.messages import MessageList
 from convoq.redis._codec import Header, blob_refs, parse_header
 from convoq.redis._history import (
     _blobs_steps,
@@ -29,18 +30,13 @@ from convoq.redis._replies import LoadReply
 from convoq.redis.keys import KeySchema
 from convoq.redis.scripts import ScriptCall, Steps
 
-_LEGACY = LEGACY_RECORD_MIME_TYPE.encode()
 _RESTARTS = 5
+_BLOBS, _COUNT = b" b=", b" n="
+_OPEN, _CLOSE = ord("["), ord("]")
 
 
-@dataclass(frozen=True)
-class Run:
-    """``count`` messages as JSON, joined by commas without brackets (b"" for none);
-    ``element``: the stored element, to split the run when a page starts or ends in it."""
-
-    count: int
-    json: bytes | memoryview
-    element: Header | None = None
+# ``count`` messages as JSON, joined by commas without brackets (b"" for none).
+Run = tuple[int, bytes | memoryview]
 
 
 @dataclass(frozen=True)
@@ -52,27 +48,27 @@ class StoredJson:
     @property
     def total(self) -> int:
         """How many messages."""
-        return sum(run.count for run in self.runs)
+        return sum(count for count, _ in self.runs)
 
     def array(self, offset: int = 0, limit: int | None = None) -> bytes:
         """The JSON array of messages ``offset`` to ``offset + limit`` (None: to the end)."""
         end = self.total if limit is None else offset + limit
         pieces: list[bytes | memoryview] = []
         start = 0
-        for run in self.runs:
-            stop = start + run.count
-            if stop > offset and start < end and run.count:
+        for count, json in self.runs:
+            stop = start + count
+            if stop > offset and start < end and count:
                 if offset <= start and stop <= end:
-                    pieces.append(run.json)
+                    pieces.append(json)
                 else:
-                    pieces += _split(run)[max(0, offset - start) : end - start]
+                    pieces += _split(json)[max(0, offset - start) : end - start]
             start = stop
         return b"[" + b",".join(pieces) + b"]"
 
 
-def _split(run: Run) -> list[bytes]:
-    """Each message of ``run`` as its own JSON."""
-    messages = MessageList.validate_json(b"[" + run.json + b"]")
+def _split(json: bytes | memoryview) -> list[bytes]:
+    """Each message of a run's JSON as its own JSON."""
+    messages = MessageList.validate_json(b"[" + json + b"]")
     return [MessageList.dump_json([message])[1:-1] for message in messages]
 
 
@@ -84,18 +80,36 @@ def json_steps(keys: KeySchema, cid: str, last_turns: int | None) -> Steps[Store
         if loaded.refusal is not None:
             raise refusal_error(loaded.refusal, keys, cid, None)
         if loaded.elements is not None:
-            lead = [parse_header(e, key=keys.lead(cid)) for e in loaded.lead]
-            turns = [parse_header(e, key=keys.turns(cid)) for e in loaded.elements]
-            return _stored(keys, cid, lead, turns, loaded.blobs)
+            return _stored(keys, cid, loaded.lead, loaded.elements, loaded.blobs)
     for _ in range(_RESTARTS):
         read = yield from _elements_steps(keys, cid)
         if read is None:
             continue  # cleared while we read: start over
-        lead = [parse_header(e, key=keys.lead(cid)) for e in read[0]]
-        turns = _last_turns([parse_header(e, key=keys.turns(cid)) for e in read[1]], window)
-        blobs = yield from _blobs_steps(keys, cid, blob_refs([*lead, *turns]))
-        return _stored(keys, cid, lead, turns, blobs)
+        lead, elements = read
+        if window > 0:  # a window longer than one script call reads: cut by turn starts
+            turns_key = keys.turns(cid)
+            kept = _last_turns([parse_header(e, key=turns_key) for e in elements], window)
+            elements = elements[len(elements) - len(kept) :]
+        refs = _refs(keys, cid, lead, elements)
+        blobs = yield from _blobs_steps(keys, cid, refs) if refs else _no_blobs()
+        return _stored(keys, cid, lead, elements, blobs)
     raise cleared_while_read(cid)
+
+
+def _no_blobs() -> Steps[dict[str, bytes]]:
+    return {}
+    yield  # a generator: nothing to read
+
+
+def _refs(keys: KeySchema, cid: str, lead: list[bytes], elements: list[bytes]) -> list[str]:
+    """The blobs the elements refer to (parsed only where a header names some)."""
+    found = [
+        parse_header(e, key=key)
+        for key, group in ((keys.lead(cid), lead), (keys.turns(cid), elements))
+        for e in group
+        if e.find(_BLOBS, 0, max(0, e.find(b"\n"))) >= 0
+    ]
+    return blob_refs(found)
 
 
 def _last_turns(headers: list[Header], window: int) -> list[Header]:
@@ -110,35 +124,33 @@ def _last_turns(headers: list[Header], window: int) -> list[Header]:
 def _stored(
     keys: KeySchema,
     cid: str,
-    lead: Sequence[Header],
-    turns: Sequence[Header],
+    lead: Sequence[bytes],
+    turns: Sequence[bytes],
     blobs: dict[str, bytes],
 ) -> StoredJson:
     runs: list[Run] = []
-    for index, header in enumerate([*lead, *turns]):
-        count = _count(header)
-        if count is not None:
-            runs.append(Run(count, header.body[1:-1], header))
-            continue
-        in_lead = index < len(lead)
-        messages = decode_stored(
-            keys, cid, [header] if in_lead else [], [] if in_lead else [header], blobs
-        )
-        runs.append(Run(len(messages), MessageList.dump_json(messages)[1:-1]))
+    for index, element in enumerate([*lead, *turns]):
+        run = _passed_through(element)
+        if run is None:
+            in_lead = index < len(lead)
+            header = parse_header(element, key=keys.lead(cid) if in_lead else keys.turns(cid))
+            both: tuple[list[Header], list[Header]] = ([header], []) if in_lead else ([], [header])
+            messages = decode_stored(keys, cid, *both, blobs)
+            run = len(messages), MessageList.dump_json(messages)[1:-1]
+        runs.append(run)
     return StoredJson(tuple(runs))
 
 
-def _count(header: Header) -> int | None:
-    """How many messages the element's body holds as they are sent, or None when the body
-    is not passed through (see the module docstring)."""
-    body = header.body
-    if (
-        header.messages is None
-        or header.blobs
-        or len(body) < 2
-        or body[0] != ord("[")
-        or body[-1] != ord("]")
-        or header.element.find(_LEGACY) >= 0
-    ):
+def _passed_through(element: bytes) -> Run | None:
+    """The element's body as a run, when it passes through: its header counts its
+    messages (``n=``, last in the header, written by this version, whose messages never
+    hold a legacy record part: a message moves it when it is made) and names no
+    attachment, and its body is a JSON array; else None (it is decoded)."""
+    newline = element.find(b"\n")
+    at = element.rfind(_COUNT, 0, newline)
+    if at < 0 or element[-1] != _CLOSE or element[newline + 1] != _OPEN:
         return None
-    return header.messages
+    digits = element[at + 3 : newline]
+    if not digits.isdigit() or element.find(_BLOBS, 0, at) >= 0 or len(element) - newline < 3:
+        return None
+    return int(digits), memoryview(element)[newline + 2 : -1]

@@ -76,7 +76,7 @@ async def test_redis_decodes_only_elements_with_attachments_or_without_a_count(
 ) -> None:
     for turn in history():
         await redis_memory.aappend(CID, turn)
-    # Stored before headers counted messages (no n=), and a legacy record part: decoded.
+    # Stored before headers counted messages (no n=), one with a legacy record part: decoded.
     old = [Message.user("older"), Message.assistant("kept")]
     record = base64.b64encode(b'{"framework":"x","a":1}').decode()
     legacy = {"role": "assistant", "content": [
@@ -85,7 +85,7 @@ async def test_redis_decodes_only_elements_with_attachments_or_without_a_count(
     ]}  # fmt: skip
     turns = KeySchema(key_prefix).turns(CID)
     redis_client.rpush(turns, b"T w=9\n" + MessageList.dump_json(old))
-    redis_client.rpush(turns, b"T w=9 n=1\n" + json.dumps([legacy]).encode())
+    redis_client.rpush(turns, b"T w=9\n" + json.dumps([legacy]).encode())
     typed = await redis_memory.aload(CID)
     assert typed[-1].framework == {"x": {"a": 1}}  # the load moved the record
     _decoded.reset()
