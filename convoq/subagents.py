@@ -43,6 +43,8 @@ OPTION = "subagent"
 "depth"}`` of its parent call (depth 1: the child of a turn nobody called)."""
 
 _MAX_ID_PART = 160
+CHILD_MARK = "~sub~"
+"""What every child conversation id holds (``<parent conversation>~sub~<hash>``)."""
 
 
 class SubAgentInput(BaseModel):
@@ -148,7 +150,7 @@ def child_ids(parent_conversation: str, parent_turn: str, call_id: str) -> Child
     digest = hashlib.sha256(
         "\0".join((parent_conversation, parent_turn, call_id)).encode()
     ).hexdigest()
-    cid = f"{parent_conversation[:_MAX_ID_PART]}~sub~{digest[:16]}"
+    cid = f"{parent_conversation[:_MAX_ID_PART]}{CHILD_MARK}{digest[:16]}"
     return ChildRef(check_conversation_id(cid), digest[:32])
 
 

@@ -31,7 +31,14 @@ from convoq.redis._approvals import Decided
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis._records import FINAL_STATUSES, SubmitResult, TurnRecord
 from convoq.redis.keys import KeySchema
-from convoq.subagents import OPTION, SubAgentTool, child_ids, child_input, result_of
+from convoq.subagents import (
+    CHILD_MARK,
+    OPTION,
+    SubAgentTool,
+    child_ids,
+    child_input,
+    result_of,
+)
 from convoq.tools import ToolOutput, ToolRegistry
 
 log = logging.getLogger("convoq.worker")
@@ -178,10 +185,19 @@ class SubAgents:
         store = self._store
         async for key in store.redis.scan_iter(match=store.keys.inbox_pattern(), count=1000):
             cid = store.keys.conversation_of_inbox(key)
-            head = None if cid is None else await store.redis.lindex(store.keys.inbox(cid), 0)
-            if cid is not None and head is not None:
+            if cid is None or not await self._may_concern(cid):
+                continue
+            head = await store.redis.lindex(store.keys.inbox(cid), 0)
+            if head is not None:
                 tid = head.decode() if isinstance(head, bytes) else str(head)
                 await self._quietly(self._sweep_head(cid, tid), cid, tid)
+
+    async def _may_concern(self, cid: str) -> bool:
+        """A child conversation, or one whose head is parked: the others cost one read."""
+        if CHILD_MARK in cid:
+            return True
+        state = await self._store.redis.hget(self._store.keys.lease(cid), "state")
+        return state in (b"parked", "parked")
 
     async def _sweep_head(self, cid: str, tid: str) -> None:
         record = await self._store.get_turn(cid, tid)
