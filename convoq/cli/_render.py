@@ -188,6 +188,8 @@ def print_event(event: TurnEvent) -> None:
     elif event.type == "resumed":
         shown = escape(f"{data.get('reason')} (attempt {data.get('attempt')})")
         console.print(f"\n[yellow]resumed[/yellow] {shown}")
+    elif event.type == "retried":  # a failed turn queued again, as the same turn
+        console.print(f"\n[yellow]retried[/yellow] (retry {escape(str(data.get('retry')))})")
     elif event.type == "subagent_call":
         shown = escape(f"{data.get('id')} {data.get('agent')} -> {data.get('conversation_id')}"
                        f" {data.get('turn_id')}")  # fmt: skip

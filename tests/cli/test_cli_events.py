@@ -18,6 +18,7 @@ SAMPLES = {
     "approval_required": {"id": "c1", "name": "refund", "arguments": {"amount": 5}},
     "decision": {"call_id": "c1", "approved": True},
     "resumed": {"reason": "worker_lost", "attempt": 2},
+    "retried": {"retry": 1},
     "subagent_call": {
         "id": "c2",
         "agent": "researcher",
@@ -57,3 +58,8 @@ def test_a_subagent_call_event_names_the_child_turn(capsys: pytest.CaptureFixtur
 def test_a_resumed_event_says_why_and_which_attempt(capsys: pytest.CaptureFixture[str]) -> None:
     _render.print_event(TurnEvent(type="resumed", data=SAMPLES["resumed"]))
     assert "resumed worker_lost (attempt 2)" in capsys.readouterr().out
+
+
+def test_a_retried_event_says_which_retry(capsys: pytest.CaptureFixture[str]) -> None:
+    _render.print_event(TurnEvent(type="retried", data=SAMPLES["retried"]))
+    assert "retried (retry 1)" in capsys.readouterr().out
