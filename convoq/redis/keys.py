@@ -9,7 +9,7 @@ any string may be one.
 
 ::
 
-    {prefix}:{cid}:meta            hash    format_version, turns, bytes, last_turn_id, fence
+    {prefix}:{cid}:meta            hash    format_version, turns, bytes, last_turn_id, fence, lead
     {prefix}:{cid}:turns           list    one JSON element per stored turn (blob refs)
     {prefix}:{cid}:lead            list    leading system/developer messages (JSON elements)
     {prefix}:{cid}:blobs           hash    sha256 hex -> raw attachment bytes
