@@ -10,6 +10,8 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -460,6 +462,50 @@ def test_the_document_links_a_submit_to_its_turn_and_a_turn_to_its_approvals(
     }
     decide = view["links"]["DecidePending"]["parameters"]
     assert decide["path.call_id"] == "$response.body#/pending_approvals/0/id"
+
+
+def _linked_path(document: dict[str, Any], link: dict[str, Any], body: dict[str, Any]) -> str:
+    """The path a link of ``document`` leads to from a response ``body``: each
+    ``$response.body#/a/0/b`` parameter resolved as OpenAPI says (a JSON pointer)."""
+    operation = next(
+        path
+        for path, ops in document["paths"].items()
+        for op in ops.values()
+        if op.get("operationId") == link["operationId"]
+    )
+    for name, expression in link["parameters"].items():
+        if not name.startswith("path."):
+            continue
+        value: Any = body
+        for step in expression.removeprefix("$response.body#/").split("/"):
+            value = value[int(step)] if isinstance(value, list) else value[step]
+        operation = operation.replace("{" + name.removeprefix("path.") + "}", quote(value, safe=""))
+    return operation
+
+
+def test_the_links_of_a_parked_and_of_a_failed_turn_lead_to_calls_that_go_through(
+    gateway: GatewayProcess,
+) -> None:
+    """What the fuzzer's stateful phase reaches only when its random submits happen to
+    name the agent that parks or the one that fails: followed here every time."""
+    with gateway.client() as http:
+        document = http.get("/openapi.json").json()
+        view = document["paths"]["/v1/conversations/{cid}/turns/{tid}"]["get"]["responses"]
+        links = view["200"]["links"]
+        cid = f"links-{uuid.uuid4().hex[:8]}"
+
+        parked = _wait(http, cid, _submit(http, cid, "pay", agent="approver"))
+        assert parked["status"] == "awaiting_approval"
+        decide = _linked_path(document, links["DecidePending"], parked)
+        decided = http.post(decide, json={"decision": "approve"})
+        assert decided.status_code == 200, decided.text
+        assert _wait(http, cid, str(parked["turn_id"]), "final")["status"] == "succeeded"
+
+        failed = _wait(http, cid, _submit(http, cid, "fail", agent="failer"), "final")
+        assert failed["status"] == "failed"
+        retried = http.post(_linked_path(document, links["Retry"], failed))
+        assert retried.status_code == 202, retried.text
+        assert retried.json()["turn_id"] == failed["turn_id"]
     # This deployment signs callbacks: the field is there and says what it needs.
     callback = document["components"]["schemas"]["TurnRequest"]["properties"]["callback_url"]
     assert "CONVOQ_WEBHOOK_SECRET" in callback["description"] and "not" not in callback

@@ -8,7 +8,9 @@ Every answer is checked against the document (status, media type, headers, schem
 against HTTP (no 5xx, refused input refused, valid input accepted, a key needed). The
 stateful phase follows the document's links: a submit to its turn (long-polled until
 settled), its events (until settled) and its cancel; a turn to the decision on its first
-pending call (a real call id, from an agent that parks for approval) and to its discard.
+pending call (a real call id, when its submit named the agent that parks for approval), to
+its discard, and to its retry (when it failed). Those two links need a turn the random
+submits may not have made; test_gateway.py follows them every time.
 Bounded: a few examples per operation, a few steps per scenario, one seed, a few minutes at
 most on a loaded machine.
 
@@ -35,10 +37,14 @@ pytestmark = pytest.mark.slow
 
 MAX_TURN_BYTES = 64 * 1024
 EXAMPLES_PER_OPERATION = 8
-STATEFUL_STEPS = 6
+STATEFUL_STEPS = 12
 # convoq.gateway routes_turns: submit -> turn, events, cancel; turn -> decide, discard, retry.
 DECLARED_LINKS = 6
 SEED = 20261201
+NEEDS_A_TURN_OF_ITS_OWN = {
+    "/v1/conversations/{cid}/turns/{tid}/approvals/{call_id}",
+    "/v1/conversations/{cid}/turns/{tid}/retry",
+}
 # Schemathesis' own list of refusals (its default), plus 413.
 REFUSALS = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
             "5xx"]  # fmt: skip
@@ -66,6 +72,7 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
     config = tmp_path / "schemathesis.toml"
     config.write_text(
         f"[checks.negative_data_rejection]\nexpected-statuses = {REFUSALS!r}\n"
+        f"[generation]\nmax-examples = {EXAMPLES_PER_OPERATION}\n"
         f"[phases.stateful]\nmax-steps = {STATEFUL_STEPS}\n"
     )
     command = [
@@ -73,7 +80,6 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         "run", f"{gateway.url}/openapi.json",
         "--header", f"Authorization: Bearer {key_of('admin')}",
         "--checks", "all",
-        "--max-examples", str(EXAMPLES_PER_OPERATION),
         "--seed", str(SEED),
         "--workers", "1",
         "--generation-database", "none",
@@ -89,11 +95,21 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         run = subprocess.run(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
-    assert "Operations:       22 selected / 22 total" in output, output[-4000:]
-    # The stateful phase ran and followed every link the document declares (and those
-    # schemathesis infers), the decision on a real pending call among them.
-    assert "✅  Stateful" in output, output[-4000:]
+    assert "Operations:       22 selected / 22 total" in output, output[-8000:]
+    # The stateful phase ran and followed the document's links (and those schemathesis
+    # infers). Two need a turn its random submits may not have made: a decision needs one
+    # parked (agent approver) and a retry one failed (agent failer); those two links are
+    # followed every time by test_gateway.py's
+    # test_the_links_of_a_parked_and_of_a_failed_turn_lead_to_calls_that_go_through.
+    assert "✅  Stateful" in output, output[-8000:]
     links = re.search(r"API Links:\s+(\d+) covered / (\d+) selected", output)
-    assert links and links[1] == links[2] and int(links[1]) >= DECLARED_LINKS, output[-4000:]
+    assert links and int(links[2]) >= DECLARED_LINKS, output[-8000:]
+    unusable = set(
+        re.findall(
+            r"^\s+- POST (\S+)$", output.partition("not usable")[2].partition("💡")[0], re.MULTILINE
+        )
+    )
+    assert unusable <= NEEDS_A_TURN_OF_ITS_OWN, output[-8000:]
+    assert int(links[1]) >= int(links[2]) - len(unusable), output[-8000:]
     failures = output[output.find("=== FAILURES") :] if "=== FAILURES" in output else output
     assert run.returncode == 0, f"{failures[:20000]}\n--- gateway log ---\n{gateway.log_tail(20)}"
