@@ -108,6 +108,31 @@ Checkpoint = Callable[[TurnState], Awaitable[None]]
 StopCheck = Callable[[], Awaitable[bool]]
 
 
+class StreamedText:
+    """Where a model call streams its text: each delta to the turn's events, and
+    :meth:`retract` when the model retries the call after some of its text went out (a
+    stream dropped part way): a ``text_retracted`` event tells readers that the text of
+    this call so far is void, and it streams again from its start."""
+
+    def __init__(self, emit: EventSink) -> None:
+        self._emit = emit
+        # A sink that takes streamed text as it is (a worker's, which coalesces it) saves
+        # an event object per delta: a reply streams in dozens of them.
+        self._text: TextSink | None = getattr(emit, "text", None)
+        self._retractions = 0
+
+    async def __call__(self, text: str) -> None:
+        if self._text is not None:
+            await self._text(text)
+        else:
+            await self._emit(TurnEvent(type="text_delta", data={"text": text}))
+
+    async def retract(self) -> None:
+        self._retractions += 1
+        data = {"reason": "model_retry", "retry": self._retractions}
+        await self._emit(TurnEvent(type="text_retracted", data=data))
+
+
 async def ignore_event(_event: TurnEvent) -> None:
     """The event sink of a turn nobody follows."""
     return None
@@ -191,14 +216,8 @@ class TurnLoop:
             settings=self.settings, output=self.output.spec if self.output else None,
         )  # fmt: skip
 
-        async def on_delta(text: str) -> None:
-            await self.emit(TurnEvent(type="text_delta", data={"text": text}))
-
-        # A sink that takes streamed text as it is (a worker's, which coalesces it) saves
-        # an event object per delta: a reply streams in dozens of them.
-        text_sink: TextSink | None = getattr(self.emit, "text", None)
         started = time.monotonic()
-        reply = await self._guarded_ask(state, request, text_sink or on_delta)
+        reply = await self._guarded_ask(state, request, StreamedText(self.emit))
         latency_ms = round((time.monotonic() - started) * 1000)
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(

@@ -20,6 +20,7 @@ EventType = Literal[
     "resumed",
     "retried",
     "text_delta",
+    "text_retracted",
     "assistant",
     "tool_call",
     "tool_result",
@@ -43,6 +44,11 @@ class TurnEvent(BaseModel):
     approvals), ``data["attempt"]`` which attempt the run is (a resume after approvals goes
     on with the attempt that parked). Steps the earlier run finished are not repeated; a
     step it was cut off in (a ``tool_call`` without its ``tool_result``) is.
+
+    ``text_retracted`` (``{"reason": "model_retry", "retry": n}``): the model call's
+    stream dropped part way and the call is sent again; the ``text_delta`` text since that
+    call began (since the last ``assistant`` or ``tool_result``, or the turn's start) is
+    void, and streams again from its start. The final text is the ``done``'s, as always.
 
     ``assistant`` (a model call answered) carries its ``text``, the ``finish_reason``,
     ``usage`` and ``refusal`` the model reported, and from the turn loop the ``model``

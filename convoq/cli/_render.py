@@ -188,6 +188,10 @@ def print_event(event: TurnEvent) -> None:
     elif event.type == "resumed":
         shown = escape(f"{data.get('reason')} (attempt {data.get('attempt')})")
         console.print(f"\n[yellow]resumed[/yellow] {shown}")
+    elif event.type == "text_retracted":  # the model call's text starts again
+        console.print(
+            "\n[yellow]text_retracted[/yellow] (the model call is retried; its text again:)"
+        )
     elif event.type == "retried":  # a failed turn queued again, as the same turn
         console.print(f"\n[yellow]retried[/yellow] (retry {escape(str(data.get('retry')))})")
     elif event.type == "subagent_call":

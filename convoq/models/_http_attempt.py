@@ -86,7 +86,10 @@ class Attempt:
     codec: WireCodec
     params: dict[str, str] = field(default_factory=dict)
     answered: int | None = None  # the HTTP status, once the server has answered
-    delivered: bool = False
+    delivered: bool = False  # some text went out to the handler
+    # The handler can take text back (retraction_of): a call whose text went out part way
+    # may still be retried, after the model retracts it.
+    retractable: bool = False
 
     def left(self) -> float:
         """Seconds left; ModelTimeoutError once none is."""
@@ -125,11 +128,11 @@ async def run_attempt(attempt: Attempt, on_text_delta: TextDeltaHandler | None) 
             f" ({attempt.why}); raise it or check the server",
             deadline=attempt.why,
         )
-        if attempt.delivered:  # a retry would repeat text already handed out
+        if attempt.delivered and not attempt.retractable:  # a retry would repeat text
             raise error from exc
         raise RetryableError(error) from exc
     except ModelTimeoutError as exc:
-        if attempt.delivered:
+        if attempt.delivered and not attempt.retractable:
             raise
         raise RetryableError(exc) from exc
 
@@ -155,7 +158,7 @@ async def _send(attempt: Attempt, on_text_delta: TextDeltaHandler | None) -> Mes
             return await _read_stream(response, attempt, on_text_delta)
     except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
         error = _transport_error(exc, attempt)
-        if attempt.delivered:  # a retry would repeat text already handed out
+        if attempt.delivered and not attempt.retractable:  # a retry would repeat text
             raise error from exc
         raise RetryableError(error) from exc
     except httpx.HTTPError as exc:
@@ -198,7 +201,7 @@ async def _read_stream(
                 await on_text_delta(text)
         message = decoder.finish()
     except RetryableError as failure:  # "overloaded" in the stream, or the stream cut off
-        if attempt.delivered:  # a retry would repeat text already handed out
+        if attempt.delivered and not attempt.retractable:  # a retry would repeat text
             raise failure.error from failure
         raise
     if not attempt.delivered and message.text:

@@ -26,7 +26,7 @@ from convoq import defaults
 from convoq.errors import ModelError, ModelTimeoutError
 from convoq.messages import Message
 from convoq.models._http_attempt import Attempt, RetryableError, WireCodec, run_attempt
-from convoq.models.base import ModelRequest, TextDeltaHandler
+from convoq.models.base import ModelRequest, TextDeltaHandler, retraction_of
 from convoq.observe import metrics
 
 MAX_BACKOFF = 8.0
@@ -154,10 +154,12 @@ class HTTPModel:
         headers.update(self.headers)
         started = time.monotonic()
         total_end = None if self.total_timeout is None else started + self.total_timeout
+        retract = retraction_of(on_text_delta)
         attempt = 0
         while True:
+            an_attempt = self._attempt(body, headers, total_end, codec)
+            an_attempt.retractable = retract is not None
             try:
-                an_attempt = self._attempt(body, headers, total_end, codec)
                 return await run_attempt(an_attempt, on_text_delta)
             except RetryableError as failure:
                 delay = self._delay(attempt, failure.delay)
@@ -165,6 +167,8 @@ class HTTPModel:
                 if attempt >= self.max_retries or out_of_time:
                     raise failure.error from failure.__cause__
                 metrics.model_retry(self.model, metrics.error_status(failure.error))
+                if an_attempt.delivered and retract is not None:
+                    await retract()  # readers drop this call's text: it streams again
                 await asyncio.sleep(delay)
                 attempt += 1
 

@@ -19,11 +19,23 @@ __all__ = [
     "ModelSettings",
     "OutputSpec",
     "TextDeltaHandler",
+    "TextRetraction",
     "ToolChoice",
     "ToolSpec",
+    "retraction_of",
 ]
 
 TextDeltaHandler = Callable[[str], Awaitable[None]]
+TextRetraction = Callable[[], Awaitable[None]]
+
+
+def retraction_of(on_text_delta: TextDeltaHandler | None) -> TextRetraction | None:
+    """The ``retract()`` a text handler offers, if any. A model that retries a call after
+    some of its text went out (a stream dropped part way) calls it first: the text of that
+    call so far is void, and it streams again from its start. To a handler without it, a
+    model hands out no text twice: such a call ends with the error instead."""
+    retract = getattr(on_text_delta, "retract", None)
+    return retract if callable(retract) else None
 
 
 class ToolSpec(BaseModel):
@@ -59,7 +71,9 @@ class ModelRequest(BaseModel):
 
 @runtime_checkable
 class Model(Protocol):
-    """A chat model. ``on_text_delta``, when given, receives text as it streams.
+    """A chat model. ``on_text_delta``, when given, receives text as it streams (and, if
+    it has one, its ``retract()`` before a retry of a call whose text went out part way:
+    :func:`retraction_of`).
 
     A model whose API takes ``request.output`` (a JSON schema to answer in) says so with
     an attribute ``structured_output = True``; for any other model the engine puts the

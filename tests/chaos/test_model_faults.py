@@ -1,7 +1,8 @@
 """Chaos, model faults: every turn's model is a Chat Completions server over HTTP that
 fails on purpose (:class:`~tests.support.model_faults.FaultyWireServer`: 429 storms with
 ``Retry-After``, 503s, hangs past the attempt deadline, streams dropped part way, closed
-or reset) while worker processes are killed (-9) and restarted, as a supervisor would.
+or reset, before any text or after some went out) while worker processes are killed
+(-9) and restarted, as a supervisor would.
 
 No model call gets more faults than its ``max_retries``, so no turn may fail: a retry
 saves every one. One turn more is refused its final answer past its budget: it fails,
@@ -141,6 +142,12 @@ def _check(
     max_backoff = agents.RETRY_BASE_DELAY_S * 2 ** (agents.MAX_RETRIES - 1)
     promises = Promises(agents.MAX_RETRIES, agents.ATTEMPT_TIMEOUT_S, max_backoff)
     broken = promises.broken(hits, killed)
+    retracted = sum(
+        event.type == "text_retracted"
+        for hs in handles.values()
+        for handle in hs
+        for event in client.handle(handle.conversation_id, handle.turn_id).events(timeout=30)
+    )
     print(
         f"\nmodel faults: {found.turns} turns, {WORKERS} workers, {len(killed)} killed (-9);"
         f" {len(hits)} model requests in {len(calls)} calls, faults"
@@ -148,7 +155,8 @@ def _check(
         f" (budget 1 + {agents.MAX_RETRIES}); all turns final"
         f" {max(0.0, final_at - server.last_fault_at()):.1f} s after the last fault;"
         f" {found.summary()}; leftover keys {len(left)}, wedged workers {len(wedged)},"
-        f" broken retry promises {len(broken)}"
+        f" broken retry promises {len(broken)}; text streams dropped {server.text_drops},"
+        f" text retracted before a retry {retracted} times"
     )
     found.assert_held(killed)
     assert not left, left
@@ -157,3 +165,6 @@ def _check(
     # The chaos happened: every kind of fault, and calls that needed their retries.
     assert set(faults) == {*KINDS, "refused"}, faults
     assert max(calls.values()) > 1
+    # Streams dropped after their text went out were retried, their text retracted first
+    # (a drop the model call's worker did not live through is retried by a run instead).
+    assert server.text_drops < 2 or retracted > 0, (server.text_drops, retracted)

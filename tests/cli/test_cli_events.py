@@ -12,6 +12,7 @@ from convoq.turn_state import EventType, TurnEvent
 SAMPLES = {
     "status": {"status": "running"},
     "text_delta": {"text": "Hel"},
+    "text_retracted": {"reason": "model_retry", "retry": 1},
     "assistant": {"text": "Hello"},
     "tool_call": {"id": "c1", "name": "refund", "arguments": {"amount": 5}},
     "tool_result": {"name": "refund", "result": "refunded 5"},

@@ -7,8 +7,9 @@ and before answering decides whether this request fails instead. Faults are coun
 carry one ``x-chaos-call`` header (see :mod:`tests.support.model_fault_agents`). A call
 gets at most ``budget`` faults (its model's ``max_retries``), so every call a retry can
 save is saved by the retries the model is allowed: a turn that fails anyway is a bug.
-A stream is dropped only before any text went out (a drop after text is not retried by
-design: a retry would hand the text out again). A turn whose user text is in ``refuse``
+A stream of text is dropped before any text went out or after some did (every other
+drop): the model retries both, the second after it retracted the text that went out (a
+``text_retracted`` event). A turn whose user text is in ``refuse``
 gets 503 for its final answer whatever the budget: it fails, to be retried as a turn.
 
 Every request is logged as a :class:`Hit`; :func:`broken_promises` reads the log for
@@ -68,6 +69,7 @@ class FaultyWireServer(WireServer):
         self._turn = itertools.count()
         self._kinds = itertools.cycle(KINDS)
         self._hit_lock = threading.Lock()
+        self.text_drops = 0  # streams of text dropped (every other one after text went out)
         self.started = time.monotonic()
         self.refuse: set[str] = set()  # user texts whose final answers always get a 503
 
@@ -112,10 +114,14 @@ class FaultyWireServer(WireServer):
         if fault == "hang":
             answer.delay = self.plan.hang_s  # the answer comes after the client gave up
             return answer
-        # A drop before any text went out: after the role chunk, or inside a tool call's
-        # chunks (id and name, first half of the arguments).
+        # A text answer drops after the role chunk (before any text) or after its first
+        # text chunk (text went out: the model retracts it and retries), in turn; a tool
+        # call's inside its chunks (id and name, first half of the arguments).
         text = (answer.message or {}).get("content")
-        answer.cut_after = 1 if text else 1 + len(self.hits) % 3
+        with self._hit_lock:
+            self.text_drops += bool(text)
+            after_text = bool(text) and self.text_drops % 2 == 0
+        answer.cut_after = (2 if after_text else 1) if text else 1 + len(self.hits) % 3
         answer.reset = fault == "drop-reset"
         return answer
 

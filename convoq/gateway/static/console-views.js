@@ -127,7 +127,8 @@
         " ", C.status("running"), el("div", {}, said));
       C.follow(cid, running, "0", (event) => {
         if (event.type === "text_delta") said.append(String(event.data.text || ""));
-        else if (event.type === "assistant" || event.type === "tool_result") C.clear(said);
+        // A retried model call's text streams again from its start (text_retracted).
+        else if (["assistant", "tool_result", "text_retracted"].includes(event.type)) C.clear(said);
         if (event.type === "done" || event.type === "status") refresh();
       }, signal, true);
     }
