@@ -230,6 +230,15 @@ def _note(part: Any) -> AttachmentNote:
     return AttachmentNote(kind=part.type, mime_type=part.mime_type, filename=filename)
 
 
+class MCPServerHealth(BaseModel):
+    """An MCP server as one worker sees it (its heartbeat's report)."""
+
+    name: str
+    state: str = Field(description="connected, unreachable, or not started (no turn needed it yet)")
+    tools: int | None = Field(default=None, description="How many tools it lists.")
+    error: str | None = Field(default=None, description="Its last error.")
+
+
 class WorkerView(BaseModel):
     """A worker as it registered, judged now, with the turns it runs."""
 
@@ -245,6 +254,9 @@ class WorkerView(BaseModel):
     concurrency: int | None = Field(default=None, description="Its slots.")
     running: int = Field(description="Turns it runs now (slots in use).")
     started_ms: int | None = None
+    mcp: list[MCPServerHealth] = Field(
+        default_factory=list, description="The MCP servers its profiles use, by its heartbeat."
+    )
 
 
 class PartitionBacklog(BaseModel):

@@ -18,7 +18,12 @@ from fastapi import APIRouter, Depends
 
 from convoq.gateway.auth import Access, Principal
 from convoq.gateway.bodies import GatewayRoute
-from convoq.gateway.console_models import PartitionBacklog, WorkersView, WorkerView
+from convoq.gateway.console_models import (
+    MCPServerHealth,
+    PartitionBacklog,
+    WorkersView,
+    WorkerView,
+)
 from convoq.gateway.document import KEYED, errors
 from convoq.gateway.routes_turns import AppClient
 from convoq.queue.routing import partition_of, queue_name
@@ -74,7 +79,24 @@ def _worker(name: str, info: dict[str, Any], backlog: Backlog) -> WorkerView:
         concurrency=_int(info.get("concurrency")),
         running=backlog.holders.get(worker_id, 0) if worker_id else 0,
         started_ms=_int(info.get("started_ms")),
+        mcp=_mcp(info.get("mcp")),
     )
+
+
+def _mcp(report: Any) -> list[MCPServerHealth]:
+    """The MCP servers of a worker's entry (``convoq.mcp.health`` as its heartbeat wrote
+    it), by name; anything else in the entry is left out."""
+    if not isinstance(report, dict):
+        return []
+    shown = []
+    for name, entry in sorted(report.items()):
+        if isinstance(entry, dict):
+            error, tools = entry.get("error"), entry.get("tools")
+            shown.append(MCPServerHealth(
+                name=str(name), state=str(entry.get("state") or "unknown"), tools=_int(tools),
+                error=error if isinstance(error, str) else None,
+            ))  # fmt: skip
+    return shown
 
 
 def _partition(prefix: str, partition: int, backlog: Backlog) -> PartitionBacklog:

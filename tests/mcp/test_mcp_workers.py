@@ -9,11 +9,13 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from convoq import Client
 from convoq.messages import ImagePart, MessageRole
+from tests.support.gateway import running_gateway
 from tests.support.mcp_agents import asked_path, log_path
 from tests.support.mcp_server import PIXEL
 from tests.support.mcp_servers import HTTPServerProcess, pid_alive, seen
@@ -115,6 +117,27 @@ def test_an_unreachable_server_fails_the_call_and_shows_in_the_worker_entry(
 
     gone = wait_until(shown, 30, what="the worker entry to show the server unreachable")
     assert "no-such-mcp-server" in str(gone["error"])
+
+
+def test_the_console_s_workers_route_shows_each_worker_s_mcp_servers(
+    client: Client, pool: WorkerPool, tmp_path: Path
+) -> None:
+    result = client.submit(_cid(), "gone", agent="mcp").wait(30)  # 'gone' now unreachable
+    assert "cannot be reached" in result.text
+    worker_pid = int(asked_path(pool.prefix).read_text().split()[-1])
+    with running_gateway(pool, tmp_path) as gateway, gateway.client("reader") as http:
+
+        def reported() -> dict[str, Any] | None:
+            listed = http.get("/v1/workers").json()["workers"]
+            worker = next(w for w in listed if w["pid"] == worker_pid)
+            servers = {m["name"]: m for m in worker["mcp"]}
+            gone = servers.get("gone")
+            return servers if gone and gone["state"] == "unreachable" else None
+
+        servers = wait_until(reported, 30, what="the workers route to show 'gone' unreachable")
+    assert "no-such-mcp-server" in str(servers["gone"]["error"])
+    assert set(servers) >= {"gone", "t", "time"}
+    assert all(m["state"] in ("connected", "unreachable", "not started") for m in servers.values())
 
 
 def test_a_worker_calls_an_http_server_with_the_token_from_its_environment(

@@ -251,7 +251,7 @@
     const note = el("p", { className: "muted", id: "elsewhere" });
     main.append(heading("Workers"),
       el("table", { id: "workers" }, el("thead", {}, el("tr", {}, ...["Worker", "State", "Last seen",
-        "Slots in use", "Profiles", "Queues", "Worker id"].map((t) => el("th", { textContent: t })))), workers),
+        "Slots in use", "Profiles", "Queues", "Worker id", "MCP servers"].map((t) => el("th", { textContent: t })))), workers),
       el("h3", { textContent: "Backlog per partition" }), note,
       el("table", { id: "partitions" }, el("thead", {}, el("tr", {}, ...["Partition", "Queue", "Queued",
         "Running", "Parked"].map((t) => el("th", { textContent: t })))), partitions));
@@ -289,6 +289,15 @@
       el("td", { className: "slots", textContent: slots }),
       el("td", { textContent: w.agents.join(", ") }),
       el("td", { className: "mono", textContent: w.queues.join(", ") }),
-      el("td", { className: "mono", textContent: w.worker_id || "—" }));
+      el("td", { className: "mono", textContent: w.worker_id || "—" }),
+      el("td", { className: "mcp", textContent: mcpText(w.mcp) }));
+  }
+
+  // Each MCP server a worker uses: its state (connected, unreachable, not started: no turn
+  // needed it yet), how many tools it lists, its last error.
+  function mcpText(servers) {
+    if (!servers.length) return "—";
+    return servers.map((m) => m.name + ": " + m.state
+      + (m.tools === null ? "" : " (" + m.tools + " tools)") + (m.error ? " — " + m.error : "")).join("; ");
   }
 })();
