@@ -173,9 +173,8 @@ class WorkerStore(RunnerStore, SweepStore, Protocol):
     async def close(self) -> None: ...
 
 
-class ClientStore(TurnReader, Protocol):
-    """The client: submit and control turns, follow them, read conversations and the
-    deployment."""
+class KeyedStore(Protocol):
+    """Its Redis connection and the key names: for reads a role does not name."""
 
     @property
     def redis(self) -> AsyncRedis: ...
@@ -183,13 +182,10 @@ class ClientStore(TurnReader, Protocol):
     @property
     def keys(self) -> KeySchema: ...
 
-    @property
-    def acks(self) -> Acks: ...
 
-    @property
-    def queue_limits(self) -> QueueLimits: ...
-
-    async def follow_retention(self) -> None: ...
+class TurnControl(TurnReader, KeyedStore, Protocol):
+    """Queue a turn, decide its calls, cancel it: what a client does, and what a worker
+    does for the child turns of a sub-agent call."""
 
     async def submit(
         self,
@@ -204,8 +200,6 @@ class ClientStore(TurnReader, Protocol):
         kick: tuple[str, str] | None = None,
     ) -> SubmitResult: ...
 
-    async def unadmit_quietly(self, cid: str, turn_id: str) -> None: ...
-
     async def record_decision(
         self,
         cid: str,
@@ -218,11 +212,26 @@ class ClientStore(TurnReader, Protocol):
         kind: Literal["person", "child"] = "person",
     ) -> Decided: ...
 
-    async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool: ...
-
     async def cancel(
         self, cid: str, turn_id: str
     ) -> Literal["cancelled", "stopping", "finished"]: ...
+
+
+class ClientStore(TurnControl, Protocol):
+    """The client: submit and control turns, follow them, read conversations and the
+    deployment."""
+
+    @property
+    def acks(self) -> Acks: ...
+
+    @property
+    def queue_limits(self) -> QueueLimits: ...
+
+    async def follow_retention(self) -> None: ...
+
+    async def unadmit_quietly(self, cid: str, turn_id: str) -> None: ...
+
+    async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool: ...
 
     async def retry(self, cid: str, turn_id: str, *, token: str) -> Retried: ...
 

@@ -21,16 +21,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from convoq.context import RunContext
 from convoq.errors import ConfigurationError, UnknownTurnError
 from convoq.messages import Message, ToolCall
 from convoq.profile import AgentProfile
-from convoq.redis._approvals import Decided
-from convoq.redis._cluster import AsyncRedis
-from convoq.redis._records import FINAL_STATUSES, SubmitResult, TurnRecord
-from convoq.redis.keys import KeySchema
+from convoq.redis._records import FINAL_STATUSES, TurnRecord
+from convoq.redis.roles import TurnControl
 from convoq.subagents import (
     CHILD_MARK,
     OPTION,
@@ -48,43 +46,9 @@ PARKED = ("waiting", "awaiting_approval")
 """The statuses of a parked turn: waiting for child turns only, or for a person too."""
 
 
-class ChildStore(Protocol):
-    """What the sub-agent calls need of the store (the worker's turn protocol)."""
-
-    @property
-    def redis(self) -> AsyncRedis: ...
-
-    @property
-    def keys(self) -> KeySchema: ...
-
-    async def get_turn(self, cid: str, turn_id: str) -> TurnRecord: ...
-
-    async def submit(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        agent: str,
-        message: Message,
-        options: dict[str, Any],
-        idempotency_key: str | None = None,
-    ) -> SubmitResult: ...
-
-    async def record_decision(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        call_id: str,
-        approved: bool,
-        reason: str | None = None,
-        by: str | None = None,
-        kind: Literal["person", "child"] = "person",
-    ) -> Decided: ...
-
-    async def cancel(
-        self, cid: str, turn_id: str
-    ) -> Literal["cancelled", "stopping", "finished"]: ...
+class ChildStore(TurnControl, Protocol):
+    """What the sub-agent calls need of the store (the worker's turn protocol): queue a
+    child turn, decide its parent's call when it ends, cancel it with its parent."""
 
 
 def subagent_tools_of(profile: AgentProfile | None) -> dict[str, SubAgentTool]:
