@@ -107,9 +107,10 @@ BEARER = HTTPBearer(scheme_name="bearer", auto_error=False)
 class Access:
     """A route's dependency on a key with ``scope``: the caller's principal if the key is
     known, holds the scope and (for a route with ``{cid}``) reaches the conversation;
-    else 401, 422 (a path that is not UTF-8) or 403."""
+    else 401, 422 (a path that is not UTF-8) or 403. ``scope`` None: any known key (a
+    route that tells a key what it may do)."""
 
-    def __init__(self, scope: GatewayScope) -> None:
+    def __init__(self, scope: GatewayScope | None) -> None:
         self.scope = scope
 
     async def __call__(
@@ -123,7 +124,7 @@ class Access:
         ring: KeyRing = request.app.state.keys
         principal = ring.authenticate(request.headers.get("authorization"))
         check_path_encoding(request)
-        if not principal.may(self.scope):
+        if self.scope is not None and not principal.may(self.scope):
             raise GatewayError(
                 403, "Forbidden", f"this API key lacks the {self.scope!r} scope", scope=self.scope
             )

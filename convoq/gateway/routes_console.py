@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response, Security
-from fastapi.security import HTTPAuthorizationCredentials
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from convoq.client import AsyncClient
 from convoq.errors import UnknownTurnError
-from convoq.gateway.auth import BEARER, Access, KeyRing, Principal, check_path_encoding
+from convoq.gateway.auth import Access, Principal
 from convoq.gateway.bodies import GatewayRoute
 from convoq.gateway.console_models import (
     ConversationList,
@@ -47,26 +46,6 @@ ID_PREFIX = r"^[^\x00-\x1f\x7f-\x9f]{0,256}$"
 SHA256 = r"^[0-9a-f]{64}$"
 
 
-class AnyScope(Access):
-    """A known key, whatever its scopes (what the key may do is what it asks about)."""
-
-    def __init__(self) -> None:
-        super().__init__("read")
-
-    async def __call__(
-        self,
-        request: Request,
-        _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
-    ) -> Principal:
-        return self.check(request)
-
-    def check(self, request: Request) -> Principal:
-        ring: KeyRing = request.app.state.keys
-        principal = ring.authenticate(request.headers.get("authorization"))
-        check_path_encoding(request)
-        return principal
-
-
 def within(principal: Principal, asked: str) -> str | None:
     """The id prefix to look under: ``asked`` narrowed to the key's prefix, or None when
     the two exclude each other (nothing the key may reach starts with ``asked``)."""
@@ -86,7 +65,7 @@ def _store(client: AsyncClient) -> tuple[Browse, Inspect]:
     response_model=KeyInfo,
     summary="The calling API key: its name, scopes and conversation prefix (any scope)",
 )
-async def key_info(principal: Annotated[Principal, Depends(AnyScope())]) -> KeyInfo:
+async def key_info(principal: Annotated[Principal, Depends(Access(None))]) -> KeyInfo:
     """What the console shows and offers depends on it (a button for what the key may do)."""
     return KeyInfo(
         name=principal.name,
