@@ -37,6 +37,7 @@ from convoq.ids import check_conversation_id
 from convoq.messages import ToolCall
 from convoq.settings import ConvoqSettings
 from convoq.tools import Tool, ToolOutput, ToolRegistry
+from convoq.usage import Usage
 
 OPTION = "subagent"
 """The turn option that makes a turn a child: ``{"conversation_id", "turn_id", "call_id",
@@ -142,6 +143,65 @@ class ChildRef:
 
     conversation_id: str
     turn_id: str
+
+
+@dataclass(frozen=True)
+class ChildTurn:
+    """A sub-agent call's child turn as its finished parent records it: the call, the
+    sub-agent's profile, the child's ids, how it ended and its usage (its own children's
+    included)."""
+
+    call_id: str
+    agent: str
+    conversation_id: str
+    turn_id: str
+    status: str
+    usage: Usage
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ChildTurn:
+        """One entry of a turn result's ``"children"``."""
+
+        def text(name: str) -> str:
+            return str(data.get(name) or "")
+
+        return cls(
+            text("call_id"), text("agent"), text("conversation_id"), text("turn_id"),
+            text("status"), Usage.model_validate(data.get("usage") or {}),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ParentCall:
+    """The sub-agent call a child turn answers: its parent's ids, the call id and the
+    child's depth (1: the child of a turn nobody called)."""
+
+    conversation_id: str
+    turn_id: str
+    call_id: str
+    depth: int
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> ParentCall | None:
+        """The parent call of a turn with ``options``, or None when nobody called it."""
+        called = options.get(OPTION)
+        if not isinstance(called, dict):
+            return None
+        depth = called.get("depth")
+        return cls(
+            str(called.get("conversation_id") or ""), str(called.get("turn_id") or ""),
+            str(called.get("call_id") or ""), depth if isinstance(depth, int) else 1,
+        )  # fmt: skip
+
+
+def children_of_result(result: Mapping[str, Any] | None) -> list[ChildTurn]:
+    """The child turns a finished turn's result lists (none for a turn without)."""
+    raw = (result or {}).get("children")
+    return (
+        [ChildTurn.from_data(c) for c in raw if isinstance(c, dict)]
+        if isinstance(raw, list)
+        else []
+    )
 
 
 def child_ids(parent_conversation: str, parent_turn: str, call_id: str) -> ChildRef:

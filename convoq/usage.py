@@ -80,6 +80,16 @@ def turn_usage(messages: Iterable[_Counted], *, requests: int | None = None) -> 
     return total
 
 
+def children_usage(children: Iterable[Mapping[str, Any]]) -> Usage:
+    """The usage of a turn's child turns (sub-agent calls): the sum of each one's
+    ``"usage"`` (a child's own includes its children's)."""
+    return sum_usage(
+        Usage.model_validate(child["usage"])
+        for child in children
+        if isinstance(child.get("usage"), dict)
+    )
+
+
 def turn_tokens(turn: Sequence[_Counted]) -> int | None:
     """Tokens the model counted for what a stored turn added after its user message
     (assistant replies, tool calls, tool results), or None when its calls reported none.

@@ -146,3 +146,14 @@ def test_profile_names_are_refused_in_process_before_any_model_call() -> None:
 def test_bad_subagents_are_refused_when_the_agent_is_made(value: Any, match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         Agent(ScriptedModel(lambda r: "x"), subagents=[value])
+
+
+def test_in_process_a_response_s_usage_is_its_own_model_calls_only() -> None:
+    from convoq.usage import Usage
+
+    used = Usage(requests=1, prompt_tokens=7, completion_tokens=1, total_tokens=8)
+    child = Agent(ScriptedModel(lambda r: Message.assistant("ok", usage=used)), name="child")
+    parent = Agent(ScriptedModel(fan_out("child")), subagents=[child])
+    response = parent.generate("go")
+    assert response.text == "ok"
+    assert response.usage.requests == 2 and response.usage.total_tokens == 0

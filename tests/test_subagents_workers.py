@@ -197,6 +197,11 @@ def test_a_failed_child_is_a_tool_error_the_parent_model_reads(pool: WorkerPool)
     assert "the broken model fails" in result.text
     tool = [m for m in result.turn if m.role == "tool"]
     assert [m.text for m in tool] == [result.text]
+    # A failed child stored no usage: it adds none to its parent's.
+    assert [(c.agent, c.status, c.usage.requests) for c in result.children] == [
+        ("broken", "failed", 0)
+    ]
+    assert result.usage.requests == 2
 
 
 def test_cancelling_the_parent_cancels_its_children(pool: WorkerPool) -> None:
@@ -253,3 +258,36 @@ def test_a_wait_past_its_ttl_ends_the_parent_expired_and_cancels_the_child(
         ids = child_ids(handle.conversation_id, handle.turn_id, "d1")
         child = client.handle(ids.conversation_id, ids.turn_id)
         wait_until(lambda: _status(child) == "cancelled", 30, what="the child cancelled")
+
+
+def test_the_parents_usage_sums_its_childrens_and_each_conversation_counts_its_own(
+    pool: WorkerPool,
+) -> None:
+    from convoq.subagents import ParentCall
+    from convoq.usage import Usage
+
+    with pool.client() as client:
+        handle = client.submit(_cid("tally"), "count", agent="tally")
+        result = handle.wait(90)
+        assert result.text == "metered + metered", result  # relay answers with its meter's
+        # tally 101 + 220 (2 calls), relay 10 + 20 (2) with its meter 15 (1), meter 15 (1).
+        assert result.usage.total_tokens == 381 and result.usage.requests == 6
+        assert result.usage.prompt_tokens == 300 + 20 + 10 + 10
+        children = {c.call_id: c for c in result.children}
+        assert sorted(children) == ["m2", "t1"]
+        relay, meter = children["t1"], children["m2"]
+        assert (relay.agent, relay.status, relay.usage.total_tokens) == ("relay", "succeeded", 45)
+        assert (meter.agent, meter.status, meter.usage.total_tokens) == ("meter", "succeeded", 15)
+        ids = child_ids(handle.conversation_id, handle.turn_id, "t1")
+        assert (relay.conversation_id, relay.turn_id) == (ids.conversation_id, ids.turn_id)
+        # The counters: each conversation its own turns' calls, no child counted twice.
+        assert client.usage(handle.conversation_id) == Usage(
+            requests=2, prompt_tokens=300, completion_tokens=21, total_tokens=321
+        )
+        assert client.usage(relay.conversation_id).total_tokens == 30
+        assert client.usage(meter.conversation_id).total_tokens == 15
+        # A child's result names its parent call, and lists its own child.
+        child = client.handle(relay.conversation_id, relay.turn_id).result()
+        assert child.parent == ParentCall(handle.conversation_id, handle.turn_id, "t1", 1)
+        assert [c.agent for c in child.children] == ["meter"] and result.parent is None
+        assert child.usage.total_tokens == 45

@@ -25,6 +25,7 @@ from convoq.redis._base import approval_expired_error
 from convoq.redis._cluster import connection_option
 from convoq.redis._durable import until_durable
 from convoq.redis._records import DECISION_FIELD, FINAL_STATUSES, TurnRecord, TurnStatus
+from convoq.subagents import ChildTurn, ParentCall, children_of_result
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
 
@@ -73,6 +74,10 @@ class TurnResult:
         metadata: the JSON object given at submit (``{}`` if none).
         decisions: the approval decisions on the turn's tool calls, by call id: who
             decided, when, why (or that the approval expired).
+        children: when succeeded or expired, the child turns of its sub-agent calls
+            (call id, agent, child conversation and turn, status, usage); ``usage`` then
+            includes theirs.
+        parent: a child turn's parent call (conversation, turn, call id, depth), else None.
     """
 
     conversation_id: str
@@ -90,6 +95,8 @@ class TurnResult:
     metadata: dict[str, Any] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     retries: int = 0
+    children: list[ChildTurn] = field(default_factory=list)
+    parent: ParentCall | None = None
 
     @property
     def ok(self) -> bool:
@@ -129,6 +136,8 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         metadata=record.metadata,
         decisions=record.decisions,
         retries=record.retries,
+        children=children_of_result(data),
+        parent=ParentCall.of(record.options),
     )
 
 

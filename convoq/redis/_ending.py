@@ -9,7 +9,7 @@ fail then hand out the next turn in the same call (:mod:`convoq.redis._taking`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec
 
 from convoq.errors import InvalidMessageError, ProtocolError
@@ -25,7 +25,7 @@ from convoq.redis._records import Acquired, Handoff, TurnEnding
 from convoq.redis._replies import EndReply, Outcome, RunningReply
 from convoq.redis._taking import TakingMixin
 from convoq.turn_state import TurnEvent, TurnState
-from convoq.usage import turn_usage
+from convoq.usage import children_usage, turn_usage
 
 P = ParamSpec("P")
 # The final status of a turn ended by these errors (any other: "failed").
@@ -85,6 +85,7 @@ class EndingMixin(TakingMixin):
         stop_if_cancelled: bool = False,
         output: Any = None,
         expired: bool = False,
+        children: Sequence[Mapping[str, Any]] = (),
     ) -> Handoff:
         """Append the whole turn (user message first) exactly once, mark it succeeded (or,
         with ``expired``, expired: its approval ran out and its tool results say so) with
@@ -94,7 +95,10 @@ class EndingMixin(TakingMixin):
         on the way to the next one come back in :attr:`Handoff.failed` (as :meth:`take`).
         When ``ending.next_turn_id`` is the next turn, it comes back in this same round trip.
         ``output``: a turn with an output type, its validated answer (JSON), kept in the
-        result as ``"output"``.
+        result as ``"output"``. ``children``: its sub-agent calls' child turns (``{"call_id",
+        "agent", "conversation_id", "turn_id", "status", "usage"}``), kept in the result as
+        ``"children"``; the result's usage adds theirs to the turn's own, the
+        conversation's counters only the turn's own (each child's are on its conversation).
 
         Raises:
             StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
@@ -110,6 +114,7 @@ class EndingMixin(TakingMixin):
             stop_if_cancelled=stop_if_cancelled,
             output=output,
             expired=expired,
+            children=children,
         )
         reply = EndReply.parse("commit", await self.run_acked("commit", cid, keys, args))
         if reply.refusal is not None:
@@ -128,9 +133,10 @@ class EndingMixin(TakingMixin):
         stop_if_cancelled: bool = False,
         output: Any = None,
         expired: bool = False,
+        children: Sequence[Mapping[str, Any]] = (),
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
-        element, result, counters, encoded = self._stored_turn(messages, output, expired)
+        element, result, counters, encoded = self._stored_turn(messages, output, expired, children)
         following = self.next_turn_keys(cid, ending.expected_next)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
@@ -142,11 +148,16 @@ class EndingMixin(TakingMixin):
         return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]
 
     def _stored_turn(
-        self, messages: list[Message], output: Any = None, expired: bool = False
+        self,
+        messages: list[Message],
+        output: Any = None,
+        expired: bool = False,
+        children: Sequence[Mapping[str, Any]] = (),
     ) -> tuple[bytes, str, str, Encoded]:
         """The history element of a committed turn, its result JSON, the usage counters to
         add to the conversation's and its blobs. An expired turn ends with tool results,
-        not an answer: its text is empty."""
+        not an answer: its text is empty. The result's usage adds the ``children``'s; the
+        counters hold the turn's own (a child's count on its own conversation)."""
         if not messages or messages[0].role != MessageRole.USER:
             raise InvalidMessageError("a committed turn starts with its user message", rule="turn")
         encoded = Encoded()
@@ -157,9 +168,11 @@ class EndingMixin(TakingMixin):
         result: dict[str, Any] = {
             "text": "" if expired else final.text,
             "messages": [m.model_dump(mode="json") for m in messages[1:]],
-            "usage": usage.model_dump(),
+            "usage": (usage + children_usage(children)).model_dump(),
             "finish_reason": final.finish_reason,
         }
+        if children:
+            result["children"] = [dict(child) for child in children]
         if final.refusal is not None:
             result["refusal"] = final.refusal
         if output is not None:

@@ -27,7 +27,7 @@ Attributes are read-only properties here: a role reads them, never rebinds them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from convoq import defaults
@@ -145,6 +145,7 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
         stop_if_cancelled: bool = False,
         output: Any = None,
         expired: bool = False,
+        children: Sequence[Mapping[str, Any]] = (),
     ) -> Handoff: ...
 
     async def fail_and_hand_off(

@@ -28,7 +28,7 @@ from convoq.errors import ConfigurationError, UnknownTurnError
 from convoq.messages import Message, ToolCall
 from convoq.profile import AgentProfile
 from convoq.redis._records import FINAL_STATUSES, TurnRecord
-from convoq.redis.roles import TurnControl
+from convoq.redis.roles import TurnControl, TurnReader
 from convoq.subagents import (
     CHILD_MARK,
     OPTION,
@@ -38,6 +38,7 @@ from convoq.subagents import (
     result_of,
 )
 from convoq.tools import ToolOutput, ToolRegistry
+from convoq.usage import Usage
 
 log = logging.getLogger("convoq.worker")
 
@@ -101,6 +102,31 @@ class StoredChildren:
         if record.status not in FINAL_STATUSES:
             return result_of(tool.profile, record.status, None, {"message": "not finished"})
         return result_of(tool.profile, record.status, record.result, record.error)
+
+
+async def children_of(
+    store: TurnReader, profile: AgentProfile | None, cid: str, tid: str, messages: list[Message]
+) -> list[dict[str, Any]]:
+    """The child turns of a finished turn's sub-agent calls, in call order: each one's
+    call id, agent, ids, status and usage (its result's, which holds its own children's).
+    A call refused past a limit made no child and is left out; a turn that made no
+    sub-agent call costs no read."""
+    tools = subagent_tools_of(profile)
+    calls = [c for m in messages for c in m.tool_calls or () if c.name in tools]
+    found: list[dict[str, Any]] = []
+    for call in calls:
+        child = child_ids(cid, tid, call.id)
+        try:
+            record = await store.get_turn(child.conversation_id, child.turn_id)
+        except UnknownTurnError:
+            continue
+        usage = (record.result or {}).get("usage") or Usage().model_dump()
+        found.append({
+            "call_id": call.id, "agent": tools[call.name].profile,
+            "conversation_id": child.conversation_id, "turn_id": child.turn_id,
+            "status": record.status, "usage": usage,
+        })  # fmt: skip
+    return found
 
 
 def depth_of(options: Mapping[str, Any]) -> int:

@@ -56,7 +56,7 @@ from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
-from convoq.worker._subagents import subagent_tools_of
+from convoq.worker._subagents import children_of, subagent_tools_of
 from convoq.worker.profiles import Profiles
 
 CompactHook = Callable[[str, str], Awaitable[None]]
@@ -342,6 +342,10 @@ class Runner:
         try:
             # A replay of our own commit (TurnAlreadyApplied) means the turn is stored.
             turn = run.acq.turn
+            profile = self._profiles.get(turn.agent)
+            children = await children_of(
+                self._protocol, profile, turn.conversation_id, turn.turn_id, outcome.messages
+            )
             return await self._end(
                 run,
                 report,
@@ -353,6 +357,7 @@ class Runner:
                     stop_if_cancelled=True,
                     output=outcome.output.data if outcome.output else None,
                     expired=isinstance(outcome, Expired),
+                    children=children,
                 ),
                 done=report.expired if isinstance(outcome, Expired) else report.succeeded,
                 replayed=report.succeeded,

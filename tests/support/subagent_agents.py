@@ -7,7 +7,8 @@ turn, so its model can choose call ids whose child conversations fall in the par
 answers ``<name>: <input>`` after ``SUBAGENT_SLEEP_S``; ``stall`` in the input makes the
 researcher's first run hang (a test kills its worker there). Model runs are counted in the test
 Redis (``{prefix}:test:sub:{what}``), with the pid and time of each child's run.
-``recurse`` calls itself until refused; ``delegator`` calls ``broken`` (its model raises)
+``tally`` asks ``relay`` and ``meter``, ``relay`` asks ``meter``, each model call reporting
+usage. ``recurse`` calls itself until refused; ``delegator`` calls ``broken`` (its model raises)
 and ``slowpoke`` (ticks a slow tool for a long time); ``impatient`` calls ``slowpoke`` and
 waits 2 s at most; ``asks_pai`` calls the Pydantic AI profile ``pai_helper`` by name.
 """
@@ -29,6 +30,7 @@ from convoq.integrations.pydantic_ai import durable
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.queue.routing import partition_of
 from convoq.subagents import child_ids
+from convoq.usage import Usage
 from tests.support.worker_agents import test_key, test_redis
 
 SLEEP_S = float(os.environ.get("SUBAGENT_SLEEP_S", "1.5"))
@@ -167,3 +169,34 @@ def asks_pai_model(request: ModelRequest) -> Any:
 
 
 asks_pai = Agent(ScriptedModel(asks_pai_model), name="asks_pai", subagents=["pai_helper"])
+
+
+# Usage: ``tally`` (two model calls, 101 and 220 tokens) asks ``meter`` (one call, 15
+# tokens) and ``relay`` (one call, 30 tokens), which asks ``meter`` in turn.
+def _used(total: int, prompt: int) -> Usage:
+    return Usage(prompt_tokens=prompt, completion_tokens=total - prompt, total_tokens=total)
+
+
+def meter_model(request: ModelRequest) -> Any:
+    return Message.assistant("metered", usage=_used(15, 10))
+
+
+def asking(first: ToolCall, used: tuple[Usage, Usage]) -> Any:
+    def model(request: ModelRequest) -> Any:
+        results = [m.text for m in request.messages if m.role == "tool"]
+        if results:
+            return Message.assistant(" + ".join(results), usage=used[1])
+        calls = [first] if first.name == "meter" else [first, ToolCall(
+            id="m2", name="meter", arguments={"input": "count"})]  # fmt: skip
+        return Message.assistant("", calls, usage=used[0])
+
+    return model
+
+
+meter = Agent(ScriptedModel(meter_model), name="meter")
+relay = Agent(ScriptedModel(asking(ToolCall(id="r1", name="meter", arguments={"input": "count"}),
+                                   (_used(10, 8), _used(20, 12)))),
+              name="relay", subagents=[meter])  # fmt: skip
+tally = Agent(ScriptedModel(asking(ToolCall(id="t1", name="relay", arguments={"input": "count"}),
+                                   (_used(101, 100), _used(220, 200)))),
+              name="tally", subagents=[relay, meter])  # fmt: skip
