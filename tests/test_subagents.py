@@ -157,3 +157,22 @@ def test_in_process_a_response_s_usage_is_its_own_model_calls_only() -> None:
     response = parent.generate("go")
     assert response.text == "ok"
     assert response.usage.requests == 2 and response.usage.total_tokens == 0
+
+
+def test_a_callback_lists_at_most_64_children_with_their_ids_cut() -> None:
+    import json
+
+    from convoq.queue.signing import build_payload
+
+    child = {"call_id": "c" * 1000, "agent": "a", "conversation_id": "x", "turn_id": "t",
+             "status": "succeeded", "usage": {"requests": 1}, "secret": "not shown"}  # fmt: skip
+    body = build_payload(conversation_id="c", turn_id="t", status="succeeded", agent="a",
+                         text="", error=None, finished_ms=1, children=[child] * 100,
+                         parent={"conversation_id": "p", "turn_id": "q", "call_id": "r",
+                                 "depth": 2})  # fmt: skip
+    payload = json.loads(body)
+    assert len(payload["children"]) == 64
+    shown = payload["children"][0]
+    assert len(shown["call_id"]) == 256 and "secret" not in shown
+    assert shown["usage"] == {"requests": 1}
+    assert payload["parent"] == {"conversation_id": "p", "turn_id": "q", "call_id": "r", "depth": 2}

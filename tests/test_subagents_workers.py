@@ -16,14 +16,17 @@ from typing import Any
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from convoq.cli import app
 from convoq.client import Client, TurnResult
 from convoq.errors import UnknownTurnError
 from convoq.memory import RedisConversationMemory
 from convoq.queue.routing import partition_of
 from convoq.subagents import child_ids
+from tests.support.gateway import GatewayProcess, module_gateway, turns_path
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, wait_until
+from tests.support.workers import WorkerPool, wait_until, webhook_receiver
 
 AGENTS = "tests.support.subagent_agents"
 ANSWER = "critic: critic task {q} | researcher: researcher task {q} | writer: writer task {q}"
@@ -291,3 +294,40 @@ def test_the_parents_usage_sums_its_childrens_and_each_conversation_counts_its_o
         assert child.parent == ParentCall(handle.conversation_id, handle.turn_id, "t1", 1)
         assert [c.agent for c in child.children] == ["meter"] and result.parent is None
         assert child.usage.total_tokens == 45
+
+
+gateway = module_gateway()
+
+
+def test_the_family_shows_on_the_gateway_the_webhook_and_the_cli(
+    pool: WorkerPool, gateway: GatewayProcess
+) -> None:
+    cid = _cid("tree")
+    with webhook_receiver() as hooks, gateway.client() as http:
+        body = {"message": "count", "agent": "tally", "callback_url": f"{hooks.url}/t"}
+        accepted = http.post(turns_path(cid), json=body)
+        assert accepted.status_code == 202, accepted.text
+        tid = accepted.json()["turn_id"]
+        view = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 60}).json()
+        posts = wait_until(lambda: hooks.posts("/t"), 60, what="the webhook")
+        relay = child_ids(cid, tid, "t1")
+        child = http.get(f"{turns_path(relay.conversation_id)}/{relay.turn_id}").json()
+    assert view["status"] == "succeeded" and view["usage"]["total_tokens"] == 381, view
+    listed = {c["call_id"]: c for c in view["children"]}
+    assert listed["t1"] == {
+        "call_id": "t1", "agent": "relay", "conversation_id": relay.conversation_id,
+        "turn_id": relay.turn_id, "status": "succeeded", "usage": child["usage"],
+    }  # fmt: skip
+    assert listed["m2"]["usage"]["total_tokens"] == 15 and view["parent"] is None
+    assert child["parent"] == {"conversation_id": cid, "turn_id": tid, "call_id": "t1", "depth": 1}
+    payload = json.loads(posts[0][3])
+    assert payload["usage"]["total_tokens"] == 381
+    assert [(c["call_id"], c["agent"], c["status"]) for c in payload["children"]] == [
+        ("t1", "relay", "succeeded"), ("m2", "meter", "succeeded"),
+    ]  # fmt: skip
+    assert payload["children"][0]["turn_id"] == relay.turn_id and payload["parent"] is None
+    out = CliRunner().invoke(app, ["status", cid, tid], env=pool.env).output
+    assert f"child t1 relay: succeeded, 3 model calls, {relay.conversation_id}" in out, out
+    assert "usage with children: 340 prompt + 41 completion = 381 tokens" in out
+    out = CliRunner().invoke(app, ["status", relay.conversation_id, relay.turn_id], env=pool.env)
+    assert f"sub-agent call t1 of {cid} {tid}" in out.output, out.output

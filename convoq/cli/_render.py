@@ -164,6 +164,14 @@ def print_result(result: TurnResult) -> None:
     for call in result.pending_approvals:
         shown = escape(f"{call.id} {call.name}({call.arguments})")
         console.print(f"[magenta]needs approval[/magenta]: {shown}")
+    if result.parent is not None:
+        p = result.parent
+        console.print(escape(f"sub-agent call {p.call_id} of {p.conversation_id} {p.turn_id}"))
+    for child in result.children:
+        said = f"{child.call_id} {child.agent}: {child.status}, {child.usage.requests} model calls"
+        console.print(escape(f"child {said}, {child.conversation_id} {child.turn_id}"))
+    if result.children:
+        console.print(f"usage with children: {describe_usage(result.usage)}")
 
 
 def print_event(event: TurnEvent) -> None:

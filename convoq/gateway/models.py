@@ -4,12 +4,14 @@ base64)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from convoq.messages import Decision, FilePart, ImagePart, Message, ToolCall
 from convoq.redis.protocol import ParkedTurn, TurnRecord
+from convoq.subagents import ParentCall, children_of_result
 from convoq.usage import Usage
 
 
@@ -27,6 +29,26 @@ class TurnAccepted(BaseModel):
     turn_id: str
     status: str
     links: TurnLinks
+
+
+class ChildTurnView(BaseModel):
+    """A sub-agent call's child turn, as its finished parent lists it."""
+
+    call_id: str
+    agent: str
+    conversation_id: str
+    turn_id: str
+    status: str
+    usage: Usage = Field(description="Its usage, its own children's included.")
+
+
+class ParentCallView(BaseModel):
+    """The sub-agent call a child turn answers."""
+
+    conversation_id: str
+    turn_id: str
+    call_id: str
+    depth: int = Field(description="1: the child of a turn nobody called.")
 
 
 class TurnView(BaseModel):
@@ -55,6 +77,13 @@ class TurnView(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict, description="As submitted.")
     decisions: dict[str, Decision] = Field(
         default_factory=dict, description="Approval decisions by call id: who, when, why."
+    )
+    children: list[ChildTurnView] = Field(
+        default_factory=list,
+        description="Finished: the child turns of its sub-agent calls (usage includes theirs).",
+    )
+    parent: ParentCallView | None = Field(
+        default=None, description="A child turn: the sub-agent call it answers."
     )
 
     @classmethod
@@ -91,7 +120,14 @@ class TurnView(BaseModel):
             finished_ms=record.finished_ms,
             metadata=record.metadata,
             decisions=record.decisions,
+            children=[ChildTurnView(**asdict(c)) for c in children_of_result(data)],
+            parent=_parent_view(record),
         )
+
+
+def _parent_view(record: TurnRecord) -> ParentCallView | None:
+    parent = ParentCall.of(record.options)
+    return ParentCallView(**asdict(parent)) if parent is not None else None
 
 
 class DecisionResult(BaseModel):

@@ -79,11 +79,14 @@ def build_payload(
     output: Any = None,
     metadata: dict[str, Any] | None = None,
     decisions: dict[str, dict[str, Any]] | None = None,
+    children: list[Any] | None = None,
+    parent: dict[str, Any] | None = None,
 ) -> bytes:
     """The JSON body of a callback: small and bounded (long text is cut and flagged).
     ``usage``: the turn's token counts (from its result), ``finish_reason`` its final
     model call's; ``metadata`` as submitted (bounded at submit); ``decisions``: the
-    approval decisions by call id (who, when, why, or expired)."""
+    approval decisions by call id (who, when, why, or expired); ``children``: a parent's
+    child turns (call id, agent, ids, status, usage), ``parent``: a child's parent call."""
     shown = text or ""
     payload = {
         "type": "turn.finished",
@@ -100,6 +103,10 @@ def build_payload(
         **_bounded_output(output),
         "metadata": metadata or {},
         "decisions": decisions or {},
+        "children": [
+            _bounded_child(c) for c in (children or [])[:MAX_CHILDREN] if isinstance(c, dict)
+        ],
+        "parent": _bounded_child(parent) if isinstance(parent, dict) else None,
     }
     return json.dumps(payload, separators=(",", ":")).encode()
 
@@ -113,6 +120,21 @@ def _bounded_output(output: Any) -> dict[str, Any]:
     if size > MAX_TEXT_CHARS:
         return {"output": None, "output_truncated": True}
     return {"output": output, "output_truncated": False}
+
+
+MAX_CHILDREN = 64
+"""The most child turns a callback lists (a step makes at most CONVOQ_SUBAGENT_MAX_FANOUT)."""
+_CHILD_FIELDS = ("call_id", "agent", "conversation_id", "turn_id", "status")
+
+
+def _bounded_child(entry: dict[str, Any]) -> dict[str, Any]:
+    """A child turn (or a parent call) with its ids cut to 256 characters."""
+    shown: dict[str, Any] = {k: str(entry[k])[:256] for k in _CHILD_FIELDS if k in entry}
+    if "usage" in entry:
+        shown["usage"] = _bounded_usage(entry["usage"])
+    if isinstance(entry.get("depth"), int):
+        shown["depth"] = entry["depth"]
+    return shown
 
 
 def _bounded_usage(usage: dict[str, Any] | None) -> dict[str, int] | None:

@@ -138,6 +138,8 @@ def _payload(cid: str, tid: str, record: TurnRecord) -> bytes:
         output=result.get("output"),
         metadata=record.metadata,
         decisions={call: d.model_dump() for call, d in record.decisions.items()},
+        children=result.get("children"),
+        parent=record.options.get("subagent"),
     )
 
 
