@@ -330,6 +330,16 @@ def shared_message(message: Message) -> Message:
     return message
 
 
+def with_shared_field_sets(message: Message) -> Message:
+    """``message`` with its field set and its parts' shared (see ``_FIELDS_SETS``): two
+    objects less per message of one part for the garbage collector. Its lists stay its
+    own. For a message just decoded from storage, not yet handed out."""
+    for part in message.content:
+        _share_fields_set(part)
+    _share_fields_set(message)
+    return message
+
+
 def _share_fields_set(model: BaseModel) -> None:
     given = model.__pydantic_fields_set__
     key = frozenset(given)

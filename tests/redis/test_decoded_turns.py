@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from convoq.errors import InvalidMessageError
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
-from convoq.redis import TurnProtocol, _decoded
+from convoq.redis import TurnProtocol, _codec, _decoded
 from convoq.redis._decoded import DecodedTurns, estimated_size
 from convoq.redis.keys import KeySchema
 from convoq.summary import Summary
@@ -179,3 +179,29 @@ def test_the_cache_is_bounded_by_its_estimate_of_bytes() -> None:
     assert cache.lookup("a", [bytes([2]) * 200, bytes([3]) * 200]) == [messages, None]
     cache.store("b", b"z" * (3 * size), messages)  # larger than the bound: not kept
     assert cache.held("b") == 0 and cache.size <= cache.max_bytes
+
+
+async def test_a_read_past_one_decoding_chunk_keeps_order_and_shares_field_sets(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More elements than the decoder validates per call, cache off: the messages come in
+    # order, each with lists of its own, and with one field set per distinct set of given
+    # fields (two tracked objects less each), which a changed copy does not touch.
+    monkeypatch.setenv("CONVOQ_DECODED_CACHE_BYTES", "0")
+    _decoded.reset()
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    turns = 3 * _codec._CHUNK + 5
+    try:
+        await memory.aappend(CID, [m for n in range(turns) for m in turn(n)])
+        loaded = await memory.aload(CID)
+        assert loaded == [m for n in range(turns) for m in turn(n)]
+        first, later = loaded[0], loaded[-4]  # two user messages, in different chunks
+        assert first.model_fields_set is later.model_fields_set
+        assert first.content[0].model_fields_set is later.content[0].model_fields_set
+        assert first.content is not later.content and first.tool_calls is not later.tool_calls
+        changed = first.model_copy(update={"finish_reason": "stop"})
+        assert "finish_reason" in changed.model_fields_set
+        assert "finish_reason" not in later.model_fields_set
+    finally:
+        await memory.aclose()
+        _decoded.reset()
