@@ -331,3 +331,38 @@ def test_the_family_shows_on_the_gateway_the_webhook_and_the_cli(
     assert "usage with children: 340 prompt + 41 completion = 381 tokens" in out
     out = CliRunner().invoke(app, ["status", relay.conversation_id, relay.turn_id], env=pool.env)
     assert f"sub-agent call t1 of {cid} {tid}" in out.output, out.output
+
+
+def test_a_child_parked_for_approval_is_in_the_inbox_with_its_parent_which_waits(
+    pool: WorkerPool, gateway: GatewayProcess, redis_client: redis.Redis
+) -> None:
+    with pool.client() as client:
+        handle = client.submit(_cid("buy"), "buy", agent="buyer")
+        cid, tid = handle.conversation_id, handle.turn_id
+        ids, metered = child_ids(cid, tid, "b1"), child_ids(cid, tid, "b2")
+        child = client.handle(ids.conversation_id, ids.turn_id)
+        wait_until(lambda: _status(child) == "awaiting_approval", 60, what="the child parked")
+        other = client.handle(metered.conversation_id, metered.turn_id)
+        wait_until(lambda: _status(other) == "succeeded", 60, what="the other child done")
+        assert handle.status() == "waiting"  # for the child that waits for a person
+        inbox = client.awaiting_approval(conversation_prefix=cid)
+        assert [(p.record.turn_id, p.parent) for p in inbox] == [
+            (ids.turn_id, {"conversation_id": cid, "turn_id": tid, "call_id": "b1", "depth": 1})
+        ]
+        with gateway.client() as http:
+            listed = http.get("/v1/approvals").json()["turns"]
+        shown = [a for a in listed if a["turn_id"] == ids.turn_id]
+        assert [(a["parent"]["turn_id"], a["parent"]["call_id"]) for a in shown] == [(tid, "b1")]
+        assert [c.id for c in child.result().pending_approvals] == ["p"]
+        assert handle.status() == "waiting"
+        client.approve(child, "p", by="alice")
+        result = handle.wait(60)
+        assert result.text == "paid 3 + metered", result
+        assert [(c.call_id, c.status) for c in result.children] == [
+            ("b1", "succeeded"), ("b2", "succeeded"),
+        ]  # fmt: skip
+        assert child.result().decisions["p"].by == "alice"
+        resumed = [e for e in handle.events(timeout=30) if e.type == "resumed"]
+        assert len(resumed) == 1  # once, when both children had ended
+    prefix = f"{pool.prefix}:test:sub"
+    assert redis_client.llen(f"{prefix}:pay_calls:{ids.conversation_id}") == 1

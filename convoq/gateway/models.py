@@ -202,6 +202,10 @@ class Approval(BaseModel):
     decisions: dict[str, Decision] = Field(
         default_factory=dict, description="Decisions on some of its calls so far."
     )
+    parent: ParentCallView | None = Field(
+        default=None,
+        description="A child turn (a sub-agent call): the call, and the parent waiting for it.",
+    )
 
     @classmethod
     def of(cls, parked: ParkedTurn) -> Approval:
@@ -220,6 +224,7 @@ class Approval(BaseModel):
             parked_ms=parked.parked_ms,
             expires_ms=parked.expires_ms,
             decisions=record.decisions,
+            parent=_parent_view(record),
         )
 
 

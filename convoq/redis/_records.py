@@ -195,6 +195,14 @@ class ParkedTurn:
     expires_ms: int
     recent: tuple[RecentMessage, ...] = ()
 
+    @property
+    def parent(self) -> dict[str, Any] | None:
+        """A child turn's parent call, waiting for it (``{"conversation_id", "turn_id",
+        "call_id", "depth"}``, as :class:`convoq.subagents.ParentCall` reads it), else
+        None."""
+        called = self.record.options.get("subagent")
+        return dict(called) if isinstance(called, dict) else None
+
 
 @dataclass(frozen=True)
 class SubmitResult:

@@ -8,7 +8,8 @@ answers ``<name>: <input>`` after ``SUBAGENT_SLEEP_S``; ``stall`` in the input m
 researcher's first run hang (a test kills its worker there). Model runs are counted in the test
 Redis (``{prefix}:test:sub:{what}``), with the pid and time of each child's run.
 ``tally`` asks ``relay`` and ``meter``, ``relay`` asks ``meter``, each model call reporting
-usage. ``recurse`` calls itself until refused; ``delegator`` calls ``broken`` (its model raises)
+usage; ``buyer`` asks ``cautious`` (its ``pay`` needs approval) and ``meter``. ``recurse``
+calls itself until refused; ``delegator`` calls ``broken`` (its model raises)
 and ``slowpoke`` (ticks a slow tool for a long time); ``impatient`` calls ``slowpoke`` and
 waits 2 s at most; ``asks_pai`` calls the Pydantic AI profile ``pai_helper`` by name.
 """
@@ -200,3 +201,34 @@ relay = Agent(ScriptedModel(asking(ToolCall(id="r1", name="meter", arguments={"i
 tally = Agent(ScriptedModel(asking(ToolCall(id="t1", name="relay", arguments={"input": "count"}),
                                    (_used(101, 100), _used(220, 200)))),
               name="tally", subagents=[relay, meter])  # fmt: skip
+
+
+# Approval: ``buyer`` asks ``cautious`` and ``meter`` at once; ``cautious`` calls ``pay``,
+# which needs a person's approval (its child turn parks for it), then answers its result.
+@tool(requires_approval=True)
+def pay(ctx: RunContext, amount: int) -> str:
+    """Pay (needs a person's approval); counted once per idempotency key in the test Redis."""
+    r = test_redis()
+    r.rpush(test_key("sub", "pay_calls", ctx.conversation_id or ""), ctx.idempotency_key)
+    r.sadd(test_key("sub", "pay_effects", ctx.conversation_id or ""), ctx.idempotency_key)
+    return f"paid {amount}"
+
+
+def cautious_model(request: ModelRequest) -> Any:
+    results = [m.text for m in request.messages if m.role == "tool"]
+    if results:
+        return results[0]
+    return Message.assistant("", [ToolCall(id="p", name="pay", arguments={"amount": 3})])
+
+
+def buyer_model(request: ModelRequest) -> Any:
+    results = [m.text for m in request.messages if m.role == "tool"]
+    if results:
+        return " + ".join(results)
+    calls = [ToolCall(id="b1", name="cautious", arguments={"input": "buy"}),
+             ToolCall(id="b2", name="meter", arguments={"input": "count"})]  # fmt: skip
+    return Message.assistant("", calls)
+
+
+cautious = Agent(ScriptedModel(cautious_model), name="cautious", tools=[pay])
+buyer = Agent(ScriptedModel(buyer_model), name="buyer", subagents=[cautious, meter])
