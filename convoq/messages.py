@@ -303,6 +303,7 @@ _DICT_FIELDS = ("arguments", "provider_options")
 # share one per distinct set (pydantic copies it before it changes one), which leaves the
 # garbage collector two objects less to walk per kept message. A handful of sets in all.
 _FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+_LAST_FIELDS_SET: dict[type[BaseModel], set[str]] = {}
 
 
 def shared_message(message: Message) -> Message:
@@ -342,10 +343,15 @@ def with_shared_field_sets(message: Message) -> Message:
 
 def _share_fields_set(model: BaseModel) -> None:
     given = model.__pydantic_fields_set__
-    key = frozenset(given)
-    shared = _FIELDS_SETS.get(key)
-    if shared is None:
-        shared = _FIELDS_SETS.setdefault(key, given)
+    # Most models of a kind were given the same fields as the one before: comparing with
+    # its set is cheaper than hashing a frozenset per model.
+    shared = _LAST_FIELDS_SET.get(model.__class__)
+    if shared is None or shared != given:
+        key = frozenset(given)
+        shared = _FIELDS_SETS.get(key)
+        if shared is None:
+            shared = _FIELDS_SETS.setdefault(key, given)
+        _LAST_FIELDS_SET[model.__class__] = shared
     object.__setattr__(model, "__pydantic_fields_set__", shared)
 
 
