@@ -2,7 +2,7 @@
 never switches it off): decoding each time, the turns a process keeps decoded, and
 ``gc.freeze()`` as a worker does at start.
 
-A whole-history load of 10,000 turns decodes to some 140,000 tracked objects; each burst
+A whole-history load of 10,000 turns decodes to some 100,000 tracked objects; each burst
 of allocations triggers collections, and a full collection walks every tracked object of
 the process: in a worker, Celery's, kombu's and convoq's own by the hundred thousand. For
 a process as bare as the benchmark's and for one holding a worker's heap (the worker app

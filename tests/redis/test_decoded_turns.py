@@ -7,13 +7,17 @@ conversation on clear, delete, prune, pop and a new summary, and off with
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 from collections.abc import AsyncIterator
+from enum import Enum
+from types import ModuleType
 
 import pytest
 from pydantic import ValidationError
 
 from convoq.errors import InvalidMessageError
+from convoq.limits import Limits
 from convoq.memory.redis import RedisConversationMemory
 from convoq.messages import ImagePart, Message, TextPart, ToolCall
 from convoq.redis import TurnProtocol, _codec, _decoded
@@ -205,3 +209,35 @@ async def test_a_read_past_one_decoding_chunk_keeps_order_and_shares_field_sets(
     finally:
         await memory.aclose()
         _decoded.reset()
+
+
+def test_a_decoded_message_of_one_text_part_holds_five_tracked_objects() -> None:
+    # The message, its __dict__, its content and tool_calls lists, its text part: the
+    # field sets are shared, with the cache or without one (seven before).
+    enc = _codec.Encoded()
+    limits = Limits()
+    elements = [
+        _codec.encode_element([Message.user(f"q {n}"), Message.assistant(f"a {n}")], limits, enc)
+        for n in range(2 * _codec._CHUNK + 1)
+    ]
+    for cache in (None, DecodedTurns(max_bytes=10**8)):
+        loaded = _codec.plain_messages([], elements, starts_only=False, cache=cache, owner="o")
+        assert loaded is not None and len(loaded) == 2 * len(elements)
+        seen: set[int] = set()
+        for message in loaded:
+            _tracked(message, seen)
+        # Beside those, two field sets in all (the messages', the parts'); kept, the
+        # messages share one empty tool_calls list too.
+        own = 5 if cache is None else 4
+        assert len(seen) == own * len(loaded) + 2 + (cache is not None)
+
+
+def _tracked(value: object, seen: set[int]) -> None:
+    """Every tracked object reachable from ``value`` but classes and modules, into seen."""
+    if id(value) in seen or not gc.is_tracked(value) or isinstance(value, type | ModuleType):
+        return
+    if isinstance(value, Enum):
+        return  # module-level constants, not made by a decode
+    seen.add(id(value))
+    for referent in gc.get_referents(value):
+        _tracked(referent, seen)
