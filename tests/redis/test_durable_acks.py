@@ -238,7 +238,9 @@ async def test_an_in_process_agent_on_the_redis_memory_waits_for_replicas(
     """The memory builds its protocol from every resolved setting, as client and worker
     do: CONVOQ_MIN_REPLICAS_ACKED holds for an in-process Agent's turns too."""
     monkeypatch.setenv("CONVOQ_MIN_REPLICAS_ACKED", "2")  # the pair has one replica
-    monkeypatch.setenv("CONVOQ_REPLICA_ACK_TIMEOUT_MS", "50")
+    # Long enough for the one replica to confirm on a loaded machine (the WAIT for two
+    # always lasts it out): the error then says 1 of 2, not 0 of 2.
+    monkeypatch.setenv("CONVOQ_REPLICA_ACK_TIMEOUT_MS", "1000")
     memory = RedisConversationMemory(pair.primary.url, prefix=key_prefix)
     agent = Agent(RecordingModel(), memory=memory)
     try:
