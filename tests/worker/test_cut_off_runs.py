@@ -94,5 +94,8 @@ def test_a_link_cut_at_every_run_does_not_fail_the_turn(
     runs, cut_offs = (int(v) for v in r.hmget(turn, ["runs", "cut_offs"]))
     assert (runs, cut_offs) == (1, CUTS)  # only the last run counts against the budget
     reasons = [e.data["reason"] for e in events if e.type == "resumed"]
+    # Each takeover says worker_cut_off when the report landed before the next run began,
+    # worker_lost when that run was first (the sweeper's kick and the worker's report race;
+    # which one wins does not change the counts above). tests/redis/test_cut_offs.py
+    # checks the reason of a report that lands first.
     assert len(reasons) == CUTS and set(reasons) <= {"worker_cut_off", "worker_lost"}
-    assert "worker_cut_off" in reasons
