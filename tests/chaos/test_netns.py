@@ -98,8 +98,10 @@ def test_what_a_killed_run_left_is_swept_by_the_next() -> None:
         tag = run.stdout.readline().strip()
         assert tag, "the run did not set up its lab"
         ghost = Lab(ip, tag=tag)
-        inside = subprocess.run([ip, "netns", "pids", f"cq{tag}-left"], capture_output=True,
-                                text=True).stdout.split()  # fmt: skip
+        # `ip netns exec` enters the namespace a moment after the run printed its tag.
+        deadline = time.monotonic() + 10
+        while not (inside := _pids_in(ip, f"cq{tag}-left")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(inside) == 1 and ghost.leftovers()
     finally:
         run.kill()
@@ -111,6 +113,11 @@ def test_what_a_killed_run_left_is_swept_by_the_next() -> None:
     assert not ghost.leftovers()
     # The process left inside was killed (by pid): gone, or a zombie until init reaps it.
     assert _ends(int(inside[0]), 10)
+
+
+def _pids_in(ip: str, namespace: str) -> list[str]:
+    listed = subprocess.run([ip, "netns", "pids", namespace], capture_output=True, text=True)
+    return listed.stdout.split()
 
 
 def _ends(pid: int, within: float) -> bool:
