@@ -33,7 +33,7 @@ from convoq.errors import (
     TurnCancelledError,
 )
 from convoq.guardrails import InputGuardrail, OutputGuardrail, beside, check_all
-from convoq.messages import Message, MessageRole, ToolCall
+from convoq.messages import MAX_MODEL_NAME, Message, MessageRole, ToolCall
 from convoq.model_settings import ModelSettings
 from convoq.models.base import Model, ModelRequest
 from convoq.observe import metrics, tracing
@@ -217,7 +217,9 @@ class TurnLoop:
         )  # fmt: skip
 
         started = time.monotonic()
-        reply = await self._guarded_ask(state, request, StreamedText(self.emit))
+        reply = _named(
+            await self._guarded_ask(state, request, StreamedText(self.emit)), self.model.name
+        )
         latency_ms = round((time.monotonic() - started) * 1000)
         if self.fail_on_length and reply.finish_reason == "length":
             raise TruncatedAnswerError(
@@ -467,6 +469,14 @@ def _token_counts(usage: Usage) -> dict[str, int]:
         "cached": usage.cached_tokens,
         "reasoning": usage.reasoning_tokens,
     }
+
+
+def _named(reply: Message, model: str) -> Message:
+    """The reply with the name of the model that gave it (stored with it: per-model usage
+    and what a price table prices), unless the model named itself."""
+    if reply.model is not None:
+        return reply
+    return reply.model_copy(update={"model": model[:MAX_MODEL_NAME]})
 
 
 def _assistant_data(reply: Message, model: str, latency_ms: int) -> dict[str, Any]:

@@ -100,10 +100,13 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+MAX_MODEL_NAME = 200
+"""The longest model name a message keeps (a per-model counter names it)."""
+
 # Set only on assistant messages a model produced (and, for decision, on the tool result
 # of a call that waited for approval); left out of the JSON when unset, so messages
 # without them are stored exactly as before these fields existed.
-_MODEL_FIELDS = ("refusal", "usage", "finish_reason", "decision", "framework")
+_MODEL_FIELDS = ("refusal", "usage", "finish_reason", "model", "decision", "framework")
 
 
 class Decision(BaseModel):
@@ -124,8 +127,10 @@ class Message(BaseModel):
 
     On an assistant message from a model call: ``refusal`` is the model's refusal text
     (the API's ``refusal`` field; ``content`` is then usually empty), ``usage`` the tokens
-    that call reported and ``finish_reason`` why it stopped (``"stop"``, ``"length"``,
-    ``"tool_calls"``, ``"content_filter"``...); each None when not reported.
+    that call reported, ``finish_reason`` why it stopped (``"stop"``, ``"length"``,
+    ``"tool_calls"``, ``"content_filter"``...) and ``model`` the name of the model that
+    answered (as the agent names it: what a price table prices); each None when not
+    reported, and then not stored.
     ``framework``: what another framework's integration (:mod:`convoq.integrations`)
     keeps of the message beyond convoq's fields, as JSON by framework name (its own record
     of the message, without the attachment bytes the parts hold); no model wire sends it.
@@ -143,6 +148,7 @@ class Message(BaseModel):
     refusal: str | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
+    model: str | None = Field(default=None, max_length=MAX_MODEL_NAME)
     decision: Decision | None = None
     # What another agent framework says of this message beyond convoq's fields (JSON, by
     # framework name), kept by the integration that wrote it to rebuild its own form;
@@ -197,11 +203,12 @@ class Message(BaseModel):
         refusal: str | None = None,
         usage: Usage | None = None,
         finish_reason: str | None = None,
+        model: str | None = None,
     ) -> Message:
         content: list[TextPart | ImagePart | FilePart] = [TextPart(text=text)] if text else []
         return cls(
             role=MessageRole.ASSISTANT, content=content, tool_calls=tool_calls or [],
-            refusal=refusal, usage=usage, finish_reason=finish_reason,
+            refusal=refusal, usage=usage, finish_reason=finish_reason, model=model,
         )  # fmt: skip
 
     @classmethod

@@ -246,6 +246,12 @@ class ConvoqSettings(BaseSettings):
         ' ["submit", "read"], "conversation_prefix": "tenant-a:"}]. No keys: every'
         " request is refused.",
     )
+    model_prices: dict[str, Any] = Field(
+        default_factory=dict,
+        description='US dollars per million tokens by model name, as JSON: {"gpt-4o":'
+        ' {"input": 2.5, "output": 10, "cached_input": 1.25}, "claude-*": {...}} (a'
+        " trailing * prices a prefix). The console shows costs from it. Unset: tokens only.",
+    )
     gateway_host: str = Field(default="127.0.0.1", description="`convoq gateway` listens here.")
     gateway_port: int = Field(default=8000, ge=1, le=65535)
     flower_port: int = Field(default=5555, ge=1, le=65535)

@@ -57,8 +57,19 @@ class _Counted(Protocol):
     def usage(self) -> Usage | None: ...
 
 
+class _Named(_Counted, Protocol):
+    """A message that may name the model that wrote it."""
+
+    @property
+    def model(self) -> str | None: ...
+
+
 COUNTER_FIELDS: dict[str, str] = {name: f"usage_{name}" for name in FIELDS}
 """Usage field -> the Redis meta hash field that sums it over a conversation's turns."""
+
+MODEL_COUNTER_PREFIX = "model_usage:"
+"""Per model, the meta hash sums each usage field in ``model_usage:{model}:{field}`` (a
+model name may hold colons; the field is what follows the last one)."""
 
 
 def sum_usage(usages: Iterable[Usage | None]) -> Usage:
@@ -120,3 +131,41 @@ def counters_to_usage(values: Mapping[str, Any]) -> Usage:
         except (TypeError, ValueError):
             out[name] = 0
     return Usage(**out)
+
+
+def usage_by_model(messages: Iterable[_Named]) -> dict[str, Usage]:
+    """Model name -> the usage of its calls among ``messages`` (each assistant message
+    that names its model and reported usage; the others count nowhere here)."""
+    found: dict[str, Usage] = {}
+    for message in messages:
+        if message.model is not None and message.usage is not None:
+            found[message.model] = found.get(message.model, Usage()) + message.usage
+    return found
+
+
+def model_counters(by_model: Mapping[str, Usage]) -> dict[str, int]:
+    """The meta hash counters that add ``by_model`` (only the fields above zero)."""
+    out: dict[str, int] = {}
+    for model, usage in by_model.items():
+        for name, count in usage.model_dump().items():
+            if count:
+                out[f"{MODEL_COUNTER_PREFIX}{model}:{name}"] = count
+    return out
+
+
+def counters_by_model(values: Mapping[Any, Any]) -> dict[str, Usage]:
+    """Model name -> :class:`Usage` from a meta hash's per-model counters (other fields,
+    and values that are no count, are left out)."""
+    raw: dict[str, dict[str, int]] = {}
+    for key, value in values.items():
+        field = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+        if not field.startswith(MODEL_COUNTER_PREFIX):
+            continue
+        model, _, name = field[len(MODEL_COUNTER_PREFIX) :].rpartition(":")
+        try:
+            count = int(value)
+        except (TypeError, ValueError):
+            continue
+        if model and name in FIELDS and count > 0:
+            raw.setdefault(model, {})[name] = count
+    return {model: Usage(**fields) for model, fields in sorted(raw.items())}

@@ -18,7 +18,7 @@ from convoq.memory import FileConversationMemory, RedisConversationMemory
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
 from convoq.redis.keys import KeySchema
-from convoq.usage import Usage, turn_tokens
+from convoq.usage import Usage, counters_by_model, turn_tokens
 from tests.support.worker_agents import ANSWER_USAGE, TOOL_CALL_USAGE, lookup, metered_fn
 from tests.support.workers import WorkerPool, module_pool
 
@@ -109,6 +109,30 @@ async def test_redis_elements_carry_the_turns_token_count(
         await memory.aclose()
 
 
+async def test_each_answer_names_its_model_and_the_conversation_sums_usage_per_model(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    first = Agent(ScriptedModel(metered_fn, name="model-a"), memory=memory, tools=[lookup])
+    second = Agent(ScriptedModel(metered_fn, name="vendor:model-b"), memory=memory, tools=[lookup])
+    try:
+        await first.agenerate("one", conversation_id="c")
+        await second.agenerate("two", conversation_id="c")
+        await second.agenerate("three", conversation_id="c")
+        stored = await memory.aload("c")
+        answers = [m.model for m in stored if m.role == MessageRole.ASSISTANT]
+        assert answers == ["model-a"] * 2 + ["vendor:model-b"] * 4
+        assert all(m.model is None for m in stored if m.role != MessageRole.ASSISTANT)
+        meta = redis_client.hgetall(KeySchema(key_prefix).meta("c"))
+        # A model name with a colon in it keeps it: the field is what follows the last one.
+        assert counters_by_model(meta) == {
+            "model-a": TURN_USAGE,
+            "vendor:model-b": TURN_USAGE + TURN_USAGE,
+        }
+    finally:
+        await memory.aclose()
+
+
 # -- through workers ----------------------------------------------------------------------
 
 
@@ -145,6 +169,12 @@ def test_conversation_usage_sums_its_turns(client: Client) -> None:
         client.submit(cid, text, agent="metered").wait(timeout=30)
     client.submit(cid, "three", agent="echo").wait(timeout=30)  # reports no usage
     assert client.usage(cid) == TURN_USAGE + TURN_USAGE + Usage(requests=1)
+    r = redis.Redis.from_url(client.redis_url)
+    try:  # a worker's commit sums per model too (a model reporting nothing counts nowhere)
+        meta = r.hgetall(KeySchema(client.async_client.settings.prefix).meta(cid))
+        assert counters_by_model(meta) == {"scripted": TURN_USAGE + TURN_USAGE}
+    finally:
+        r.close()
 
 
 async def test_async_client_usage(pool: WorkerPool) -> None:

@@ -37,6 +37,7 @@ from convoq.gateway.inputs import TurnRequest
 from convoq.gateway.limits import BodyLimit, max_body_bytes
 from convoq.gateway.models import Health
 from convoq.observe import metrics
+from convoq.pricing import PriceTable
 from convoq.settings import ConvoqSettings
 
 READY_TIMEOUT_S = 3.0
@@ -50,6 +51,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
         ConfigurationError: invalid settings.
     """
     s = settings or ConvoqSettings.resolve(**overrides)
+    prices = PriceTable.parse(s.model_prices)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +77,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
     app.router.route_class = GatewayRoute
     app.state.keys = KeyRing(s.gateway_api_keys)
     app.state.settings = s
+    app.state.prices = prices
     problems.install(app)
     app.include_router(routes_turns.router)
     app.include_router(routes_conversations.router)

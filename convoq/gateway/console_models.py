@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from convoq.gateway.timeline import Step
 from convoq.messages import Decision, ToolCall
 from convoq.observe import tracing
+from convoq.pricing import Cost
 from convoq.redis._inspect import Lease, TurnBrief
 from convoq.redis._records import TurnRecord
 from convoq.usage import Usage
@@ -91,6 +92,12 @@ class ConversationView(BaseModel):
     stored_bytes: int
     stored_elements: int = Field(description="Elements in its history list (transcript paging).")
     usage: Usage
+    usage_by_model: dict[str, Usage] = Field(
+        default_factory=dict, description="The usage of each model that answered."
+    )
+    cost: Cost | None = Field(
+        default=None, description="What that usage cost (CONVOQ_MODEL_PRICES; unset: null)."
+    )
     summary: SummaryView | None = None
     inbox: list[TurnRow] = Field(description="Its inbox, head first: the head runs or is parked.")
     inbox_length: int
@@ -175,6 +182,10 @@ class TurnDetail(BaseModel):
     )
     text: str = Field(default="", description="The answer, once it succeeded.")
     usage: Usage = Field(default_factory=Usage)
+    cost: Cost | None = Field(
+        default=None,
+        description="What its model calls cost (CONVOQ_MODEL_PRICES; unset: null).",
+    )
     error: dict[str, Any] | None = None
     attempts: int = 0
     retries: int = 0

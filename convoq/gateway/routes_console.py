@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from convoq.client import AsyncClient
 from convoq.errors import UnknownTurnError
@@ -34,7 +34,8 @@ from convoq.gateway.document import KEYED, errors
 from convoq.gateway.inputs import NOT_NULL, TURN_ID, Cid, Tid
 from convoq.gateway.problems import GatewayError
 from convoq.gateway.routes_turns import AppClient
-from convoq.gateway.timeline import timeline
+from convoq.gateway.timeline import priced, timeline
+from convoq.pricing import PriceTable
 from convoq.redis._browse import Browse
 from convoq.redis._inspect import Glance, Inspect, TurnBrief
 from convoq.redis._transcript import Transcript as StoredTranscript
@@ -53,6 +54,15 @@ def within(principal: Principal, asked: str) -> str | None:
     if asked.startswith(own):
         return asked
     return own if own.startswith(asked) else None
+
+
+def prices_of(request: Request) -> PriceTable:
+    """The deployment's price table (``CONVOQ_MODEL_PRICES``; empty: tokens only)."""
+    prices: PriceTable = request.app.state.prices
+    return prices
+
+
+Prices = Annotated[PriceTable, Depends(prices_of)]
 
 
 def _store(client: AsyncClient) -> tuple[Browse, Inspect]:
@@ -127,7 +137,7 @@ def _row(cid: str, seen: Glance, brief: TurnBrief | None) -> ConversationRow:
     response_model=ConversationView,
     summary="A conversation now: stored turns, usage, summary, inbox, lease (scope: read)",
 )
-async def conversation(cid: Cid, client: AppClient, _: Reader) -> ConversationView:
+async def conversation(cid: Cid, client: AppClient, prices: Prices, _: Reader) -> ConversationView:
     """What the conversation's keys hold now (all zero for one that holds nothing)."""
     inspect = _store(client)[1]
     seen = await inspect.overview(cid)
@@ -143,6 +153,8 @@ async def conversation(cid: Cid, client: AppClient, _: Reader) -> ConversationVi
         stored_bytes=seen.stored_bytes,
         stored_elements=seen.stored_elements,
         usage=seen.usage,
+        usage_by_model=seen.usage_by_model,
+        cost=prices.cost(seen.usage_by_model) if prices else None,
         summary=summary,
         inbox=[TurnRow.of(b) for b in inbox],
         inbox_length=seen.inbox_length,
@@ -248,7 +260,9 @@ async def turns(
     summary="A turn's steps: model calls, tool calls, approvals, takeovers (scope: read)",
     responses=errors(404),
 )
-async def turn_timeline(cid: Cid, tid: Tid, client: AppClient, _: Reader) -> TurnDetail:
+async def turn_timeline(
+    cid: Cid, tid: Tid, client: AppClient, prices: Prices, _: Reader
+) -> TurnDetail:
     """The turn's record in brief and its steps, read from its events (see the console's
     docs for what each step carries); ``last_event_id``: follow the turn's events after it."""
     inspect = _store(client)[1]
@@ -260,7 +274,9 @@ async def turn_timeline(cid: Cid, tid: Tid, client: AppClient, _: Reader) -> Tur
             turn_id=tid,
         )
     last = whole.events[-1][0] if whole.events else "0"
-    detail = TurnDetail.of(whole.record, timeline(whole), last)
+    steps = timeline(whole)
+    detail = TurnDetail.of(whole.record, steps, last)
+    detail.cost = priced(steps, prices)
     lease = whole.lease
     if lease is not None and lease.state == "active" and whole.inbox_head == tid:
         detail.running_on = lease.holder

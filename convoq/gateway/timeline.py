@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from convoq.context import idempotency_key
 from convoq.messages import Decision, MessageRole
+from convoq.pricing import Cost, PriceTable
 from convoq.redis._inspect import TurnWhole
 from convoq.turn_state import TurnEvent
 from convoq.usage import Usage
@@ -71,6 +72,7 @@ class ModelCallStep(_Step):
     settings: dict[str, Any] | None = Field(default=None, description="As the turn asked.")
     finish_reason: str | None = None
     usage: Usage | None = None
+    cost_usd: float | None = Field(default=None, description="At CONVOQ_MODEL_PRICES.")
     text: str = ""
     refusal: str | None = None
     worker: str | None = None
@@ -283,3 +285,17 @@ def timeline(whole: TurnWhole) -> list[Step]:
     for event_id, event in whole.events:
         builder.add(event_id, event)
     return builder.finish()
+
+
+def priced(steps: list[Step], prices: PriceTable) -> Cost | None:
+    """Set each model call's ``cost_usd`` at ``prices`` and answer the turn's cost by
+    model (None without a price table: tokens only)."""
+    if not prices:
+        return None
+    by_model: dict[str, Usage] = {}
+    for step in steps:
+        if isinstance(step, ModelCallStep) and step.model and step.usage is not None:
+            price = prices.price_of(step.model)
+            step.cost_usd = price.cost(step.usage) if price is not None else None
+            by_model[step.model] = by_model.get(step.model, Usage()) + step.usage
+    return prices.cost(by_model)

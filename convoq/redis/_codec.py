@@ -60,7 +60,14 @@ from convoq.messages import (
 )
 from convoq.redis._decoded import DecodedTurns, Turn
 from convoq.tokens import DEFAULT_COUNTER
-from convoq.usage import COUNTER_FIELDS, Usage, turn_tokens, turn_usage
+from convoq.usage import (
+    COUNTER_FIELDS,
+    Usage,
+    model_counters,
+    turn_tokens,
+    turn_usage,
+    usage_by_model,
+)
 
 FORMAT_VERSION = 2
 _STARTS, _CONTINUES = b"T", b"C"
@@ -140,10 +147,13 @@ def usage_of(messages: list[Message]) -> Usage:
     return turn_usage(messages, requests=calls)
 
 
-def counters_arg(usage: Usage) -> str:
-    """The usage counters a script adds to the meta hash: ``{field: count}`` JSON."""
+def counters_arg(usage: Usage, messages: Sequence[Message] = ()) -> str:
+    """The usage counters a script adds to the meta hash: ``{field: count}`` JSON, the
+    conversation's sums and, per model that ``messages`` name, that model's."""
     dumped = usage.model_dump()
-    return json.dumps({COUNTER_FIELDS[name]: n for name, n in dumped.items() if n})
+    counters = {COUNTER_FIELDS[name]: n for name, n in dumped.items() if n}
+    counters.update(model_counters(usage_by_model(messages)))
+    return json.dumps(counters)
 
 
 def check_turn_size(encoded: Encoded, limits: Limits) -> None:

@@ -177,7 +177,7 @@ class EndingMixin(TakingMixin):
             result["refusal"] = final.refusal
         if output is not None:
             result["output"] = output
-        return element, self.json_arg(result, "result"), counters_arg(usage), encoded
+        return element, self.json_arg(result, "result"), counters_arg(usage, messages[1:]), encoded
 
     async def fail_and_hand_off(
         self, cid: str, turn_id: str, error: dict[str, Any], ending: TurnEnding

@@ -271,7 +271,7 @@ def append_steps(
         turns = turns[1:]
     elements = [encode_element(turn, limits, encoded) for turn in turns]
     check_turn_size(encoded, limits)
-    counters = counters_arg(usage_of(messages))
+    counters = counters_arg(usage_of(messages), messages)
     applied = keys.applied(cid, append_id or secrets.token_hex(16))
     args: list[Any] = [APPEND_ID_TTL_MS, "" if fence is None else fence, lead_element, orphan]
     args += [counters, len(elements), *elements, *encoded.blob_args()]

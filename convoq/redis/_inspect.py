@@ -20,7 +20,7 @@ from convoq.redis._events import read_entries
 from convoq.redis._records import TurnRecord, decode_record
 from convoq.redis.keys import KeySchema
 from convoq.turn_state import TurnEvent, TurnState
-from convoq.usage import COUNTER_FIELDS, Usage, counters_to_usage
+from convoq.usage import COUNTER_FIELDS, Usage, counters_by_model, counters_to_usage
 
 INBOX_SHOWN = 100
 """Queued turn ids an overview lists (the inbox's length is always given)."""
@@ -66,6 +66,7 @@ class Overview:
     stored_bytes: int
     stored_elements: int
     usage: Usage
+    usage_by_model: dict[str, Usage]
     summary: str | None
     summary_watermark: int | None
     inbox: list[str]
@@ -144,6 +145,7 @@ class Inspect:
             stored_bytes=_int(meta.get(b"bytes")) or 0,
             stored_elements=int(elements),
             usage=counters_to_usage(counters),
+            usage_by_model=counters_by_model(meta),
             summary=text(summary) if summary is not None else None,
             summary_watermark=_int(watermark),
             inbox=[text(t) for t in inbox],

@@ -8,6 +8,7 @@ only its prefix on every one of them."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ from tests.support.workers import WorkerPool, module_pool, wait_until
 pytestmark = pytest.mark.slow
 
 pool = module_pool(2, **console_scene.POOL_SETTINGS)
-gateway = module_gateway()
+# The scripted model's price, US dollars per million tokens (what the cost rows use).
+PRICES = {"scripted": {"input": 2.0, "output": 8.0, "cached_input": 1.0}}
+gateway = module_gateway(MODEL_PRICES=json.dumps(PRICES))
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,14 @@ def admin(gateway: GatewayProcess) -> Iterator[httpx.Client]:
 
 def _c(cid: str) -> str:
     return f"/v1/conversations/{quote(cid, safe='')}"
+
+
+def _usd(usage: dict[str, int]) -> float:
+    """What ``usage`` costs at the scripted model's PRICES (cached prompt tokens cheaper)."""
+    price = PRICES["scripted"]
+    cached = usage["cached_tokens"]
+    spent = (usage["prompt_tokens"] - cached) * price["input"] + cached * price["cached_input"]
+    return (spent + usage["completion_tokens"] * price["output"]) / 1e6
 
 
 def _get(http: httpx.Client, path: str, **params: Any) -> Any:
@@ -104,6 +115,11 @@ def test_a_conversation_overview_has_its_summary_usage_inbox_and_lease(
     assert parked["inbox"][0]["status"] == "awaiting_approval"
     assert parked["usage"]["requests"] == 1  # the stored turn's answer (ANSWER_USAGE)
     assert parked["usage"]["total_tokens"] == 69
+    # Every answer came from the scripted model: its usage is all of it, priced.
+    assert parked["usage_by_model"] == {"scripted": parked["usage"]}
+    assert parked["cost"] == {"usd": pytest.approx(_usd(parked["usage"])),
+                              "by_model": {"scripted": pytest.approx(_usd(parked["usage"]))},
+                              "unpriced": []}  # fmt: skip
     empty = _get(admin, _c(f"console-nothing-{uuid.uuid4().hex[:6]}"))
     assert (empty["stored_turns"], empty["inbox"], empty["lease"]) == (0, [], None)
 
@@ -189,6 +205,11 @@ def test_a_takeover_shows_in_the_timeline_with_the_rerun_and_its_key(
     assert second_call["worker"] == tool["worker"]
     assert second_call["text"] == "done: stepped the long step"
     assert detail["status"] == "succeeded" and detail["attempts"] == 2
+    # Each call priced at the scripted model's price; the turn's cost is their sum.
+    each = _usd(first_call["usage"])
+    assert each == pytest.approx((12 * 2.0 + 3 * 8.0) / 1e6)
+    assert first_call["cost_usd"] == pytest.approx(each) == second_call["cost_usd"]
+    assert detail["cost"]["usd"] == pytest.approx(2 * each)
 
 
 def test_a_failed_turn_shows_its_error(admin: httpx.Client, scene: Scene) -> None:

@@ -30,7 +30,8 @@ from tests.support.workers import WorkerPool, module_pool
 pytestmark = pytest.mark.slow
 
 pool = module_pool(2, **console_scene.POOL_SETTINGS)
-gateway = module_gateway()
+# The scripted model priced (US dollars per million tokens): the pages show costs.
+gateway = module_gateway(MODEL_PRICES='{"scripted": {"input": 2, "output": 8}}')
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +133,9 @@ def test_a_conversation_shows_images_files_tool_calls_summary_and_usage(
     call.locator("summary").click()
     assert call.locator("pre.arguments").inner_text() == '{\n  "text": "the long step"\n}'
     assert page.locator("details.tool-result summary").inner_text() == "result of step"
+    # Two model calls of 12 prompt and 3 completion tokens at $2 and $8 per million.
+    taken = page.locator("#facts").inner_text().replace("\t", "\n")
+    assert "Cost so far\n$0.000096\n" in taken
 
     watched.go(_c(scene.summarised))
     facts = page.locator("#facts").inner_text()
@@ -139,6 +143,7 @@ def test_a_conversation_shows_images_files_tool_calls_summary_and_usage(
     assert "(covers the first 2 turns)" in facts
     assert "Stored turns\n3" in facts.replace("\t", "\n")
     assert "model calls" in facts
+    assert "Cost so far\n$0.00\n" in facts.replace("\t", "\n")  # its model reports no tokens
 
 
 def test_a_takeover_and_a_failure_in_the_timeline(
@@ -155,9 +160,12 @@ def test_a_takeover_and_a_failure_in_the_timeline(
     tool.locator("summary").click()
     assert "idempotency key " in tool.locator(".idempotency").inner_text()
     assert tool.locator("pre.result").inner_text() == "stepped the long step"
-    assert "scripted" in page.locator('li[data-kind="model_call"]').first.inner_text()
+    first_call = page.locator('li[data-kind="model_call"]').first.inner_text()
+    # 12 prompt tokens at $2 and 3 completion tokens at $8 per million.
+    assert "scripted" in first_call and "$0.000048" in first_call
     text = watched.shot(tmp_path, "takeover")
     assert "Attempts\n2" in text.replace("\t", "\n")
+    assert "Cost\n$0.000096" in text.replace("\t", "\n")
 
     watched.go(_t(scene.failed, scene.failed_tid))
     error = page.locator('li[data-kind="error"]')

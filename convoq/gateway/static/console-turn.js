@@ -69,6 +69,7 @@
       ["Attempts", String(turn.attempts)],
       ["Retries", turn.retries ? String(turn.retries) : null],
       ["Usage", turn.usage.requests ? C.usage(turn.usage) : null],
+      ["Cost", C.cost(turn.cost)],
       ["Options", Object.keys(turn.options).length ? el("pre", { className: "options", textContent: C.json(turn.options) }) : null],
     ]), metadata(turn.metadata), el("h3", { textContent: "Input" }),
     el("div", { className: "message input", dataset: { role: "user" } },
@@ -161,6 +162,7 @@
         el("span", { className: "muted", textContent: [s.model, s.latency_ms !== null ? s.latency_ms + " ms" : null,
           s.finish_reason ? "finish " + s.finish_reason : null,
           s.usage ? s.usage.prompt_tokens + "+" + s.usage.completion_tokens + " tokens" : null,
+          s.cost_usd !== null && s.cost_usd !== undefined ? C.usd(s.cost_usd) : null,
           s.worker ? "on " + s.worker : null].filter(Boolean).join(" · ") }));
       if (s.text) item.append(el("div", { className: "text", textContent: s.text }));
       if (s.refusal) item.append(el("div", { className: "refusal", textContent: "refused: " + s.refusal }));

@@ -156,6 +156,7 @@
       ["Stored turns", String(seen.stored_turns)],
       ["Stored bytes", String(seen.stored_bytes)],
       ["Usage so far", C.usage(seen.usage)],
+      ["Cost so far", C.cost(seen.cost)],
       ["Summary", summary],
       ["Inbox", seen.inbox_length + (seen.inbox_length === 1 ? " turn" : " turns")],
       ["Lease", lease],

@@ -90,6 +90,9 @@ C.facts = function (pairs) {
 };
 C.usage = (u) => (u ? u.prompt_tokens + " prompt · " + u.completion_tokens + " completion · "
   + u.total_tokens + " total tokens, " + u.requests + " model calls" : "—");
+// US dollars, with the models the price table does not price named (never guessed).
+C.usd = (n) => "$" + (n >= 0.01 || n === 0 ? n.toFixed(2) : n.toPrecision(2));
+C.cost = (c) => (c ? C.usd(c.usd) + (c.unpriced.length ? " (not priced: " + c.unpriced.join(", ") + ")" : "") : null);
 
 // Re-renders `container` with `render` only when `data` changed since its last render,
 // keeping the keyboard focus on the link or control it was on (same href or action).
