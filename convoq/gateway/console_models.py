@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from convoq.gateway.models import ChildTurnView, ParentCallView
 from convoq.gateway.timeline import Step
 from convoq.messages import Decision, ToolCall
 from convoq.observe import tracing
@@ -195,13 +196,21 @@ class TurnDetail(BaseModel):
     pending_approvals: list[ToolCall] = Field(default_factory=list)
     decisions: dict[str, Decision] = Field(default_factory=dict)
     steps: list[Step]
+    parent: ParentCallView | None = Field(
+        default=None, description="A child turn (a sub-agent call): the call it answers."
+    )
+    children: list[ChildTurnView] = Field(
+        default_factory=list,
+        description="Its sub-agent calls' child turns: as its result lists them once it is"
+        " final, as they stand while it waits for them.",
+    )
     running_on: str | None = Field(default=None, description="The worker running it now.")
     last_event_id: str = Field(default="0", description="Follow its events after this id.")
 
     @classmethod
     def of(cls, record: TurnRecord, steps: list[Step], last_event_id: str) -> TurnDetail:
         data: dict[str, Any] = record.result or {}
-        parked = record.status == "awaiting_approval"
+        parked = record.status in ("awaiting_approval", "waiting")
         shown = {k: v for k, v in record.options.items() if k not in _NOT_OPTIONS}
         usage = data.get("usage") if record.status == "succeeded" or parked else None
         return cls(

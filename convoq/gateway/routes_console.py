@@ -10,6 +10,7 @@ bounded SCANs (:mod:`convoq.redis._browse` says why, and what the bound means).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -32,13 +33,17 @@ from convoq.gateway.console_models import (
 )
 from convoq.gateway.document import KEYED, errors
 from convoq.gateway.inputs import NOT_NULL, TURN_ID, Cid, Tid
+from convoq.gateway.models import ChildTurnView, ParentCallView
 from convoq.gateway.problems import GatewayError
 from convoq.gateway.routes_turns import AppClient
 from convoq.gateway.timeline import priced, timeline
 from convoq.pricing import PriceTable
 from convoq.redis._browse import Browse
 from convoq.redis._inspect import Glance, Inspect, TurnBrief
+from convoq.redis._records import TurnRecord
 from convoq.redis._transcript import Transcript as StoredTranscript
+from convoq.subagents import ParentCall, child_ids, children_of_result
+from convoq.usage import Usage
 
 router = APIRouter(tags=["console"], route_class=GatewayRoute, responses=errors(*KEYED))
 Reader = Annotated[Principal, Depends(Access("read"))]
@@ -277,7 +282,35 @@ async def turn_timeline(
     steps = timeline(whole)
     detail = TurnDetail.of(whole.record, steps, last)
     detail.cost = priced(steps, prices)
+    detail.parent, detail.children = await _family(inspect, whole.record)
     lease = whole.lease
     if lease is not None and lease.state == "active" and whole.inbox_head == tid:
         detail.running_on = lease.holder
     return detail
+
+
+async def _family(
+    inspect: Inspect, record: TurnRecord
+) -> tuple[ParentCallView | None, list[ChildTurnView]]:
+    """The call a child turn answers, and a turn's child turns: as its result lists them
+    once final; while it waits, those of its pending calls that made one (a child's id
+    derives from its parent's ids and the call, so no index is read)."""
+    parent = ParentCall.of(record.options)
+    parent_view = ParentCallView(**asdict(parent)) if parent is not None else None
+    listed = children_of_result(record.result)
+    if listed:
+        return parent_view, [ChildTurnView(**asdict(child)) for child in listed]
+    pending = (record.result or {}).get("pending_approvals") or []
+    calls = [c["id"] for c in pending if isinstance(c, dict) and isinstance(c.get("id"), str)]
+    refs = {child_ids(record.conversation_id, record.turn_id, call): call for call in calls}
+    found = await inspect.briefs([(ref.conversation_id, ref.turn_id) for ref in refs])
+    by_turn = {ref.turn_id: call for ref, call in refs.items()}
+    return parent_view, [_child(by_turn[b.turn_id], b) for b in found]
+
+
+def _child(call_id: str, brief: TurnBrief) -> ChildTurnView:
+    """A child turn still in progress (its usage comes with its parent's result)."""
+    return ChildTurnView(
+        call_id=call_id, agent=brief.agent, conversation_id=brief.conversation_id,
+        turn_id=brief.turn_id, status=brief.status, usage=Usage(),
+    )  # fmt: skip

@@ -212,6 +212,25 @@ def test_a_takeover_shows_in_the_timeline_with_the_rerun_and_its_key(
     assert detail["cost"]["usd"] == pytest.approx(2 * each)
 
 
+def test_a_parent_turn_links_its_child_turns_and_a_child_its_parent_call(
+    admin: httpx.Client, scene: Scene
+) -> None:
+    parent = _steps(admin, scene.family, scene.family_tid)
+    assert parent["parent"] is None
+    [child] = parent["children"]
+    assert (child["call_id"], child["agent"], child["status"]) == (
+        "ask-helper",
+        "helper",
+        "succeeded",
+    )
+    assert child["usage"]["requests"] == 1
+    assert parent["text"] == "the helper said: helped with find the receipt"
+    seen = _steps(admin, child["conversation_id"], child["turn_id"])
+    assert seen["parent"] == {"conversation_id": scene.family, "turn_id": scene.family_tid,
+                              "call_id": "ask-helper", "depth": 1}  # fmt: skip
+    assert seen["children"] == [] and seen["input_text"] == "find the receipt"
+
+
 def test_a_failed_turn_shows_its_error(admin: httpx.Client, scene: Scene) -> None:
     detail = _steps(admin, scene.failed, scene.failed_tid)
     error = detail["steps"][-1]

@@ -173,6 +173,21 @@ def test_a_takeover_and_a_failure_in_the_timeline(
     assert "failed on purpose" in error.inner_text()
 
 
+def test_a_parent_turn_links_to_its_child_and_back(
+    watched: Watched, scene: Scene, tmp_path: Path
+) -> None:
+    page = watched.page
+    watched.open(_t(scene.family, scene.family_tid))
+    child = page.locator("ul.children li")
+    assert "helper for ask-helper" in child.inner_text() and "succeeded" in child.inner_text()
+    child.locator("a.child-link").click()
+    page.locator("p.parent").wait_for(timeout=10000)
+    assert f"Answers call ask-helper of {scene.family_tid}" in page.locator("p.parent").inner_text()
+    watched.shot(tmp_path, "child")
+    page.locator("a.parent-link").click()
+    page.locator("ul.children").wait_for(timeout=10000)
+
+
 def _tab_to(page: Any, selector: str, limit: int = 80) -> None:
     for _ in range(limit):
         page.keyboard.press("Tab")

@@ -74,5 +74,8 @@ def test_turns_alternate_between_model_apis_with_tool_calls_in_history() -> None
         assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == calls
     stored = memory.load("c")
     assert [m.role.value for m in stored].count("tool") == 3
+    # Each answer names the model that gave it, whichever API it came through.
+    answers = [m.model for m in stored if m.role.value == "assistant"]
+    assert answers == ["gpt-x"] * 4 + ["claude-x"] * 2 + ["gpt-x"]
     assert stored[-1] == Message.assistant("All sunny.", usage=stored[-1].usage,
-                                           finish_reason="stop")  # fmt: skip
+                                           finish_reason="stop", model="gpt-x")  # fmt: skip

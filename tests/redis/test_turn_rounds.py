@@ -125,7 +125,7 @@ async def test_a_one_step_turn_costs_acquire_and_commit_its_events_ride_along(
     assert result is not None
     assert {name: result[name] for name in ("text", "messages")} == {
         "text": "seen hi there",
-        "messages": [Message.assistant("seen hi there").model_dump(mode="json")],
+        "messages": [Message.assistant("seen hi there", model="scripted").model_dump(mode="json")],
     }
     assert result["usage"] == Usage(requests=1).model_dump()  # one call, no tokens reported
 
@@ -398,7 +398,7 @@ async def test_a_waiter_on_a_turn_it_queued_blocks_on_the_stream_at_once(
     assert stored.event_id is not None
     assert all(r == ["XREAD"] for r in CountingConnection.rounds)
     assert (result.text, result.attempts) == ("seen hi", 1)
-    assert result.turn == [message, Message.assistant("seen hi")]
+    assert result.turn == [message, Message.assistant("seen hi", model="scripted")]
     # The record the waiter started from is the stored one, as read back.
     record = await proto.get_turn(CID, "t1")
     assert record.created_ms == stored.created_ms

@@ -1,6 +1,7 @@
 """Profiles for the console tests (CONVOQ_AGENTS=...,tests.support.console_agents).
 
-``taker`` asks for its tool ``step(text)`` once per turn and then answers with the
+``family`` asks its sub-agent ``helper`` once per turn (a child turn) and answers with
+what it said. ``taker`` asks for its tool ``step(text)`` once per turn and then answers with the
 tool's result. The tool's first run of each call kills its own worker process (after a
 pause, so the events before it reach Redis): another worker takes the turn over (a
 ``resumed`` event, worker_lost) and runs the call again with the same idempotency key,
@@ -41,3 +42,20 @@ def taker_fn(request: ModelRequest) -> Message:
 
 
 taker = Agent(ScriptedModel(taker_fn), name="taker", tools=[step])
+
+
+def _helper_fn(request: ModelRequest) -> Message:
+    return Message.assistant(f"helped with {request.messages[-1].text}", usage=USAGE)
+
+
+def _family_fn(request: ModelRequest) -> Message:
+    last = request.messages[-1]
+    if last.role == MessageRole.TOOL:
+        return Message.assistant(f"the helper said: {last.text}", usage=USAGE)
+    call = ToolCall(id="ask-helper", name="helper", arguments={"input": last.text})
+    return Message.assistant("", [call], usage=USAGE, finish_reason="tool_calls")
+
+
+helper = Agent(ScriptedModel(_helper_fn), name="helper")
+# Asks its sub-agent once per turn (a child turn), then answers with what it said.
+family = Agent(ScriptedModel(_family_fn), name="family", subagents=[helper])

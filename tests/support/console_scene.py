@@ -49,6 +49,8 @@ class Scene:
     xss_tid: str
     tenant: str
     tenant_tid: str
+    family: str
+    family_tid: str
 
 
 def _b64(data: bytes) -> str:
@@ -70,7 +72,8 @@ def settled(gateway: GatewayProcess, cid: str, tid: str, until: str = "settled")
             url = f"{turns_path(cid)}/{tid}"
             body: dict[str, Any] = http.get(url, params={"wait": 30, "until": until}).json()
             done = body["status"] not in ("queued", "running")
-            if done and (until == "settled" or body["status"] != "awaiting_approval"):
+            parked = body["status"] in ("awaiting_approval", "waiting")
+            if done and (until == "settled" or not parked):
                 return body
             assert time.monotonic() < deadline, body
 
@@ -86,7 +89,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
     tag = uuid.uuid4().hex[:6]
     ids = {
         name: f"console-{name}-{tag}"
-        for name in ("images", "parked", "failed", "taken", "summarised")
+        for name in ("images", "parked", "failed", "taken", "summarised", "family")
     }
     xss_cid = f"console-{XSS_ID}-{tag}"
     tenant = f"tenant-a:console-{tag}"
@@ -98,6 +101,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
     ]}  # fmt: skip
     images_tid = submit(gateway, ids["images"], image_message, "echo")
     failed_tid = submit(gateway, ids["failed"], "this will fail", "failer")
+    family_tid = submit(gateway, ids["family"], "find the receipt", "family")
     before = submit(gateway, ids["parked"], "my order A-7 arrived broken", "refunder")
     order = {"amount": 7, "order": "A-7"}
     metadata = {"customer": CUSTOMER, "order": "A-7", "cents": 700}
@@ -120,6 +124,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
         wait_until(lambda: conversation(http, ids["summarised"])["summary"], 60,
                    what="the summary of the compacting conversation")  # fmt: skip
         wait_until(lambda: conversation(http, tenant)["stored_turns"] == 1, 30)
+    assert settled(gateway, ids["family"], family_tid, "final")["status"] == "succeeded"
     # Last: its tool kills the worker running it, and whatever else that worker held.
     taken_tid = submit(gateway, ids["taken"], "the long step", "taker")
     assert settled(gateway, ids["taken"], taken_tid, "final")["status"] == "succeeded"
@@ -127,5 +132,5 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
         images=ids["images"], images_tid=images_tid, parked=ids["parked"], parked_tid=parked_tid,
         failed=ids["failed"], failed_tid=failed_tid, taken=ids["taken"], taken_tid=taken_tid,
         summarised=ids["summarised"], xss=xss_cid, xss_tid=xss_tid, tenant=tenant,
-        tenant_tid=tenant_tid,
+        tenant_tid=tenant_tid, family=ids["family"], family_tid=family_tid,
     )  # fmt: skip

@@ -31,7 +31,10 @@
         following = true;
         C.follow(cid, tid, turn.last_event_id, () => {
           clearTimeout(pending);
-          pending = setTimeout(() => { if (!signal.aborted) load(); }, 150);
+          // Outside the view's own load: a failure here shows as a notice, never uncaught.
+          pending = setTimeout(() => {
+            if (!signal.aborted) load().catch((error) => { if (!signal.aborted) C.notice("cannot refresh this turn: " + error.message, true); });
+          }, 150);
         }, signal, false).finally(() => { following = false; });
       }
     }
@@ -71,13 +74,33 @@
       ["Usage", turn.usage.requests ? C.usage(turn.usage) : null],
       ["Cost", C.cost(turn.cost)],
       ["Options", Object.keys(turn.options).length ? el("pre", { className: "options", textContent: C.json(turn.options) }) : null],
-    ]), metadata(turn.metadata), el("h3", { textContent: "Input" }),
+    ]), family(turn), metadata(turn.metadata), el("h3", { textContent: "Input" }),
     el("div", { className: "message input", dataset: { role: "user" } },
       el("span", { className: "text", textContent: turn.input_text }),
       ...turn.input_attachments.map((a) => el("div", { className: "muted attachment-note",
         textContent: (a.filename || "(" + a.kind + ")") + " · " + a.mime_type }))));
     if (turn.text) head.append(el("h3", { textContent: "Answer" }), el("div", { className: "message answer", dataset: { role: "assistant" }, textContent: turn.text }));
     if (turn.error) head.append(el("h3", { textContent: "Error" }), el("pre", { className: "error", textContent: turn.error.type + ": " + turn.error.message }));
+  }
+
+  // The call this turn answers (a sub-agent's child turn) and the child turns it made,
+  // each a link to its own timeline.
+  function family(turn) {
+    const box = el("div", { className: "family" });
+    if (turn.parent) {
+      box.append(el("p", { className: "parent" }, "Answers call ",
+        el("span", { className: "mono", textContent: turn.parent.call_id }), " of ",
+        C.link(C.turnHref(turn.parent.conversation_id, turn.parent.turn_id), turn.parent.turn_id, "mono parent-link")));
+    }
+    if (turn.children.length) {
+      box.append(el("h3", { textContent: "Child turns" }), el("ul", { className: "children" },
+        ...turn.children.map((c) => el("li", { dataset: { callId: c.call_id } },
+          el("span", { className: "agent", textContent: c.agent }), " for ",
+          el("span", { className: "mono", textContent: c.call_id }), ": ",
+          C.link(C.turnHref(c.conversation_id, c.turn_id), c.turn_id, "mono child-link"), " ", C.status(c.status),
+          c.usage.requests ? el("span", { className: "muted", textContent: " · " + C.usage(c.usage) }) : ""))));
+    }
+    return box;
   }
 
   // The turn's metadata as given at submit (whose refund is this?), values as JSON text.

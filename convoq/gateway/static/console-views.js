@@ -137,7 +137,12 @@
       clearTimeout(pending);
       pending = setTimeout(async () => {
         if (signal.aborted) return;
-        if (await loadOverview()) await Promise.all([loadMessages(true), loadTurns(true)]);
+        try {
+          if (await loadOverview()) await Promise.all([loadMessages(true), loadTurns(true)]);
+        } catch (error) {
+          // Outside the view's own load: a notice, never an uncaught error; none once left.
+          if (!signal.aborted) C.notice("cannot refresh this conversation: " + error.message, true);
+        }
       }, 200);
     }
     olderMessages.addEventListener("click", () => loadMessages(false));

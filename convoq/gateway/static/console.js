@@ -45,7 +45,14 @@ C.api = async function (method, path, body, signal) {
   }
   const response = await fetch(path, init);
   if (response.status === 204) return {};
-  const data = await response.json().catch(() => ({}));
+  let data;
+  try {
+    data = await response.json();
+  } catch (error) {
+    // A read cut off by leaving the page is no answer: nothing may render from it.
+    if (response.ok || (signal && signal.aborted)) throw error;
+    data = {};
+  }
   if (!response.ok) {
     const error = new Error(data.detail || response.statusText);
     error.status = response.status;
