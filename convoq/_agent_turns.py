@@ -11,6 +11,7 @@ The Agent takes no lock of its own: the memory's ``areserve``, ``apark``,
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import Protocol
 
 from convoq._agent_continuations import (
@@ -22,7 +23,7 @@ from convoq._agent_continuations import (
     valid_until,
 )
 from convoq._agent_options import Asked, ConversationOwner, Limits, call_window, loop_of
-from convoq.agent_response import Continuation, Response
+from convoq.agent_response import ChildTurnData, Continuation, Response
 from convoq.compaction import CompactionPolicy, compact_idle
 from convoq.context import TurnScope
 from convoq.engine import Completed, EventSink, Outcome
@@ -30,6 +31,7 @@ from convoq.errors import ConversationMemoryError, ConvoqError
 from convoq.memory.base import ConversationMemory
 from convoq.messages import Message
 from convoq.output import OutputShape
+from convoq.subagents import ChildrenMade
 from convoq.window import WindowRule, WindowSettings
 
 # The Agent's logger: these warnings are the Agent's, wherever its code lives.
@@ -110,7 +112,8 @@ class AgentTurns:
             deps = await agent.provided_deps()
             scope = TurnScope(cont.conversation_id, cont.token, agent.name, deps, cont.metadata)
             loop = loop_of(agent, history, scope, cont.model_settings, shape, emit)
-            outcome: Outcome = await loop.run(cont.state)
+            with ChildrenMade() as made:
+                outcome: Outcome = await loop.run(cont.state)
         except BaseException:
             await self._release(cont)
             raise
@@ -121,10 +124,11 @@ class AgentTurns:
             return awaiting_approval(paused)
         response = Response(
             text=outcome.text, turn=outcome.messages, status="completed",
-            conversation_id=cont.conversation_id, usage=outcome.usage,
+            conversation_id=cont.conversation_id, usage=outcome.usage + made.usage,
             finish_reason=outcome.finish_reason, refusal=outcome.refusal,
             output=outcome.output.value if outcome.output else None,
             output_data=outcome.output.data if outcome.output else None,
+            children=[ChildTurnData(**asdict(child)) for child in made.children],
         )  # fmt: skip
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)

@@ -60,7 +60,9 @@ class Response(BaseModel):
     is then usually empty). ``output``: with an output type, the validated answer as that
     type gives it (a model instance, a dataclass, a dict for a JSON schema); ``text`` is
     the answer as the model sent it, which is also what is stored. ``output_data``: the
-    same as JSON.
+    same as JSON. ``children``: the child turns its sub-agent calls made (call, agent,
+    child conversation and turn ids, status, usage), whose usage ``usage`` includes, as
+    on workers.
     """
 
     text: str
@@ -74,6 +76,21 @@ class Response(BaseModel):
     refusal: str | None = None
     output: Any = None
     output_data: Any = None
+    children: list[ChildTurnData] = Field(default_factory=list)
+
+
+class ChildTurnData(BaseModel):
+    """A sub-agent call's child turn, as the parent's answer lists it."""
+
+    call_id: str
+    agent: str
+    conversation_id: str
+    turn_id: str
+    status: str
+    usage: Usage = Field(default_factory=Usage)
+
+
+Response.model_rebuild()
 
 
 def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:

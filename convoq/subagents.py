@@ -300,6 +300,46 @@ class Children(Protocol):
 
 # In process, how deep the running turn is (child turns run inside their parent's task).
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("convoq_subagent_depth", default=0)
+# In process, the child turns the running turn made: one list per turn, shared by the
+# tasks its step's calls run in (a task copies the context, the list is the same object).
+_made: contextvars.ContextVar[list[ChildTurn] | None] = contextvars.ContextVar(
+    "convoq_subagent_children", default=None
+)
+
+
+class ChildrenMade:
+    """The child turns an in-process turn makes while it runs (``with ChildrenMade() as
+    made:`` around the turn's loop; ``made.children`` after it), each with its usage: the
+    parent's answer sums them, as a worker's result does."""
+
+    def __init__(self) -> None:
+        self.children: list[ChildTurn] = []
+        self._token: contextvars.Token[list[ChildTurn] | None] | None = None
+
+    def __enter__(self) -> ChildrenMade:
+        self._token = _made.set(self.children)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _made.reset(self._token)
+
+    @property
+    def usage(self) -> Usage:
+        """Their usage summed (each one's includes its own children's)."""
+        total = Usage()
+        for child in self.children:
+            total = total + child.usage
+        return total
+
+
+def _made_child(
+    tool: SubAgentTool, call: ToolCall, child: ChildRef, status: str, usage: Usage
+) -> None:
+    made = _made.get()
+    if made is not None:
+        made.append(ChildTurn(call.id, tool.profile, child.conversation_id, child.turn_id,
+                              status, usage))  # fmt: skip
 
 
 class InlineChildren:
@@ -343,9 +383,12 @@ class InlineChildren:
         except Exception as exc:
             status = "blocked" if isinstance(exc, GuardrailTripped) else "failed"
             status = "cancelled" if isinstance(exc, TurnCancelledError) else status
+            _made_child(tool, call, child, status, Usage())
             return result_of(tool.profile, status, None, {"message": f"{exc}"})
         finally:
             _depth.reset(token)
+        usage = getattr(response, "usage", None)
+        _made_child(tool, call, child, "succeeded", usage if isinstance(usage, Usage) else Usage())
         data = getattr(response, "output_data", None)
         text = getattr(response, "text", "")
         return result_of(tool.profile, "succeeded", {"output": data, "text": text}, None)

@@ -148,15 +148,37 @@ def test_bad_subagents_are_refused_when_the_agent_is_made(value: Any, match: str
         Agent(ScriptedModel(lambda r: "x"), subagents=[value])
 
 
-def test_in_process_a_response_s_usage_is_its_own_model_calls_only() -> None:
+def test_in_process_a_response_s_usage_sums_its_children_and_lists_them() -> None:
     from convoq.usage import Usage
 
     used = Usage(requests=1, prompt_tokens=7, completion_tokens=1, total_tokens=8)
-    child = Agent(ScriptedModel(lambda r: Message.assistant("ok", usage=used)), name="child")
-    parent = Agent(ScriptedModel(fan_out("child")), subagents=[child])
-    response = parent.generate("go")
-    assert response.text == "ok"
-    assert response.usage.requests == 2 and response.usage.total_tokens == 0
+
+    def grandchild_model(request: ModelRequest) -> Message:
+        return Message.assistant("deep", usage=used)
+
+    def broken_model(request: ModelRequest) -> Message:
+        raise RuntimeError("no luck")
+
+    def child_model(request: ModelRequest) -> Message:
+        if request.messages[-1].role == "tool":
+            return Message.assistant("ok", usage=used)
+        call = ToolCall(id="g", name="grandchild", arguments={"input": "down"})
+        return Message.assistant("", [call], usage=used)
+
+    grandchild = Agent(ScriptedModel(grandchild_model), name="grandchild")
+    child = Agent(ScriptedModel(child_model), name="child", subagents=[grandchild])
+    broken = Agent(ScriptedModel(broken_model), name="broken")
+    parent = Agent(ScriptedModel(fan_out("child", "broken")), subagents=[child, broken])
+    response = parent.generate("go", conversation_id="p")
+    # The parent's two calls report nothing; the child's two and its grandchild's one do.
+    assert response.usage.requests == 2 + 2 + 1 and response.usage.total_tokens == 3 * 8
+    made = {c.agent: c for c in response.children}
+    assert set(made) == {"child", "broken"}  # the grandchild is its child's, not the parent's
+    assert (made["child"].status, made["child"].usage.requests) == ("succeeded", 3)
+    assert (made["broken"].status, made["broken"].usage) == ("failed", Usage())
+    # The child conversation derives from the parent's and the call (child_ids).
+    assert made["child"].call_id == "c0" and made["child"].conversation_id.startswith("p~sub~")
+    assert len(made["child"].turn_id) == 32 and made["child"].turn_id != made["broken"].turn_id
 
 
 def test_a_callback_lists_at_most_64_children_with_their_ids_cut() -> None:
