@@ -2,7 +2,7 @@
 as child turns on two worker pools (different queues), run at once, and the parent
 resumes once with their three answers; one slot serves parent and children; a worker
 killed mid-fan-out loses and duplicates no child; limits, failed children and cancelling
-the parent."""
+the parent; one step waiting for a person and a child at once."""
 
 from __future__ import annotations
 
@@ -366,3 +366,28 @@ def test_a_child_parked_for_approval_is_in_the_inbox_with_its_parent_which_waits
         assert len(resumed) == 1  # once, when both children had ended
     prefix = f"{pool.prefix}:test:sub"
     assert redis_client.llen(f"{prefix}:pay_calls:{ids.conversation_id}") == 1
+
+
+def test_a_step_waiting_for_a_person_and_a_child_resumes_once_when_both_decided(
+    pool: WorkerPool, redis_client: redis.Redis
+) -> None:
+    with pool.client() as client:
+        handle = client.submit(_cid("mixed"), "pay and count", agent="mixed")
+        cid, tid = handle.conversation_id, handle.turn_id
+        metered = child_ids(cid, tid, "x2")
+        child = client.handle(metered.conversation_id, metered.turn_id)
+        wait_until(lambda: _status(child) == "succeeded", 60, what="the child done")
+        # The child decided its call; a person must still decide pay: parked for them.
+        wait_until(lambda: "x2" in handle.result().decisions, 30, what="the child's call decided")
+        assert handle.status() == "awaiting_approval"
+        assert [c.id for c in handle.result().pending_approvals] == ["x1", "x2"]
+        inbox = client.awaiting_approval(conversation_prefix=cid)
+        assert [p.record.turn_id for p in inbox] == [tid]
+        client.approve(handle, "x1", by="bob")
+        result = handle.wait(60)
+        assert result.text == "paid 5 + metered"
+        assert [(c.call_id, c.status) for c in result.children] == [("x2", "succeeded")]
+        resumed = [e for e in handle.events(timeout=30) if e.type == "resumed"]
+        assert len(resumed) == 1
+    prefix = f"{pool.prefix}:test:sub"
+    assert redis_client.llen(f"{prefix}:pay_calls:{cid}") == 1

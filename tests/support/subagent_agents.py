@@ -232,3 +232,17 @@ def buyer_model(request: ModelRequest) -> Any:
 
 cautious = Agent(ScriptedModel(cautious_model), name="cautious", tools=[pay])
 buyer = Agent(ScriptedModel(buyer_model), name="buyer", subagents=[cautious, meter])
+
+
+# One step, two kinds of wait: ``mixed`` calls ``pay`` (a person decides it) and asks
+# ``meter`` (a child turn decides it) at once, then answers both results.
+def mixed_model(request: ModelRequest) -> Any:
+    results = [m.text for m in request.messages if m.role == "tool"]
+    if results:
+        return " + ".join(results)
+    calls = [ToolCall(id="x1", name="pay", arguments={"amount": 5}),
+             ToolCall(id="x2", name="meter", arguments={"input": "count"})]  # fmt: skip
+    return Message.assistant("", calls)
+
+
+mixed = Agent(ScriptedModel(mixed_model), name="mixed", tools=[pay], subagents=[meter])
