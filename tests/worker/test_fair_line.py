@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from convoq.queue.routing import partition_of
+from convoq.queue.routing import partition_of, queue_name
 from convoq.redis.keys import KeySchema
 from convoq.settings import ConvoqSettings
 from convoq.worker.app import worker_config
-from tests.support.workers import WorkerPool, WorkerProcess
+from tests.support.workers import WorkerPool, WorkerProcess, wait_until
 
 # Run again with the fast paths off by `make test-slowpaths`.
 pytestmark = pytest.mark.slowpaths
@@ -41,11 +41,21 @@ def ids_in(partition: int, count: int, partitions: int = 2) -> list[str]:
     return list(itertools.islice(chosen, count))
 
 
-def submit_rounds(pool: WorkerPool, cids: list[str]) -> dict[str, list[object]]:
-    """``TURNS`` turns for each conversation, all queued at once; waits for all."""
+def submit_rounds(
+    pool: WorkerPool, cids: list[str], gate: redis.Redis | None = None
+) -> dict[str, list[object]]:
+    """``TURNS`` turns for each conversation, all queued at once; waits for all. With a
+    ``gate`` (the test Redis): the turns run the ``gated`` profile, and the gate opens
+    only once every kick left the broker for the worker's own line."""
+    agent = "gated" if gate is not None else "slow"
     with pool.client() as client:
-        handles = {cid: [client.submit(cid, f"{cid} {n}", agent="slow") for n in range(TURNS)]
+        handles = {cid: [client.submit(cid, f"{cid} {n}", agent=agent) for n in range(TURNS)]
                    for cid in cids}  # fmt: skip
+        if gate is not None:
+            queues = [queue_name(pool.prefix, p) for p in (0, 1)]
+            wait_until(lambda: sum(gate.llen(q) for q in queues) == 0, 30,
+                       what="every kick taken by the worker")  # fmt: skip
+            gate.set(f"{pool.prefix}:test:fair:open", "1")
         for group in handles.values():
             for handle in group:
                 assert handle.wait(60).ok  # type: ignore[attr-defined]
@@ -65,7 +75,7 @@ def test_a_quiet_partition_gets_no_more_turns_than_a_crowded_one(
     # the partition queues in turn: were the kicks left there, the lone conversation of
     # partition 1 would get every other turn and finish before the others had their second.
     cids = [*ids_in(0, 3), *ids_in(1, 1)]
-    handles = submit_rounds(one_slot, cids)
+    handles = submit_rounds(one_slot, cids, gate=redis_client)
     rounds = [[started_ms(redis_client, one_slot, group[n]) for group in handles.values()]
               for n in range(TURNS)]  # fmt: skip
     # Every conversation had its n-th turn before any had its (n+1)-th.
