@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from convoq import _agent_handoffs
 from convoq._agent_continuations import (
     AgentInput,
     approval_ttl,
@@ -21,11 +22,10 @@ from convoq._agent_continuations import (
     parked,
     valid_until,
 )
-from convoq._agent_options import Asked, ConversationOwner, Limits, call_window, loop_of
+from convoq._agent_options import Asked, ConversationOwner, Limits, call_window
 from convoq.agent_response import Continuation, Response
 from convoq.compaction import CompactionPolicy, compact_idle
-from convoq.context import TurnScope
-from convoq.engine import Completed, EventSink, Outcome
+from convoq.engine import Completed, EventSink
 from convoq.errors import ConversationMemoryError, ConvoqError
 from convoq.memory.base import ConversationMemory
 from convoq.messages import Message
@@ -107,10 +107,7 @@ class AgentTurns:
         """Run the loop under the turn's reservation, then park, store or release."""
         agent = self._agent
         try:
-            deps = await agent.provided_deps()
-            scope = TurnScope(cont.conversation_id, cont.token, agent.name, deps, cont.metadata)
-            loop = loop_of(agent, history, scope, cont.model_settings, shape, emit)
-            outcome: Outcome = await loop.run(cont.state)
+            outcome, answered = await _agent_handoffs.run_turn(agent, cont, history, shape, emit)
         except BaseException:
             await self._release(cont)
             raise
@@ -125,6 +122,7 @@ class AgentTurns:
             finish_reason=outcome.finish_reason, refusal=outcome.refusal,
             output=outcome.output.value if outcome.output else None,
             output_data=outcome.output.data if outcome.output else None,
+            agent=getattr(answered, "name", None),
         )  # fmt: skip
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)

@@ -60,7 +60,8 @@ class Response(BaseModel):
     is then usually empty). ``output``: with an output type, the validated answer as that
     type gives it (a model instance, a dataclass, a dict for a JSON schema); ``text`` is
     the answer as the model sent it, which is also what is stored. ``output_data``: the
-    same as JSON.
+    same as JSON. ``agent``: the name of the agent that answered (after a handoff, the
+    one the turn was handed to last; see :mod:`convoq.handoffs`).
     """
 
     text: str
@@ -74,6 +75,7 @@ class Response(BaseModel):
     refusal: str | None = None
     output: Any = None
     output_data: Any = None
+    agent: str | None = None
 
 
 def parse_continuation(value: Continuation | dict[str, Any] | str) -> Continuation:

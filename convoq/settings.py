@@ -118,6 +118,23 @@ class ConvoqSettings(BaseSettings):
         description="Sub-agent calls one model step may make; a step asking for more has"
         " them all refused with a tool error the model reads.",
     )
+    max_handoffs: int = Field(
+        default=defaults.MAX_HANDOFFS,
+        ge=1,
+        description="Handoffs one turn may make; one past it is refused with a tool error"
+        " the model reads.",
+    )
+    agent_pools: dict[str, str] = Field(
+        default_factory=dict,
+        description="The pool of workers that serves each agent profile named here"
+        " (a JSON object, agent -> pool): its turns are kicked on that pool's queues"
+        " ({prefix}.{pool}.p{n}); an agent not named goes to the default queues.",
+    )
+    pool: str | None = Field(
+        default=None,
+        description="The pool this worker is: it consumes {prefix}.{pool}.p{n} instead of"
+        " the default queues {prefix}.p{n}.",
+    )
     conversation_ttl_s: int | None = Field(
         default=defaults.CONVERSATION_TTL_S,
         ge=1,

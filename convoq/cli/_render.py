@@ -206,6 +206,10 @@ def print_event(event: TurnEvent) -> None:
         shown = escape(f"{data.get('id')} {data.get('agent')} -> {data.get('conversation_id')}"
                        f" {data.get('turn_id')}")  # fmt: skip
         console.print(f"\n[magenta]subagent_call[/magenta] {shown}")
+    elif event.type == "handoff":
+        console.print(
+            f"\n[magenta]handoff[/magenta] {escape(f'{data.get("from")} -> {data.get("to")}')}"
+        )
     elif event.type == "guardrail_tripped":
         shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
         console.print(f"\n[red]guardrail_tripped[/red] {shown}")

@@ -90,7 +90,7 @@ def worker(
         chosen = parse_partitions(partitions, s.partitions)
     with reported():
         profiles = load_profiles(s.agents)
-        queues = queue_names(s.prefix, chosen)
+        queues = queue_names(s.prefix, chosen, s.pool)
         celery_app = create_app(s)
     err_console.print(
         f"[bold]convoq worker[/bold]: profiles {sorted(profiles)}, queues {queues[0]}..{queues[-1]}"
