@@ -207,9 +207,8 @@ def print_event(event: TurnEvent) -> None:
                        f" {data.get('turn_id')}")  # fmt: skip
         console.print(f"\n[magenta]subagent_call[/magenta] {shown}")
     elif event.type == "handoff":
-        console.print(
-            f"\n[magenta]handoff[/magenta] {escape(f'{data.get("from")} -> {data.get("to")}')}"
-        )
+        shown = escape(f"{data.get('from')} -> {data.get('to')}")
+        console.print(f"\n[magenta]handoff[/magenta] {shown}")
     elif event.type == "guardrail_tripped":
         shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
         console.print(f"\n[red]guardrail_tripped[/red] {shown}")
