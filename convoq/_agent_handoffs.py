@@ -12,7 +12,7 @@ from typing import Any
 from convoq._agent_options import loop_of
 from convoq.agent_response import Continuation
 from convoq.context import TurnScope
-from convoq.engine import EventSink, HandedOff, Outcome
+from convoq.engine import Completed, EventSink, HandedOff, Paused
 from convoq.errors import ConfigurationError
 from convoq.handoffs import continues_as, find
 from convoq.messages import Message
@@ -29,7 +29,7 @@ async def run_turn(
     history: list[Message],
     shape: OutputShape | None,
     emit: EventSink,
-) -> tuple[Outcome, Any]:
+) -> tuple[Completed | Paused, Any]:
     """Run the turn from ``cont.state``, as ``start`` or the agents it hands off to;
     return the outcome and the agent that reached it.
 
