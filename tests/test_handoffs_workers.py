@@ -1,0 +1,149 @@
+"""Handoffs on real workers: a turn handed to an agent this worker serves goes on here; to
+one only another pool serves (two worker processes on different queues, one profile each)
+it is queued again there, and the conversation's next turns run there too; workers killed
+during and after the handoff lose and duplicate nothing; guardrails of the agent that
+answers run on a turn that handed off."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from convoq.errors import GuardrailTripped
+from convoq.memory import RedisConversationMemory
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerPool, WorkerProcess, supervised
+
+AGENTS = "tests.support.handoff_agents"
+
+
+def _pool(redis_server: RedisServer, logs: Path) -> WorkerPool:
+    return WorkerPool(
+        redis_server.url, logs, agents=AGENTS, lease_ms=3000, concurrency=2,
+        agent_pools='{"billing": "billing"}',
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_pools(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerPool]:
+    """Pool A (the default queues) serves triage; pool B (queues of the pool "billing")
+    serves billing."""
+    pool = _pool(redis_server, tmp_path_factory.mktemp("handoffs"))
+    a_env = {**pool.env, "HANDOFF_SERVE": "triage"}
+    b_env = {**pool.env, "HANDOFF_SERVE": "billing", "CONVOQ_POOL": "billing"}
+    try:
+        for env in (a_env, b_env):
+            worker = WorkerProcess(env, pool.log_dir).start()
+            pool.workers.append(worker)
+            worker.wait_ready()
+        yield pool
+    finally:
+        pool.stop_all()
+
+
+def _cid() -> str:
+    return f"h-{uuid.uuid4().hex[:8]}"
+
+
+def _calls(r: redis.Redis, pool: WorkerPool, agent: str, cid: str) -> tuple[int, set[int]]:
+    key = f"{pool.prefix}:test:handoff:{agent}:{cid}"
+    return int(r.get(key) or 0), {int(p) for p in r.lrange(key + ":pids", 0, -1)}
+
+
+def _run(pool: WorkerPool, cid: str, text: str) -> Any:
+    with pool.client() as client:
+        handle = client.submit(cid, f"{cid}|{text}", agent="triage")
+        result = handle.wait(90)
+        events = list(handle.events(timeout=30))
+        return result, events, handle.record()
+
+
+def test_a_turn_handed_to_another_pool_finishes_there_and_the_next_turns_follow(
+    two_pools: WorkerPool, redis_client: redis.Redis
+) -> None:
+    a, b = (w.pid for w in two_pools.workers)
+    cid = _cid()
+    result, events, record = _run(two_pools, cid, "a billing question")
+    assert result.text == f"billing: {cid}|a billing question"
+    handoffs = [e.data for e in events if e.type == "handoff"]
+    assert handoffs == [{"call_id": "h", "from": "triage", "to": "billing"}]
+    assert [e.data["reason"] for e in events if e.type == "resumed"] == ["handed_off"]
+    assert (record.agent, record.handed_from) == ("billing", "triage")
+    # Each model call ran once, on the pool of its agent.
+    assert _calls(redis_client, two_pools, "triage", cid) == (1, {a})
+    assert _calls(redis_client, two_pools, "billing", cid) == (1, {b})
+    stored = RedisConversationMemory(two_pools.redis_url, prefix=two_pools.prefix).load(cid)
+    assert [(m.role.value, m.name) for m in stored] == [
+        ("user", None), ("assistant", "triage"), ("tool", "transfer_to_billing"),
+        ("assistant", "billing"),
+    ]  # fmt: skip
+    # The next turn submitted for triage runs as billing, on pool B.
+    result, events, record = _run(two_pools, cid, "more")
+    assert result.text == f"billing: {cid}|more"
+    assert (record.agent, record.handed_from) == ("billing", "triage")
+    assert _calls(redis_client, two_pools, "triage", cid) == (1, {a})
+    assert _calls(redis_client, two_pools, "billing", cid) == (2, {b})
+    # Billing hands back: triage answers, and the next turn stays with triage.
+    result, events, _ = _run(two_pools, cid, "go back")
+    assert result.text == f"triage: {cid}|go back"
+    result, _, record = _run(two_pools, cid, "hello")
+    assert result.text == f"triage: {cid}|hello" and record.handed_from is None
+    assert _calls(redis_client, two_pools, "triage", cid) == (3, {a})
+
+
+@pytest.mark.timeout(240)
+def test_workers_killed_during_and_after_a_handoff_lose_and_duplicate_nothing(
+    two_pools: WorkerPool, redis_client: redis.Redis
+) -> None:
+    memory = RedisConversationMemory(two_pools.redis_url, prefix=two_pools.prefix)
+    with supervised(two_pools):
+        # Killed after the handoff's result was journaled, before the turn moved.
+        cid = _cid()
+        result, _, record = _run(two_pools, cid, "billing kill-tool")
+        assert result.text == f"billing: {cid}|billing kill-tool"
+        assert _calls(redis_client, two_pools, "triage", cid)[0] == 1
+        assert _calls(redis_client, two_pools, "billing", cid)[0] == 1
+        assert len(memory.load(cid)) == 5  # user, handoff step, its two results, answer
+        # Killed after the move, in the target's model call: the sweeper of pool A kicks
+        # the turn on pool B's queue, where it runs again.
+        cid = _cid()
+        result, events, record = _run(two_pools, cid, "billing kill-billing")
+        assert result.text == f"billing: {cid}|billing kill-billing"
+        assert _calls(redis_client, two_pools, "triage", cid)[0] == 1
+        assert _calls(redis_client, two_pools, "billing", cid)[0] == 2
+        assert [m.role.value for m in memory.load(cid)] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_the_output_guardrails_of_the_agent_that_answers_run(two_pools: WorkerPool) -> None:
+    cid = _cid()
+    with two_pools.client() as client:
+        handle = client.submit(cid, f"{cid}|billing forbidden", agent="triage")
+        with pytest.raises(GuardrailTripped) as tripped:
+            handle.wait(90)
+    assert tripped.value.details["guardrail"] == "no_forbidden"
+    assert RedisConversationMemory(two_pools.redis_url, prefix=two_pools.prefix).load(cid) == []
+
+
+def test_one_worker_serving_both_goes_on_itself(
+    redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    pool = _pool(redis_server, tmp_path)
+    pool.env.pop("CONVOQ_AGENT_POOLS")
+    try:
+        (worker,) = pool.start(1)
+        cid = _cid()
+        result, events, record = _run(pool, cid, "billing please")
+        assert result.text == f"billing: {cid}|billing please"
+        assert [e.data["to"] for e in events if e.type == "handoff"] == ["billing"]
+        assert not [e for e in events if e.type == "resumed"]  # went on in the same run
+        assert _calls(redis_client, pool, "triage", cid) == (1, {worker.pid})
+        assert _calls(redis_client, pool, "billing", cid) == (1, {worker.pid})
+    finally:
+        pool.stop_all()
