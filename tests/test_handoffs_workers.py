@@ -118,7 +118,12 @@ def test_workers_killed_during_and_after_a_handoff_lose_and_duplicate_nothing(
         assert result.text == f"billing: {cid}|billing kill-billing"
         assert _calls(redis_client, two_pools, "triage", cid)[0] == 1
         assert _calls(redis_client, two_pools, "billing", cid)[0] == 2
-        assert [m.role.value for m in memory.load(cid)] == ["user", "assistant", "tool", "assistant"]
+        assert [m.role.value for m in memory.load(cid)] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
 
 
 def test_the_output_guardrails_of_the_agent_that_answers_run(two_pools: WorkerPool) -> None:
