@@ -87,6 +87,8 @@ def test_a_turn_handed_to_another_pool_finishes_there_and_the_next_turns_follow(
     # The next turn submitted for triage runs as billing, on pool B.
     result, events, record = _run(two_pools, cid, "more")
     assert result.text == f"billing: {cid}|more"
+    handoffs = [e.data for e in events if e.type == "handoff"]
+    assert handoffs == [{"call_id": None, "from": "triage", "to": "billing"}]
     assert (record.agent, record.handed_from) == ("billing", "triage")
     assert _calls(redis_client, two_pools, "triage", cid) == (1, {a})
     assert _calls(redis_client, two_pools, "billing", cid) == (2, {b})
@@ -108,13 +110,14 @@ def test_workers_killed_during_and_after_a_handoff_lose_and_duplicate_nothing(
         cid = _cid()
         result, _, record = _run(two_pools, cid, "billing kill-tool")
         assert result.text == f"billing: {cid}|billing kill-tool"
+        assert (record.agent, record.handed_from) == ("billing", "triage")
         assert _calls(redis_client, two_pools, "triage", cid)[0] == 1
         assert _calls(redis_client, two_pools, "billing", cid)[0] == 1
         assert len(memory.load(cid)) == 5  # user, handoff step, its two results, answer
         # Killed after the move, in the target's model call: the sweeper of pool A kicks
         # the turn on pool B's queue, where it runs again.
         cid = _cid()
-        result, events, record = _run(two_pools, cid, "billing kill-billing")
+        result, _events, _record = _run(two_pools, cid, "billing kill-billing")
         assert result.text == f"billing: {cid}|billing kill-billing"
         assert _calls(redis_client, two_pools, "triage", cid)[0] == 1
         assert _calls(redis_client, two_pools, "billing", cid)[0] == 2
@@ -124,6 +127,29 @@ def test_workers_killed_during_and_after_a_handoff_lose_and_duplicate_nothing(
             "tool",
             "assistant",
         ]
+
+
+def test_a_submit_goes_to_the_pool_of_its_agent(
+    two_pools: WorkerPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that knows the pools (CONVOQ_AGENT_POOLS) kicks a turn for billing on pool
+    B's queue; one that does not kicks the default queue, and pool A passes it on."""
+    for knows in (True, False):
+        if knows:
+            monkeypatch.setenv("CONVOQ_AGENT_POOLS", '{"billing": "billing"}')
+        else:
+            monkeypatch.delenv("CONVOQ_AGENT_POOLS", raising=False)
+        cid = _cid()
+        with two_pools.client() as client:
+            handle = client.submit(cid, f"{cid}|hi", agent="billing")
+            result = handle.wait(60)
+            events = list(handle.events(timeout=30))
+            record = handle.record()
+        assert result.text == f"billing: {cid}|hi"
+        resumed = [e.data["reason"] for e in events if e.type == "resumed"]
+        assert resumed == ([] if knows else ["handed_off"])
+        assert not [e for e in events if e.type == "handoff"]
+        assert (record.agent, record.handed_from) == ("billing", None)
 
 
 def test_the_output_guardrails_of_the_agent_that_answers_run(two_pools: WorkerPool) -> None:
@@ -144,7 +170,7 @@ def test_one_worker_serving_both_goes_on_itself(
     try:
         (worker,) = pool.start(1)
         cid = _cid()
-        result, events, record = _run(pool, cid, "billing please")
+        result, events, _record = _run(pool, cid, "billing please")
         assert result.text == f"billing: {cid}|billing please"
         assert [e.data["to"] for e in events if e.type == "handoff"] == ["billing"]
         assert not [e for e in events if e.type == "resumed"]  # went on in the same run

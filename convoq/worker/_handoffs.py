@@ -26,7 +26,7 @@ from convoq.profile import AgentProfile
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired
 from convoq.redis.roles import RunnerStore
-from convoq.turn_state import TurnState
+from convoq.turn_state import TurnEvent, TurnState
 from convoq.worker._lease import TurnRun
 
 log = logging.getLogger("convoq.worker")
@@ -52,10 +52,18 @@ class Handoffs:
         self._kick = kick
         self._consumed_here = consumed_here
 
-    def before_run(self, acq: Acquired, state: TurnState) -> HandedOff | None:
+    async def before_run(self, run: TurnRun, state: TurnState) -> HandedOff | None:
         """The move a turn makes before it runs: to another pool, for an agent served
         elsewhere; or, for a new turn of an agent that handed the conversation off, to the
-        agent that answered its last turn (:func:`~convoq.handoffs.continues_as`)."""
+        agent that answered its last turn (:func:`~convoq.handoffs.continues_as`; a
+        ``handoff`` event without a ``call_id`` says so)."""
+        moved = self._before_run(run.acq, state)
+        if moved is not None and moved.target != run.acq.turn.agent:
+            data = {"call_id": None, "from": run.acq.turn.agent, "to": moved.target}
+            await run.events.add(TurnEvent(type="handoff", data=data))
+        return moved
+
+    def _before_run(self, acq: Acquired, state: TurnState) -> HandedOff | None:
         agent = acq.turn.agent
         profile = self._profiles.get(agent)
         if profile is None:
@@ -87,7 +95,8 @@ class Handoffs:
             log.warning("handoff of %s/%s failed, Redis unavailable (%s)", cid, tid, exc)
             return None
         if here:
-            handed = acq.turn.handed_from or acq.turn.agent
+            moved = target != acq.turn.agent
+            handed = acq.turn.handed_from or (acq.turn.agent if moved else None)
             turn = replace(acq.turn, agent=target, handed_from=handed)
             return replace(acq, turn=turn, state=outcome.state)
         log.info("turn %s/%s handed to %s: queued for its pool", cid, tid, target)

@@ -14,9 +14,9 @@
 -- ARGV[8] = n: events the turn emitted since its last write
 -- ARGV[9 .. 8+2n] = type, data, type, data, ... (appended before the journal is written)
 -- Hands a running turn to another agent (a handoff), fenced like checkpoint: journals the
--- turn so far, sets the record's agent (the first time keeping the agent it was queued
--- for as handed_from), and with ARGV[7] frees the lease, the run not counted as a crash
--- (the next run's "resumed" event says handed_off). The inbox is left as it is: the turn
+-- turn so far, sets the record's agent (the first time it changes keeping the agent it
+-- was queued for as handed_from), and with ARGV[7] frees the lease, the run not counted
+-- as a crash (the next run's "resumed" event says handed_off). The inbox is left as it is: the turn
 -- stays its head, so a worker that dies before it kicks the agent's pool loses nothing (the
 -- sweeper finds a head with no lease). A resend finds the journal and agent set already
 -- and writes nothing again (with ARGV[7] the lease is gone: it is refused STALE).
@@ -44,7 +44,7 @@ if not (redis.call('GET', journal) == ARGV[3] and rec[1] == ARGV[4]) then
   end
   redis.call('SET', journal, ARGV[3], 'PX', ARGV[5])
   redis.call('HSET', turn, 'journaled', '1', 'agent', ARGV[4])
-  if not rec[2] then
+  if not rec[2] and rec[1] ~= ARGV[4] then
     redis.call('HSET', turn, 'handed_from', rec[1] or '')
   end
 end
