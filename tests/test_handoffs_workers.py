@@ -6,6 +6,7 @@ answers run on a turn that handed off."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +14,20 @@ from typing import Any
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from convoq.cli import app
 from convoq.errors import GuardrailTripped
 from convoq.memory import RedisConversationMemory
+from tests.support.gateway import GatewayProcess, module_gateway, turns_path
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, WorkerProcess, supervised
+from tests.support.workers import (
+    WorkerPool,
+    WorkerProcess,
+    supervised,
+    wait_until,
+    webhook_receiver,
+)
 
 AGENTS = "tests.support.handoff_agents"
 
@@ -178,3 +188,36 @@ def test_one_worker_serving_both_goes_on_itself(
         assert _calls(redis_client, pool, "billing", cid) == (1, {worker.pid})
     finally:
         pool.stop_all()
+
+
+@pytest.fixture(scope="module")
+def pool(two_pools: WorkerPool) -> WorkerPool:
+    return two_pools
+
+
+gateway = module_gateway()
+
+
+def test_the_handoff_shows_on_the_gateway_the_webhook_and_the_cli(
+    pool: WorkerPool, gateway: GatewayProcess
+) -> None:
+    cid = _cid()
+    with webhook_receiver() as hooks, gateway.client() as http:
+        body = {"message": f"{cid}|billing", "agent": "triage", "callback_url": f"{hooks.url}/h"}
+        accepted = http.post(turns_path(cid), json=body)
+        assert accepted.status_code == 202, accepted.text
+        tid = accepted.json()["turn_id"]
+        view = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 60}).json()
+        posts = wait_until(lambda: hooks.posts("/h"), 60, what="the webhook")
+    assert (view["status"], view["agent"], view["handed_from"]) == (
+        "succeeded",
+        "billing",
+        "triage",
+    )
+    assert [(m["role"], m.get("name")) for m in view["messages"]] == [
+        ("assistant", "triage"), ("tool", "transfer_to_billing"), ("assistant", "billing"),
+    ]  # fmt: skip
+    payload = json.loads(posts[0][3])
+    assert (payload["agent"], payload["handed_from"]) == ("billing", "triage")
+    out = CliRunner().invoke(app, ["status", cid, tid], env=pool.env).output
+    assert "handed off: triage -> billing" in out, out

@@ -164,6 +164,8 @@ def print_result(result: TurnResult) -> None:
     for call in result.pending_approvals:
         shown = escape(f"{call.id} {call.name}({call.arguments})")
         console.print(f"[magenta]needs approval[/magenta]: {shown}")
+    if result.handed_from is not None:
+        console.print(escape(f"handed off: {result.handed_from} -> {result.agent}"))
     if result.parent is not None:
         p = result.parent
         console.print(escape(f"sub-agent call {p.call_id} of {p.conversation_id} {p.turn_id}"))
