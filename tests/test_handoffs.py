@@ -227,3 +227,21 @@ def test_a_pydantic_ai_profile_refuses_handoffs() -> None:
     with pytest.raises(ConfigurationError, match="Pydantic AI has no handoff") as refused:
         durable(PydanticAgent(TestModel(), name="pai"), handoffs=["billing"])
     assert refused.value.details["option"] == "handoffs"
+
+
+def test_a_worker_refuses_a_handoff_to_a_pydantic_ai_profile() -> None:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.models.test import TestModel
+
+    from convoq.integrations.pydantic_ai import durable
+    from convoq.worker.profiles import Profiles
+
+    helper = durable(PydanticAgent(TestModel(), name="helper"))
+    front = Agent(_echo("front"), name="front", handoffs=["helper"])
+    with pytest.raises(ConfigurationError, match="only a convoq Agent profile") as refused:
+        Profiles([front, helper])
+    assert refused.value.details == {"option": "handoffs", "profile": "helper"}
+    # A target given as an agent is served too; one named only may be another pool's.
+    billing = Agent(_echo("billing"), name="billing")
+    served = Profiles([Agent(_echo("t"), name="t", handoffs=[billing, "elsewhere"])])
+    assert sorted(served) == ["billing", "t"]

@@ -82,6 +82,7 @@ def test_a_turn_handed_to_another_pool_finishes_there_and_the_next_turns_follow(
     cid = _cid()
     result, events, record = _run(two_pools, cid, "a billing question")
     assert result.text == f"billing: {cid}|a billing question"
+    assert (result.agent, result.handed_from) == ("billing", "triage")  # as wait() saw it
     handoffs = [e.data for e in events if e.type == "handoff"]
     assert handoffs == [{"call_id": "h", "from": "triage", "to": "billing"}]
     assert [e.data["reason"] for e in events if e.type == "resumed"] == ["handed_off"]
