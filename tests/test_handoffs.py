@@ -245,3 +245,16 @@ def test_a_worker_refuses_a_handoff_to_a_pydantic_ai_profile() -> None:
     billing = Agent(_echo("billing"), name="billing")
     served = Profiles([Agent(_echo("t"), name="t", handoffs=[billing, "elsewhere"])])
     assert sorted(served) == ["billing", "t"]
+
+
+def test_a_pool_has_queues_of_its_own() -> None:
+    from convoq.queue import routing
+    from convoq.settings import ConvoqSettings
+
+    n = routing.partition_of("c1", 4)
+    assert routing.route("c1", prefix="p", partitions=4, pool="billing") == f"p.billing.p{n}"
+    assert routing.route("c1", prefix="p", partitions=4) == f"p.p{n}"
+    pools = ConvoqSettings.resolve(agent_pools={"billing": "billing"}, pool="billing")
+    assert (pools.agent_pools, pools.pool) == ({"billing": "billing"}, "billing")
+    with pytest.raises(ConfigurationError, match="CONVOQ_POOL"):
+        ConvoqSettings.resolve(pool="a.b")  # a pool's name is part of its queues' names

@@ -79,13 +79,16 @@ def worker(
     agents: Annotated[str | None, typer.Option(help="Module(s) with the agent profiles.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
     hostname: Annotated[str | None, typer.Option(help="Worker name (name@host).")] = None,
+    pool: Annotated[
+        str | None, typer.Option(help="The pool this worker is (CONVOQ_POOL): its queues.")
+    ] = None,
 ) -> None:
     """Run a worker process (Celery, threads pool) for the chosen partitions."""
     from convoq.queue.routing import parse_partitions, queue_names
     from convoq.worker.app import create_app  # lazy: worker side only here
     from convoq.worker.profiles import load_profiles
 
-    s = _settings(concurrency=concurrency, agents=agents)
+    s = _settings(concurrency=concurrency, agents=agents, pool=pool)
     with reported(code=2):
         chosen = parse_partitions(partitions, s.partitions)
     with reported():

@@ -54,9 +54,11 @@ class Kicks:
         pool = self.pool_of(agent)
         await asyncio.to_thread(self.send, routing.DRAIN_TASK, conversation_id, pool=pool)
 
-    async def send_from_loop(self, task: str, conversation_id: str, *args: str) -> None:
+    async def send_from_loop(
+        self, task: str, conversation_id: str, *args: str, pool: str | None = None
+    ) -> None:
         """:meth:`send` from the event loop (a broker round trip, on a thread)."""
-        await asyncio.to_thread(self.send, task, conversation_id, *args)
+        await asyncio.to_thread(self.send, task, conversation_id, *args, pool=pool)
 
     async def kick(self, conversation_id: str) -> None:
         """Send the conversation a drain (from the event loop)."""
