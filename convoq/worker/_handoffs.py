@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from convoq.engine import HandedOff
 from convoq.errors import NotInboxHeadError, StaleFenceError, TurnAlreadyAppliedError
-from convoq.handoffs import continues_as
+from convoq.handoffs import continues_as, handoffs_of
+from convoq.messages import Message
 from convoq.profile import AgentProfile
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired
@@ -33,6 +34,8 @@ log = logging.getLogger("convoq.worker")
 
 KickAgent = Callable[[str, str], Awaitable[None]]
 """Kicks a conversation on the queue of the pool serving an agent (conversation, agent)."""
+HistoryOf = Callable[[Acquired], Awaitable[list[Message]]]
+"""The history window a turn runs with (the runner's, as its profile's rule says)."""
 ConsumedHere = Callable[[str, str], bool]
 """Whether this worker consumes the queue an agent's turns of a conversation go to."""
 
@@ -52,18 +55,22 @@ class Handoffs:
         self._kick = kick
         self._consumed_here = consumed_here
 
-    async def before_run(self, run: TurnRun, state: TurnState) -> HandedOff | None:
+    async def before_run(
+        self, run: TurnRun, state: TurnState, history: HistoryOf
+    ) -> HandedOff | None:
         """The move a turn makes before it runs: to another pool, for an agent served
         elsewhere; or, for a new turn of an agent that handed the conversation off, to the
         agent that answered its last turn (:func:`~convoq.handoffs.continues_as`; a
         ``handoff`` event without a ``call_id`` says so)."""
-        moved = self._before_run(run.acq, state)
+        moved = await self._before_run(run.acq, state, history)
         if moved is not None and moved.target != run.acq.turn.agent:
             data = {"call_id": None, "from": run.acq.turn.agent, "to": moved.target}
             await run.events.add(TurnEvent(type="handoff", data=data))
         return moved
 
-    def _before_run(self, acq: Acquired, state: TurnState) -> HandedOff | None:
+    async def _before_run(
+        self, acq: Acquired, state: TurnState, history: HistoryOf
+    ) -> HandedOff | None:
         agent = acq.turn.agent
         profile = self._profiles.get(agent)
         if profile is None:
@@ -71,9 +78,9 @@ class Handoffs:
                 acq.turn.conversation_id, agent
             )
             return HandedOff(state, agent) if elsewhere and self._kick else None
-        if state.steps or acq.state is not None:
+        if state.steps or acq.state is not None or not handoffs_of(getattr(profile, "tools", None)):
             return None
-        target = continues_as(profile, acq.history, self._profiles.get)
+        target = continues_as(profile, await history(acq), self._profiles.get)
         return HandedOff(state, target) if target is not None else None
 
     async def move(self, run: TurnRun, outcome: HandedOff) -> Acquired | None:

@@ -311,7 +311,7 @@ class Runner:
     async def _execute(self, run: TurnRun) -> Outcome:
         turn = run.acq.turn
         state = run.acq.state or TurnState.start(turn.input)
-        if (moved := await self._handoffs.before_run(run, state)) is not None:
+        if (moved := await self._handoffs.before_run(run, state, self._history)) is not None:
             return moved
         profile = self._profiles.get_profile(turn.agent)
         if turn.expired_ms is not None:  # its approval ran out: told to the model, then ended
