@@ -2,8 +2,9 @@
 
 :class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and
 drives model calls and tool calls until the model answers without tool calls
-(``Completed``), a tool needs approval (``Paused``), or the calls whose approval expired
-got their answers (``Expired``: no further model call). Guardrails
+(``Completed``), a tool needs approval (``Paused``), the model handed the turn to another
+agent (``HandedOff``: its caller goes on with that agent's loop, :mod:`convoq.handoffs`), or
+the calls whose approval expired got their answers (``Expired``: no further model call). Guardrails
 (:mod:`convoq.guardrails`) check the user message before the first model call and the
 final answer before it is returned; a tripped one raises GuardrailTripped (the turn is
 blocked). Each tool call, each instructions function and each approval policy sees a
