@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+from convoq import defaults
 from convoq.agent_response import Continuation
 from convoq.approvals import ApprovalRule
 from convoq.context import Instructions, TurnScope
@@ -191,5 +192,5 @@ def loop_of(
         approval_policy=agent.approval_policy, settings=settings, output=output,
         output_retries=agent.output_retries, input_guardrails=agent.input_guardrails,
         output_guardrails=agent.output_guardrails,
-        max_handoffs=max_handoffs() if handoffs_of(agent.tools) else 5,
+        max_handoffs=max_handoffs() if handoffs_of(agent.tools) else defaults.MAX_HANDOFFS,
     )  # fmt: skip

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from convoq import defaults
 from convoq._sync import call_maybe_async
 from convoq.approvals import ApprovalRule, refused_result, rule_says
 from convoq.context import Instructions, RunContext, TurnScope
@@ -190,7 +191,7 @@ class TurnLoop:
     # child turns on workers.
     children: Children = field(default_factory=InlineChildren)
     # Handoffs one turn may make (:mod:`convoq.handoffs`); past it one is refused.
-    max_handoffs: int = 5
+    max_handoffs: int = defaults.MAX_HANDOFFS
     # The turn was handed to this agent before it started (a conversation's later turn):
     # its assistant messages carry its name, as in a turn that hands off.
     handed: bool = False
@@ -325,7 +326,9 @@ class TurnLoop:
         step's calls are still open (a step that handed off runs all its calls first),
         else the one the last handoff named."""
         if open_calls:
-            asked = _last_assistant(state.messages)
+            # Only a turn that handed off has steps of another agent (a name on an input
+            # message, say a GenerationRequest's, is no agent).
+            asked = _last_assistant(state.messages) if any(followed(state.messages)) else None
             current = asked.name if asked is not None and asked.name else self.scope.agent
         else:
             current = current_agent(state.messages, self.scope.agent)

@@ -136,7 +136,8 @@ def current_agent(messages: list[Message], started_as: str | None) -> str | None
 
 
 def max_handoffs(given: int | None = None) -> int:
-    """Handoffs one turn may make: ``given``, else ``CONVOQ_MAX_HANDOFFS``, else 5."""
+    """Handoffs one turn may make: ``given``, else ``CONVOQ_MAX_HANDOFFS``, else 5
+    (:data:`convoq.defaults.MAX_HANDOFFS`)."""
     return given if given is not None else ConvoqSettings().max_handoffs
 
 

@@ -258,3 +258,18 @@ def test_a_pool_has_queues_of_its_own() -> None:
     assert (pools.agent_pools, pools.pool) == ({"billing": "billing"}, "billing")
     with pytest.raises(ConfigurationError, match="CONVOQ_POOL"):
         ConvoqSettings.resolve(pool="a.b")  # a pool's name is part of its queues' names
+
+
+def test_a_named_message_of_the_input_is_no_handoff() -> None:
+    from convoq.messages import GenerationRequest
+
+    @tool
+    def echo(text: str) -> str:
+        """Echoes."""
+        return text
+
+    asked = Message.assistant("", [ToolCall(id="e", name="echo", arguments={"text": "hi"})])
+    named = asked.model_copy(update={"name": "bob"})  # a participant name, no agent
+    agent = Agent(ScriptedModel(lambda r: f"got {r.messages[-1].text}"), tools=[echo])
+    r = agent.generate(GenerationRequest(messages=[Message.user("go"), named]))
+    assert r.text == "got hi" and r.agent is None
