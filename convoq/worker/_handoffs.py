@@ -83,9 +83,12 @@ class Handoffs:
         target = continues_as(profile, await history(acq), self._profiles.get)
         return HandedOff(state, target) if target is not None else None
 
-    async def move(self, run: TurnRun, outcome: HandedOff) -> Acquired | None:
+    async def move(
+        self, run: TurnRun, outcome: HandedOff, requeued: list[str], abandoned: list[str]
+    ) -> Acquired | None:
         """Journal the handoff and set the turn's agent; return the turn to go on with
-        here (this worker serves the agent), else None (queued again for its pool)."""
+        here (this worker serves the agent), else None: queued again for its pool (its id
+        added to ``requeued``) or, refused, left to the run that owns it (``abandoned``)."""
         acq = run.acq
         cid, tid, target = acq.turn.conversation_id, acq.turn.turn_id, outcome.target
         here = target in self._profiles
@@ -97,9 +100,11 @@ class Handoffs:
                 )  # fmt: skip
         except (StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError) as refused:
             log.warning("handoff of %s/%s refused (%s): abandoned", cid, tid, refused.message)
+            abandoned.append(tid)
             return None
         except REDIS_UNAVAILABLE as exc:  # its lease lapses; the journal holds what ran
             log.warning("handoff of %s/%s failed, Redis unavailable (%s)", cid, tid, exc)
+            abandoned.append(tid)
             return None
         if here:
             moved = target != acq.turn.agent
@@ -107,6 +112,7 @@ class Handoffs:
             turn = replace(acq.turn, agent=target, handed_from=handed)
             return replace(acq, turn=turn, state=outcome.state)
         log.info("turn %s/%s handed to %s: queued for its pool", cid, tid, target)
+        requeued.append(tid)
         if self._kick is not None:
             try:
                 await self._kick(cid, target)

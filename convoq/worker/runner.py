@@ -124,7 +124,8 @@ class DrainReport:
     expired: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
-    # Turns left queued for another drain because other conversations waited for a slot.
+    # Turns left queued for another drain: other conversations waited for a slot, or the
+    # turn was handed to an agent another pool serves.
     requeued: list[str] = field(default_factory=list)
 
     @property
@@ -271,7 +272,7 @@ class Runner:
         if isinstance(outcome, Completed):
             return await self._commit(run, outcome, report)
         if isinstance(outcome, HandedOff):
-            return await self._handoffs.move(run, outcome)
+            return await self._handoffs.move(run, outcome, report.requeued, report.abandoned)
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
