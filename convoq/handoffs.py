@@ -30,9 +30,6 @@ from convoq.tools import Tool, ToolRegistry
 PREFIX = "transfer_to_"
 """What every handoff tool's name starts with."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,52}$")
-OPTION = "handoff"
-"""The turn option a turn that was handed off holds (on workers): ``{"from": <the agent
-it was submitted for>}``."""
 
 
 class HandoffTool(Tool):
