@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+from convoq import defaults
 from convoq.agent_response import Continuation
 from convoq.approvals import ApprovalRule
 from convoq.context import Instructions, TurnScope
 from convoq.engine import EventSink, TurnLoop
 from convoq.errors import ConvoqError
 from convoq.guardrails import InputGuardrail, OutputGuardrail
+from convoq.handoffs import check_inline as check_handoffs_inline
+from convoq.handoffs import handoffs_of, max_handoffs
 from convoq.memory.base import ConversationMemory
 from convoq.messages import Message
 from convoq.model_settings import (
@@ -150,6 +153,7 @@ def asked(
     """A call's output shape and settings (checked before anything runs); sub-agents
     named only by profile cannot run in process (ConfigurationError)."""
     check_inline(agent.tools)
+    check_handoffs_inline(agent.tools)
     shape = output_shape(output_type) if output_type is not None else agent.output
     merged = merge_settings(agent.model_settings, coerce_settings(settings))
     check_tool_choice(merged, tool_names(agent))
@@ -188,4 +192,5 @@ def loop_of(
         approval_policy=agent.approval_policy, settings=settings, output=output,
         output_retries=agent.output_retries, input_guardrails=agent.input_guardrails,
         output_guardrails=agent.output_guardrails,
+        max_handoffs=max_handoffs() if handoffs_of(agent.tools) else defaults.MAX_HANDOFFS,
     )  # fmt: skip

@@ -36,7 +36,7 @@ async def run_turn(agent: ProfileOwner, job: TurnJob) -> Outcome:
     settings, output = asked_of(agent, job.options)
     loop = loop_of(agent, job.history, scope, settings, output, job.emit)
     # The worker's journal and cancellation, on top of what every run of a turn gets.
-    loop = replace(loop, checkpoint=job.checkpoint, should_stop=job.should_stop)
+    loop = replace(loop, checkpoint=job.checkpoint, should_stop=job.should_stop, handed=job.handed)
     if job.children is not None:
         loop = replace(loop, children=job.children)
     return await loop.run(job.state)

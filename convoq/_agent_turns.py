@@ -14,6 +14,7 @@ import logging
 from dataclasses import asdict
 from typing import Protocol
 
+from convoq import _agent_handoffs
 from convoq._agent_continuations import (
     AgentInput,
     approval_ttl,
@@ -22,11 +23,10 @@ from convoq._agent_continuations import (
     parked,
     valid_until,
 )
-from convoq._agent_options import Asked, ConversationOwner, Limits, call_window, loop_of
+from convoq._agent_options import Asked, ConversationOwner, Limits, call_window
 from convoq.agent_response import ChildTurnData, Continuation, Response
 from convoq.compaction import CompactionPolicy, compact_idle
-from convoq.context import TurnScope
-from convoq.engine import Completed, EventSink, Outcome
+from convoq.engine import Completed, EventSink
 from convoq.errors import ConversationMemoryError, ConvoqError
 from convoq.memory.base import ConversationMemory
 from convoq.messages import Message
@@ -109,11 +109,10 @@ class AgentTurns:
         """Run the loop under the turn's reservation, then park, store or release."""
         agent = self._agent
         try:
-            deps = await agent.provided_deps()
-            scope = TurnScope(cont.conversation_id, cont.token, agent.name, deps, cont.metadata)
-            loop = loop_of(agent, history, scope, cont.model_settings, shape, emit)
             with ChildrenMade() as made:
-                outcome: Outcome = await loop.run(cont.state)
+                outcome, answered = await _agent_handoffs.run_turn(
+                    agent, cont, history, shape, emit
+                )
         except BaseException:
             await self._release(cont)
             raise
@@ -129,6 +128,7 @@ class AgentTurns:
             output=outcome.output.value if outcome.output else None,
             output_data=outcome.output.data if outcome.output else None,
             children=[ChildTurnData(**asdict(child)) for child in made.children],
+            agent=getattr(answered, "name", None),
         )  # fmt: skip
         await self._store(cont, outcome.messages, response)
         await self._compact(cont)

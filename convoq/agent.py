@@ -30,6 +30,7 @@ from convoq.compaction import CompactionPolicy
 from convoq.context import DepsHolder, Instructions, check_metadata
 from convoq.engine import DEFAULT_MAX_STEPS, Outcome, ignore_event
 from convoq.guardrails import input_guardrails_of, output_guardrails_of
+from convoq.handoffs import check_name, handoff_tools
 from convoq.ids import check_conversation_id
 from convoq.mcp.config import MCPServer, check_servers
 from convoq.memory.adapt import MemoryLike, as_memory
@@ -104,6 +105,9 @@ class Agent:
         subagents: agents (named) offered to the model as tools, each taking an
             ``input`` to ask; on workers also profile names. A call runs the sub-agent as
             a child turn (:mod:`convoq.subagents`); :meth:`as_tool` names one otherwise.
+        handoffs: agents (named) the model may hand the conversation to, each offered as
+            a ``transfer_to_<name>`` tool; on workers also profile names. The rest of the
+            turn runs as that agent (:mod:`convoq.handoffs`); the agent needs a name.
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class Agent:
         input_guardrails: Iterable[Any] = (),
         output_guardrails: Iterable[Any] = (),
         subagents: Iterable[Any] = (),
+        handoffs: Iterable[Any] = (),
     ) -> None:
         check_options(
             if_busy=if_busy, busy_timeout_s=busy_timeout_s, approval_ttl_s=approval_ttl_s,
@@ -146,7 +151,12 @@ class Agent:
             check_conversation_id(conversation_id) if conversation_id is not None else None
         )
         self.mcp_servers = check_servers(mcp_servers)
-        self.tools = ToolRegistry([*tools, *subagent_tools(subagents)], toolsets=self.mcp_servers)
+        handing = handoff_tools(handoffs)
+        if handing:
+            check_name(name, "an Agent with handoffs, named")
+        self.tools = ToolRegistry(
+            [*tools, *subagent_tools(subagents), *handing], toolsets=self.mcp_servers
+        )
         self.output = output_shape(output_type)
         self.output_retries = output_retries
         self.model_settings = coerce_settings(model_settings)

@@ -62,7 +62,8 @@ class Response(BaseModel):
     the answer as the model sent it, which is also what is stored. ``output_data``: the
     same as JSON. ``children``: the child turns its sub-agent calls made (call, agent,
     child conversation and turn ids, status, usage), whose usage ``usage`` includes, as
-    on workers.
+    on workers. ``agent``: the name of the agent that answered (after a handoff, the one
+    the turn was handed to last; see :mod:`convoq.handoffs`).
     """
 
     text: str
@@ -77,6 +78,7 @@ class Response(BaseModel):
     output: Any = None
     output_data: Any = None
     children: list[ChildTurnData] = Field(default_factory=list)
+    agent: str | None = None
 
 
 class ChildTurnData(BaseModel):

@@ -46,6 +46,8 @@ SUBAGENT_MAX_DEPTH = 3
 """How deep sub-agent calls may nest (``CONVOQ_SUBAGENT_MAX_DEPTH``)."""
 SUBAGENT_MAX_FANOUT = 8
 """Sub-agent calls one model step may make (``CONVOQ_SUBAGENT_MAX_FANOUT``)."""
+MAX_HANDOFFS = 5
+"""Handoffs one turn may make (``CONVOQ_MAX_HANDOFFS``)."""
 TURN_TTL_S = 7 * 86_400
 """How long finished turn records and their events are kept (``CONVOQ_TURN_TTL_S``)."""
 CONVERSATION_TTL_S: int | None = None

@@ -2,8 +2,9 @@
 
 :class:`TurnLoop` takes the history window and the turn so far (a :class:`TurnState`) and
 drives model calls and tool calls until the model answers without tool calls
-(``Completed``), a tool needs approval (``Paused``), or the calls whose approval expired
-got their answers (``Expired``: no further model call). Guardrails
+(``Completed``), a tool needs approval (``Paused``), the model handed the turn to another
+agent (``HandedOff``: its caller goes on with that agent's loop, :mod:`convoq.handoffs`), or
+the calls whose approval expired got their answers (``Expired``: no further model call). Guardrails
 (:mod:`convoq.guardrails`) check the user message before the first model call and the
 final answer before it is returned; a tripped one raises GuardrailTripped (the turn is
 blocked). Each tool call, each instructions function and each approval policy sees a
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from convoq import defaults
 from convoq._sync import call_maybe_async
 from convoq.approvals import ApprovalRule, refused_result, rule_says
 from convoq.context import Instructions, RunContext, TurnScope
@@ -33,6 +35,7 @@ from convoq.errors import (
     TurnCancelledError,
 )
 from convoq.guardrails import InputGuardrail, OutputGuardrail, beside, check_all
+from convoq.handoffs import answers, current_agent, followed, handoffs_of
 from convoq.messages import MAX_MODEL_NAME, Message, MessageRole, ToolCall
 from convoq.model_settings import ModelSettings
 from convoq.models.base import Model, ModelRequest
@@ -100,7 +103,16 @@ class Expired(Completed):
         return ""
 
 
-Outcome = Completed | Paused
+@dataclass
+class HandedOff:
+    """The model handed the turn to ``target`` (:mod:`convoq.handoffs`): ``state`` (its
+    last step the handoff's tool result) goes on as that agent."""
+
+    state: TurnState
+    target: str
+
+
+Outcome = Completed | Paused | HandedOff
 EventSink = Callable[[TurnEvent], Awaitable[None]]
 # What a sink may offer beside: ``sink.text(text)``, a ``text_delta`` event's text alone.
 TextSink = Callable[[str], Awaitable[None]]
@@ -178,6 +190,11 @@ class TurnLoop:
     # How sub-agent calls run (:mod:`convoq.subagents`): in process here, or parked as
     # child turns on workers.
     children: Children = field(default_factory=InlineChildren)
+    # Handoffs one turn may make (:mod:`convoq.handoffs`); past it one is refused.
+    max_handoffs: int = defaults.MAX_HANDOFFS
+    # The turn was handed to this agent before it started (a conversation's later turn):
+    # its assistant messages carry its name, as in a turn that hands off.
+    handed: bool = False
     _specs: list[Any] = field(default_factory=list, init=False)
 
     async def run(self, state: TurnState) -> Outcome:
@@ -189,6 +206,8 @@ class TurnLoop:
                 raise TurnCancelledError("the turn was cancelled")
             last = state.messages[-1]
             open_calls = _unanswered_calls(state.messages)
+            if (target := self._handed_to(state, open_calls)) is not None:
+                return HandedOff(state, target)
             if open_calls:
                 if not await self._run_calls(state, open_calls):
                     return Paused(state)
@@ -230,6 +249,8 @@ class TurnLoop:
                 usage=reply.usage.model_dump() if reply.usage else None,
             )
         state.steps += 1
+        if (speaker := self._speaker(state)) is not None:
+            reply = reply.model_copy(update={"name": speaker})
         state.messages.append(reply)
         await self.checkpoint(state)
         answered = _assistant_data(reply, self.model.name, latency_ms)
@@ -302,6 +323,26 @@ class TurnLoop:
             )
         return text or None
 
+    def _handed_to(self, state: TurnState, open_calls: list[ToolCall]) -> str | None:
+        """The agent whose turn it is, when that is not this loop's agent: the one whose
+        step's calls are still open (a step that handed off runs all its calls first),
+        else the one the last handoff named."""
+        if open_calls:
+            # Only a turn that handed off has steps of another agent (a name on an input
+            # message, say a GenerationRequest's, is no agent).
+            asked = _last_assistant(state.messages) if any(followed(state.messages)) else None
+            current = asked.name if asked is not None and asked.name else self.scope.agent
+        else:
+            current = current_agent(state.messages, self.scope.agent)
+        return current if current != self.scope.agent else None
+
+    def _speaker(self, state: TurnState) -> str | None:
+        """The name an assistant reply carries: the agent's, in a turn with handoffs."""
+        agent = self.scope.agent
+        if agent and (self.handed or handoffs_of(self.tools) or any(followed(state.messages))):
+            return agent
+        return None
+
     def _context(self, state: TurnState, call: ToolCall) -> RunContext[Any]:
         return self.scope.for_call(state.steps, _usage_so_far(state), call.id, call.name)
 
@@ -309,6 +350,9 @@ class TurnLoop:
         """Run what may run; return False when some calls still wait for a decision."""
         waiting: list[ToolCall] = []
         ready = await self._subagent_results(state, calls)
+        made = len(list(followed(state.messages)))
+        handing = answers(calls, handoffs_of(self.tools), made, self.max_handoffs)
+        ready |= {i: ToolOutput(t, is_error=t.startswith("Error")) for i, t in handing.items()}
         for call in calls:
             decision = state.decisions.get(call.id)
             ctx = self._context(state, call)
@@ -334,6 +378,9 @@ class TurnLoop:
                     data={"id": call.id, "name": call.name, "result": output.text},
                 )
             )
+            if (target := current_agent([result], None)) is not None:
+                data = {"call_id": call.id, "from": self.scope.agent, "to": target}
+                await self.emit(TurnEvent(type="handoff", data=data))
         # Decisions are spent once their calls are answered; what is left waits for one.
         state.pending = waiting
         state.decisions = {}
@@ -490,6 +537,10 @@ def _assistant_data(reply: Message, model: str, latency_ms: int) -> dict[str, An
     if reply.usage is not None:
         data["usage"] = reply.usage.model_dump()
     return data
+
+
+def _last_assistant(messages: list[Message]) -> Message | None:
+    return next((m for m in reversed(messages) if m.role == MessageRole.ASSISTANT), None)
 
 
 def _unanswered_calls(messages: list[Message]) -> list[ToolCall]:

@@ -48,6 +48,8 @@ class TurnJob:
     options: dict[str, Any] = field(default_factory=dict)
     # How the turn's sub-agent calls run on this worker: as child turns it parks for.
     children: Children | None = None
+    # The turn was handed to this agent (:mod:`convoq.handoffs`): its answers carry its name.
+    handed: bool = False
 
 
 @runtime_checkable

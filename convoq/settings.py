@@ -15,16 +15,26 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from convoq import defaults
 from convoq.errors import ConfigurationError
 
 GatewayScope = Literal["submit", "read", "approve", "admin", "metrics"]
+PoolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+"""A worker pool's name: it is part of its queues' names."""
 
 
 class GatewayKey(BaseModel):
@@ -117,6 +127,23 @@ class ConvoqSettings(BaseSettings):
         ge=1,
         description="Sub-agent calls one model step may make; a step asking for more has"
         " them all refused with a tool error the model reads.",
+    )
+    max_handoffs: int = Field(
+        default=defaults.MAX_HANDOFFS,
+        ge=1,
+        description="Handoffs one turn may make; one past it is refused with a tool error"
+        " the model reads.",
+    )
+    agent_pools: dict[str, PoolName] = Field(
+        default_factory=dict,
+        description="The pool of workers that serves each agent profile named here"
+        " (a JSON object, agent -> pool): its turns are kicked on that pool's queues"
+        " ({prefix}.{pool}.p{n}); an agent not named goes to the default queues.",
+    )
+    pool: PoolName | None = Field(
+        default=None,
+        description="The pool this worker is: it consumes {prefix}.{pool}.p{n} instead of"
+        " the default queues {prefix}.p{n}.",
     )
     conversation_ttl_s: int | None = Field(
         default=defaults.CONVERSATION_TTL_S,

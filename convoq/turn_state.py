@@ -28,6 +28,7 @@ EventType = Literal[
     "subagent_call",
     "decision",
     "guardrail_tripped",
+    "handoff",
     "done",
 ]
 
@@ -58,6 +59,9 @@ class TurnEvent(BaseModel):
 
     ``subagent_call`` (the call, ``agent``, and the child turn's ``conversation_id`` and
     ``turn_id``) says a sub-agent call waits for its child turn (:mod:`convoq.subagents`).
+
+    ``handoff`` (``{"call_id", "from", "to"}``) says the turn goes on as the agent ``to``
+    (:mod:`convoq.handoffs`).
 
     ``guardrail_tripped`` (``{"guardrail", "kind", "reason", "info"}``) comes before the
     ``done`` of a turn a guardrail blocked (:mod:`convoq.guardrails`).

@@ -30,6 +30,9 @@ What rides on the turn:
 - ``subagent``: the model calls its sub-agent (``helper``, a convoq agent on the same
   wire); in process it runs inline, on workers as a child turn the parent waits for; the
   child's answer is the tool result the parent's answer quotes.
+- ``handoff``: the model hands the turn to ``desk_<wire>`` (a convoq agent on the same
+  wire), which answers with its own instructions; the history with the handoff and the
+  answering agents' names is what the next request sends, on every wire.
 
 Cells that cannot apply are in :data:`NOT_APPLICABLE` with the reason.
 """
@@ -67,7 +70,7 @@ PROFILES = ("convoq", "pydantic_ai")
 WIRES = matrix_agents.WIRES
 RIDERS = ("metadata", "model_settings", "typed_output", "approval", "mcp", "summary",
           "langchain_history", "openai_agents_history", "input_guardrail",
-          "output_guardrail", "retry", "subagent")  # fmt: skip
+          "output_guardrail", "retry", "subagent", "handoff")  # fmt: skip
 GUARDED = {"input_guardrail": "no_blocked_input", "output_guardrail": "no_blocked_output"}
 ANY = "*"
 # (entry, profile, wire, rider), ANY matching every value -> why the cell cannot apply.
@@ -78,6 +81,9 @@ NOT_APPLICABLE: dict[tuple[str, str, str, str], str] = {
     " Pydantic AI agent brings its own toolsets, which run inside its run as its tools",
     ("in_process", ANY, ANY, "retry"): "a turn that fails in process raises to its caller"
     " and leaves no turn record: only a queued turn can be retried (worker, gateway)",
+    (ANY, "pydantic_ai", ANY, "handoff"): "Pydantic AI has no handoff: durable(...,"
+    " handoffs=...) is refused (tests/test_handoffs.py), and only a convoq Agent profile"
+    " takes a handed-off turn",
     (ANY, "pydantic_ai", ANY, "subagent"): "sub-agents are a convoq Agent's subagents; a"
     " Pydantic AI agent delegates inside its own run (its tools), and a convoq agent may"
     " name a Pydantic AI profile as its sub-agent",
@@ -269,6 +275,13 @@ def check_rider(cell: Cell, ran: Ran, requests: list[Seen], written: Any) -> Non
     elif rider == "subagent":
         assert ran.text == "subagent done: plain ok"
         assert [m.text for m in stored if m.role == "tool"] == ["plain ok"]
+    elif rider == "handoff":
+        desk = cell.agent.replace("convoq_", "desk_")
+        assert ran.text == f'handoff done: {{"assistant": "{desk}"}}'
+        said = [(m.role.value, m.name) for m in stored if m.role != "user"]
+        assert said == [("assistant", cell.agent), ("tool", f"transfer_to_{desk}"),
+                        ("assistant", desk)]  # fmt: skip
+        assert "You are the desk." in json.dumps(requests[-1].body)  # the desk's own
     elif rider == "retry":
         assert ran.text == "retry done: None"
         # Asked for the tool call, refused after it, asked again after the retry: the

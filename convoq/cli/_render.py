@@ -164,6 +164,8 @@ def print_result(result: TurnResult) -> None:
     for call in result.pending_approvals:
         shown = escape(f"{call.id} {call.name}({call.arguments})")
         console.print(f"[magenta]needs approval[/magenta]: {shown}")
+    if result.handed_from is not None:
+        console.print(escape(f"handed off: {result.handed_from} -> {result.agent}"))
     if result.parent is not None:
         p = result.parent
         console.print(escape(f"sub-agent call {p.call_id} of {p.conversation_id} {p.turn_id}"))
@@ -206,6 +208,9 @@ def print_event(event: TurnEvent) -> None:
         shown = escape(f"{data.get('id')} {data.get('agent')} -> {data.get('conversation_id')}"
                        f" {data.get('turn_id')}")  # fmt: skip
         console.print(f"\n[magenta]subagent_call[/magenta] {shown}")
+    elif event.type == "handoff":
+        shown = escape(f"{data.get('from')} -> {data.get('to')}")
+        console.print(f"\n[magenta]handoff[/magenta] {shown}")
     elif event.type == "guardrail_tripped":
         shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
         console.print(f"\n[red]guardrail_tripped[/red] {shown}")

@@ -79,18 +79,21 @@ def worker(
     agents: Annotated[str | None, typer.Option(help="Module(s) with the agent profiles.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
     hostname: Annotated[str | None, typer.Option(help="Worker name (name@host).")] = None,
+    pool: Annotated[
+        str | None, typer.Option(help="The pool this worker is (CONVOQ_POOL): its queues.")
+    ] = None,
 ) -> None:
     """Run a worker process (Celery, threads pool) for the chosen partitions."""
     from convoq.queue.routing import parse_partitions, queue_names
     from convoq.worker.app import create_app  # lazy: worker side only here
     from convoq.worker.profiles import load_profiles
 
-    s = _settings(concurrency=concurrency, agents=agents)
+    s = _settings(concurrency=concurrency, agents=agents, pool=pool)
     with reported(code=2):
         chosen = parse_partitions(partitions, s.partitions)
     with reported():
         profiles = load_profiles(s.agents)
-        queues = queue_names(s.prefix, chosen)
+        queues = queue_names(s.prefix, chosen, s.pool)
         celery_app = create_app(s)
     err_console.print(
         f"[bold]convoq worker[/bold]: profiles {sorted(profiles)}, queues {queues[0]}..{queues[-1]}"

@@ -37,19 +37,29 @@ class Kicks:
         self._sender = sender
         self._direct: bool | None = None
 
-    def queue(self, conversation_id: str) -> str:
-        """The queue the conversation's kicks go to."""
+    def queue(self, conversation_id: str, agent: str | None = None) -> str:
+        """The queue the conversation's kicks go to: of the pool serving ``agent`` when
+        ``CONVOQ_AGENT_POOLS`` names one, else the default."""
         s = self._settings
-        return routing.route(conversation_id, prefix=s.prefix, partitions=s.partitions)
+        pool = s.agent_pools.get(agent) if agent is not None else None
+        return routing.route(conversation_id, prefix=s.prefix, partitions=s.partitions, pool=pool)
 
     async def send(
-        self, task: str, conversation_id: str, *args: str, head: str | None = None
+        self,
+        task: str,
+        conversation_id: str,
+        *args: str,
+        head: str | None = None,
+        agent: str | None = None,
     ) -> None:
-        """Send ``task`` for the conversation (with ``args`` after its id) by ``send_task``."""
-        queue = self.queue(conversation_id)
+        """Send ``task`` for the conversation (with ``args`` after its id) by ``send_task``
+        (to the pool serving ``agent``, see :meth:`queue`)."""
+        queue = self.queue(conversation_id, agent)
         await send_kick(self._sender(), task, queue, [conversation_id, *args], head=head)
 
-    def direct(self, conversation_id: str, head: str) -> tuple[str, str] | None:
+    def direct(
+        self, conversation_id: str, head: str, agent: str | None = None
+    ) -> tuple[str, str] | None:
         """The kick of ``head``'s conversation for the submit script to push (queue list,
         kombu message) when the broker is the store's Redis; else None (send_task)."""
         if self._direct is None:
@@ -62,5 +72,5 @@ class Kicks:
             )
         if not self._direct:
             return None
-        queue = self.queue(conversation_id)
+        queue = self.queue(conversation_id, agent)
         return queue, kick_message(routing.DRAIN_TASK, queue, [conversation_id], head=head)

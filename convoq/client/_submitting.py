@@ -132,7 +132,7 @@ class Submitting:
         protocol = self._client.protocol
         await protocol.follow_retention()  # the idempotency key expires as the workers say
         # A traced kick is a span of its own, sent with send_task.
-        kick = None if trace else self._kicks.direct(sub.conversation_id, sub.turn_id)
+        kick = None if trace else self._kicks.direct(sub.conversation_id, sub.turn_id, sub.agent)
         # Resent while replicas have not confirmed it: the same turn id makes it a replay.
         try:
             stored = await until_durable(
@@ -161,7 +161,9 @@ class Submitting:
         if stored.position == 0 or stored.duplicate:
             # A duplicate kicks again: its first submit may have died before its kick.
             head = stored.turn_id if stored.position == 0 else None
-            await self._kicks.send(routing.DRAIN_TASK, sub.conversation_id, head=head)
+            await self._kicks.send(
+                routing.DRAIN_TASK, sub.conversation_id, head=head, agent=sub.agent
+            )
         return stored
 
     async def _check_same_request(self, sub: Submission, first: str) -> None:

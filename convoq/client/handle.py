@@ -78,6 +78,10 @@ class TurnResult:
             (call id, agent, child conversation and turn, status, usage); ``usage`` then
             includes theirs.
         parent: a child turn's parent call (conversation, turn, call id, depth), else None.
+        agent: the agent profile that ran the turn last: after a handoff, the one it was
+            handed to (:mod:`convoq.handoffs`).
+        handed_from: the agent it was submitted for, when it was handed to another (by a
+            handoff, or because the conversation had been handed off), else None.
     """
 
     conversation_id: str
@@ -97,6 +101,8 @@ class TurnResult:
     retries: int = 0
     children: list[ChildTurn] = field(default_factory=list)
     parent: ParentCall | None = None
+    agent: str = ""
+    handed_from: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -138,6 +144,8 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         retries=record.retries,
         children=children_of_result(data),
         parent=ParentCall.of(record.options),
+        agent=record.agent,
+        handed_from=record.handed_from,
     )
 
 

@@ -85,6 +85,11 @@ class TurnView(BaseModel):
     parent: ParentCallView | None = Field(
         default=None, description="A child turn: the sub-agent call it answers."
     )
+    handed_from: str | None = Field(
+        default=None,
+        description="The agent it was submitted for, when it was handed to another"
+        " (``agent``: the one that ran it last).",
+    )
 
     @classmethod
     def of(cls, record: TurnRecord) -> TurnView:
@@ -122,6 +127,7 @@ class TurnView(BaseModel):
             decisions=record.decisions,
             children=[ChildTurnView(**asdict(c)) for c in children_of_result(data)],
             parent=_parent_view(record),
+            handed_from=record.handed_from,
         )
 
 

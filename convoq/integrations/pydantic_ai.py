@@ -227,6 +227,7 @@ def durable(
     approval_ttl_s: float | None = None,
     input_guardrails: Iterable[Any] = (),
     output_guardrails: Iterable[Any] = (),
+    handoffs: Iterable[Any] = (),
 ) -> DurableAgent:
     """A Pydantic AI agent as a convoq worker profile, named ``name`` or ``agent.name``.
 
@@ -241,11 +242,22 @@ def durable(
             (None: the workers' ``CONVOQ_APPROVAL_TTL_S``).
         input_guardrails: checks of the user message before the run (see the module:
             none may ``run_in_parallel``); ``output_guardrails``: checks of its output.
+        handoffs: refused when given: Pydantic AI has no handoff (its agent delegation
+            and programmatic hand-off are application code); hand off between convoq
+            ``Agent`` profiles (``handoffs=[...]``, :mod:`convoq.handoffs`).
 
     Raises:
-        ConfigurationError: not a Pydantic AI agent, no name, bad settings, or an input
-            guardrail that runs in parallel.
+        ConfigurationError: not a Pydantic AI agent, no name, bad settings, an input
+            guardrail that runs in parallel, or ``handoffs``.
     """
+    if list(handoffs):
+        raise ConfigurationError(
+            "a Pydantic AI profile cannot hand off (handoffs): Pydantic AI has no handoff;"
+            " its agent delegation is a sub-agent (give it to a convoq Agent's subagents),"
+            " and handoffs run between convoq Agent profiles",
+            option="handoffs",
+            profile=name or getattr(agent, "name", None),
+        )
     return DurableAgent(
         agent,
         name=name,

@@ -29,16 +29,22 @@ def partition_of(conversation_id: str, partitions: int) -> int:
     return zlib.crc32(conversation_id.encode()) % partitions
 
 
-def queue_name(prefix: str, partition: int) -> str:
-    """The Celery queue of one partition, e.g. ``convoq.p3``."""
-    return f"{prefix}.p{partition}"
+def queue_name(prefix: str, partition: int, pool: str | None = None) -> str:
+    """The Celery queue of one partition, e.g. ``convoq.p3`` (of the pool ``billing``:
+    ``convoq.billing.p3``)."""
+    return f"{prefix}.{pool}.p{partition}" if pool else f"{prefix}.p{partition}"
 
 
 def route(
-    conversation_id: str, *, prefix: str = defaults.PREFIX, partitions: int = defaults.PARTITIONS
+    conversation_id: str,
+    *,
+    prefix: str = defaults.PREFIX,
+    partitions: int = defaults.PARTITIONS,
+    pool: str | None = None,
 ) -> str:
-    """The Celery queue that kicks for ``conversation_id`` are sent to."""
-    return queue_name(prefix, partition_of(conversation_id, partitions))
+    """The Celery queue that kicks for ``conversation_id`` are sent to (on ``pool``'s
+    queues when given: the pool that serves the agent its head turn runs on)."""
+    return queue_name(prefix, partition_of(conversation_id, partitions), pool)
 
 
 def parse_partitions(spec: str | None, partitions: int) -> list[int]:
@@ -89,6 +95,6 @@ def _parse_item(item: str, spec: str) -> range:
     return range(first, last + 1)
 
 
-def queue_names(prefix: str, chosen: list[int]) -> list[str]:
-    """The queue names of the chosen partitions, in order."""
-    return [queue_name(prefix, p) for p in chosen]
+def queue_names(prefix: str, chosen: list[int], pool: str | None = None) -> list[str]:
+    """The queue names of the chosen partitions, in order (of ``pool``, when given)."""
+    return [queue_name(prefix, p, pool) for p in chosen]

@@ -76,6 +76,7 @@ class EventsMixin(ProtocolBase):
                 pipe.xread({stream: after}, count=count, block=block)
                 (reply,) = await pipe.execute()
         events, live = read_entries(reply, after)
+        record = _handed(record, events)
         if live is not None:
             return events, _refreshed(record, live, key)
         if events and _status_reached(events) is None:
@@ -398,3 +399,14 @@ class TurnEvents:
             except Exception as exc:  # they stay buffered and go with the turn's next write
                 log.warning("events of turn %s/%s not sent yet: %s", self._cid, self._tid, exc)
                 return
+
+
+def _handed(record: TurnRecord, events: list[tuple[str, TurnEvent]]) -> TurnRecord:
+    """``record`` with the agent its ``handoff`` events moved it to (the first keeping the
+    agent it was queued for as ``handed_from``)."""
+    for _, event in events:
+        to = event.data.get("to") if event.type == "handoff" else None
+        if isinstance(to, str) and to != record.agent:
+            handed = record.handed_from or record.agent
+            record = dataclasses.replace(record, agent=to, handed_from=handed)
+    return record

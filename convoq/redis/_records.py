@@ -59,6 +59,9 @@ class TurnRecord:
     expired_ms: int | None = None
     # How often the turn failed and was queued again (retry).
     retries: int = 0
+    # The agent the turn was queued for, when it was handed to another (``agent``):
+    # :mod:`convoq.handoffs`.
+    handed_from: str | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -257,6 +260,7 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             decisions=_decisions(fields),
             expired_ms=_int(fields, "expired_ms"),
             retries=_int(fields, "retries") or 0,
+            handed_from=_text(fields, "handed_from"),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(

@@ -42,6 +42,7 @@ Where each verb lives (the class is assembled here from these, over
 - :mod:`convoq.redis._retention`: ``touch`` (the idle TTL), ``prune``;
 - :mod:`convoq.redis._popping`: ``pop`` (the newest message, for memory and sessions);
 - :mod:`convoq.redis._sweeping`: ``sweep_candidates``;
+- :mod:`convoq.redis._transferring`: ``transfer`` (a handoff), ``head_agent``;
 - :mod:`convoq.redis._registry`: ``registered_agents``/``workers``/``prefixes``,
   ``check_epoch``;
 - :mod:`convoq.redis._replies`: every script reply parsed into a record;
@@ -73,6 +74,7 @@ from convoq.redis._retention import RetentionMixin
 from convoq.redis._retrying import Retried, RetryingMixin
 from convoq.redis._submitting import SubmittingMixin
 from convoq.redis._sweeping import SweepingMixin
+from convoq.redis._transferring import TransferringMixin
 
 if TYPE_CHECKING:
     from convoq.redis.roles import ClientStore, MemoryStore, WorkerStore
@@ -104,6 +106,7 @@ class TurnProtocol(
     RetentionMixin,
     SweepingMixin,
     RegistryMixin,
+    TransferringMixin,
 ):
     """Queued turns of conversations in Redis (async; see the module docstring).
 

@@ -154,6 +154,20 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
 
     async def touch(self, cid: str, *, also: Sequence[str] = ()) -> None: ...
 
+    async def transfer(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        fence: int,
+        state: TurnState,
+        agent: str,
+        release: bool,
+        events: Sequence[TurnEvent] = (),
+    ) -> None: ...
+
+    async def head_agent(self, cid: str) -> str | None: ...
+
 
 class WorkerStore(RunnerStore, SweepStore, Protocol):
     """A worker process: the runner's and the sweeper's roles, and what the runtime itself

@@ -62,6 +62,7 @@ NAMES = (
     "retry",
     "submit",
     "summarise",
+    "transfer",
     "touch",
     "unadmit",
     "unreserve",

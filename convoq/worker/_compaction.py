@@ -49,7 +49,9 @@ class Compactor:
     async def queue(self, cid: str, agent: str) -> None:
         """Send the conversation a ``convoq.compact`` task for ``agent`` (the runner's
         compaction hook)."""
-        await self._kicks.send_from_loop(routing.COMPACT_TASK, cid, agent)
+        # On the queues of the pool serving the profile: its policy is there.
+        pool = self._kicks.pool_of(agent)
+        await self._kicks.send_from_loop(routing.COMPACT_TASK, cid, agent, pool=pool)
 
     def _memory_on_loop(self) -> RedisConversationMemory:
         if self._memory is None:

@@ -26,17 +26,39 @@ class Kicks:
         """The queues this worker consumes, once its consumer is ready."""
 
     def send(
-        self, task: str, conversation_id: str, *args: str, headers: dict[str, str] | None = None
+        self,
+        task: str,
+        conversation_id: str,
+        *args: str,
+        headers: dict[str, str] | None = None,
+        pool: str | None = None,
     ) -> None:
-        """Send ``task(conversation_id, *args)`` to the conversation's queue."""
-        queue = routing.route(
-            conversation_id, prefix=self._settings.prefix, partitions=self._settings.partitions
-        )
+        """Send ``task(conversation_id, *args)`` to the conversation's queue (of ``pool``)."""
+        queue = self.queue_of(conversation_id, pool)
         self._app.send_task(task, args=[conversation_id, *args], queue=queue, headers=headers)
 
-    async def send_from_loop(self, task: str, conversation_id: str, *args: str) -> None:
+    def queue_of(self, conversation_id: str, pool: str | None) -> str:
+        s = self._settings
+        return routing.route(conversation_id, prefix=s.prefix, partitions=s.partitions, pool=pool)
+
+    def pool_of(self, agent: str) -> str | None:
+        """The pool that serves ``agent`` (``CONVOQ_AGENT_POOLS``; None: the default)."""
+        return self._settings.agent_pools.get(agent)
+
+    def consumed_here(self, conversation_id: str, agent: str) -> bool:
+        """Whether this worker consumes the queue the kicks of ``agent``'s turns go to."""
+        return self.queue_of(conversation_id, self.pool_of(agent)) in self.queues
+
+    async def kick_agent(self, conversation_id: str, agent: str) -> None:
+        """Send the conversation a drain on the queue of the pool that serves ``agent``."""
+        pool = self.pool_of(agent)
+        await asyncio.to_thread(self.send, routing.DRAIN_TASK, conversation_id, pool=pool)
+
+    async def send_from_loop(
+        self, task: str, conversation_id: str, *args: str, pool: str | None = None
+    ) -> None:
         """:meth:`send` from the event loop (a broker round trip, on a thread)."""
-        await asyncio.to_thread(self.send, task, conversation_id, *args)
+        await asyncio.to_thread(self.send, task, conversation_id, *args, pool=pool)
 
     async def kick(self, conversation_id: str) -> None:
         """Send the conversation a drain (from the event loop)."""

@@ -62,7 +62,7 @@ def create_app(settings: ConvoqSettings | None = None) -> ConvoqCelery:
 
 def worker_config(s: ConvoqSettings, broker: Broker | str) -> dict[str, Any]:
     """The Celery settings of a convoq worker (see the module docstring for why)."""
-    queues = routing.queue_names(s.prefix, list(range(s.partitions)))
+    queues = routing.queue_names(s.prefix, list(range(s.partitions)), s.pool)
     config = celery_base_config(
         broker, visibility_timeout_s=s.visibility_timeout_s, task_events=s.task_events
     )

@@ -20,7 +20,9 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from convoq.errors import ConfigurationError, UnknownAgentError
+from convoq.handoffs import handoffs_of
 from convoq.profile import AgentProfile, approval_ttl_of, refusals_of
+from convoq.tools import ToolRegistry
 from convoq.window import STORE_CHOOSES, AgentWindows, WindowRule
 from convoq.worker._subagents import check_subagents
 
@@ -49,6 +51,11 @@ class Profiles(Mapping[str, AgentProfile]):
             self._agents[agent.name] = agent
         # Sub-agents given as agents are served too; one named only must be a profile.
         for extra in check_subagents(self._agents):
+            check_servable(extra)
+            self._agents[str(extra.name)] = extra
+        # Handoff targets given as agents are served too (one named only may be served
+        # by another pool: CONVOQ_AGENT_POOLS).
+        for extra in handoff_agents(self._agents):
             check_servable(extra)
             self._agents[str(extra.name)] = extra
         # Each profile's window rule, decided once: the windows its turns are handed out
@@ -102,6 +109,30 @@ class Profiles(Mapping[str, AgentProfile]):
             own = approval_ttl_of(agent)
             ttls[name] = max(1, round((default_s if own is None else own) * 1000))
         return ttls
+
+
+def handoff_agents(profiles: Mapping[str, AgentProfile]) -> list[AgentProfile]:
+    """The agents the profiles hand off to that are no profile of their own yet."""
+    added: dict[str, AgentProfile] = {}
+    todo = list(profiles.values())
+    while todo:
+        for tool in handoffs_of(getattr(todo.pop(), "tools", None)).values():
+            agent = tool.agent
+            known = profiles.get(tool.profile)
+            if known is not None and not isinstance(getattr(known, "tools", None), ToolRegistry):
+                raise ConfigurationError(
+                    f"profile {tool.profile!r} is handed off to (handoffs), but only a convoq"
+                    " Agent profile can take a handed-off turn (not an integrated"
+                    " framework's agent)",
+                    option="handoffs",
+                    profile=tool.profile,
+                )
+            if known is not None or tool.profile in added:
+                continue
+            if isinstance(agent, AgentProfile):
+                added[tool.profile] = agent
+                todo.append(agent)
+    return list(added.values())
 
 
 def check_servable(agent: AgentProfile) -> None:

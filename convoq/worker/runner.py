@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convoq import defaults
-from convoq.engine import Completed, Expired, Outcome
+from convoq.engine import Completed, Expired, HandedOff, Outcome
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
@@ -55,6 +55,7 @@ from convoq.worker import _observed
 from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
+from convoq.worker._handoffs import ConsumedHere, Handoffs, KickAgent
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker._subagents import children_of, subagent_tools_of
 from convoq.worker.profiles import Profiles
@@ -123,7 +124,8 @@ class DrainReport:
     expired: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
-    # Turns left queued for another drain because other conversations waited for a slot.
+    # Turns left queued for another drain: other conversations waited for a slot, or the
+    # turn was handed to an agent another pool serves.
     requeued: list[str] = field(default_factory=list)
 
     @property
@@ -145,8 +147,11 @@ class Runner:
         on_compact: CompactHook | None = None,
         on_parked: ParkedHook | None = None,
         children: ChildrenFor | None = None,
+        kick_agent: KickAgent | None = None,
+        consumed_here: ConsumedHere | None = None,
     ) -> None:
         self._protocol = protocol
+        self._handoffs = Handoffs(protocol, profiles, kick_agent, consumed_here)
         self._on_parked = on_parked
         self._children = children
         self._on_compact = on_compact
@@ -266,6 +271,8 @@ class Runner:
             return await self._fail(run, exc, report)
         if isinstance(outcome, Completed):
             return await self._commit(run, outcome, report)
+        if isinstance(outcome, HandedOff):
+            return await self._handoffs.move(run, outcome, report.requeued, report.abandoned)
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
@@ -304,8 +311,10 @@ class Runner:
 
     async def _execute(self, run: TurnRun) -> Outcome:
         turn = run.acq.turn
-        profile = self._profiles.get_profile(turn.agent)
         state = run.acq.state or TurnState.start(turn.input)
+        if (moved := await self._handoffs.before_run(run, state, self._history)) is not None:
+            return moved
+        profile = self._profiles.get_profile(turn.agent)
         if turn.expired_ms is not None:  # its approval ran out: told to the model, then ended
             for event in expire_undecided(state, turn.expired_ms):
                 await run.events.add(event)
@@ -322,6 +331,7 @@ class Runner:
             attempt=max(1, turn.attempts),
             options=turn.options,
             children=self._children(turn.options) if self._children is not None else None,
+            handed=turn.handed_from is not None,
         )
         return await profile.run_turn(job)
 

@@ -80,6 +80,7 @@ class WorkerRuntime:
         self.callbacks = Callbacks(self.loop, self.kicks, self.keys, settings, callback_policy)
         # Made with the store, when the loop opens it (see _runner_for).
         self.subagents: SubAgents | None = None
+        self._store: WorkerStore | None = None
         self.heartbeat = Heartbeat(
             app,
             settings,
@@ -88,7 +89,7 @@ class WorkerRuntime:
             mcp_servers,
             self.loop,
             serving,
-            kick=self.kicks.kick,
+            kick=self._kick_routed,
             also=self._every_sweep,
             worker_id=self.worker_id,
         )
@@ -109,8 +110,9 @@ class WorkerRuntime:
             delta_flush_ms=s.delta_flush_ms,
             delta_flush_bytes=s.delta_flush_bytes,
         )
+        self._store = protocol
         self.subagents = SubAgents(
-            cast(ChildStore, protocol), self.profiles, self.kicks.kick,
+            cast(ChildStore, protocol), self.profiles, self._kick_routed,
             max_depth=s.subagent_max_depth, max_fanout=s.subagent_max_fanout,
         )  # fmt: skip
         return Runner(
@@ -122,7 +124,19 @@ class WorkerRuntime:
             on_compact=self.compactor.queue,
             on_parked=self.subagents.parked,
             children=self.subagents.children_for,
+            kick_agent=self.kicks.kick_agent,
+            consumed_here=self.kicks.consumed_here,
         )
+
+    async def _kick_routed(self, conversation_id: str) -> None:
+        """Kick a conversation on the queue of the pool serving its head turn's agent
+        (``CONVOQ_AGENT_POOLS``; without pools, its default queue): one read more."""
+        store, pools = self._store, self.settings.agent_pools
+        agent = await store.head_agent(conversation_id) if store and pools else None
+        if agent is None:
+            await self.kicks.kick(conversation_id)
+        else:
+            await self.kicks.kick_agent(conversation_id, agent)
 
     async def _every_sweep(self) -> None:
         """The duties of the worker that sweeps in a period: owed callbacks, then the

@@ -140,6 +140,7 @@ def _payload(cid: str, tid: str, record: TurnRecord) -> bytes:
         decisions={call: d.model_dump() for call, d in record.decisions.items()},
         children=result.get("children"),
         parent=record.options.get("subagent"),
+        handed_from=record.handed_from,
     )
 
 

@@ -27,6 +27,7 @@ SAMPLES = {
         "turn_id": "t1",
     },
     "guardrail_tripped": {"guardrail": "no_secrets", "kind": "input", "reason": "a password"},
+    "handoff": {"call_id": "h1", "from": "triage", "to": "billing"},
     "done": {"status": "succeeded"},
 }
 # Its text is shown by the text deltas before it and the result after it.
@@ -49,6 +50,11 @@ def test_a_guardrail_tripped_event_names_the_guardrail_and_why(
 ) -> None:
     _render.print_event(TurnEvent(type="guardrail_tripped", data=SAMPLES["guardrail_tripped"]))
     assert "guardrail_tripped input no_secrets: a password" in capsys.readouterr().out
+
+
+def test_a_handoff_event_names_both_agents(capsys: pytest.CaptureFixture[str]) -> None:
+    _render.print_event(TurnEvent(type="handoff", data=SAMPLES["handoff"]))
+    assert "handoff triage -> billing" in capsys.readouterr().out
 
 
 def test_a_subagent_call_event_names_the_child_turn(capsys: pytest.CaptureFixture[str]) -> None:

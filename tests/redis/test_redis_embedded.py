@@ -46,8 +46,8 @@ async def test_redis_6_2_runs_a_whole_turn_cycle(tmp_path: Path) -> None:
 
 
 async def _full_cycle(proto: TurnProtocol) -> None:
-    """submit, acquire, checkpoint, park, decide, resume, commit and fail (each handing
-    out the next turn), discard, cancel, sweep, clear, append: every script once."""
+    """submit, acquire, checkpoint, transfer, park, decide, resume, commit and fail (each
+    handing out the next turn), discard, cancel, sweep, clear, append: every script once."""
     cid, picture = "c", bytes(range(200))
     first = Message(content=[TextPart(text="q1"), ImagePart(data=picture, mime_type="x/y")])
     await proto.submit(cid, "t1", agent="a", message=first, options={}, idempotency_key="k")
@@ -59,6 +59,7 @@ async def _full_cycle(proto: TurnProtocol) -> None:
     calls = [ToolCall(id="c1", name="t")]
     state = TurnState(messages=[first, Message.assistant("", calls)], steps=1, pending=calls)
     await proto.checkpoint(cid, "t1", fence=acq.fence, state=state)
+    await proto.transfer(cid, "t1", fence=acq.fence, state=state, agent="a", release=False)
     await proto.park(cid, "t1", fence=acq.fence, state=state, approval_ttl_ms=LEASE)
     assert await proto.decide(cid, "t1", call_id="c1", approved=True) == "resume"
     resumed = await proto.acquire(cid, worker_id="w", lease_ms=LEASE)

@@ -136,7 +136,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     **{name: (lambda n: lambda r: EndReply.parse(n, r))(name) for name in ("commit", "fail")},
     **{
         name: (lambda n: lambda r: RunningReply.parse(n, r))(name)
-        for name in ("renew", "checkpoint")
+        for name in ("renew", "checkpoint", "transfer")
     },
     **{name: (lambda n: lambda r: CountReply.parse(n, r))(name) for name in ("unadmit", "prune")},
     **{
@@ -183,6 +183,7 @@ async def _drive_every_script(proto: TurnProtocol) -> dict[str, Any]:
     assert await proto.renew(CID, fence=acquired.fence, lease_ms=LEASE, turn_id="t1") is False
     state = TurnState(messages=[acquired.turn.input])
     assert await proto.checkpoint(CID, "t1", fence=acquired.fence, state=state) is False
+    await proto.transfer(CID, "t1", fence=acquired.fence, state=state, agent="bot", release=False)
     ending = TurnEnding(fence=acquired.fence, lease_ms=LEASE, next_turn_id="t2")
     handed = seen["handed"] = await proto.commit(CID, "t1", exchange("t1"), ending)
     assert handed is not None and handed.turn.turn_id == "t2"

@@ -7,8 +7,9 @@ loopback server at ``MATRIX_WIRE_URL`` (``.../v1``, :mod:`tests.support.wire_ser
 (needs approval), ``whoami`` (reads the turn's metadata) and, for convoq agents, the MCP
 test server's ``t__add``; and the same guardrails: ``no_blocked_input`` trips on a user
 message of the ``input_guardrail`` rider, ``no_blocked_output`` on an answer of the
-``output_guardrail`` rider. What each model answers is :func:`script`, read from the request
-(and, for the ``retry`` rider, from :data:`BROKEN` in the process serving the wire).
+``output_guardrail`` rider. Each convoq agent hands off to ``desk_<wire>`` (on the same
+wire) for the ``handoff`` rider. What each model answers is :func:`script`, read from the
+request (and, for the ``retry`` rider, from :data:`BROKEN` in the process serving the wire).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def script(seen: Seen) -> Said:
         return Said(output=ANSWER if tried else WRONG)
     tool = {"approval": ("refund", {"amount": 5}), "metadata": ("whoami", {}),
             "mcp": ("t__add", {"a": 2, "b": 3}), "retry": ("whoami", {}),
-            "subagent": ("helper", {"input": "help me"})}.get(rider)  # fmt: skip
+            "subagent": ("helper", {"input": "help me"}),
+            "handoff": (f"transfer_to_desk_{seen.wire}", {})}.get(rider)  # fmt: skip
     if tool is not None and not results:
         return Said(calls=[(f"call_{rider}", tool[0], tool[1])])
     if rider == "retry" and _cid_of(seen) in BROKEN:
@@ -128,6 +130,7 @@ GUARDRAILS: dict[str, Any] = {
 def _convoq(wire: str) -> Agent:
     # Its sub-agent, on the same wire: asked without the cell's mark, it answers "plain ok".
     helper = Agent(convoq_model(wire), "Be brief.", name=f"helper_{wire}")
+    desk = Agent(convoq_model(wire), "You are the desk.", name=f"desk_{wire}")
     return Agent(
         convoq_model(wire),
         "Be brief.",
@@ -135,6 +138,7 @@ def _convoq(wire: str) -> Agent:
         tools=[refund, whoami],
         mcp_servers=[stdio_server("t", **stdio_args(MCP_LOG))],
         subagents=[helper.as_tool(name="helper", description="Helps.")],
+        handoffs=[desk],
         **GUARDRAILS,
     )
 

@@ -614,6 +614,8 @@ local function resumed_data(rec, attempts)
   if rec.status == 'running' then
     if rec.handed_back == '1' then
       why = 'worker_stopped'
+    elseif rec.handed_back == 'handoff' then
+      why = 'handed_off'  -- transfer.lua: queued again for the pool of its new agent
     else
       why = rec.cut_off == '1' and 'worker_cut_off' or 'worker_lost'
     end
