@@ -12,6 +12,7 @@ batch, a few ms after the fact at most). From it:
   often it ran (a ``tool_call`` again for the same call id is a rerun after its run was cut
   off: same ``idempotency_key``) and the worker that ran it, when recorded;
 - approvals (``approval_required``, then ``decision``: by whom, when, why);
+- handoffs (``handoff``: the call, from which agent to which);
 - runs (``status`` running), takeovers and resumptions (``resumed``: why, which attempt),
   parking, retries and the end, with the error of a failed turn.
 
@@ -112,6 +113,15 @@ class ErrorStep(_Step):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+class HandoffStep(_Step):
+    """The turn went on with another agent (a ``transfer_to_<agent>`` call)."""
+
+    kind: Literal["handoff"] = "handoff"
+    call_id: str
+    from_agent: str | None = None
+    to_agent: str
+
+
 class EventStep(_Step):
     """An event of a type this console does not know (shown as it is)."""
 
@@ -122,7 +132,7 @@ class EventStep(_Step):
 
 Step = Annotated[
     StatusStep | RunStep | ResumedStep | ModelCallStep | ToolCallStep | ApprovalStep | ErrorStep
-    | EventStep,
+    | HandoffStep | EventStep,
     Field(discriminator="kind"),
 ]  # fmt: skip
 
@@ -186,6 +196,12 @@ class _Builder:
         reason = str(data.get("reason", ""))
         self.steps.append(ResumedStep(at_ms=when, event_id=eid, reason=reason,
                                       attempt=_int(data.get("attempt"))))  # fmt: skip
+
+    def _on_handoff(self, eid: str, when: int | None, data: dict[str, Any]) -> None:
+        self.steps.append(HandoffStep(
+            at_ms=when, event_id=eid, call_id=str(data.get("call_id") or ""),
+            from_agent=_text(data.get("from")), to_agent=str(data.get("to") or ""),
+        ))  # fmt: skip
 
     def _on_assistant(self, eid: str, when: int | None, data: dict[str, Any]) -> None:
         self.models += 1

@@ -231,6 +231,19 @@ def test_a_parent_turn_links_its_child_turns_and_a_child_its_parent_call(
     assert seen["children"] == [] and seen["input_text"] == "find the receipt"
 
 
+def test_a_handoff_shows_in_the_timeline_between_the_two_agents_calls(
+    admin: httpx.Client, scene: Scene
+) -> None:
+    detail = _steps(admin, scene.handed, scene.handed_tid)
+    kinds = [s["kind"] for s in detail["steps"] if s["kind"] != "status"]
+    assert kinds == ["run", "model_call", "tool_call", "handoff", "model_call"]
+    handoff = next(s for s in detail["steps"] if s["kind"] == "handoff")
+    assert (handoff["call_id"], handoff["from_agent"], handoff["to_agent"]) == (
+        "to-desk", "front", "desk",
+    )  # fmt: skip
+    assert detail["text"] == "desk here: my invoice"
+
+
 def test_a_failed_turn_shows_its_error(admin: httpx.Client, scene: Scene) -> None:
     detail = _steps(admin, scene.failed, scene.failed_tid)
     error = detail["steps"][-1]

@@ -187,6 +187,10 @@ def test_a_parent_turn_links_to_its_child_and_back(
     page.locator("a.parent-link").click()
     page.locator("ul.children").wait_for(timeout=10000)
 
+    watched.go(_t(scene.handed, scene.handed_tid))
+    handoff = page.locator('li[data-kind="handoff"]')
+    assert "front → desk" in handoff.inner_text() and "to-desk" in handoff.inner_text()
+
 
 def _tab_to(page: Any, selector: str, limit: int = 80) -> None:
     for _ in range(limit):

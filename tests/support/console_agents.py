@@ -1,6 +1,6 @@
 """Profiles for the console tests (CONVOQ_AGENTS=...,tests.support.console_agents).
 
-``family`` asks its sub-agent ``helper`` once per turn (a child turn) and answers with
+``front`` hands each turn to ``desk``, which answers it. ``family`` asks its sub-agent ``helper`` once per turn (a child turn) and answers with
 what it said. ``taker`` asks for its tool ``step(text)`` once per turn and then answers with the
 tool's result. The tool's first run of each call kills its own worker process (after a
 pause, so the events before it reach Redis): another worker takes the turn over (a
@@ -59,3 +59,18 @@ def _family_fn(request: ModelRequest) -> Message:
 helper = Agent(ScriptedModel(_helper_fn), name="helper")
 # Asks its sub-agent once per turn (a child turn), then answers with what it said.
 family = Agent(ScriptedModel(_family_fn), name="family", subagents=[helper])
+
+
+def _front_fn(request: ModelRequest) -> Message:
+    call = ToolCall(id="to-desk", name="transfer_to_desk", arguments={})
+    return Message.assistant("", [call], usage=USAGE, finish_reason="tool_calls")
+
+
+def _desk_fn(request: ModelRequest) -> Message:
+    said = [m.text for m in request.messages if m.role == MessageRole.USER]
+    return Message.assistant(f"desk here: {said[-1]}", usage=USAGE)
+
+
+# ``front`` hands every turn to ``desk`` (by profile name), which answers it.
+desk = Agent(ScriptedModel(_desk_fn), name="desk")
+front = Agent(ScriptedModel(_front_fn), name="front", handoffs=["desk"])

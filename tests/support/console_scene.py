@@ -51,6 +51,8 @@ class Scene:
     tenant_tid: str
     family: str
     family_tid: str
+    handed: str
+    handed_tid: str
 
 
 def _b64(data: bytes) -> str:
@@ -89,7 +91,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
     tag = uuid.uuid4().hex[:6]
     ids = {
         name: f"console-{name}-{tag}"
-        for name in ("images", "parked", "failed", "taken", "summarised", "family")
+        for name in ("images", "parked", "failed", "taken", "summarised", "family", "handed")
     }
     xss_cid = f"console-{XSS_ID}-{tag}"
     tenant = f"tenant-a:console-{tag}"
@@ -102,6 +104,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
     images_tid = submit(gateway, ids["images"], image_message, "echo")
     failed_tid = submit(gateway, ids["failed"], "this will fail", "failer")
     family_tid = submit(gateway, ids["family"], "find the receipt", "family")
+    handed_tid = submit(gateway, ids["handed"], "my invoice", "front")
     before = submit(gateway, ids["parked"], "my order A-7 arrived broken", "refunder")
     order = {"amount": 7, "order": "A-7"}
     metadata = {"customer": CUSTOMER, "order": "A-7", "cents": 700}
@@ -125,6 +128,7 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
                    what="the summary of the compacting conversation")  # fmt: skip
         wait_until(lambda: conversation(http, tenant)["stored_turns"] == 1, 30)
     assert settled(gateway, ids["family"], family_tid, "final")["status"] == "succeeded"
+    assert settled(gateway, ids["handed"], handed_tid, "final")["status"] == "succeeded"
     # Last: its tool kills the worker running it, and whatever else that worker held.
     taken_tid = submit(gateway, ids["taken"], "the long step", "taker")
     assert settled(gateway, ids["taken"], taken_tid, "final")["status"] == "succeeded"
@@ -133,4 +137,5 @@ def build(gateway: GatewayProcess, pool: WorkerPool) -> Scene:
         failed=ids["failed"], failed_tid=failed_tid, taken=ids["taken"], taken_tid=taken_tid,
         summarised=ids["summarised"], xss=xss_cid, xss_tid=xss_tid, tenant=tenant,
         tenant_tid=tenant_tid, family=ids["family"], family_tid=family_tid,
+        handed=ids["handed"], handed_tid=handed_tid,
     )  # fmt: skip

@@ -214,6 +214,12 @@
     },
     error: (item, s) => item.append(el("span", { className: "kind", textContent: "error" }),
       el("span", { className: "error-type", textContent: s.type }), ": ", el("span", { className: "error-message", textContent: s.message })),
+    handoff: (item, s) => {
+      item.dataset.callId = s.call_id;
+      item.append(el("span", { className: "kind", textContent: "handoff" }),
+        el("span", { className: "agents", textContent: (s.from_agent || "?") + " → " + s.to_agent }),
+        el("span", { className: "muted", textContent: " (" + s.call_id + ")" }));
+    },
     event: (item, s) => item.append(el("span", { className: "kind", textContent: s.type || s.kind }),
       el("span", { className: "muted", textContent: JSON.stringify(s.data || {}) })),
   };
