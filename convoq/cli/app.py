@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 
 from convoq.cli import _transfer
@@ -32,6 +33,7 @@ from convoq.cli._render import (
 )
 from convoq.cli._usage import OneLineUsage, plain_help
 from convoq.client import Client, TurnHandle
+from convoq.client._base import check_if_busy
 from convoq.context import check_metadata
 from convoq.errors import ConfigurationError, ConversationBusyError
 from convoq.loaders import load_image, load_pdf
@@ -228,14 +230,23 @@ def submit(
         str | None,
         typer.Option(help='A JSON object its tools see as ctx.metadata: {"user": "ada"}'),
     ] = None,
+    if_busy: Annotated[
+        str,
+        typer.Option(
+            click_type=click.Choice(["queue", "reject", "interrupt", "rollback", "merge"]),
+            help="While a turn is in progress: queue behind it, reject, interrupt it, roll it"
+            " back, or merge into a queued one (docs/double-texting.md).",
+        ),
+    ] = "queue",
 ) -> None:
     """Queue a turn; print its id on stdout (and with --wait, its result: final, or parked
-    awaiting approval)."""
+    awaiting approval). With --if-busy merge, the id printed is the turn that answers it."""
     s = _settings()
     # Options, attachments and metadata are checked before any connection: usage errors.
     with reported(code=2):
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
         meta = check_metadata(parse_json_option("--metadata", metadata))
+        busy = check_if_busy(if_busy)
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -250,10 +261,14 @@ def submit(
             max_history_tokens=max_history_tokens,
             **asked,
             metadata=meta,
+            if_busy=busy,
         )
         # The bare id on stdout, so TID=$(convoq submit ...) works; the note goes to stderr.
         print(handle.turn_id, flush=True)
-        err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
+        if handle.merged_from:
+            err_console.print(f"merged into turn {handle.turn_id} (as {handle.merged_from})")
+        else:
+            err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
         if wait:
             _wait_and_print(handle, timeout)
 
@@ -264,7 +279,7 @@ def _wait_and_print(handle: TurnHandle, timeout: float) -> None:
     with err_console.status(f"waiting for turn {handle.turn_id}..."):
         result = handle.wait(timeout, raise_on_error=False)
     print_result(result)
-    if result.status in ("failed", "cancelled", "expired", "blocked"):
+    if result.status in ("failed", "cancelled", "expired", "blocked", "interrupted"):
         raise typer.Exit(1)
 
 

@@ -78,6 +78,11 @@ class TurnResult:
             (call id, agent, child conversation and turn, status, usage); ``usage`` then
             includes theirs.
         parent: a child turn's parent call (conversation, turn, call id, depth), else None.
+        stopped_by: the turn whose submit (``if_busy="interrupt"`` or ``"rollback"``)
+            stopped this one, else None; an ``interrupted`` turn is stored with the steps
+            it finished, and ``turn`` holds them.
+        merged: the turns whose messages joined this one (``if_busy="merge"``).
+        merged_into: for a ``merged`` record, the turn that answers it.
     """
 
     conversation_id: str
@@ -97,6 +102,9 @@ class TurnResult:
     retries: int = 0
     children: list[ChildTurn] = field(default_factory=list)
     parent: ParentCall | None = None
+    stopped_by: str | None = None
+    merged: tuple[str, ...] = ()
+    merged_into: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -138,6 +146,9 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         retries=record.retries,
         children=children_of_result(data),
         parent=ParentCall.of(record.options),
+        stopped_by=record.stopped_by,
+        merged=record.merged,
+        merged_into=record.merged_into,
     )
 
 
@@ -157,7 +168,7 @@ def typed_result(result: TurnResult, output_type: OutputType) -> TurnResult:
 
 def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
     # The record keeps what the turn added after its user message; the input is separate.
-    if record.status not in ("succeeded", "expired"):
+    if record.status not in ("succeeded", "expired", "interrupted"):
         return []
     return [record.input, *(Message.model_validate(m) for m in data.get("messages") or [])]
 
@@ -175,6 +186,9 @@ class AsyncTurnHandle:
         # True when the submit that made this handle was answered with an earlier turn
         # (a repeat with the same idempotency key): it queued nothing.
         self.repeated = False
+        # With if_busy="merge": the id the submit stored its message under, when that
+        # message joined this (queued) turn, which answers it (docs/double-texting.md).
+        self.merged_from: str | None = None
 
     def queued_as(
         self, agent: str, message: Message, options: dict[str, Any], stored: SubmitResult
@@ -425,6 +439,12 @@ class TurnHandle:
     @property
     def async_handle(self) -> AsyncTurnHandle:
         return self._async
+
+    @property
+    def merged_from(self) -> str | None:
+        """With ``if_busy="merge"``: the id of the submitted message's own record when it
+        joined this turn (which answers it), else None."""
+        return self._async.merged_from
 
     @property
     def repeated(self) -> bool:

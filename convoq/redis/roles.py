@@ -146,6 +146,7 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
         output: Any = None,
         expired: bool = False,
         children: Sequence[Mapping[str, Any]] = (),
+        interrupted: bool = False,
     ) -> Handoff: ...
 
     async def fail_and_hand_off(
@@ -197,8 +198,9 @@ class TurnControl(TurnReader, KeyedStore, Protocol):
         message: Message,
         options: dict[str, Any],
         idempotency_key: str | None = None,
-        if_busy: Literal["queue", "reject"] = "queue",
+        if_busy: Literal["queue", "reject", "interrupt", "rollback", "merge"] = "queue",
         kick: tuple[str, str] | None = None,
+        merge_key: str | None = None,
     ) -> SubmitResult: ...
 
     async def record_decision(

@@ -55,6 +55,7 @@ from convoq.worker import _observed
 from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
+from convoq.worker._interrupts import interrupted_turn, rolled_back, stored_so_far, why_stopped
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker._subagents import children_of, subagent_tools_of
 from convoq.worker.profiles import Profiles
@@ -123,12 +124,21 @@ class DrainReport:
     expired: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
+    # Stopped by a newer message at a step boundary, stored as far as they went.
+    interrupted: list[str] = field(default_factory=list)
     # Turns left queued for another drain because other conversations waited for a slot.
     requeued: list[str] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
-        return not (self.succeeded or self.failed or self.expired or self.parked or self.abandoned)
+        return not (
+            self.succeeded
+            or self.failed
+            or self.expired
+            or self.parked
+            or self.abandoned
+            or self.interrupted
+        )
 
 
 class Runner:
@@ -266,6 +276,10 @@ class Runner:
             return await self._fail(run, exc, report)
         if isinstance(outcome, Completed):
             return await self._commit(run, outcome, report)
+        if run.cancel_seen:  # interrupted as it was to park: it ends here instead
+            mode, by = await why_stopped(self._protocol, acq)
+            if mode == "interrupt":
+                return await self._interrupted(run, by, report)
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
@@ -368,8 +382,39 @@ class Runner:
             # store): it fails like any other error, and the conversation goes on.
             return await self._fail(run, exc, report)
 
+    async def _interrupted(
+        self, run: TurnRun, by: str | None, report: DrainReport
+    ) -> Acquired | None:
+        """Store the turn as far as it went, as "interrupted" (docs/double-texting.md)."""
+        turn = run.acq.turn
+        messages = interrupted_turn(stored_so_far(run.journaled, run.acq), by)
+        try:
+            return await self._end(
+                run,
+                report,
+                lambda ending: self._protocol.commit_and_hand_off(
+                    turn.conversation_id,
+                    turn.turn_id,
+                    messages,
+                    ending,
+                    stop_if_cancelled=True,
+                    interrupted=True,
+                ),
+                done=report.interrupted,
+                replayed=report.interrupted,
+                stored=True,
+            )
+        except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
+            return await self._fail(run, exc, report)
+
     async def _fail(self, run: TurnRun, exc: Exception, report: DrainReport) -> Acquired | None:
         turn = run.acq.turn
+        if isinstance(exc, TurnCancelledError) and exc.details.get("reason") is None:
+            mode, by = await why_stopped(self._protocol, run.acq)
+            if mode == "interrupt":
+                return await self._interrupted(run, by, report)
+            if mode == "rollback":
+                exc = rolled_back(by)
         error = error_data(exc)
         _observed.failed(exc)
         if not isinstance(exc, TurnCancelledError):
