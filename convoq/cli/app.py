@@ -10,9 +10,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
-import click
 import typer
 
 from convoq.cli import _transfer
@@ -33,9 +32,9 @@ from convoq.cli._render import (
 )
 from convoq.cli._usage import OneLineUsage, plain_help
 from convoq.client import Client, TurnHandle
-from convoq.client._base import check_if_busy
+from convoq.client._base import IfBusy, check_if_busy
 from convoq.context import check_metadata
-from convoq.errors import ConfigurationError, ConversationBusyError
+from convoq.errors import ConfigurationError, ConversationBusyError, ConvoqError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import Message, MessageRole, TextPart
 from convoq.settings import ConvoqSettings
@@ -233,7 +232,6 @@ def submit(
     if_busy: Annotated[
         str,
         typer.Option(
-            click_type=click.Choice(["queue", "reject", "interrupt", "rollback", "merge"]),
             help="While a turn is in progress: queue behind it, reject, interrupt it, roll it"
             " back, or merge into a queued one (docs/double-texting.md).",
         ),
@@ -246,7 +244,7 @@ def submit(
     with reported(code=2):
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
         meta = check_metadata(parse_json_option("--metadata", metadata))
-        busy = check_if_busy(if_busy)
+        busy = _if_busy(if_busy)
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -271,6 +269,13 @@ def submit(
             err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
         if wait:
             _wait_and_print(handle, timeout)
+
+
+def _if_busy(value: str) -> IfBusy:
+    """``--if-busy``, checked: a usage error names the option and its values."""
+    if value not in get_args(IfBusy):
+        raise ConvoqError(f"--if-busy must be one of {', '.join(get_args(IfBusy))}, not {value!r}")
+    return check_if_busy(value)
 
 
 def _wait_and_print(handle: TurnHandle, timeout: float) -> None:

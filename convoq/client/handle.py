@@ -173,6 +173,11 @@ def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
     return [record.input, *(Message.model_validate(m) for m in data.get("messages") or [])]
 
 
+# Events of double texting (docs/double-texting.md): a wait that saw one reads the record
+# when the turn is final, for what they changed (stopped_by, merged).
+_TEXTING_EVENTS = frozenset({"stop_requested", "merged"})
+
+
 class AsyncTurnHandle:
     """One queued turn, seen from a client (async)."""
 
@@ -292,6 +297,7 @@ class AsyncTurnHandle:
             record, after = await protocol.get_turn_and_last_event(
                 self.conversation_id, self.turn_id
             )
+        texted = False
         while not await self._settled(record, until):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
@@ -311,6 +317,9 @@ class AsyncTurnHandle:
             )
             if batch:
                 after = batch[-1][0]
+                texted = texted or any(e.type in _TEXTING_EVENTS for _, e in batch)
+        if texted:  # the fields double texting set are no live fields: read them
+            record = await protocol.get_turn(self.conversation_id, self.turn_id)
         return record
 
     async def _settled(self, record: TurnRecord, until: WaitUntil) -> bool:

@@ -131,7 +131,8 @@ async def test_a_rollback_flags_a_running_head_and_ends_a_queued_one(
     record = await proto.get_turn(other, "q0")
     assert record.status == "cancelled" and record.stopped_by == "q1"
     assert record.error is not None and record.error["details"] == {
-        "reason": "rolled_back", "by": "q1"
+        "reason": "rolled_back",
+        "by": "q1",
     }
     assert redis_client.lrange(proto.keys.inbox(other), 0, -1) == [b"q1"]
 

@@ -1,0 +1,219 @@
+"""Double texting on real workers, through the client and the gateway: a message sent
+while a turn runs interrupts it (its finished steps stored, the new message answered with
+them), rolls it back (nothing of it stored) or merges with the messages waiting behind it
+(one answer); with turns already queued, with an approval pending, and on an idle
+conversation. The scripted model holds its first call until the test opens a gate, so the
+turn is running when the next message comes (no timing race)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import redis
+
+from convoq.client import Client
+from convoq.errors import ConvoqError
+from convoq.messages import FilePart, ImagePart, Message, TextPart
+from convoq.worker._interrupts import NOT_RUN
+from tests.support.gateway import GatewayProcess, module_gateway, turns_path
+from tests.support.workers import WorkerPool, module_pool, wait_until, webhook_receiver
+
+AGENTS = "tests.support.texting_agents"
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x03" * 64
+PDF = b"%PDF-1.4\n" + b"\x04" * 64
+
+pool = module_pool(1, agents=AGENTS, lease_ms=3000)
+gateway = module_gateway()
+
+
+def _cid(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def hold(r: redis.Redis, pool: WorkerPool, text: str) -> None:
+    """Wait until the model call of the turn saying ``text`` is running (and held)."""
+    key = f"{pool.prefix}:test:held"
+    wait_until(lambda: text.encode() in r.lrange(key, 0, -1), 60, what=f"{text!r} held")
+
+
+def release(r: redis.Redis, pool: WorkerPool, text: str) -> None:
+    r.rpush(f"{pool.prefix}:test:gate:{text}", "go")
+
+
+def users_said(client: Client, cid: str) -> list[str]:
+    return [" ".join(p.text for p in m.content if isinstance(p, TextPart))
+            for m in client.history(cid) if m.role == "user"]  # fmt: skip
+
+
+def test_an_interrupt_stores_the_finished_steps_and_answers_with_them(
+    pool: WorkerPool, client: Client, r: redis.Redis
+) -> None:
+    cid, first = _cid("interrupt"), "[hold][tool] book a flight"
+    with webhook_receiver() as hooks:
+        a = client.submit(cid, first, agent="texter", callback_url=f"{hooks.url}/a")
+        hold(r, pool, first)
+        b = client.submit(cid, "make it a train", agent="texter", if_busy="interrupt")
+        release(r, pool, first)
+        stopped = a.wait(60, raise_on_error=False)
+        answered = b.wait(60)
+        posts = wait_until(lambda: hooks.posts("/a"), 60, what="the webhook")
+    assert stopped.status == "interrupted" and stopped.stopped_by == b.turn_id, stopped
+    # The model call that was running finished; the tool it asked for never ran.
+    assert [m.role.value for m in stopped.turn] == ["user", "assistant", "tool"]
+    assert stopped.turn[2].text == NOT_RUN.format(by=b.turn_id)
+    assert r.lrange(f"{pool.prefix}:test:lookups", 0, -1) == []
+    assert answered.text == f"re: make it a train | seen: {first} / make it a train"
+    assert users_said(client, cid) == [first, "make it a train"]
+    requested = [e.data for e in a.events(timeout=10) if e.type == "stop_requested"]
+    assert requested == [{"mode": "interrupt", "by": b.turn_id}]
+    payload = json.loads(posts[0][3])
+    assert payload["status"] == "interrupted" and payload["turn_id"] == a.turn_id
+
+
+def test_a_rollback_stores_nothing_of_the_running_turn(
+    pool: WorkerPool, client: Client, r: redis.Redis
+) -> None:
+    cid, first = _cid("rollback"), "[hold] long question"
+    a = client.submit(cid, first, agent="texter")
+    hold(r, pool, first)
+    b = client.submit(cid, "short one", agent="texter", if_busy="rollback")
+    try:
+        stopped = a.wait(60, raise_on_error=False)  # within a lease period: not held on
+    finally:
+        release(r, pool, first)
+    assert stopped.status == "cancelled" and stopped.stopped_by == b.turn_id
+    assert stopped.error is not None
+    assert stopped.error.details == {"reason": "rolled_back", "by": b.turn_id}
+    assert b.wait(60).text == "re: short one | seen: short one"
+    assert users_said(client, cid) == ["short one"]
+
+
+def test_merged_messages_get_one_answer_with_their_attachments_in_order(
+    pool: WorkerPool, client: Client, r: redis.Redis
+) -> None:
+    cid, first = _cid("merge"), "[hold] first"
+    a = client.submit(cid, first, agent="texter")
+    hold(r, pool, first)
+    b = client.submit(cid, "second", agent="texter", if_busy="merge")
+    image = ImagePart(data=PNG, mime_type="image/png")
+    c = client.submit(cid, Message(content=[TextPart(text="third"), image]), agent="texter",
+                      if_busy="merge")  # fmt: skip
+    pdf = FilePart(data=PDF, mime_type="application/pdf", filename="plan.pdf")
+    d = client.submit(cid, Message(content=[pdf, TextPart(text="fourth")]), agent="texter",
+                      if_busy="merge")  # fmt: skip
+    release(r, pool, first)
+    assert b.merged_from is None and c.turn_id == d.turn_id == b.turn_id
+    assert c.merged_from is not None and d.merged_from is not None
+    assert a.wait(60).ok
+    result = c.wait(60)
+    assert result.text == (
+        "re: second third fourth | seen: [hold] first / second third fourth"
+        " | files: image/png:None, application/pdf:plan.pdf"
+    )
+    assert result.merged == (c.merged_from, d.merged_from)
+    own = client.handle(cid, c.merged_from).wait(10, raise_on_error=False)
+    assert (own.status, own.merged_into) == ("merged", b.turn_id)
+    stored = [m for m in client.history(cid) if m.role == "user"][-1]
+    assert [type(p).__name__ for p in stored.content] == [
+        "TextPart",
+        "TextPart",
+        "ImagePart",
+        "FilePart",
+        "TextPart",
+    ]
+    assert (stored.content[2].data, stored.content[3].data) == (PNG, PDF)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", ["interrupt", "rollback"])
+def test_turns_already_queued_run_in_order_before_the_new_one(
+    pool: WorkerPool, client: Client, r: redis.Redis, mode: str
+) -> None:
+    cid, first = _cid(f"queued-{mode}"), f"[hold][tool] first {mode}"
+    a = client.submit(cid, first, agent="texter")
+    hold(r, pool, first)
+    queued = client.submit(cid, "queued", agent="texter")
+    new = client.submit(cid, "newest", agent="texter", if_busy=mode)
+    release(r, pool, first)
+    ended = a.wait(60, raise_on_error=False)
+    assert queued.wait(60).ok and new.wait(60).ok
+    if mode == "interrupt":
+        assert ended.status == "interrupted"
+        assert users_said(client, cid) == [first, "queued", "newest"]
+    else:
+        assert ended.status == "cancelled"
+        assert users_said(client, cid) == ["queued", "newest"]
+    assert ended.stopped_by == new.turn_id
+
+
+@pytest.mark.parametrize("mode", ["interrupt", "rollback"])
+def test_a_parked_head_ends_cancelled_and_its_approval_is_void(
+    pool: WorkerPool, client: Client, r: redis.Redis, mode: str
+) -> None:
+    cid = _cid(f"parked-{mode}")
+    a = client.submit(cid, "[approve] refund it", agent="texter")
+    wait_until(lambda: a.status() == "awaiting_approval", 60, what="the approval")
+    b = client.submit(cid, "never mind", agent="texter", if_busy=mode)
+    ended = a.wait(10, raise_on_error=False)  # ended by the submit itself
+    reason = "rolled_back" if mode == "rollback" else "interrupted"
+    assert ended.status == "cancelled" and ended.error is not None
+    assert ended.error.details == {"reason": reason, "by": b.turn_id}
+    with pytest.raises(ConvoqError):
+        client.approve(a, "call-2")
+    assert b.wait(60).text == "re: never mind | seen: never mind"
+    assert r.lrange(f"{pool.prefix}:test:refunds", 0, -1) == []
+
+
+def test_on_an_idle_conversation_each_mode_just_queues_and_runs(client: Client) -> None:
+    for mode in ("interrupt", "rollback", "merge"):
+        cid = _cid(f"idle-{mode}")
+        handle = client.submit(cid, f"hello {mode}", agent="texter", if_busy=mode)
+        assert handle.merged_from is None
+        assert handle.wait(60).text == f"re: hello {mode} | seen: hello {mode}"
+
+
+def test_each_mode_through_the_gateway(
+    pool: WorkerPool, gateway: GatewayProcess, r: redis.Redis
+) -> None:
+    with gateway.client() as http:
+
+        def post(cid: str, text: str, mode: str = "queue") -> dict:
+            body = {"message": text, "agent": "texter", "if_busy": mode}
+            sent = http.post(turns_path(cid), json=body)
+            assert sent.status_code == 202, sent.text
+            return dict(sent.json())
+
+        def view(cid: str, tid: str) -> dict:
+            got = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 60, "until": "final"})
+            return dict(got.json())
+
+        for mode in ("interrupt", "rollback", "merge"):
+            cid, first = _cid(f"gw-{mode}"), f"[hold][tool] gateway {mode}"
+            head = post(cid, first)
+            hold(r, pool, first)
+            queued = post(cid, "next", "merge")
+            sent = post(cid, "last", mode)
+            release(r, pool, first)
+            stopped = view(cid, head["turn_id"])
+            answer = view(cid, sent["turn_id"])
+            if mode == "merge":
+                assert sent["turn_id"] == queued["turn_id"] and sent["merged_from"]
+                assert stopped["status"] == "succeeded"
+                assert answer["text"] == f"re: next last | seen: {first} / next last"
+                assert answer["merged"] == [sent["merged_from"]]
+                own = view(cid, sent["merged_from"])
+                assert (own["status"], own["merged_into"]) == ("merged", sent["turn_id"])
+                continue
+            assert stopped["stopped_by"] == sent["turn_id"] and sent["merged_from"] is None
+            if mode == "interrupt":
+                assert stopped["status"] == "interrupted"
+                assert [m["role"] for m in stopped["messages"]] == ["assistant", "tool"]
+                assert answer["text"] == f"re: last | seen: {first} / next / last"
+            else:
+                assert stopped["status"] == "cancelled"
+                assert answer["text"] == "re: last | seen: next / last"
+        bad = http.post(turns_path(_cid("gw-bad")), json={"message": "x", "agent": "texter",
+                                                          "if_busy": "later"})  # fmt: skip
+        assert bad.status_code == 422
+        assert bad.headers["content-type"].startswith("application/problem+json")
