@@ -12,7 +12,9 @@ import uuid
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from convoq.cli import app
 from convoq.client import Client
 from convoq.errors import ConvoqError
 from convoq.messages import FilePart, ImagePart, Message, TextPart
@@ -217,3 +219,24 @@ def test_each_mode_through_the_gateway(
                                                           "if_busy": "later"})  # fmt: skip
         assert bad.status_code == 422
         assert bad.headers["content-type"].startswith("application/problem+json")
+
+
+def test_the_command_line_sends_each_mode(pool: WorkerPool, client: Client, r: redis.Redis) -> None:
+    cid, first = _cid("cli"), "[hold] from the shell"
+    a = client.submit(cid, first, agent="texter")
+    hold(r, pool, first)
+
+    def submit(text: str, mode: str) -> str:
+        done = CliRunner().invoke(
+            app, ["submit", cid, text, "--agent", "texter", "--if-busy", mode], env=pool.env
+        )
+        assert done.exit_code == 0, done.output
+        return done.stdout.strip().splitlines()[0]
+
+    joined = submit("one", "merge")
+    assert submit("two", "merge") == joined  # the id printed is the turn that answers it
+    stopper = submit("three", "interrupt")
+    release(r, pool, first)
+    assert a.wait(60).ok  # its first step was its answer: nothing to stop
+    assert client.handle(cid, joined).wait(60).text.startswith("re: one two")
+    assert client.handle(cid, stopper).wait(60).ok
