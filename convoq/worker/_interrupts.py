@@ -69,3 +69,16 @@ def rolled_back(by: str | None) -> TurnCancelledError:
         reason="rolled_back",
         by=by,
     )
+
+
+async def discard_if_stopped(protocol: RunnerStore, acq: Acquired) -> bool:
+    """A turn that parked although a newer message's submit had asked it to stop (the
+    flag came between its last journal write and its park) is discarded now, as that
+    submit would have done had it found it parked. True when it was."""
+    mode, by = await why_stopped(protocol, acq)
+    if mode is None:
+        return False
+    turn = acq.turn
+    reason = "rolled back" if mode == "rollback" else "interrupted"
+    await protocol.discard(turn.conversation_id, turn.turn_id, reason=f"{reason} by turn {by}")
+    return True

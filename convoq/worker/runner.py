@@ -55,7 +55,13 @@ from convoq.worker import _observed
 from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
-from convoq.worker._interrupts import interrupted_turn, rolled_back, stored_so_far, why_stopped
+from convoq.worker._interrupts import (
+    discard_if_stopped,
+    interrupted_turn,
+    rolled_back,
+    stored_so_far,
+    why_stopped,
+)
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker._subagents import children_of, subagent_tools_of
 from convoq.worker.profiles import Profiles
@@ -307,6 +313,9 @@ class Runner:
             await self._cut_off(acq, report)
             return None
         report.parked.append(tid)
+        if await discard_if_stopped(self._protocol, acq):  # double texting came first
+            await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
+            return await self._acquire(cid, None, 0, report)
         if self._on_parked is not None:
             await self._on_parked(cid, tid)
         return None

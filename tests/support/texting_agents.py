@@ -7,6 +7,7 @@
   turn is reliably running when the test sends the next message;
 - with ``[tool]`` that first call asks for the tool ``lookup`` (each run of which the
   list ``lookups`` records); with ``[approve]`` for ``refund``, which needs approval;
+  with ``[holdtool]`` for both in one step, ``lookup`` held as the model call is above;
 - otherwise it answers ``re: <text> | seen: <every user text it was sent, oldest first>``
   with ``| files: <mime:name>, ...`` for the attachments of the last user message.
 """
@@ -21,9 +22,20 @@ from tests.support.worker_agents import test_key, test_redis
 GATE_S = 60
 
 
+def held(text: str) -> None:
+    """Say ``text`` is held (list ``held``), then wait for ``gate:<text>`` (60 s at most)."""
+    test_redis().rpush(test_key("held"), text)
+    gate = test_key("gate", text)
+    for _ in range(GATE_S):  # short blocks: the test client's reply timeout is short
+        if test_redis().blpop([gate], timeout=1):
+            break
+
+
 @tool
 def lookup(query: str) -> str:
     """Look something up."""
+    if "[holdtool]" in query:
+        held(query)
     test_redis().rpush(test_key("lookups"), query)
     return f"found {query}"
 
@@ -44,11 +56,11 @@ def texter_fn(request: ModelRequest) -> Message:
     text = said(users[-1])
     first_call = request.messages[-1].role == MessageRole.USER
     if first_call and "[hold]" in text:
-        test_redis().rpush(test_key("held"), text)
-        gate = test_key("gate", text)
-        for _ in range(GATE_S):  # short blocks: the test client's reply timeout is short
-            if test_redis().blpop([gate], timeout=1):
-                break
+        held(text)
+    if first_call and "[holdtool]" in text:  # two calls in one step: one runs, one parks
+        calls = [ToolCall(id="call-1", name="lookup", arguments={"query": text}),
+                 ToolCall(id="call-2", name="refund", arguments={"order": "o-2"})]  # fmt: skip
+        return Message.assistant("both", calls)
     if first_call and "[tool]" in text:
         return Message.assistant("looking", [ToolCall(id="call-1", name="lookup",
                                                       arguments={"query": text})])  # fmt: skip

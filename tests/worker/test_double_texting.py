@@ -167,6 +167,22 @@ def test_a_parked_head_ends_cancelled_and_its_approval_is_void(
     assert r.lrange(f"{pool.prefix}:test:refunds", 0, -1) == []
 
 
+def test_an_interrupt_while_a_step_runs_ends_a_turn_that_was_to_park(
+    pool: WorkerPool, client: Client, r: redis.Redis
+) -> None:
+    cid, first = _cid("topark"), "[holdtool] refund and look"
+    a = client.submit(cid, first, agent="texter")
+    hold(r, pool, first)  # its lookup runs; the refund beside it needs an approval
+    b = client.submit(cid, "stop that", agent="texter", if_busy="interrupt")
+    release(r, pool, first)
+    stopped = a.wait(60, raise_on_error=False)
+    assert stopped.status == "interrupted" and stopped.stopped_by == b.turn_id, stopped
+    results = {m.tool_call_id: m.text for m in stopped.turn if m.role == "tool"}
+    assert results == {"call-1": f"found {first}", "call-2": NOT_RUN.format(by=b.turn_id)}
+    assert r.lrange(f"{pool.prefix}:test:refunds", 0, -1) == []
+    assert b.wait(60).text == f"re: stop that | seen: {first} / stop that"
+
+
 def test_on_an_idle_conversation_each_mode_just_queues_and_runs(client: Client) -> None:
     for mode in ("interrupt", "rollback", "merge"):
         cid = _cid(f"idle-{mode}")
