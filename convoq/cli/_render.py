@@ -37,6 +37,8 @@ STATUS_STYLE = {
     "cancelled": "dim",
     "expired": "red",
     "blocked": "red",
+    "interrupted": "yellow",
+    "merged": "dim",
 }
 
 

@@ -15,7 +15,7 @@ import redis
 from typer.testing import CliRunner
 
 from convoq.cli import app
-from convoq.client import Client
+from convoq.client import AsyncClient, Client
 from convoq.errors import ConvoqError
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 from convoq.worker._interrupts import NOT_RUN
@@ -103,8 +103,11 @@ def test_merged_messages_get_one_answer_with_their_attachments_in_order(
     c = client.submit(cid, Message(content=[TextPart(text="third"), image]), agent="texter",
                       if_busy="merge")  # fmt: skip
     pdf = FilePart(data=PDF, mime_type="application/pdf", filename="plan.pdf")
-    d = client.submit(cid, Message(content=[pdf, TextPart(text="fourth")]), agent="texter",
-                      if_busy="merge")  # fmt: skip
+    fourth = Message(content=[pdf, TextPart(text="fourth")])
+    d = client.submit(cid, fourth, agent="texter", if_busy="merge", idempotency_key="d-1")
+    # Resent after a lost reply: the same answer, nothing merged twice.
+    again = client.submit(cid, fourth, agent="texter", if_busy="merge", idempotency_key="d-1")
+    assert again.repeated and (again.turn_id, again.merged_from) == (b.turn_id, d.merged_from)
     release(r, pool, first)
     assert b.merged_from is None and c.turn_id == d.turn_id == b.turn_id
     assert c.merged_from is not None and d.merged_from is not None
@@ -181,6 +184,24 @@ def test_an_interrupt_while_a_step_runs_ends_a_turn_that_was_to_park(
     assert results == {"call-1": f"found {first}", "call-2": NOT_RUN.format(by=b.turn_id)}
     assert r.lrange(f"{pool.prefix}:test:refunds", 0, -1) == []
     assert b.wait(60).text == f"re: stop that | seen: {first} / stop that"
+
+
+async def test_the_async_client_merges_and_rolls_back(pool: WorkerPool, r: redis.Redis) -> None:
+    cid, first = _cid("async"), "[hold] async first"
+    async with AsyncClient(
+        pool.redis_url, broker_url=pool.env.get("CONVOQ_BROKER_URL"), prefix=pool.prefix,
+        partitions=pool.partitions,
+    ) as client:  # fmt: skip
+        a = await client.submit(cid, first, agent="texter")
+        hold(r, pool, first)
+        b = await client.submit(cid, "b", agent="texter", if_busy="merge")
+        c = await client.submit(cid, "c", agent="texter", if_busy="merge")
+        d = await client.submit(cid, "d", agent="texter", if_busy="rollback")
+        release(r, pool, first)
+        assert c.turn_id == b.turn_id and c.merged_from is not None
+        assert (await a.wait(60, raise_on_error=False)).stopped_by == d.turn_id
+        assert (await b.wait(60)).text == "re: b c | seen: b c"  # the head rolled back
+        assert (await d.wait(60)).text == "re: d | seen: b c / d"
 
 
 def test_on_an_idle_conversation_each_mode_just_queues_and_runs(client: Client) -> None:
