@@ -183,7 +183,9 @@ class TurnRun:
         this process knows). Each checkpoint and renewal reports the cancel
         flag and the commit refuses a flagged turn, so no read per step. Only a rerun or a
         resumed turn may start flagged: cancel flags running turns only, and ends a queued
-        one at once."""
+        one at once. An interrupt (double texting) may flag a turn before it runs: its
+        record says so, and it stops at its first boundary. Checkpoints report an
+        interrupt as they report a cancel; renewals do not (the step goes on)."""
         turn = self.acq.turn
         if not self.lease_holds():
             # Woken after a pause (SIGSTOP, a stalled host) or renewals failing: another

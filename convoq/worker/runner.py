@@ -20,6 +20,10 @@ along with the next of them (or go on their own after ``event_flush_ms``, see
 :class:`~convoq.redis.protocol.TurnEvents`); checkpoints report a cancel request and the
 commit refuses a cancelled turn. A one-step turn costs acquire plus commit; each further
 queued turn, its commit.
+
+Double texting (:mod:`convoq.worker._interrupts`): a turn a newer message interrupted
+stops before its next step and is committed as far as it went, as "interrupted"; one
+rolled back ends cancelled, its error naming the turn that rolled it back.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ nothing; bad input and a moved inbox are refused with nothing written."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -13,8 +14,11 @@ from convoq.errors import ConvoqError, QueueFullError
 from convoq.limits import QueueLimits
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 from convoq.redis import Acquired, TurnProtocol
+from convoq.turn_state import TurnState
 from tests.redis.test_redis_bad_input import snapshot
 from tests.support.protocol_helpers import open_protocol, submit_all
+from tests.support.redis_proxy import LossyProxy
+from tests.support.redis_server import RedisServer
 
 CID = "conv-texting"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x01" * 40
@@ -107,10 +111,6 @@ async def test_an_interrupt_flags_the_running_head_once(
     ]
     # The renewal does not stop it (its step goes on); its next checkpoint does.
     assert not await proto.renew(CID, fence=taken.fence, lease_ms=30_000, turn_id="t0")
-    state = taken.state
-    assert state is None
-    from convoq.turn_state import TurnState
-
     step = TurnState(messages=[taken.turn.input, Message.assistant("half")], steps=1)
     assert await proto.checkpoint(CID, "t0", fence=taken.fence, state=step)
 
@@ -193,3 +193,29 @@ async def test_a_merge_under_a_known_idempotency_key_answers_with_the_first(
     again = await send(proto, "t9", "merge", idempotency_key="once")
     assert again.duplicate and again.turn_id == "t2"  # type: ignore[attr-defined]
     assert (await proto.get_turn(CID, "t1")).merged == ("t2",)
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    lossy = LossyProxy(redis_server.port)
+    yield lossy
+    lossy.close()
+
+
+async def test_submits_whose_replies_are_lost_merge_and_interrupt_once(
+    proxy: LossyProxy, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    async with open_protocol(proxy.url, key_prefix) as proto:
+        await running(proto)
+        await send(proto, "t1", "merge")
+        proxy.drop_reply_to(b"EVALSHA")  # redis-py sends the script again
+        merged = await send(proto, "t2", "merge")
+        assert proxy.dropped == 1
+        proxy.drop_reply_to(b"EVALSHA")
+        stopping = await send(proto, "t3", "interrupt")
+        assert proxy.dropped == 2
+        assert (await proto.get_turn(CID, "t1")).merged == ("t2",)
+        assert merged.turn_id == "t2"  # type: ignore[attr-defined]
+        assert stopping.duplicate  # type: ignore[attr-defined]  # the resend found it stored
+        assert len(events_of(redis_client, proto, "t0", "stop_requested")) == 1
+        assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t0", b"t1", b"t3"]
