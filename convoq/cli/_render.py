@@ -211,6 +211,9 @@ def print_event(event: TurnEvent) -> None:
     elif event.type == "guardrail_tripped":
         shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
         console.print(f"\n[red]guardrail_tripped[/red] {shown}")
+    elif event.type in ("stop_requested", "merged"):  # double texting
+        shown = escape(" ".join(f"{k}={v}" for k, v in data.items()))
+        console.print(f"\n[yellow]{event.type}[/yellow] {shown}")
     elif event.type == "done":
         console.print(f"\n[bold]done[/bold]: {data.get('status')}")
 
