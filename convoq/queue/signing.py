@@ -81,12 +81,16 @@ def build_payload(
     decisions: dict[str, dict[str, Any]] | None = None,
     children: list[Any] | None = None,
     parent: dict[str, Any] | None = None,
+    texting: dict[str, Any] | None = None,
 ) -> bytes:
     """The JSON body of a callback: small and bounded (long text is cut and flagged).
     ``usage``: the turn's token counts (from its result), ``finish_reason`` its final
     model call's; ``metadata`` as submitted (bounded at submit); ``decisions``: the
     approval decisions by call id (who, when, why, or expired); ``children``: a parent's
-    child turns (call id, agent, ids, status, usage), ``parent``: a child's parent call."""
+    child turns (call id, agent, ids, status, usage), ``parent``: a child's parent call;
+    ``texting``: what double texting did to the turn (``stopped_by``: the turn that
+    interrupted or rolled it back; ``merged``: the turns whose messages joined it), its
+    keys only when set."""
     shown = text or ""
     payload = {
         "type": "turn.finished",
@@ -107,6 +111,7 @@ def build_payload(
             _bounded_child(c) for c in (children or [])[:MAX_CHILDREN] if isinstance(c, dict)
         ],
         "parent": _bounded_child(parent) if isinstance(parent, dict) else None,
+        **(texting or {}),
     }
     return json.dumps(payload, separators=(",", ":")).encode()
 

@@ -72,6 +72,7 @@ def test_an_interrupt_stores_the_finished_steps_and_answers_with_them(
     assert requested == [{"mode": "interrupt", "by": b.turn_id}]
     payload = json.loads(posts[0][3])
     assert payload["status"] == "interrupted" and payload["turn_id"] == a.turn_id
+    assert payload["stopped_by"] == b.turn_id
 
 
 def test_a_rollback_stores_nothing_of_the_running_turn(
@@ -98,26 +99,33 @@ def test_merged_messages_get_one_answer_with_their_attachments_in_order(
     cid, first = _cid("merge"), "[hold] first"
     a = client.submit(cid, first, agent="texter")
     hold(r, pool, first)
-    b = client.submit(cid, "second", agent="texter", if_busy="merge")
-    image = ImagePart(data=PNG, mime_type="image/png")
-    c = client.submit(cid, Message(content=[TextPart(text="third"), image]), agent="texter",
-                      if_busy="merge")  # fmt: skip
-    pdf = FilePart(data=PDF, mime_type="application/pdf", filename="plan.pdf")
-    fourth = Message(content=[pdf, TextPart(text="fourth")])
-    d = client.submit(cid, fourth, agent="texter", if_busy="merge", idempotency_key="d-1")
-    # Resent after a lost reply: the same answer, nothing merged twice.
-    again = client.submit(cid, fourth, agent="texter", if_busy="merge", idempotency_key="d-1")
-    assert again.repeated and (again.turn_id, again.merged_from) == (b.turn_id, d.merged_from)
-    release(r, pool, first)
-    assert b.merged_from is None and c.turn_id == d.turn_id == b.turn_id
-    assert c.merged_from is not None and d.merged_from is not None
-    assert a.wait(60).ok
-    result = c.wait(60)
+    with webhook_receiver() as hooks:
+        url = f"{hooks.url}/m"  # an option like any: the merged messages share it
+        b = client.submit(cid, "second", agent="texter", if_busy="merge", callback_url=url)
+        image = ImagePart(data=PNG, mime_type="image/png")
+        c = client.submit(cid, Message(content=[TextPart(text="third"), image]), agent="texter",
+                          if_busy="merge", callback_url=url)  # fmt: skip
+        pdf = FilePart(data=PDF, mime_type="application/pdf", filename="plan.pdf")
+        fourth = Message(content=[pdf, TextPart(text="fourth")])
+        d = client.submit(cid, fourth, agent="texter", if_busy="merge", callback_url=url,
+                          idempotency_key="d-1")  # fmt: skip
+        # Resent after a lost reply: the same answer, nothing merged twice.
+        again = client.submit(cid, fourth, agent="texter", if_busy="merge", callback_url=url,
+                              idempotency_key="d-1")  # fmt: skip
+        assert again.repeated and (again.turn_id, again.merged_from) == (b.turn_id, d.merged_from)
+        release(r, pool, first)
+        assert b.merged_from is None and c.turn_id == d.turn_id == b.turn_id
+        assert c.merged_from is not None and d.merged_from is not None
+        assert a.wait(60).ok
+        result = c.wait(60)
+        posts = wait_until(lambda: hooks.posts("/m"), 60, what="the webhook")
     assert result.text == (
         "re: second third fourth | seen: [hold] first / second third fourth"
         " | files: image/png:None, application/pdf:plan.pdf"
     )
     assert result.merged == (c.merged_from, d.merged_from)
+    assert json.loads(posts[0][3])["merged"] == [c.merged_from, d.merged_from]
+    assert len(posts) == 1  # one answer, one callback
     own = client.handle(cid, c.merged_from).wait(10, raise_on_error=False)
     assert (own.status, own.merged_into) == ("merged", b.turn_id)
     stored = [m for m in client.history(cid) if m.role == "user"][-1]
