@@ -14,6 +14,7 @@ from convoq.errors import ConvoqError, QueueFullError
 from convoq.limits import QueueLimits
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 from convoq.redis import Acquired, TurnProtocol
+from convoq.redis._texting import merge_key_of
 from convoq.turn_state import TurnState
 from tests.redis.test_redis_bad_input import snapshot
 from tests.support.protocol_helpers import open_protocol, submit_all
@@ -219,3 +220,24 @@ async def test_submits_whose_replies_are_lost_merge_and_interrupt_once(
         assert stopping.duplicate  # type: ignore[attr-defined]  # the resend found it stored
         assert len(events_of(redis_client, proto, "t0", "stop_requested")) == 1
         assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t0", b"t1", b"t3"]
+
+
+async def test_a_merge_over_the_turn_size_limit_queues_a_turn_of_its_own(
+    protocol_url: str, key_prefix: str
+) -> None:
+    big = Message.user("x" * 600)
+    async with open_protocol(protocol_url, key_prefix, max_turn_bytes=1000) as proto:
+        await running(proto)
+        await send(proto, "t1", "merge", big)
+        alone = await send(proto, "t2", "merge", big)  # 1200 bytes together: too many
+        assert alone.merged_into is None and alone.position == 2  # type: ignore[attr-defined]
+        joined = await send(proto, "t3", "merge")  # small: joins the newest
+        assert joined.merged_into == "t2"  # type: ignore[attr-defined]
+
+
+def test_the_merge_key_is_the_agent_and_every_option_but_the_trace() -> None:
+    base = merge_key_of("bot", {"metadata": {"user": "ada"}, "trace": {"x": 1}}, "trace")
+    assert base == merge_key_of("bot", {"metadata": {"user": "ada"}}, "trace")
+    assert base != merge_key_of("bot", {"metadata": {"user": "bob"}}, "trace")
+    assert base != merge_key_of("other", {"metadata": {"user": "ada"}}, "trace")
+    assert base != merge_key_of("bot", {"metadata": {"user": "ada"}, "callback_url": "u"})

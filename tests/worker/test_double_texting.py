@@ -79,13 +79,18 @@ def test_a_rollback_stores_nothing_of_the_running_turn(
     pool: WorkerPool, client: Client, r: redis.Redis
 ) -> None:
     cid, first = _cid("rollback"), "[hold] long question"
-    a = client.submit(cid, first, agent="texter")
-    hold(r, pool, first)
-    b = client.submit(cid, "short one", agent="texter", if_busy="rollback")
-    try:
-        stopped = a.wait(60, raise_on_error=False)  # within a lease period: not held on
-    finally:
-        release(r, pool, first)
+    with webhook_receiver() as hooks:
+        a = client.submit(cid, first, agent="texter", callback_url=f"{hooks.url}/r")
+        hold(r, pool, first)
+        b = client.submit(cid, "short one", agent="texter", if_busy="rollback")
+        try:
+            stopped = a.wait(60, raise_on_error=False)  # within a lease period: not held on
+        finally:
+            release(r, pool, first)
+        posts = wait_until(lambda: hooks.posts("/r"), 60, what="the webhook")
+    payload = json.loads(posts[0][3])
+    assert (payload["status"], payload["stopped_by"]) == ("cancelled", b.turn_id)
+    assert "rolled back" in payload["error"]["message"] and b.turn_id in payload["error"]["message"]
     assert stopped.status == "cancelled" and stopped.stopped_by == b.turn_id
     assert stopped.error is not None
     assert stopped.error.details == {"reason": "rolled_back", "by": b.turn_id}
@@ -165,16 +170,18 @@ def test_a_parked_head_ends_cancelled_and_its_approval_is_void(
     pool: WorkerPool, client: Client, r: redis.Redis, mode: str
 ) -> None:
     cid = _cid(f"parked-{mode}")
-    a = client.submit(cid, "[approve] refund it", agent="texter")
-    wait_until(lambda: a.status() == "awaiting_approval", 60, what="the approval")
-    b = client.submit(cid, "never mind", agent="texter", if_busy=mode)
-    ended = a.wait(10, raise_on_error=False)  # ended by the submit itself
+    with webhook_receiver() as hooks:
+        a = client.submit(cid, "[approve] refund it", agent="texter", callback_url=f"{hooks.url}/p")
+        wait_until(lambda: a.status() == "awaiting_approval", 60, what="the approval")
+        b = client.submit(cid, "never mind", agent="texter", if_busy=mode)
+        ended = a.wait(10, raise_on_error=False)  # ended by the submit itself
+        assert b.wait(60).text == "re: never mind | seen: never mind"
+        assert hooks.posts("/p") == []  # ended by a submit, as by cancel: no callback
     reason = "rolled_back" if mode == "rollback" else "interrupted"
     assert ended.status == "cancelled" and ended.error is not None
     assert ended.error.details == {"reason": reason, "by": b.turn_id}
     with pytest.raises(ConvoqError):
         client.approve(a, "call-2")
-    assert b.wait(60).text == "re: never mind | seen: never mind"
     assert r.lrange(f"{pool.prefix}:test:refunds", 0, -1) == []
 
 
@@ -282,6 +289,7 @@ def test_the_command_line_sends_each_mode(pool: WorkerPool, client: Client, r: r
     assert submit("two", "merge") == joined  # the id printed is the turn that answers it
     stopper = submit("three", "interrupt")
     release(r, pool, first)
-    assert a.wait(60).ok  # its first step was its answer: nothing to stop
+    ended = a.wait(60)  # its first step was its answer: nothing to stop
+    assert ended.ok and ended.stopped_by == stopper  # yet it names the turn that asked
     assert client.handle(cid, joined).wait(60).text.startswith("re: one two")
     assert client.handle(cid, stopper).wait(60).ok
