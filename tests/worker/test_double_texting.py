@@ -293,3 +293,23 @@ def test_the_command_line_sends_each_mode(pool: WorkerPool, client: Client, r: r
     assert ended.ok and ended.stopped_by == stopper  # yet it names the turn that asked
     assert client.handle(cid, joined).wait(60).text.startswith("re: one two")
     assert client.handle(cid, stopper).wait(60).ok
+
+
+@pytest.mark.parametrize("mode", ["interrupt", "rollback"])
+def test_a_parked_head_through_the_gateway(gateway: GatewayProcess, mode: str) -> None:
+    cid = _cid(f"gw-parked-{mode}")
+    with gateway.client() as http:
+        body = {"message": "[approve] refund", "agent": "texter"}
+        head = http.post(turns_path(cid), json=body).json()["turn_id"]
+        parked = http.get(f"{turns_path(cid)}/{head}", params={"wait": 60}).json()
+        assert parked["status"] == "awaiting_approval", parked
+        body = {"message": "forget it", "agent": "texter", "if_busy": mode}
+        sent = http.post(turns_path(cid), json=body).json()["turn_id"]
+        ended = http.get(f"{turns_path(cid)}/{head}").json()
+        assert (ended["status"], ended["stopped_by"]) == ("cancelled", sent)
+        approve = http.post(
+            f"{turns_path(cid)}/{head}/approvals/call-2", json={"decision": "approve"}
+        )
+        assert approve.status_code == 409, approve.text  # finished: nothing to decide
+        answer = http.get(f"{turns_path(cid)}/{sent}", params={"wait": 60}).json()
+        assert answer["text"] == "re: forget it | seen: forget it"
