@@ -13,7 +13,7 @@ import redis
 from convoq.errors import ConvoqError, QueueFullError
 from convoq.limits import QueueLimits
 from convoq.messages import FilePart, ImagePart, Message, TextPart
-from convoq.redis import Acquired, TurnProtocol
+from convoq.redis import Acquired, TurnEnding, TurnProtocol
 from convoq.redis._texting import merge_key_of
 from convoq.turn_state import TurnState
 from tests.redis.test_redis_bad_input import snapshot
@@ -24,6 +24,12 @@ from tests.support.redis_server import RedisServer
 CID = "conv-texting"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x01" * 40
 PDF = b"%PDF-1.4\n" + b"\x02" * 40
+
+
+@pytest.fixture
+def protocol_url(store_url: str) -> str:
+    """Each test runs on one redis-server and again on the Redis Cluster."""
+    return store_url
 
 
 async def running(proto: TurnProtocol, tid: str = "t0") -> Acquired:
@@ -50,7 +56,7 @@ def events_of(client: redis.Redis, proto: TurnProtocol, tid: str, kind: str) -> 
 
 
 async def test_merged_messages_join_the_queued_turn_in_order_once(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await running(proto)
     first = await send(proto, "t1", "merge")  # behind a running head: queued as usual
@@ -63,7 +69,7 @@ async def test_merged_messages_join_the_queued_turn_in_order_once(
     assert second.merged_into == "t1" and second.position == 1  # type: ignore[attr-defined]
     assert third.merged_into == "t1"  # type: ignore[attr-defined]
     assert again.duplicate and again.turn_id == "t2"  # type: ignore[attr-defined]
-    assert redis_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t0", b"t1"]
+    assert store_client.lrange(proto.keys.inbox(CID), 0, -1) == [b"t0", b"t1"]
     joined = await proto.get_turn(CID, "t1")
     assert joined.merged == ("t2", "t3") and joined.status == "queued"
     kinds = [(type(p).__name__, getattr(p, "text", None)) for p in joined.input.content]
@@ -77,8 +83,8 @@ async def test_merged_messages_join_the_queued_turn_in_order_once(
     merged = await proto.get_turn(CID, "t2")
     assert (merged.status, merged.merged_into) == ("merged", "t1")
     assert merged.input == image  # its own message, as submitted
-    assert [e["turn_id"] for e in events_of(redis_client, proto, "t1", "merged")] == ["t2", "t3"]
-    assert events_of(redis_client, proto, "t2", "done") == [
+    assert [e["turn_id"] for e in events_of(store_client, proto, "t1", "merged")] == ["t2", "t3"]
+    assert events_of(store_client, proto, "t2", "done") == [
         {"status": "merged", "merged_into": "t1"}
     ]
 
@@ -97,7 +103,7 @@ async def test_merge_joins_no_turn_that_started_or_asks_otherwise(proto: TurnPro
 
 
 async def test_an_interrupt_flags_the_running_head_once(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     taken = await running(proto)
     first = await send(proto, "t1", "interrupt")
@@ -107,7 +113,7 @@ async def test_an_interrupt_flags_the_running_head_once(
     assert replay.duplicate and later.stopped is None  # type: ignore[attr-defined]
     head = await proto.get_turn(CID, "t0")
     assert (head.status, head.stop, head.stopped_by) == ("running", "interrupt", "t1")
-    assert events_of(redis_client, proto, "t0", "stop_requested") == [
+    assert events_of(store_client, proto, "t0", "stop_requested") == [
         {"mode": "interrupt", "by": "t1"}
     ]
     # The renewal does not stop it (its step goes on); its next checkpoint does.
@@ -117,7 +123,7 @@ async def test_an_interrupt_flags_the_running_head_once(
 
 
 async def test_a_rollback_flags_a_running_head_and_ends_a_queued_one(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     taken = await running(proto)
     stopped = await send(proto, "t1", "rollback")
@@ -135,7 +141,7 @@ async def test_a_rollback_flags_a_running_head_and_ends_a_queued_one(
         "reason": "rolled_back",
         "by": "q1",
     }
-    assert redis_client.lrange(proto.keys.inbox(other), 0, -1) == [b"q1"]
+    assert store_client.lrange(proto.keys.inbox(other), 0, -1) == [b"q1"]
 
 
 async def test_on_an_idle_conversation_every_mode_just_queues(proto: TurnProtocol) -> None:
@@ -150,10 +156,10 @@ async def test_on_an_idle_conversation_every_mode_just_queues(proto: TurnProtoco
 
 
 async def test_bad_modes_and_a_moved_inbox_write_nothing(
-    proto: TurnProtocol, redis_client: redis.Redis
+    proto: TurnProtocol, store_client: redis.Redis
 ) -> None:
     await running(proto)
-    before = snapshot(redis_client, proto.keys.prefix)
+    before = snapshot(store_client, proto.keys.prefix)
     with pytest.raises(ConvoqError, match="if_busy must be one of"):
         await send(proto, "t1", "later")
     with pytest.raises(ConvoqError, match="merge key"):
@@ -167,20 +173,20 @@ async def test_bad_modes_and_a_moved_inbox_write_nothing(
     args = ["t1", "bot", raw, "{}", "interrupt", 60_000, 100, 0, '{"status":"queued"}', ""]
     reply = await proto.scripts.run("submit", keys, [*args, "gone", "{}"])
     assert [r.decode() if isinstance(r, bytes) else r for r in reply] == ["MOVED"]
-    assert snapshot(redis_client, proto.keys.prefix) == before
+    assert snapshot(store_client, proto.keys.prefix) == before
 
 
 async def test_a_full_inbox_refuses_an_interrupt_and_the_head_runs_on(
-    protocol_url: str, key_prefix: str, redis_client: redis.Redis
+    protocol_url: str, key_prefix: str, store_client: redis.Redis
 ) -> None:
     limits = QueueLimits(per_conversation=2)
     async with open_protocol(protocol_url, key_prefix, queue_limits=limits) as proto:
         await running(proto)
         await send(proto, "t1", "merge")
-        before = snapshot(redis_client, proto.keys.prefix)
+        before = snapshot(store_client, proto.keys.prefix)
         with pytest.raises(QueueFullError):
             await send(proto, "t2", "interrupt")
-        assert snapshot(redis_client, proto.keys.prefix) == before
+        assert snapshot(store_client, proto.keys.prefix) == before
         # A merge adds no turn: the full inbox takes it.
         assert (await send(proto, "t3", "merge")).merged_into == "t1"  # type: ignore[attr-defined]
 
@@ -241,3 +247,17 @@ def test_the_merge_key_is_the_agent_and_every_option_but_the_trace() -> None:
     assert base != merge_key_of("bot", {"metadata": {"user": "bob"}}, "trace")
     assert base != merge_key_of("other", {"metadata": {"user": "ada"}}, "trace")
     assert base != merge_key_of("bot", {"metadata": {"user": "ada"}, "callback_url": "u"})
+
+
+async def test_a_merge_never_joins_a_retried_turn(proto: TurnProtocol) -> None:
+    await send(proto, "t1", "merge")  # idle: queued, and then run
+    taken = await proto.acquire(CID, worker_id="w", lease_ms=30_000)
+    assert taken is not None
+    step = TurnState(messages=[taken.turn.input, Message.assistant("step one")], steps=1)
+    await proto.checkpoint(CID, "t1", fence=taken.fence, state=step)
+    error = {"type": "ModelError", "message": "down", "details": {}}
+    await proto.fail(CID, "t1", error, TurnEnding(fence=taken.fence))
+    await proto.retry(CID, "t1", token="r1")  # queued again, its journal kept
+    alone = await send(proto, "t2", "merge")
+    assert alone.merged_into is None and alone.position == 1  # type: ignore[attr-defined]
+    assert (await proto.get_turn(CID, "t1")).merged == ()

@@ -377,14 +377,15 @@ local function stop_head(k, lease, head, mode, by, err, ttl, maxlen)
 end
 
 -- Whether a 'merge' submit of `input` under merge key `key` joins the tail (keys k): one
--- submitted with 'merge' under the same key (same agent and options) that never ran and
+-- submitted with 'merge' under the same key (same agent and options) that never ran (no
+-- attempt: a retried turn keeps counting them, and has a journal of its old message) and
 -- is not being stopped, whose inputs with this one stay within `max` bytes.
 local function mergeable(k, key, input, max)
   if not k then
     return false
   end
-  local rec = redis.call('HMGET', k.turn, 'status', 'runs', 'merge_key', 'stopped_by', 'input',
-    'merged')
+  local rec = redis.call('HMGET', k.turn, 'status', 'attempts', 'merge_key', 'stopped_by',
+    'input', 'merged')
   return rec[1] == 'queued' and (rec[2] or '0') == '0' and rec[3] == key and not rec[4]
     and string.len(rec[5] or '') + string.len(rec[6] or '') + string.len(input) <= max
 end
