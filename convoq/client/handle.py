@@ -42,13 +42,14 @@ _BLOCK_MS = 2_000
 WaitUntil = Literal["settled", "final"]
 """What a wait waits for: ``"settled"``, final or parked awaiting approval (a parked turn
 waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed,
-cancelled, expired or blocked only. The HTTP gateway's ``?wait=N&until=`` takes the same
+cancelled, expired, blocked, interrupted or merged only. The HTTP gateway's ``?wait=N&until=`` takes the same
 two values."""
 
 
 @dataclass(frozen=True)
 class TurnResult:
-    """Where a turn stands: final (succeeded/failed/cancelled/expired/blocked) or parked for
+    """Where a turn stands: final (succeeded/failed/cancelled/expired/blocked, or with
+    double texting interrupted/merged) or parked for
     approval (a turn ``waiting`` for child turns is no approval: a wait goes on through
     it). ``expired``: its approval ran out; the turn is stored, its tool results saying
     so, and ``error`` says it expired. ``blocked``: a guardrail tripped; nothing is stored,
@@ -228,7 +229,9 @@ class AsyncTurnHandle:
 
     async def status(self) -> TurnStatus:
         """queued | running | awaiting_approval | waiting (for its sub-agent calls' child
-        turns) | succeeded | failed | cancelled | expired | blocked."""
+        turns) | succeeded | failed | cancelled | expired | blocked | interrupted (a newer
+        message stopped it; stored as far as it went) | merged (its message joined the
+        queued turn ``merged_into``; docs/double-texting.md)."""
         return (await self.record()).status
 
     async def result(self) -> TurnResult:
