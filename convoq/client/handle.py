@@ -42,8 +42,8 @@ _BLOCK_MS = 2_000
 WaitUntil = Literal["settled", "final"]
 """What a wait waits for: ``"settled"``, final or parked awaiting approval (a parked turn
 waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed,
-cancelled, expired, blocked, interrupted or merged only. The HTTP gateway's ``?wait=N&until=`` takes the same
-two values."""
+cancelled, expired, blocked, interrupted or merged only. The HTTP gateway's
+``?wait=N&until=`` takes the same two values."""
 
 
 @dataclass(frozen=True)
