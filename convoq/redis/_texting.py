@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 from convoq.errors import ConversationMemoryError, ConvoqError, TurnCancelledError
 from convoq.ids import check_turn_id
@@ -41,6 +41,15 @@ IfBusy = Literal["queue", "reject", "interrupt", "rollback", "merge"]
 IF_BUSY: tuple[str, ...] = get_args(IfBusy)
 # How often a submit reads the inbox again when it changed between the read and the script.
 _MOVED_RETRIES = 20
+
+
+class StopFlags(NamedTuple):
+    """What was asked of a turn from outside its run: ``cancel`` (its cancel flag), and a
+    double-texting stop: ``mode`` ("interrupt" or "rollback") sent by turn ``by``."""
+
+    cancel: bool
+    mode: str | None
+    by: str | None
 
 
 class HeadMoved(Exception):

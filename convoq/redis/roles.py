@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     )
     from convoq.redis._refusals import Refusal
     from convoq.redis._retrying import Retried
+    from convoq.redis._texting import IfBusy, StopFlags
     from convoq.redis.keys import KeySchema
     from convoq.redis.scripts import Scripts
     from convoq.turn_state import TurnEvent, TurnState
@@ -110,6 +111,8 @@ class LeaseStore(EventSink, Protocol):
     ) -> bool: ...
 
     async def is_cancel_requested(self, cid: str, turn_id: str) -> bool: ...
+
+    async def stop_flags(self, cid: str, turn_id: str) -> StopFlags: ...
 
 
 class RunnerStore(LeaseStore, TurnReader, Protocol):
@@ -200,7 +203,7 @@ class TurnControl(TurnReader, KeyedStore, Protocol):
         message: Message,
         options: dict[str, Any],
         idempotency_key: str | None = None,
-        if_busy: Literal["queue", "reject", "interrupt", "rollback", "merge"] = "queue",
+        if_busy: IfBusy = "queue",
         kick: tuple[str, str] | None = None,
         merge_key: str | None = None,
     ) -> SubmitResult: ...

@@ -9,7 +9,7 @@ model wire takes the history that follows (tool results, then the next user mess
 
 from __future__ import annotations
 
-from convoq.errors import TurnCancelledError, UnknownTurnError
+from convoq.errors import TurnCancelledError
 from convoq.messages import Message, MessageRole
 from convoq.redis.protocol import Acquired
 from convoq.redis.roles import RunnerStore
@@ -52,14 +52,10 @@ async def why_stopped(protocol: RunnerStore, acq: Acquired) -> tuple[str | None,
     turn = acq.turn
     if turn.stop == "interrupt":  # flagged before this run took it
         return turn.stop, turn.stopped_by
-    cid, tid = turn.conversation_id, turn.turn_id
-    try:
-        record = await protocol.get_turn(cid, tid)
-        if record.stop == "interrupt" and await protocol.is_cancel_requested(cid, tid):
-            return None, None
-    except UnknownTurnError:
+    flags = await protocol.stop_flags(turn.conversation_id, turn.turn_id)
+    if flags.mode == "interrupt" and flags.cancel:
         return None, None
-    return record.stop, record.stopped_by
+    return flags.mode, flags.by
 
 
 def rolled_back(by: str | None) -> TurnCancelledError:
