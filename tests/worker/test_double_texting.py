@@ -219,6 +219,25 @@ async def test_the_async_client_merges_and_rolls_back(pool: WorkerPool, r: redis
         assert (await d.wait(60)).text == "re: d | seen: b c / d"
 
 
+async def test_an_interrupted_head_no_worker_started_keeps_its_message_alone(
+    pool: WorkerPool,
+) -> None:
+    cid = _cid("unstarted")
+    async with AsyncClient(
+        pool.redis_url, broker_url=pool.env.get("CONVOQ_BROKER_URL"), prefix=pool.prefix,
+        partitions=pool.partitions,
+    ) as client:  # fmt: skip
+        # Queued with no kick: no worker knows of it until the sweeper finds it.
+        await client.protocol.submit(
+            cid, "head-1", agent="texter", message=Message.user("first"), options={}
+        )
+        b = await client.submit(cid, "second", agent="texter", if_busy="interrupt")
+        head = await client.handle(cid, "head-1").wait(60, raise_on_error=False)
+        assert (head.status, head.stopped_by) == ("interrupted", b.turn_id)
+        assert [m.role for m in head.turn] == ["user"]  # it never got to its first step
+        assert (await b.wait(60)).text == "re: second | seen: first / second"
+
+
 def test_on_an_idle_conversation_each_mode_just_queues_and_runs(client: Client) -> None:
     for mode in ("interrupt", "rollback", "merge"):
         cid = _cid(f"idle-{mode}")
