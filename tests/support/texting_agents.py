@@ -10,11 +10,23 @@
   with ``[holdtool]`` for both in one step, ``lookup`` held as the model call is above;
 - otherwise it answers ``re: <text> | seen: <every user text it was sent, oldest first>``
   with ``| files: <mime:name>, ...`` for the attachments of the last user message.
+
+``pai-texter`` is a Pydantic AI agent (its FunctionModel) that does the same with ``[hold]``
+and ``[tool]`` (its tool: ``pai_lookup``).
 """
 
 from __future__ import annotations
 
+import asyncio
+
+from pydantic_ai import Agent as PaiAgent
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, UserPromptPart
+from pydantic_ai.messages import ModelRequest as PaiRequest
+from pydantic_ai.messages import TextPart as PaiText
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
 from convoq import Agent, Message, ToolCall, tool
+from convoq.integrations.pydantic_ai import durable
 from convoq.messages import MessageRole
 from convoq.models import ModelRequest, ScriptedModel
 from tests.support.worker_agents import test_key, test_redis
@@ -73,3 +85,34 @@ def texter_fn(request: ModelRequest) -> Message:
 
 
 texter = Agent(ScriptedModel(texter_fn), name="texter", tools=[lookup, refund])
+
+
+# -- a Pydantic AI profile, the same behaviour -----------------------------------------
+async def pai_fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    prompts = [p.content for m in messages if isinstance(m, PaiRequest) for p in m.parts
+               if isinstance(p, UserPromptPart) and isinstance(p.content, str)]  # fmt: skip
+    text, last = prompts[-1], messages[-1]
+    first_call = any(isinstance(p, UserPromptPart) for p in getattr(last, "parts", []))
+    if first_call and "[hold]" in text:
+        test_redis().rpush(test_key("held"), text)
+        gate = test_key("gate", text)
+        for _ in range(GATE_S * 10):  # the loop stays free: the lease is renewed meanwhile
+            if test_redis().lpop(gate):
+                break
+            await asyncio.sleep(0.1)
+    if first_call and "[tool]" in text:
+        return ModelResponse(parts=[ToolCallPart("pai_lookup", {"query": text}, "pai-1")])
+    return ModelResponse(parts=[PaiText(f"re: {text} | seen: {' / '.join(prompts)}")])
+
+
+pai_agent: PaiAgent[None, str] = PaiAgent(FunctionModel(pai_fn), name="pai-texter")
+
+
+@pai_agent.tool_plain
+def pai_lookup(query: str) -> str:
+    """Look something up."""
+    test_redis().rpush(test_key("lookups"), query)
+    return f"found {query}"
+
+
+pai_texter = durable(pai_agent)

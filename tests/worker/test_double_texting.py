@@ -238,6 +238,21 @@ async def test_an_interrupted_head_no_worker_started_keeps_its_message_alone(
         assert (await b.wait(60)).text == "re: second | seen: first / second"
 
 
+def test_an_interrupt_on_a_pydantic_ai_profile(
+    pool: WorkerPool, client: Client, r: redis.Redis
+) -> None:
+    cid, first = _cid("pai"), "[hold][tool] pai first"
+    a = client.submit(cid, first, agent="pai-texter")
+    hold(r, pool, first)
+    b = client.submit(cid, "pai second", agent="pai-texter", if_busy="interrupt")
+    release(r, pool, first)
+    stopped = a.wait(60, raise_on_error=False)
+    assert stopped.status == "interrupted" and stopped.stopped_by == b.turn_id, stopped
+    assert [m.role for m in stopped.turn] == ["user", "assistant", "tool"]
+    assert stopped.turn[2].text == NOT_RUN.format(by=b.turn_id)
+    assert b.wait(60).text == f"re: pai second | seen: {first} / pai second"
+
+
 def test_on_an_idle_conversation_each_mode_just_queues_and_runs(client: Client) -> None:
     for mode in ("interrupt", "rollback", "merge"):
         cid = _cid(f"idle-{mode}")
