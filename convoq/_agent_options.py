@@ -109,6 +109,14 @@ def check_options(
     Raises:
         ConvoqError: the first option out of its range, saying what it must be.
     """
+    if if_busy in ("interrupt", "rollback", "merge", "queue"):
+        raise ConvoqError(
+            f"Agent(if_busy={if_busy!r}) is not supported: an in-process Agent runs one"
+            " turn at a time in its caller and keeps no queue, so it has no turn to"
+            " interrupt, roll back or merge into; use if_busy='reject' or 'wait' here, or"
+            f" submit through a Client (client.submit(..., if_busy={if_busy!r}),"
+            " docs/double-texting.md)"
+        )
     if if_busy not in ("reject", "wait"):
         raise ConvoqError(f"if_busy must be 'reject' or 'wait', not {if_busy!r}")
     if not busy_timeout_s >= 0 or (approval_ttl_s is not None and not approval_ttl_s > 0):

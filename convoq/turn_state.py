@@ -29,6 +29,8 @@ EventType = Literal[
     "decision",
     "guardrail_tripped",
     "handoff",
+    "stop_requested",
+    "merged",
     "done",
 ]
 
@@ -65,6 +67,11 @@ class TurnEvent(BaseModel):
 
     ``guardrail_tripped`` (``{"guardrail", "kind", "reason", "info"}``) comes before the
     ``done`` of a turn a guardrail blocked (:mod:`convoq.guardrails`).
+
+    Double texting (docs/double-texting.md): ``stop_requested`` (``{"mode", "by"}``) says
+    a newer turn ``by`` was submitted with ``if_busy`` ``mode`` (``"interrupt"`` or
+    ``"rollback"``) while this one ran; ``merged`` (``{"turn_id"}``) that the message of
+    that submit joined this queued turn.
 
     ``retried`` (``{"retry": n}``) follows the ``done`` of a failed turn that was retried:
     the turn is queued again, and its events go on to a second ``done``.

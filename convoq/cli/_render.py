@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +37,8 @@ STATUS_STYLE = {
     "cancelled": "dim",
     "expired": "red",
     "blocked": "red",
+    "interrupted": "yellow",
+    "merged": "dim",
 }
 
 
@@ -176,46 +178,48 @@ def print_result(result: TurnResult) -> None:
         console.print(f"usage with children: {describe_usage(result.usage)}")
 
 
+def _call(data: dict[str, Any]) -> str:
+    return f"{data.get('id')} {data.get('name')}({data.get('arguments')})"
+
+
+# Event type -> its style and what it shows of the event's data (text deltas and statuses
+# are printed apart: a delta unbroken as it comes, a status in its own colour).
+_EVENT_LINES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "tool_call": ("magenta", _call),
+    "approval_required": ("magenta", _call),
+    "decision": ("magenta", lambda d: f"{d.get('call_id')}: "
+                 f"{describe_decision(Decision.model_validate(d))}"),
+    "tool_result": ("blue", lambda d: f"{d.get('name')}: {d.get('result')}"),
+    "resumed": ("yellow", lambda d: f"{d.get('reason')} (attempt {d.get('attempt')})"),
+    # The model call's text starts again.
+    "text_retracted": ("yellow", lambda d: "(the model call is retried; its text again:)"),
+    # A failed turn queued again, as the same turn.
+    "retried": ("yellow", lambda d: f"(retry {d.get('retry')})"),
+    "subagent_call": ("magenta", lambda d: f"{d.get('id')} {d.get('agent')} ->"
+                      f" {d.get('conversation_id')} {d.get('turn_id')}"),
+    "handoff": ("magenta", lambda d: f"{d.get('from')} -> {d.get('to')}"),
+    "guardrail_tripped": ("red", lambda d: f"{d.get('kind')} {d.get('guardrail')}:"
+                          f" {d.get('reason')}"),
+    # Double texting.
+    "stop_requested": ("yellow", lambda d: " ".join(f"{k}={v}" for k, v in d.items())),
+    "merged": ("yellow", lambda d: " ".join(f"{k}={v}" for k, v in d.items())),
+}  # fmt: skip
+
+
 def print_event(event: TurnEvent) -> None:
     """One event of a turn's stream; text deltas are printed as they come, unbroken."""
     data = event.data
     if event.type == "text_delta":
         console.print(escape(str(data.get("text", ""))), end="")
-        return
-    if event.type == "status":
+    elif event.type == "status":
         status = str(data.get("status"))
         style = STATUS_STYLE.get(status, "")
         console.print(f"\n[{style}]● {status}[/{style}]")
-    elif event.type in ("tool_call", "approval_required"):
-        shown = escape(f"{data.get('id')} {data.get('name')}({data.get('arguments')})")
-        console.print(f"\n[magenta]{event.type}[/magenta] {shown}")
-    elif event.type == "decision":
-        shown = escape(f"{data.get('call_id')}: {describe_decision(Decision.model_validate(data))}")
-        console.print(f"\n[magenta]decision[/magenta] {shown}")
-    elif event.type == "tool_result":
-        shown = escape(f"{data.get('name')}: {data.get('result')}")
-        console.print(f"\n[blue]tool_result[/blue] {shown}")
-    elif event.type == "resumed":
-        shown = escape(f"{data.get('reason')} (attempt {data.get('attempt')})")
-        console.print(f"\n[yellow]resumed[/yellow] {shown}")
-    elif event.type == "text_retracted":  # the model call's text starts again
-        console.print(
-            "\n[yellow]text_retracted[/yellow] (the model call is retried; its text again:)"
-        )
-    elif event.type == "retried":  # a failed turn queued again, as the same turn
-        console.print(f"\n[yellow]retried[/yellow] (retry {escape(str(data.get('retry')))})")
-    elif event.type == "subagent_call":
-        shown = escape(f"{data.get('id')} {data.get('agent')} -> {data.get('conversation_id')}"
-                       f" {data.get('turn_id')}")  # fmt: skip
-        console.print(f"\n[magenta]subagent_call[/magenta] {shown}")
-    elif event.type == "handoff":
-        shown = escape(f"{data.get('from')} -> {data.get('to')}")
-        console.print(f"\n[magenta]handoff[/magenta] {shown}")
-    elif event.type == "guardrail_tripped":
-        shown = escape(f"{data.get('kind')} {data.get('guardrail')}: {data.get('reason')}")
-        console.print(f"\n[red]guardrail_tripped[/red] {shown}")
     elif event.type == "done":
         console.print(f"\n[bold]done[/bold]: {data.get('status')}")
+    elif (line := _EVENT_LINES.get(event.type)) is not None:
+        style, shown = line
+        console.print(f"\n[{style}]{event.type}[/{style}] {escape(shown(data))}")
 
 
 def print_workers(workers: dict[str, dict[str, Any]]) -> None:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 
@@ -32,8 +32,9 @@ from convoq.cli._render import (
 )
 from convoq.cli._usage import OneLineUsage, plain_help
 from convoq.client import Client, TurnHandle
+from convoq.client._base import IfBusy, check_if_busy
 from convoq.context import check_metadata
-from convoq.errors import ConfigurationError, ConversationBusyError
+from convoq.errors import ConfigurationError, ConversationBusyError, ConvoqError
 from convoq.loaders import load_image, load_pdf
 from convoq.messages import Message, MessageRole, TextPart
 from convoq.settings import ConvoqSettings
@@ -231,14 +232,22 @@ def submit(
         str | None,
         typer.Option(help='A JSON object its tools see as ctx.metadata: {"user": "ada"}'),
     ] = None,
+    if_busy: Annotated[
+        str,
+        typer.Option(
+            help="While a turn is in progress: queue behind it, reject, interrupt it, roll it"
+            " back, or merge into a queued one (docs/double-texting.md).",
+        ),
+    ] = "queue",
 ) -> None:
     """Queue a turn; print its id on stdout (and with --wait, its result: final, or parked
-    awaiting approval)."""
+    awaiting approval). With --if-busy merge, the id printed is the turn that answers it."""
     s = _settings()
     # Options, attachments and metadata are checked before any connection: usage errors.
     with reported(code=2):
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
         meta = check_metadata(parse_json_option("--metadata", metadata))
+        busy = _if_busy(if_busy)
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -253,12 +262,23 @@ def submit(
             max_history_tokens=max_history_tokens,
             **asked,
             metadata=meta,
+            if_busy=busy,
         )
         # The bare id on stdout, so TID=$(convoq submit ...) works; the note goes to stderr.
         print(handle.turn_id, flush=True)
-        err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
+        if handle.merged_from:
+            err_console.print(f"merged into turn {handle.turn_id} (as {handle.merged_from})")
+        else:
+            err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
         if wait:
             _wait_and_print(handle, timeout)
+
+
+def _if_busy(value: str) -> IfBusy:
+    """``--if-busy``, checked: a usage error names the option and its values."""
+    if value not in get_args(IfBusy):
+        raise ConvoqError(f"--if-busy must be one of {', '.join(get_args(IfBusy))}, not {value!r}")
+    return check_if_busy(value)
 
 
 def _wait_and_print(handle: TurnHandle, timeout: float) -> None:
@@ -267,7 +287,7 @@ def _wait_and_print(handle: TurnHandle, timeout: float) -> None:
     with err_console.status(f"waiting for turn {handle.turn_id}..."):
         result = handle.wait(timeout, raise_on_error=False)
     print_result(result)
-    if result.status in ("failed", "cancelled", "expired", "blocked"):
+    if result.status in ("failed", "cancelled", "expired", "blocked", "interrupted"):
         raise typer.Exit(1)
 
 

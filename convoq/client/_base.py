@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 from urllib.parse import urlsplit
 
 from convoq.context import check_metadata
@@ -27,12 +27,13 @@ from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, coerce_settings, settings_to_data
 from convoq.output import OutputType, output_shape, spec_from_data
+from convoq.redis._texting import merge_key_of
 from convoq.window import check_budget
 
 if TYPE_CHECKING:
     from convoq.redis.protocol import TurnRecord
 
-IfBusy = Literal["queue", "reject"]
+IfBusy = Literal["queue", "reject", "interrupt", "rollback", "merge"]
 
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 MAX_CALLBACK_URL_CHARS = 2048
@@ -49,6 +50,12 @@ class Submission:
     options: dict[str, Any]
     idempotency_key: str | None
     if_busy: IfBusy
+
+    @property
+    def merge_key(self) -> str | None:
+        """With ``if_busy="merge"``: what a queued turn shares with this one to be merged
+        (the agent and the options; docs/double-texting.md)."""
+        return merge_key_of(self.agent, self.options) if self.if_busy == "merge" else None
 
 
 def build_submission(
@@ -208,11 +215,12 @@ def check_idempotency_key(key: object) -> str | None:
 
 
 def check_if_busy(value: object) -> IfBusy:
-    """``"queue"`` (wait behind running turns) or ``"reject"`` (ConversationBusyError)."""
-    if value == "queue":
-        return "queue"
-    if value == "reject":
-        return "reject"
+    """``"queue"`` (wait behind running turns), ``"reject"`` (ConversationBusyError), or a
+    double-texting mode: ``"interrupt"``, ``"rollback"``, ``"merge"``
+    (docs/double-texting.md)."""
+    for mode in get_args(IfBusy):
+        if value == mode:
+            return cast(IfBusy, mode)
     raise ConvoqError(f"if_busy must be one of {list(get_args(IfBusy))}, not {value!r}")
 
 

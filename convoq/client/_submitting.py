@@ -117,8 +117,10 @@ class Submitting:
         attributes = {"convoq.conversation_id": sub.conversation_id, "convoq.agent": sub.agent}
         with tracing.span("convoq.submit", attributes):
             stored = await self._store(sub)
-        handle = AsyncTurnHandle(self._client, sub.conversation_id, stored.turn_id)
+        answered_by = stored.merged_into or await self._merged_into(sub, stored)
+        handle = AsyncTurnHandle(self._client, sub.conversation_id, answered_by or stored.turn_id)
         handle.repeated = stored.duplicate
+        handle.merged_from = stored.turn_id if answered_by else None
         if not stored.duplicate and stored.event_id is not None:
             handle.queued_as(sub.agent, sub.message, sub.options, stored)
         if on_done is not None:
@@ -145,6 +147,7 @@ class Submitting:
                     idempotency_key=sub.idempotency_key,
                     if_busy=sub.if_busy,
                     kick=kick,
+                    merge_key=sub.merge_key,
                 ),
                 f"submit of {sub.conversation_id}/{sub.turn_id}",
             )
@@ -158,13 +161,24 @@ class Submitting:
             metrics.turn_submitted(sub.agent)
         if stored.kicked:
             return stored
-        if stored.position == 0 or stored.duplicate:
+        if stored.position == 0 or stored.duplicate or stored.stopped == "cancelled":
             # A duplicate kicks again: its first submit may have died before its kick.
             head = stored.turn_id if stored.position == 0 else None
             await self._kicks.send(
                 routing.DRAIN_TASK, sub.conversation_id, head=head, agent=sub.agent
             )
         return stored
+
+    async def _merged_into(self, sub: Submission, stored: SubmitResult) -> str | None:
+        """A repeated merge submit: the turn that answers the first one, when it was
+        merged (its record ends "merged"); else None."""
+        if not (stored.duplicate and sub.if_busy == "merge"):
+            return None
+        try:
+            record = await self._client.protocol.get_turn(sub.conversation_id, stored.turn_id)
+        except UnknownTurnError:
+            return None
+        return record.merged_into
 
     async def _check_same_request(self, sub: Submission, first: str) -> None:
         """An idempotency key answered with an earlier turn: refuse it unless that turn

@@ -23,7 +23,7 @@ from celery import Celery
 from convoq._connection_bounds import ConnectionBounds
 from convoq._sync import left_in_parent
 from convoq.client import _conversations, _deployment
-from convoq.client._base import build_submission, check_turn_ref
+from convoq.client._base import IfBusy, build_submission, check_turn_ref
 from convoq.client._control import TurnControl, TurnRef
 from convoq.client._deployment import Deployment, Registry, deployment
 from convoq.client._kicks import Kicks
@@ -199,7 +199,7 @@ class AsyncClient:
         keep_last_turns: int | None = None,
         callback_url: str | None = None,
         on_done: OnDone | None = None,
-        if_busy: Literal["queue", "reject"] = "queue",
+        if_busy: IfBusy = "queue",
         max_history_tokens: int | None = None,
         model_settings: SettingsLike | None = None,
         output_type: OutputType | None = None,
@@ -219,7 +219,14 @@ class AsyncClient:
             callback_url: receives one signed POST when the turn is final (needs the
                 workers' ``webhook_secret`` here too: without it InvalidCallbackUrlError).
             on_done: called with the :class:`TurnResult` in this process, once.
-            if_busy: ``"reject"`` raises ConversationBusyError while a turn is in progress.
+            if_busy: when the conversation is busy: ``"queue"`` behind its turns,
+                ``"reject"`` raises ConversationBusyError, ``"interrupt"`` stops the
+                running turn at its next step boundary (its finished steps stored) and
+                answers this message with that history, ``"rollback"`` cancels it
+                (nothing of it stored), ``"merge"`` joins a queued turn submitted with
+                "merge" (one answer to both; the handle is that turn's, its
+                ``merged_from`` the id this message was stored under). See
+                docs/double-texting.md.
             max_history_tokens: send only the newest whole turns that fit this many tokens
                 (overrides the profile; see :class:`convoq.window.Window`).
             model_settings: :class:`ModelSettings` or a dict of its fields, merged over

@@ -42,13 +42,14 @@ _BLOCK_MS = 2_000
 WaitUntil = Literal["settled", "final"]
 """What a wait waits for: ``"settled"``, final or parked awaiting approval (a parked turn
 waits for a person, so a caller should hear of it); ``"final"``, succeeded, failed,
-cancelled, expired or blocked only. The HTTP gateway's ``?wait=N&until=`` takes the same
-two values."""
+cancelled, expired, blocked, interrupted or merged only. The HTTP gateway's
+``?wait=N&until=`` takes the same two values."""
 
 
 @dataclass(frozen=True)
 class TurnResult:
-    """Where a turn stands: final (succeeded/failed/cancelled/expired/blocked) or parked for
+    """Where a turn stands: final (succeeded/failed/cancelled/expired/blocked, or with
+    double texting interrupted/merged) or parked for
     approval (a turn ``waiting`` for child turns is no approval: a wait goes on through
     it). ``expired``: its approval ran out; the turn is stored, its tool results saying
     so, and ``error`` says it expired. ``blocked``: a guardrail tripped; nothing is stored,
@@ -82,6 +83,11 @@ class TurnResult:
             handed to (:mod:`convoq.handoffs`).
         handed_from: the agent it was submitted for, when it was handed to another (by a
             handoff, or because the conversation had been handed off), else None.
+        stopped_by: the turn whose submit (``if_busy="interrupt"`` or ``"rollback"``)
+            stopped this one, else None; an ``interrupted`` turn is stored with the steps
+            it finished, and ``turn`` holds them.
+        merged: the turns whose messages joined this one (``if_busy="merge"``).
+        merged_into: for a ``merged`` record, the turn that answers it.
     """
 
     conversation_id: str
@@ -103,6 +109,9 @@ class TurnResult:
     parent: ParentCall | None = None
     agent: str = ""
     handed_from: str | None = None
+    stopped_by: str | None = None
+    merged: tuple[str, ...] = ()
+    merged_into: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -146,6 +155,9 @@ def result_from_record(record: TurnRecord) -> TurnResult:
         parent=ParentCall.of(record.options),
         agent=record.agent,
         handed_from=record.handed_from,
+        stopped_by=record.stopped_by,
+        merged=record.merged,
+        merged_into=record.merged_into,
     )
 
 
@@ -165,9 +177,14 @@ def typed_result(result: TurnResult, output_type: OutputType) -> TurnResult:
 
 def _whole_turn(record: TurnRecord, data: dict[str, Any]) -> list[Message]:
     # The record keeps what the turn added after its user message; the input is separate.
-    if record.status not in ("succeeded", "expired"):
+    if record.status not in ("succeeded", "expired", "interrupted"):
         return []
     return [record.input, *(Message.model_validate(m) for m in data.get("messages") or [])]
+
+
+# Events of double texting (docs/double-texting.md): a wait that saw one reads the record
+# when the turn is final, for what they changed (stopped_by, merged).
+_TEXTING_EVENTS = frozenset({"stop_requested", "merged"})
 
 
 class AsyncTurnHandle:
@@ -183,6 +200,9 @@ class AsyncTurnHandle:
         # True when the submit that made this handle was answered with an earlier turn
         # (a repeat with the same idempotency key): it queued nothing.
         self.repeated = False
+        # With if_busy="merge": the id the submit stored its message under, when that
+        # message joined this (queued) turn, which answers it (docs/double-texting.md).
+        self.merged_from: str | None = None
 
     def queued_as(
         self, agent: str, message: Message, options: dict[str, Any], stored: SubmitResult
@@ -217,7 +237,9 @@ class AsyncTurnHandle:
 
     async def status(self) -> TurnStatus:
         """queued | running | awaiting_approval | waiting (for its sub-agent calls' child
-        turns) | succeeded | failed | cancelled | expired | blocked."""
+        turns) | succeeded | failed | cancelled | expired | blocked | interrupted (a newer
+        message stopped it; stored as far as it went) | merged (its message joined the
+        queued turn ``merged_into``; docs/double-texting.md)."""
         return (await self.record()).status
 
     async def result(self) -> TurnResult:
@@ -286,6 +308,7 @@ class AsyncTurnHandle:
             record, after = await protocol.get_turn_and_last_event(
                 self.conversation_id, self.turn_id
             )
+        texted = False
         while not await self._settled(record, until):
             block_ms = self._block_for(deadline)
             if block_ms <= 0:
@@ -305,6 +328,9 @@ class AsyncTurnHandle:
             )
             if batch:
                 after = batch[-1][0]
+                texted = texted or any(e.type in _TEXTING_EVENTS for _, e in batch)
+        if texted:  # the fields double texting set are no live fields: read them
+            record = await protocol.get_turn(self.conversation_id, self.turn_id)
         return record
 
     async def _settled(self, record: TurnRecord, until: WaitUntil) -> bool:
@@ -433,6 +459,12 @@ class TurnHandle:
     @property
     def async_handle(self) -> AsyncTurnHandle:
         return self._async
+
+    @property
+    def merged_from(self) -> str | None:
+        """With ``if_busy="merge"``: the id of the submitted message's own record when it
+        joined this turn (which answers it), else None."""
+        return self._async.merged_from
 
     @property
     def repeated(self) -> bool:

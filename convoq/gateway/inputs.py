@@ -119,8 +119,12 @@ class TurnOptions(_Strict):
         le=1_000_000_000,
         description="Send only the newest whole previous turns that fit this many tokens.",
     )
-    if_busy: Literal["queue", "reject"] = Field(
-        default="queue", description="reject: 409 while another turn is in progress."
+    if_busy: Literal["queue", "reject", "interrupt", "rollback", "merge"] = Field(
+        default="queue",
+        description="While another turn is in progress: queue behind it; reject (409);"
+        " interrupt it at its next step boundary (its finished steps stored); roll it back"
+        " (cancelled, nothing stored); merge into a queued turn sent with merge"
+        " (one answer). See docs/double-texting.md.",
     )
     callback_url: str | None = Field(
         default=None,

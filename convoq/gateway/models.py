@@ -29,6 +29,11 @@ class TurnAccepted(BaseModel):
     turn_id: str
     status: str
     links: TurnLinks
+    merged_from: str | None = Field(
+        default=None,
+        description='"if_busy": "merge": the id the message was stored under when it joined'
+        " the queued turn turn_id, which answers it (that record ends merged).",
+    )
 
 
 class ChildTurnView(BaseModel):
@@ -90,12 +95,23 @@ class TurnView(BaseModel):
         description="The agent it was submitted for, when it was handed to another"
         " (``agent``: the one that ran it last).",
     )
+    stopped_by: str | None = Field(
+        default=None,
+        description='The turn whose submit ("if_busy": "interrupt" or "rollback") stopped'
+        " this one.",
+    )
+    merged: list[str] = Field(
+        default_factory=list, description='Turns whose messages joined this one ("merge").'
+    )
+    merged_into: str | None = Field(
+        default=None, description="A merged message: the turn that answers it."
+    )
 
     @classmethod
     def of(cls, record: TurnRecord) -> TurnView:
         data: dict[str, Any] = record.result or {}
         done = record.status == "succeeded"
-        stored = record.status in ("succeeded", "expired")
+        stored = record.status in ("succeeded", "expired", "interrupted")
         return cls(
             conversation_id=record.conversation_id,
             turn_id=record.turn_id,
@@ -128,6 +144,9 @@ class TurnView(BaseModel):
             children=[ChildTurnView(**asdict(c)) for c in children_of_result(data)],
             parent=_parent_view(record),
             handed_from=record.handed_from,
+            stopped_by=record.stopped_by,
+            merged=list(record.merged),
+            merged_into=record.merged_into,
         )
 
 

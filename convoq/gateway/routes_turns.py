@@ -147,12 +147,17 @@ async def submit_turn(
             ' "if_busy": "reject": wait for it, or send "if_busy": "queue" to line up behind',
             **busy.details,
         ) from None
-    # A repeat (same Idempotency-Key) reports the first turn as it stands now.
-    status = await handle.status() if handle.repeated else "queued"
+    # A repeat (same Idempotency-Key) reports the first turn as it stands now; so does a
+    # message merged into a queued turn (the turn that answers it).
+    status = await handle.status() if handle.repeated or handle.merged_from else "queued"
     links = _links(turns, handle.turn_id)
     response.headers["Location"] = links.self
     return TurnAccepted(
-        conversation_id=handle.conversation_id, turn_id=handle.turn_id, status=status, links=links
+        conversation_id=handle.conversation_id,
+        turn_id=handle.turn_id,
+        status=status,
+        links=links,
+        merged_from=handle.merged_from,
     )
 
 

@@ -82,13 +82,17 @@ def build_payload(
     children: list[Any] | None = None,
     parent: dict[str, Any] | None = None,
     handed_from: str | None = None,
+    texting: dict[str, Any] | None = None,
 ) -> bytes:
     """The JSON body of a callback: small and bounded (long text is cut and flagged).
     ``usage``: the turn's token counts (from its result), ``finish_reason`` its final
     model call's; ``metadata`` as submitted (bounded at submit); ``decisions``: the
     approval decisions by call id (who, when, why, or expired); ``children``: a parent's
     child turns (call id, agent, ids, status, usage), ``parent``: a child's parent call;
-    ``handed_from``: the agent a turn handed to ``agent`` was submitted for."""
+    ``handed_from``: the agent a turn handed to ``agent`` was submitted for;
+    ``texting``: what double texting did to the turn (``stopped_by``: the turn that
+    interrupted or rolled it back; ``merged``: the turns whose messages joined it), its
+    keys only when set."""
     shown = text or ""
     payload = {
         "type": "turn.finished",
@@ -110,6 +114,7 @@ def build_payload(
         ],
         "parent": _bounded_child(parent) if isinstance(parent, dict) else None,
         "handed_from": handed_from[:256] if handed_from is not None else None,
+        **(texting or {}),
     }
     return json.dumps(payload, separators=(",", ":")).encode()
 

@@ -15,6 +15,7 @@ from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
 from convoq.redis._decoded import forget
 from convoq.redis._replies import Outcome
+from convoq.redis._texting import StopFlags
 
 _CLEAR_RETRIES = 20
 
@@ -55,6 +56,12 @@ class CancellingMixin(ProtocolBase):
 
     async def is_cancel_requested(self, cid: str, turn_id: str) -> bool:
         return await self.redis.hget(self.keys.turn(cid, turn_id), "cancel") == b"1"
+
+    async def stop_flags(self, cid: str, turn_id: str) -> StopFlags:
+        """The cancel flag and the double-texting stop of a turn, in one read."""
+        key = self.keys.turn(cid, turn_id)
+        cancel, mode, by = await self.redis.hmget(key, "cancel", "stop", "stopped_by")
+        return StopFlags(cancel == b"1", text(mode) if mode else None, text(by) if by else None)
 
     async def clear(self, cid: str, *, force: bool = False) -> None:
         """Delete every key of the conversation. ConversationBusyError while turns are

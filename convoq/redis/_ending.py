@@ -86,6 +86,7 @@ class EndingMixin(TakingMixin):
         output: Any = None,
         expired: bool = False,
         children: Sequence[Mapping[str, Any]] = (),
+        interrupted: bool = False,
     ) -> Handoff:
         """Append the whole turn (user message first) exactly once, mark it succeeded (or,
         with ``expired``, expired: its approval ran out and its tool results say so) with
@@ -99,6 +100,8 @@ class EndingMixin(TakingMixin):
         "agent", "conversation_id", "turn_id", "status", "usage"}``), kept in the result as
         ``"children"``; the result's usage adds theirs to the turn's own, the
         conversation's counters only the turn's own (each child's are on its conversation).
+        ``interrupted``: a newer message stopped the turn (double texting): it is stored as
+        far as it went, marked "interrupted", its text empty.
 
         Raises:
             StaleFenceError, NotInboxHeadError, TurnAlreadyAppliedError (a replay: nothing
@@ -115,6 +118,7 @@ class EndingMixin(TakingMixin):
             output=output,
             expired=expired,
             children=children,
+            interrupted=interrupted,
         )
         reply = EndReply.parse("commit", await self.run_acked("commit", cid, keys, args))
         if reply.refusal is not None:
@@ -134,15 +138,19 @@ class EndingMixin(TakingMixin):
         output: Any = None,
         expired: bool = False,
         children: Sequence[Mapping[str, Any]] = (),
+        interrupted: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the commit script (checked and encoded, nothing sent)."""
-        element, result, counters, encoded = self._stored_turn(messages, output, expired, children)
+        no_answer = expired or interrupted
+        element, result, counters, encoded = self._stored_turn(
+            messages, output, no_answer, children
+        )
         following = self.next_turn_keys(cid, ending.expected_next)
         keys = [self.keys.meta(cid), self.keys.turns(cid), self.keys.blobs(cid)]
         keys += self._ending_keys(cid, turn_id)
         keys += [self.keys.lead(cid), *following] if following else []
         args = [turn_id, ending.fence, element, result, "1" if stop_if_cancelled else "0"]
-        args += ["expired" if expired else "succeeded"]
+        args += ["interrupted" if interrupted else "expired" if expired else "succeeded"]
         args += [ending.expected_next or "", *self.take_args(ending.taking())]
         args.append(counters)
         return keys, [*args, *self.event_args(ending.events), *encoded.blob_args()]

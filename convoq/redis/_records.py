@@ -26,13 +26,17 @@ TurnStatus = Literal[
     "expired",
     "blocked",
     "waiting",
+    "interrupted",
+    "merged",
 ]
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
 # expired: the approval ran out; the turn is stored, its tool results saying so. blocked: a
 # guardrail tripped; nothing is stored, the error (GuardrailTripped) says which and why.
-# waiting (not final): parked until its child turns (sub-agent calls) end.
+# waiting (not final): parked until its child turns (sub-agent calls) end. interrupted: a
+# newer message stopped it at a step boundary; its finished steps are stored. merged: a
+# message that joined a queued turn, which answers it (``merged_into``).
 FINAL_STATUSES: frozenset[str] = frozenset(
-    {"succeeded", "failed", "cancelled", "expired", "blocked"}
+    {"succeeded", "failed", "cancelled", "expired", "blocked", "interrupted", "merged"}
 )
 DECISION_FIELD = "decision:"
 
@@ -62,6 +66,13 @@ class TurnRecord:
     # The agent the turn was queued for, when it was handed to another (``agent``):
     # :mod:`convoq.handoffs`.
     handed_from: str | None = None
+    # Double texting (docs/double-texting.md): the turn whose submit stopped this one, and
+    # how ("interrupt" or "rollback"); the turn that answers this merged one; the turns
+    # merged into this one (their messages follow its own in ``input``).
+    stopped_by: str | None = None
+    stop: str | None = None
+    merged_into: str | None = None
+    merged: tuple[str, ...] = ()
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -221,6 +232,12 @@ class SubmitResult:
     event_id: str | None = None
     created_ms: int | None = None
     kicked: bool = False
+    # Double texting: the queued turn this one joined (``turn_id`` then ended "merged"),
+    # and what became of the inbox head (``head``): "stopping" (flagged to interrupt or
+    # roll back), "cancelled" (ended here: the caller sends a kick) or None.
+    merged_into: str | None = None
+    stopped: str | None = None
+    head: str | None = None
 
 
 def _text(fields: dict[str, bytes], name: str) -> str | None:
@@ -249,7 +266,7 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             turn_id=tid,
             status=cast(TurnStatus, status),
             agent=_text(fields, "agent") or "",
-            input=Message.model_validate_json(fields["input"]),
+            input=_input(fields),
             options=_json(fields, "options") or {},
             result=_json(fields, "result"),
             error=_json(fields, "error"),
@@ -261,6 +278,10 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             expired_ms=_int(fields, "expired_ms"),
             retries=_int(fields, "retries") or 0,
             handed_from=_text(fields, "handed_from"),
+            stopped_by=_text(fields, "stopped_by"),
+            stop=_text(fields, "stop"),
+            merged_into=_text(fields, "merged_into"),
+            merged=tuple(item["turn_id"] for item in _json(fields, "merged") or []),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(
@@ -268,6 +289,19 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             + "); cancel the turn or clear the conversation",
             key=key,
         ) from exc
+
+
+def _input(fields: dict[str, bytes]) -> Message:
+    """The turn's user message: its own, then those of the turns merged into it (``merged``:
+    ``[{turn_id, input}]`` in the order they came), their parts in order, as one message."""
+    own = Message.model_validate_json(fields["input"])
+    merged = _json(fields, "merged")
+    if not merged:
+        return own
+    parts = list(own.content)
+    for item in merged:
+        parts.extend(Message.model_validate(item["input"]).content)
+    return own.model_copy(update={"content": parts})
 
 
 def _decisions(fields: dict[str, bytes]) -> dict[str, Decision]:

@@ -104,6 +104,9 @@ _INSTEAD_OF_RETRY = {
     "waiting": "it waits for its sub-agent calls' child turns: wait for it",
     "cancelled": "submit it again as a new turn",
     "blocked": "a guardrail blocked it (its error says which and why): submit a new turn",
+    "interrupted": "a newer message interrupted it and it is stored as far as it went:"
+    " submit a new turn to ask again",
+    "merged": "its message joined the turn named in merged_into: retry that one if it failed",
 }
 
 

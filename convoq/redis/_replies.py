@@ -113,9 +113,11 @@ OUTCOMES: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class SubmitReply:
     """``submit``: 'OK' (queued at ``position`` with its first event ``event_id`` at
-    ``created_ms``; ``kicked``: the script pushed the kick), 'DUP' (an earlier submit
-    queued ``turn_id`` at ``position``, -1 when it left the inbox), 'FULL' (``waiting``
-    turns fill the inbox), else ``refusal``."""
+    ``created_ms``; ``kicked``: the script pushed the kick; ``stopped``: what became of
+    the inbox head, '' nothing), 'DUP' (an earlier submit queued ``turn_id`` at
+    ``position``, -1 when it left the inbox), 'MERGED' (joined the queued ``turn_id`` at
+    ``position``), 'MOVED' (the head or tail read before moved on: read again), 'FULL'
+    (``waiting`` turns fill the inbox), else ``refusal``."""
 
     status: str
     position: int = 0
@@ -125,15 +127,25 @@ class SubmitReply:
     turn_id: str = ""
     waiting: int = 0
     refusal: Refusal | None = None
+    stopped: str = ""
 
     @classmethod
     def parse(cls, reply: Any) -> SubmitReply:
         r = _Items("submit", reply)
         if r.status == "OK":
-            r.sized(4)
-            return cls("OK", r.integer(1), r.string(2), r.integer(3), kicked=r.integer(4) == 1)
-        if r.status == "DUP":
-            return cls("DUP", r.sized(2).integer(2), turn_id=r.string(1))
+            r.sized(5)
+            return cls(
+                "OK",
+                r.integer(1),
+                r.string(2),
+                r.integer(3),
+                kicked=r.integer(4) == 1,
+                stopped=r.string(5),
+            )
+        if r.status in ("DUP", "MERGED"):
+            return cls(r.status, r.sized(2).integer(2), turn_id=r.string(1))
+        if r.status == "MOVED":
+            return cls(r.sized(0).status)
         if r.status == "FULL":
             return cls("FULL", waiting=r.sized(1).integer(1))
         return cls(r.status, refusal=r.refusal())

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 from convoq.errors import ConvoqError, InvalidConversationIdError, NotDurableError, QueueFullError
 from convoq.ids import check_turn_id, from_key_part, key_part
@@ -42,6 +43,7 @@ from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import check_message_limits, text
 from convoq.redis._records import FINAL_STATUSES, SubmitResult
 from convoq.redis._replies import AdmitReply, CountReply, SubmitReply
+from convoq.redis._texting import BusyCall, HeadMoved, IfBusy, busy_submit, check_busy_args
 
 log = logging.getLogger("convoq.redis")
 
@@ -58,12 +60,15 @@ class SubmittingMixin(ProtocolBase):
         message: Message,
         options: dict[str, Any],
         idempotency_key: str | None = None,
-        if_busy: Literal["queue", "reject"] = "queue",
+        if_busy: IfBusy = "queue",
         kick: tuple[str, str] | None = None,
+        merge_key: str | None = None,
     ) -> SubmitResult:
         """Queue a turn. Raises ConversationBusyError for ``if_busy="reject"`` on a busy
         conversation, QueueFullError over a limit of :attr:`queue_limits` (nothing
-        stored either way).
+        stored either way). ``if_busy`` "interrupt" / "rollback" stop the inbox head,
+        "merge" joins a queued turn submitted with "merge" under the same ``merge_key``
+        (:mod:`convoq.redis._texting`).
 
         ``kick``: ``(queue list, message)``, for a broker that is this very (non-cluster)
         Redis: when the conversation was idle the script pushes ``message`` onto that list
@@ -73,23 +78,27 @@ class SubmittingMixin(ProtocolBase):
         if idempotency_key is not None:
             keys.append(self.keys.idem(cid, idempotency_key))
         queue, kick_message = (None, None) if kick is None else kick
-        if queue is not None:
-            keys.append(queue)
         check_user_message(message)
         if not isinstance(agent, str) or not agent:
             raise ConvoqError("agent must be the non-empty name of an agent profile")
-        if if_busy not in ("queue", "reject"):
-            raise ConvoqError(f"if_busy must be 'queue' or 'reject', not {if_busy!r}")
+        check_busy_args(if_busy, merge_key)
         raw = check_message_limits(message, self.limits)
         args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options"), if_busy]
         args += [self.turn_ttl_ms, self.events_maxlen]
         queued: dict[str, Any] = {"status": "queued"}
         if options.get("metadata"):
             queued["metadata"] = options["metadata"]
-        return await self.admitted_submit(
-            cid, turn_id, agent, keys, args, kick=kick_message,
-            queued_event=json.dumps(queued, separators=(",", ":")),
-        )  # fmt: skip
+        event = json.dumps(queued, separators=(",", ":"))
+        if if_busy in ("queue", "reject"):
+            keys += [queue] if queue is not None else []
+            return await self.admitted_submit(
+                cid, turn_id, agent, keys, args, kick=kick_message, queued_event=event
+            )
+        return await busy_submit(
+            self,
+            BusyCall(cid, turn_id, agent, if_busy, keys, args, queue, kick_message, event),
+            merge_key,
+        )
 
     def member(self, cid: str, turn_id: str) -> str:
         """The counted member of a turn: encoded conversation id, a space, the turn id."""
@@ -105,14 +114,17 @@ class SubmittingMixin(ProtocolBase):
         *,
         kick: str | None = None,
         queued_event: str = '{"status":"queued"}',
+        busy: Sequence[Any] = (),
     ) -> SubmitResult:
         """Run the ``submit`` script within the limits (see the module docstring);
         ``kick``: the message the script pushes onto the queue list (its last key);
-        ``queued_event``: the data JSON of the turn's first event."""
+        ``queued_event``: the data JSON of the turn's first event; ``busy``: ARGV[11 ..]
+        of a double-texting mode (:mod:`convoq.redis._texting`)."""
         counted = self.queue_limits.counted
         args = [*args, self.queue_limits.per_conversation or 0, queued_event]
-        if kick is not None:
-            args.append(kick)
+        if kick is not None or busy:
+            args.append(kick or "")
+        args += busy
         if counted:
             await self._admit(cid, turn_id, agent)
         try:
@@ -127,6 +139,8 @@ class SubmittingMixin(ProtocolBase):
         if counted and result.duplicate and (result.turn_id != turn_id or result.position < 0):
             # Counted under the first submit's id, or already ended: not this one.
             await self.unadmit_quietly(cid, turn_id)
+        if counted and result.merged_into is not None and not result.duplicate:
+            await self.unadmit_quietly(cid, turn_id)  # ended "merged" at once
         return result
 
     def _submitted(self, reply: SubmitReply, cid: str, turn_id: str) -> SubmitResult:
@@ -138,7 +152,12 @@ class SubmittingMixin(ProtocolBase):
                 event_id=reply.event_id,
                 created_ms=reply.created_ms,
                 kicked=reply.kicked,
+                stopped=reply.stopped or None,
             )
+        if reply.status == "MOVED":
+            raise HeadMoved(cid)
+        if reply.status == "MERGED":
+            return SubmitResult(turn_id, reply.position, duplicate=False, merged_into=reply.turn_id)
         if reply.status == "DUP":
             return SubmitResult(reply.turn_id, reply.position, duplicate=True)
         if reply.status == "FULL":

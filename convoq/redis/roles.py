@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     )
     from convoq.redis._refusals import Refusal
     from convoq.redis._retrying import Retried
+    from convoq.redis._texting import IfBusy, StopFlags
     from convoq.redis.keys import KeySchema
     from convoq.redis.scripts import Scripts
     from convoq.turn_state import TurnEvent, TurnState
@@ -111,6 +112,8 @@ class LeaseStore(EventSink, Protocol):
 
     async def is_cancel_requested(self, cid: str, turn_id: str) -> bool: ...
 
+    async def stop_flags(self, cid: str, turn_id: str) -> StopFlags: ...
+
 
 class RunnerStore(LeaseStore, TurnReader, Protocol):
     """The drain loop: take a conversation's turns, end each, hand off the next."""
@@ -120,6 +123,8 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
     async def release(self, cid: str, turn_id: str, *, fence: int) -> bool: ...
 
     async def report_cut_off(self, cid: str, turn_id: str, *, fence: int) -> bool: ...
+
+    async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool: ...
 
     async def window(self, cid: str, window: Window) -> list[Message]: ...
 
@@ -146,6 +151,7 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
         output: Any = None,
         expired: bool = False,
         children: Sequence[Mapping[str, Any]] = (),
+        interrupted: bool = False,
     ) -> Handoff: ...
 
     async def fail_and_hand_off(
@@ -211,8 +217,9 @@ class TurnControl(TurnReader, KeyedStore, Protocol):
         message: Message,
         options: dict[str, Any],
         idempotency_key: str | None = None,
-        if_busy: Literal["queue", "reject"] = "queue",
+        if_busy: IfBusy = "queue",
         kick: tuple[str, str] | None = None,
+        merge_key: str | None = None,
     ) -> SubmitResult: ...
 
     async def record_decision(

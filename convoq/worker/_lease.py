@@ -31,6 +31,7 @@ from convoq.errors import (
     TurnCancelledError,
     TurnDeadlineError,
 )
+from convoq.messages import Message
 from convoq.observe import metrics
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis.protocol import Acquired, TurnEvents
@@ -118,6 +119,9 @@ class TurnRun:
     flag_read: bool = False
     ended: bool = False
     confirmed_at: float = 0.0
+    # The messages of the turn as last journaled (None: no step yet): what an interrupted
+    # turn stores (double texting), whatever copy of the state its loop kept.
+    journaled: list[Message] | None = None
     _end: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def end(self) -> None:
@@ -168,6 +172,7 @@ class TurnRun:
 
     async def _journal(self, state: TurnState) -> None:
         turn = self.acq.turn
+        self.journaled = list(state.messages)
         async with self.events.pending() as events:
             self.cancel_seen = await self.protocol.checkpoint(
                 turn.conversation_id, turn.turn_id, fence=self.acq.fence, state=state, events=events
@@ -178,13 +183,17 @@ class TurnRun:
         this process knows). Each checkpoint and renewal reports the cancel
         flag and the commit refuses a flagged turn, so no read per step. Only a rerun or a
         resumed turn may start flagged: cancel flags running turns only, and ends a queued
-        one at once."""
+        one at once. An interrupt (double texting) may flag a turn before it runs: its
+        record says so, and it stops at its first boundary. Checkpoints report an
+        interrupt as they report a cancel; renewals do not (the step goes on)."""
         turn = self.acq.turn
         if not self.lease_holds():
             # Woken after a pause (SIGSTOP, a stalled host) or renewals failing: another
             # worker may hold the turn now. Its writes would be refused anyway; stopping
             # here also keeps it from starting a step (a tool) the new holder runs too.
             raise LeaseLostError("the lease lapsed before the turn's next step")
+        if turn.stop == "interrupt":
+            return True  # flagged before this run took it (double texting): stop at once
         if not self.flag_read and (turn.attempts > 1 or self.acq.state is not None):
             self.cancel_seen = await self.protocol.is_cancel_requested(
                 turn.conversation_id, turn.turn_id

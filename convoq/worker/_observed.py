@@ -95,6 +95,8 @@ def _outcome(report: DrainReport, turn_id: str, watch: _Watch) -> str:
         return "succeeded"
     if turn_id in report.expired:
         return "expired"
+    if turn_id in report.interrupted:
+        return "interrupted"
     if turn_id in report.failed:
         if isinstance(watch.error, GuardrailTripped):
             return "blocked"

@@ -20,6 +20,10 @@ along with the next of them (or go on their own after ``event_flush_ms``, see
 :class:`~convoq.redis.protocol.TurnEvents`); checkpoints report a cancel request and the
 commit refuses a cancelled turn. A one-step turn costs acquire plus commit; each further
 queued turn, its commit.
+
+Double texting (:mod:`convoq.worker._interrupts`): a turn a newer message interrupted
+stops before its next step and is committed as far as it went, as "interrupted"; one
+rolled back ends cancelled, its error naming the turn that rolled it back.
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ from convoq.worker._cut_offs import report_cut_off
 from convoq.worker._fair import Fairness, NeverYield
 from convoq.worker._finished import FinishedHook, after_turn, error_data, no_hook
 from convoq.worker._handoffs import ConsumedHere, Handoffs, KickAgent
+from convoq.worker._interrupts import (
+    discard_if_stopped,
+    interrupted_turn,
+    rolled_back,
+    stored_so_far,
+    why_stopped,
+)
 from convoq.worker._lease import Closing, HandedBack, LeaseTerms, TurnRun, turn_run, with_lease
 from convoq.worker._subagents import children_of, subagent_tools_of
 from convoq.worker.profiles import Profiles
@@ -124,13 +135,22 @@ class DrainReport:
     expired: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
+    # Stopped by a newer message at a step boundary, stored as far as they went.
+    interrupted: list[str] = field(default_factory=list)
     # Turns left queued for another drain: other conversations waited for a slot, or the
     # turn was handed to an agent another pool serves.
     requeued: list[str] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
-        return not (self.succeeded or self.failed or self.expired or self.parked or self.abandoned)
+        return not (
+            self.succeeded
+            or self.failed
+            or self.expired
+            or self.parked
+            or self.abandoned
+            or self.interrupted
+        )
 
 
 class Runner:
@@ -273,6 +293,10 @@ class Runner:
             return await self._commit(run, outcome, report)
         if isinstance(outcome, HandedOff):
             return await self._handoffs.move(run, outcome, report.requeued, report.abandoned)
+        if run.cancel_seen:  # interrupted as it was to park: it ends here instead
+            mode, by = await why_stopped(self._protocol, acq)
+            if mode == "interrupt":
+                return await self._interrupted(run, by, report)
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
@@ -300,6 +324,9 @@ class Runner:
             await self._cut_off(acq, report)
             return None
         report.parked.append(tid)
+        if await discard_if_stopped(self._protocol, acq):  # double texting came first
+            await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)
+            return await self._acquire(cid, None, 0, report)
         if self._on_parked is not None:
             await self._on_parked(cid, tid)
         return None
@@ -378,8 +405,39 @@ class Runner:
             # store): it fails like any other error, and the conversation goes on.
             return await self._fail(run, exc, report)
 
+    async def _interrupted(
+        self, run: TurnRun, by: str | None, report: DrainReport
+    ) -> Acquired | None:
+        """Store the turn as far as it went, as "interrupted" (docs/double-texting.md)."""
+        turn = run.acq.turn
+        messages = interrupted_turn(stored_so_far(run.journaled, run.acq), by)
+        try:
+            return await self._end(
+                run,
+                report,
+                lambda ending: self._protocol.commit_and_hand_off(
+                    turn.conversation_id,
+                    turn.turn_id,
+                    messages,
+                    ending,
+                    stop_if_cancelled=True,
+                    interrupted=True,
+                ),
+                done=report.interrupted,
+                replayed=report.interrupted,
+                stored=True,
+            )
+        except (InvalidMessageError, AttachmentError, TurnCancelledError) as exc:
+            return await self._fail(run, exc, report)
+
     async def _fail(self, run: TurnRun, exc: Exception, report: DrainReport) -> Acquired | None:
         turn = run.acq.turn
+        if isinstance(exc, TurnCancelledError) and exc.details.get("reason") is None:
+            mode, by = await why_stopped(self._protocol, run.acq)
+            if mode == "interrupt":
+                return await self._interrupted(run, by, report)
+            if mode == "rollback":
+                exc = rolled_back(by)
         error = error_data(exc)
         _observed.failed(exc)
         if not isinstance(exc, TurnCancelledError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpcore
 import httpx
@@ -141,7 +141,22 @@ def _payload(cid: str, tid: str, record: TurnRecord) -> bytes:
         children=result.get("children"),
         parent=record.options.get("subagent"),
         handed_from=record.handed_from,
+        texting=_texting(record),
     )
+
+
+# The most merged turn ids a webhook lists (the record has them all).
+MAX_MERGED = 64
+
+
+def _texting(record: TurnRecord) -> dict[str, Any]:
+    """The webhook's double-texting fields of ``record`` (docs/double-texting.md)."""
+    said: dict[str, Any] = {}
+    if record.stopped_by is not None:
+        said["stopped_by"] = record.stopped_by
+    if record.merged:
+        said["merged"] = list(record.merged[:MAX_MERGED])
+    return said
 
 
 def guarded_transport(

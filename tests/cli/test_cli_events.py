@@ -28,6 +28,8 @@ SAMPLES = {
     },
     "guardrail_tripped": {"guardrail": "no_secrets", "kind": "input", "reason": "a password"},
     "handoff": {"call_id": "h1", "from": "triage", "to": "billing"},
+    "stop_requested": {"mode": "interrupt", "by": "t2"},
+    "merged": {"turn_id": "t3"},
     "done": {"status": "succeeded"},
 }
 # Its text is shown by the text deltas before it and the result after it.
@@ -70,3 +72,10 @@ def test_a_resumed_event_says_why_and_which_attempt(capsys: pytest.CaptureFixtur
 def test_a_retried_event_says_which_retry(capsys: pytest.CaptureFixture[str]) -> None:
     _render.print_event(TurnEvent(type="retried", data=SAMPLES["retried"]))
     assert "retried (retry 1)" in capsys.readouterr().out
+
+
+def test_double_texting_events_say_what_was_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    _render.print_event(TurnEvent(type="stop_requested", data=SAMPLES["stop_requested"]))
+    _render.print_event(TurnEvent(type="merged", data=SAMPLES["merged"]))
+    out = capsys.readouterr().out
+    assert "stop_requested mode=interrupt by=t2" in out and "merged turn_id=t3" in out

@@ -30,6 +30,7 @@ MISTAKES: list[tuple[list[str], str]] = [
     (["submit", "c1", "hi", "--output-schema", "{nope"], "--output-schema is not JSON"),
     (["submit", "c1", "hi", "--image", "/nope.png"], "no file at"),
     (["worker", "--partitions", "99"], "partitions 99 do not exist"),
+    (["submit", "c1", "hi", "--if-busy", "later"], "--if-busy must be one of queue, reject"),
 ]
 
 

@@ -1,11 +1,12 @@
 """Profiles for the console tests (CONVOQ_AGENTS=...,tests.support.console_agents).
 
-``front`` hands each turn to ``desk``, which answers it. ``family`` asks its sub-agent ``helper`` once per turn (a child turn) and answers with
-what it said. ``taker`` asks for its tool ``step(text)`` once per turn and then answers with the
-tool's result. The tool's first run of each call kills its own worker process (after a
-pause, so the events before it reach Redis): another worker takes the turn over (a
-``resumed`` event, worker_lost) and runs the call again with the same idempotency key,
-which the tool records under ``{CONVOQ_PREFIX}:test:step:<key>`` with the pid of each run.
+``front`` hands each turn to ``desk``, which answers it. ``family`` asks its sub-agent
+``helper`` once per turn (a child turn) and answers with what it said. ``taker`` asks for
+its tool ``step(text)`` once per turn and then answers with the tool's result. The tool's
+first run of each call kills its own worker process (after a pause, so the events before
+it reach Redis): another worker takes the turn over (a ``resumed`` event, worker_lost)
+and runs the call again with the same idempotency key, which the tool records under
+``{CONVOQ_PREFIX}:test:step:<key>`` with the pid of each run.
 """
 
 from __future__ import annotations

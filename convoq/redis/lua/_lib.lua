@@ -3,8 +3,10 @@
 -- Numbers reach redis.call as strings via istr(): Lua's default number format (%.14g)
 -- would mangle large integers.
 
+-- interrupted: stopped by a newer message, its finished steps stored; merged: a message
+-- answered by the turn it joined (double texting, submit.lua).
 local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true,
-  blocked = true}
+  blocked = true, interrupted = true, merged = true}
 -- Parked: waiting for decisions on tool calls, a person's (awaiting_approval) or, when
 -- every call waits for a child turn (a sub-agent call), the children's (waiting).
 local PARKED = {awaiting_approval = true, waiting = true}
@@ -181,6 +183,14 @@ local function cancel_requested(turn)
   return redis.call('HGET', turn, 'cancel') == '1'
 end
 
+-- Whether the running turn is to stop before its next step: cancelled, or interrupted by a
+-- newer message (double texting, stop_head()), which the renewal does not report: an
+-- interrupted turn finishes the step it is in.
+local function stop_requested(turn)
+  local flags = redis.call('HMGET', turn, 'cancel', 'stop')
+  return flags[1] == '1' or flags[2] == 'interrupt'
+end
+
 local function status_data(status)
   return '{"status":"' .. status .. '"}'
 end
@@ -313,6 +323,97 @@ local function turn_ending(first)
   local bad = wrong_type('list', {k.inbox}) or wrong_type('hash', {k.lease, k.turn})
     or wrong_type('stream', {k.events})
   return k, bad and {'CORRUPT', bad} or nil
+end
+
+-- Double texting (submit.lua): a submit with if_busy 'interrupt' or 'rollback' acts on the
+-- inbox head; one with 'merge' may join the inbox tail. The client read which turn that was
+-- (`seen`, '' when the inbox was empty) and sent its keys: k = turn_keys() of it, or nil.
+
+-- A refusal when the inbox's turn at `at` (0: head, -1: tail) is no longer `seen`
+-- ({'MOVED'}: the client reads it again and resends) or a key holds another type
+-- ({'CORRUPT', key}); else nil. Nothing is written.
+local function busy_moved(inbox, at, seen, k)
+  local now = touch(inbox, 'LINDEX', inbox, at)
+  if now == nil then
+    return {'CORRUPT', inbox}
+  end
+  if (now or '') ~= seen then
+    return {'MOVED'}
+  end
+  local bad = k and (wrong_type('hash', {k.turn}) or wrong_type('stream', {k.events}))
+  return bad and {'CORRUPT', bad} or nil
+end
+
+-- What 'interrupt' or 'rollback' (`mode`) sent by turn `by` does to the head `head` (keys
+-- k): a parked head ends cancelled at once (its pending calls are never decided) and frees
+-- the conversation; a rollback ends a head not running (queued, or its lease lapsed) the
+-- same way; else the head is flagged: interrupt, it stops at its next step boundary and
+-- keeps its finished steps; rollback, the cancel flag (it stops, storing nothing). A head
+-- stopped once is not stopped again. `err`: the error JSON of a head ended here.
+-- Returns 'cancelled' (ended here), 'stopping' (flagged) or '' (nothing done).
+local function stop_head(k, lease, head, mode, by, err, ttl, maxlen)
+  if not k then
+    return ''
+  end
+  local rec = redis.call('HMGET', k.turn, 'status', 'stopped_by')
+  local status = rec[1]
+  if not status or TERMINAL[status] or rec[2] then
+    return ''
+  end
+  redis.call('HSET', k.turn, 'stopped_by', by, 'stop', mode)
+  local running = status == 'running' and redis.call('HGET', lease, 'state') == 'active'
+  if PARKED[status] or (mode == 'rollback' and not running) then
+    finish(k, head, 'cancelled', 'error', err, ttl, maxlen, now_ms())
+    if PARKED[status] then
+      redis.call('DEL', lease)
+    end
+    return 'cancelled'
+  end
+  if mode == 'rollback' then
+    redis.call('HSET', k.turn, 'cancel', '1')
+  end
+  emit(k.events, maxlen, 'stop_requested', '{"mode":"' .. mode .. '","by":"' .. by .. '"}')
+  return 'stopping'
+end
+
+-- Whether a 'merge' submit of `input` under merge key `key` joins the tail (keys k): one
+-- submitted with 'merge' under the same key (same agent and options) that never ran (no
+-- attempt: a retried turn keeps counting them, and has a journal of its old message) and
+-- is not being stopped, whose inputs with this one stay within `max` bytes.
+local function mergeable(k, key, input, max)
+  if not k then
+    return false
+  end
+  local rec = redis.call('HMGET', k.turn, 'status', 'attempts', 'merge_key', 'stopped_by',
+    'input', 'merged')
+  return rec[1] == 'queued' and (rec[2] or '0') == '0' and rec[3] == key and not rec[4]
+    and string.len(rec[5] or '') + string.len(rec[6] or '') + string.len(input) <= max
+end
+
+-- Turn `tid` (record `turn`, stream `events`, new) joins the tail `into` (keys k): its own
+-- record ends "merged" naming `into`, which keeps its input in 'merged' (a JSON array of
+-- {turn_id, input}, in order: the record's reader appends them to its user message).
+-- Returns false (nothing written) when `events` holds another type, else true.
+local function merge_into(k, into, turn, events, tid, agent, input, options, ttl, maxlen)
+  local data = '{"status":"merged","merged_into":"' .. into .. '"}'
+  local first = touch(events, 'XADD', events, 'MAXLEN', '~', maxlen, '*', 'type', 'status',
+    'data', data)
+  if first == nil then
+    return false
+  end
+  emit(events, maxlen, 'done', data)
+  local now = istr(stream_id(first))
+  redis.call('HSET', turn, 'status', 'merged', 'agent', agent, 'input', input, 'options',
+    options, 'attempts', '0', 'runs', '0', 'created_ms', now, 'finished_ms', now,
+    'merged_into', into, 'last_event', first)
+  redis.call('PEXPIRE', turn, ttl)
+  redis.call('PEXPIRE', events, ttl)
+  local item = '{"turn_id":"' .. tid .. '","input":' .. input .. '}'
+  local merged = redis.call('HGET', k.turn, 'merged')
+  merged = merged and (string.sub(merged, 1, -2) .. ',' .. item .. ']') or ('[' .. item .. ']')
+  redis.call('HSET', k.turn, 'merged', merged)
+  emit(k.events, maxlen, 'merged', '{"turn_id":"' .. tid .. '"}')
+  return true
 end
 
 -- Most elements one script call reads: a longer window (or a whole long history) is left

@@ -10,11 +10,12 @@
 -- ARGV[5] = events stream MAXLEN (approximate)
 -- ARGV[6] = n: events the turn emitted since its last write
 -- ARGV[7 .. 6+2n] = type, data, type, data, ... (appended before the journal is written)
--- Journals the turn so far, fenced like commit, and tells the runner whether a cancel was
--- requested (it stops before its next step), so the runner needs no read of its own.
+-- Journals the turn so far, fenced like commit, and tells the runner whether a cancel (or
+-- an interrupt, stop_requested()) was requested (it stops before its next step), so the
+-- runner needs no read of its own.
 -- A resend (the reply was lost) finds its state journaled already and appends no event
 -- twice: every step changes the state.
--- Returns {'OK', '1' if a cancel was requested else '0'}
+-- Returns {'OK', '1' if a cancel or an interrupt was requested else '0'}
 --      or {'UNKNOWN'|'APPLIED'|'STALE'|'NOT_HEAD'|'NOT_RUNNING'} / {'CORRUPT', key}.
 redis.replicate_commands()
 local inbox, lease, turn, journal, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -27,7 +28,7 @@ if wrong_type('string', {journal}) then
   return {'CORRUPT', journal}
 end
 if redis.call('GET', journal) == ARGV[3] then
-  return {'OK', cancel_requested(turn) and '1' or '0'}
+  return {'OK', stop_requested(turn) and '1' or '0'}
 end
 local n = tonumber(ARGV[6])
 if n > 0 and wrong_type('stream', {events}) then
@@ -41,4 +42,4 @@ redis.call('SET', journal, ARGV[3], 'PX', ARGV[4])
 if not ahead.saved then
   redis.call('HSET', turn, 'journaled', '1')  -- its ending deletes the journal (guard_run)
 end
-return {'OK', cancel_requested(turn) and '1' or '0'}
+return {'OK', stop_requested(turn) and '1' or '0'}

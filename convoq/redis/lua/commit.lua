@@ -19,7 +19,8 @@
 -- ARGV[5] = '1': refuse when a cancel was requested (the runner then fails the turn as
 --           cancelled); '0': commit anyway
 -- ARGV[6] = the turn's final status: 'succeeded', or 'expired' (its approval expired and
---           its tool results say so; it is stored all the same)
+--           its tool results say so; it is stored all the same), or 'interrupted' (a newer
+--           message stopped it: its finished steps are stored)
 -- ARGV[7] = next tid: the turn the caller expects next (acquire's peek), '' = none
 -- ARGV[8 .. 15] = take_options(): turn ttl ms, events MAXLEN, lease ms (hand-off), history
 --                 windows by agent (turn_window()), max attempts, error JSON over max
@@ -82,7 +83,7 @@ if bad_key then
   return {'CORRUPT', bad_key}
 end
 local now = now_ms()
-local status = ARGV[6] == 'expired' and 'expired' or 'succeeded'
+local status = (ARGV[6] == 'expired' or ARGV[6] == 'interrupted') and ARGV[6] or 'succeeded'
 -- The first write checks the history list's type (no TYPE call); the events check theirs
 -- by the next one, which takes the push back when it is refused: nothing stays written.
 if touch(h.turns, 'RPUSH', h.turns, ARGV[3]) == nil then

@@ -57,7 +57,7 @@ local queued = {{'retried', '{"retry":' .. istr(retries) .. '}'},
 local id = emit_events(events, ARGV[3], queued, now_ms(), rec[4])
 redis.call('RPUSH', inbox, tid)
 redis.call('HDEL', turn, 'error', 'result', 'started_ms', 'finished_ms', 'cancel',
-  'expired_ms', 'handed_back', 'cut_off')
+  'expired_ms', 'handed_back', 'cut_off', 'stop', 'stopped_by')
 redis.call('HSET', turn, 'status', 'queued', 'retries', istr(retries), 'retry_token', token,
   'runs', '0', 'cut_offs', '0', 'cut_fence', fences[meta] or '0', 'last_event', id)
 redis.call('PERSIST', turn)
