@@ -98,6 +98,10 @@ OPTIONS: dict[str, Honoured | Refused] = {
         "tests/test_subagents_workers.py",
         "test_three_calls_fan_out_on_two_pools_and_the_parent_resumes_once",
     ),
+    "handoffs": Honoured(
+        "tests/test_handoffs_workers.py",
+        "test_a_turn_handed_to_another_pool_finishes_there_and_the_next_turns_follow",
+    ),
 }
 REFUSED = sorted(name for name, decided in OPTIONS.items() if isinstance(decided, Refused))
 
