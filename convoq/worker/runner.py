@@ -269,7 +269,7 @@ class Runner:
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
-                    await until_durable(
+                    parked = await until_durable(
                         lambda: self._protocol.park(
                             cid,
                             tid,
@@ -292,6 +292,8 @@ class Runner:
             log.warning("park of %s/%s refused (%s): abandoned", cid, tid, refused.message)
             await self._cut_off(acq, report)
             return None
+        if parked == "resume":  # signals kept for its waits decided every call
+            return await self._acquire(cid, tid, 0, report)
         report.parked.append(tid)
         if self._on_parked is not None:
             await self._on_parked(cid, tid)
