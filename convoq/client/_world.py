@@ -79,6 +79,9 @@ class WorldControl:
         )  # fmt: skip
         if sent.resume and sent.turn_id is not None:
             await self._resume(cid, sent.turn_id)
+        elif sent.outcome == "duplicate":
+            # A resend may have lost the first answer and its kick; a kick more is harmless.
+            await self._kicks.send(routing.DRAIN_TASK, cid)
         return sent
 
     async def _resume(self, cid: str, tid: str) -> None:

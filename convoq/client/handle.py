@@ -310,7 +310,9 @@ class AsyncTurnHandle:
         """Whether every call the parked turn waits on is decided: then it waits for a
         worker to resume it, not for a person, and a settled wait goes on. (The record
         says awaiting_approval until a worker takes the resumed turn.)"""
-        calls = (record.result or {}).get("pending_approvals") or []
+        result = record.result or {}
+        world = result.get("waits") or {}  # calls a result or a signal decides, no person
+        calls = [c for c in result.get("pending_approvals") or [] if c["id"] not in world]
         if not calls:
             return False
         protocol = self._client.protocol
