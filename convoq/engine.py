@@ -326,8 +326,8 @@ class TurnLoop:
                 waiting.append(call)
                 waits[call.id] = parked.wait
                 continue
-            if wait is not None and decision is not None:
-                decision = decision.model_copy(update={"result": None})  # the text says it
+            if wait is not None:
+                decision = None  # no approval: what arrived is the result (and in the record)
             result = Message.tool_result(call, output.text, decision)
             result.content.extend(output.attachments)  # images an MCP tool returned
             state.messages.append(result)
