@@ -18,8 +18,7 @@ from convoq.errors import ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
 from convoq.memory._reservations import now_ms
 from convoq.messages import GenerationRequest, Message, coerce_user_message
-from convoq.turn_state import TurnState
-from convoq.turn_state import Decision
+from convoq.turn_state import Decision, TurnState
 from convoq.usage import turn_usage
 from convoq.waits import result_text, wait_data, wait_ttl_ms
 from convoq.window import Window
@@ -125,12 +124,12 @@ def awaiting_approval(cont: Continuation) -> Response:
     """The ``awaiting_approval`` Response that hands out the parked continuation ``cont``
     (``waiting`` when every call waits for the world, none for a person)."""
     state = cont.state
-    person = any(call.id not in state.waits for call in state.undecided)
+    world = [c for c in state.undecided if c.id in state.waits]
+    person = [c for c in state.undecided if c.id not in state.waits]
     return Response(
         text="", turn=list(state.messages), status="awaiting_approval" if person else "waiting",
-        waiting_for=[wait_data(c, state.waits[c.id]) for c in state.undecided if c.id in state.waits],
-        conversation_id=cont.conversation_id,
-        pending_approvals=[c for c in state.undecided if c.id not in state.waits],
+        waiting_for=[wait_data(c, state.waits[c.id]) for c in world],
+        conversation_id=cont.conversation_id, pending_approvals=person,
         continuation=cont, usage=turn_usage(cont.state.messages[1:], requests=cont.state.steps),
     )  # fmt: skip
 

@@ -35,7 +35,7 @@ MAX_RESULT_BYTES = 1024 * 1024
 """The largest result or signal payload (its compact JSON, in bytes)."""
 
 
-class WaitRequest(Exception):  # noqa: N818 - a request to park, not an error
+class WaitRequest(Exception):
     """Raised by a tool: its call waits for the world (``wait`` says for what)."""
 
     def __init__(self, wait: Wait) -> None:
@@ -113,7 +113,10 @@ def supplied_text(wait: Wait, decision: Decision) -> tuple[str, bool]:
     is an error: the result or payload; or, past the deadline, an error saying so."""
     if decision.expired:
         if wait.on == "signal":
-            return f"Error: the signal {wait.name!r} did not arrive before the wait's deadline.", True
+            return (
+                f"Error: the signal {wait.name!r} did not arrive before the wait's deadline.",
+                True,
+            )
         return "Error: no result for this tool call arrived before its deadline.", True
     return decision.result or "", decision.is_error
 

@@ -54,8 +54,10 @@ def test_a_deferred_call_waits_and_resumes_with_its_result(memory: ConversationM
     agent = Agent(_model("ship"), memory=memory, conversation_id="c", tools=[ship])
     parked = agent.generate("ship A7")
     assert parked.status == "waiting" and parked.pending_approvals == []
-    assert parked.waiting_for == [{"call_id": "ship-1", "name": "ship", "on": "result",
-                                   "signal": None, "timeout_s": 60.0, "metadata": {"order": "A7"}}]  # fmt: skip
+    assert parked.waiting_for == [{
+        "call_id": "ship-1", "name": "ship", "on": "result", "signal": None, "timeout_s": 60.0,
+        "metadata": {"order": "A7"},
+    }]  # fmt: skip
     saved = parked.continuation.model_dump_json()  # type: ignore[union-attr]
     with pytest.raises(ConversationBusyError):
         agent.generate("anything new?")
@@ -72,7 +74,9 @@ def test_a_signal_wait_and_an_approval_in_one_step(memory: ConversationMemory) -
     parked = agent.generate("refund A7 once paid")
     assert parked.status == "awaiting_approval"  # a person decides the refund
     assert [c.id for c in parked.pending_approvals] == ["refund-1"]
-    assert [(w["call_id"], w["signal"]) for w in parked.waiting_for] == [("await_payment-1", "paid")]
+    assert [(w["call_id"], w["signal"]) for w in parked.waiting_for] == [
+        ("await_payment-1", "paid")
+    ]
     error = Decision(approved=True, result="card declined", is_error=True)
     done = agent.resume(parked.continuation, {"await_payment-1": error, "refund-1": True})  # type: ignore[arg-type]
     assert done.text == "done: card declined | refunded A7"

@@ -110,7 +110,11 @@ def test_a_signal_wakes_the_turn_waiting_for_it_and_one_sent_before_is_kept(
         first = client.submit(cid, f"pay {order}", agent="courier")
         _waiting(client, cid, first.turn_id)
         sent = client.signal(cid, "paid", {"amount": 12}, signal_id="evt-1")
-        assert (sent.outcome, sent.call_id, sent.resume) == ("delivered", f"await_payment-{order}", True)
+        assert (sent.outcome, sent.call_id, sent.resume) == (
+            "delivered",
+            f"await_payment-{order}",
+            True,
+        )
         assert client.signal(cid, "paid", {"amount": 12}, signal_id="evt-1").outcome == "duplicate"
         assert first.wait(60).text == 'done: {"amount":12}'
         # Sent before the next wait: kept, and that wait takes it at once.
@@ -153,7 +157,7 @@ def test_waits_resume_on_another_worker_after_the_first_was_killed(
         handle = client.submit(cid, f"both {order}", agent="courier")
         _waiting(client, cid, handle.turn_id)
         first.kill()  # SIGKILL: the worker that parked it is gone
-        (second,) = lone_pool.start(1)
+        lone_pool.start(1)  # another worker, which resumes it
         assert client.complete_call(handle, f"ship-{order}", "parcel left") == "pending"
         assert client.signal(cid, "paid", "ok").resume is True
         result = handle.wait(90)

@@ -25,7 +25,8 @@ def register(app: typer.Typer, connected: Connect) -> None:
         turn_id: str,
         call_id: str,
         result: Annotated[
-            str | None, typer.Argument(help="The call's result as JSON (a JSON string reads as it is).")
+            str | None,
+            typer.Argument(help="The call's result as JSON (a JSON string reads as it is)."),
         ] = None,
         error: Annotated[
             str | None, typer.Option(help="The call failed: the error the model reads.")

@@ -25,13 +25,13 @@ from convoq._sync import left_in_parent
 from convoq.client import _conversations, _deployment
 from convoq.client._base import build_submission, check_turn_ref
 from convoq.client._control import TurnControl, TurnRef
-from convoq.client._world import WorldControl
 from convoq.client._deployment import Deployment, Registry, deployment
 from convoq.client._kicks import Kicks
 from convoq.client._renamed import renamed_keyword
 from convoq.client._settings import client_settings
 from convoq.client._submitting import OnDone, Submitting, Watchers
 from convoq.client._unreachable import mapped
+from convoq.client._world import WorldControl
 from convoq.client.handle import AsyncTurnHandle
 from convoq.errors import ConfigurationError
 from convoq.messages import Message
@@ -329,9 +329,7 @@ class AsyncClient:
         ``signal_max_kept`` live ones, each ``signal_ttl_s``; more are refused with
         SignalBacklogFullError). ``signal_id``: the same id sent again is a duplicate
         that changes nothing (a webhook's event id; None: a new one)."""
-        return await self._world.signal(
-            conversation_id, name, payload, signal_id=signal_id, by=by
-        )
+        return await self._world.signal(conversation_id, name, payload, signal_id=signal_id, by=by)
 
     @mapped
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:

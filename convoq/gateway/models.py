@@ -69,9 +69,14 @@ def waiting_for(status: str, data: dict[str, Any]) -> list[WaitingCallView]:
     if status not in ("waiting", "awaiting_approval"):
         return []
     return [
-        WaitingCallView(call_id=c["id"], name=c.get("name", ""), on=waits[c["id"]]["on"],
-                        signal=waits[c["id"]].get("name"), timeout_s=waits[c["id"]].get("timeout_s"),
-                        metadata=waits[c["id"]].get("metadata") or {})  # fmt: skip
+        WaitingCallView(
+            call_id=c["id"],
+            name=c.get("name", ""),
+            on=waits[c["id"]]["on"],
+            signal=waits[c["id"]].get("name"),
+            timeout_s=waits[c["id"]].get("timeout_s"),
+            metadata=waits[c["id"]].get("metadata") or {},
+        )
         for c in data.get("pending_approvals") or []
         if c.get("id") in waits
     ]

@@ -77,7 +77,9 @@ class SignalAnswer(BaseModel):
 
 def _by(body_by: str | None, principal: Principal) -> str:
     if body_by is not None and not principal.may_set_by:
-        raise GatewayError(403, "Forbidden", "this API key may not name who sent it (by); leave it out")
+        raise GatewayError(
+            403, "Forbidden", "this API key may not name who sent it (by); leave it out"
+        )
     return body_by or principal.name
 
 

@@ -58,7 +58,7 @@ def deferred_results(state: TurnState) -> DeferredToolResults | None:
             calls[call_id] = ToolFailed(text) if is_error else text
         else:
             approvals[call_id] = True if decision.approved else ToolDenied(refused_result(decision))
-    return DeferredToolResults(approvals=approvals, calls=calls)
+    return DeferredToolResults(approvals=dict(approvals), calls=calls)
 
 
 def _metadata(value: Any) -> dict[str, Any]:

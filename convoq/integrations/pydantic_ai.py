@@ -7,9 +7,9 @@ messages as the turn; every model response and tool result is a journaled step, 
 worker killed mid-turn leaves the next one to go on from there; a tool that requires
 approval parks the turn until ``approve``/``deny``, and one that raises Pydantic AI's
 ``CallDeferred`` until ``complete_call`` supplies its result; they resume it with Pydantic
-AI's own deferred tool results (:mod:`._pydantic_ai_deferred`). What a submit asks of the turn (``model_settings``, an output
-schema, ``metadata``) becomes the run's own arguments (:mod:`._pydantic_ai_options`). See
-the README section "Pydantic AI agents on workers".
+AI's own deferred tool results (:mod:`._pydantic_ai_deferred`). What a submit asks of the
+turn (``model_settings``, an output schema, ``metadata``) becomes the run's own arguments
+(:mod:`._pydantic_ai_options`). See the README section "Pydantic AI agents on workers".
 
 Guardrails map as they run on a convoq Agent: ``input_guardrails`` check the user message
 before the run starts, ``output_guardrails`` the run's output (typed, or its text) before
@@ -56,11 +56,10 @@ from convoq.integrations._pydantic_ai_messages import (
     user_prompt,
 )
 from convoq.integrations._pydantic_ai_options import asked_of
-from convoq.messages import Message, ToolCall
+from convoq.messages import Message
 from convoq.output import TypedOutput
 from convoq.profile import TurnJob
 from convoq.tokens import TokenCounter
-from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import Usage
 from convoq.window import check_budget
 

@@ -83,7 +83,9 @@ class ApprovalsMixin(ProtocolBase):
         ``kind`` "child": the call's child turn ended (a sub-agent call is decided so, and
         only so); "result": a deferred call's ``result`` arrived (JSON text, or with
         ``is_error`` the error the model reads), and only so is it decided."""
-        decision = Decision(approved=approved, reason=reason, by=by, result=result, is_error=is_error)
+        decision = Decision(
+            approved=approved, reason=reason, by=by, result=result, is_error=is_error
+        )
         raw = decision.model_dump_json(exclude={"at_ms"})
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
         keys.append(self.keys.events(cid, turn_id))

@@ -33,7 +33,6 @@ from convoq.errors import (
 from convoq.redis._codec import FORMAT_VERSION, text
 from convoq.redis.keys import KeySchema
 
-
 _WAITS = {
     "person": "a person's decision (approve or deny it)",
     "result": "its result (complete_call)",

@@ -100,9 +100,9 @@ class SignalsMixin(ProtocolBase):
         head = await self.redis.lindex(inbox, 0)
         tid = head.decode() if isinstance(head, bytes) else ""
         for _ in range(_HEAD_TRIES):
-            reply = SignalReply.parse(await self.scripts.run("signal", self._signal_keys(cid, tid, name), [
-                tid, name, payload, sid, max_kept, ttl_ms, self.events_maxlen, by or "",
-            ]))  # fmt: skip
+            args = [tid, name, payload, sid, max_kept, ttl_ms, self.events_maxlen, by or ""]
+            keys = self._signal_keys(cid, tid, name)
+            reply = SignalReply.parse(await self.scripts.run("signal", keys, args))
             if reply.refusal is not None:
                 raise self.refusal(reply.refusal, cid, tid or None)
             if reply.status == "DELIVERED":

@@ -40,7 +40,7 @@ def test_signal_wakes_the_waiting_turn(pool: WorkerPool, run: Callable[..., str]
     with client:
         assert "signal name" in run("signal", cid, "", code=1)
         out = run("signal", cid, "paid", '"yes"', "--id", "evt-9")
-        assert f"delivered to await_payment-" in out and tid in out
+        assert "delivered to await_payment-" in out and tid in out
         assert "nothing changed" in run("signal", cid, "paid", '"yes"', "--id", "evt-9")
         assert client.handle(cid, tid).wait(60).text == "done: yes"
         assert "kept for the next wait (1 kept)" in run("signal", cid, "paid")

@@ -84,9 +84,13 @@ def test_a_signal_posted_over_http_wakes_the_waiting_turn(gateway: GatewayProces
         _problem(http.post(signals, json={"name": "", "payload": 1}), 422)
         sent = http.post(signals, json={"name": "paid", "payload": {"ok": True}, "signal_id": "e1"})
         assert sent.status_code == 200, sent.text
-        assert sent.json() == {"outcome": "delivered", "turn_id": tid,
-                               "call_id": f"await_payment-{order}", "resume": True, "kept": 0}  # fmt: skip
-        again = http.post(signals, json={"name": "paid", "payload": {"ok": True}, "signal_id": "e1"})
+        assert sent.json() == {
+            "outcome": "delivered", "turn_id": tid, "call_id": f"await_payment-{order}",
+            "resume": True, "kept": 0,
+        }  # fmt: skip
+        again = http.post(
+            signals, json={"name": "paid", "payload": {"ok": True}, "signal_id": "e1"}
+        )
         assert again.json()["outcome"] == "duplicate"
         done = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 30}).json()
         assert done["text"] == 'done: {"ok":true}'

@@ -42,7 +42,12 @@ def await_payment(order: str) -> str:
     raise WaitForSignal("paid", timeout_s=120)
 
 
-CALLS = {"ship": ["ship"], "rush": ["rush"], "pay": ["await_payment"], "both": ["ship", "await_payment"]}
+CALLS = {
+    "ship": ["ship"],
+    "rush": ["rush"],
+    "pay": ["await_payment"],
+    "both": ["ship", "await_payment"],
+}
 
 
 def courier_fn(request: ModelRequest) -> Message:
