@@ -27,6 +27,10 @@ router = APIRouter(
 )
 
 
+# No control characters (a name and a sender are shown to operators).
+_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -40,7 +44,7 @@ class CallResultRequest(_Strict):
         default=None, min_length=1, max_length=100_000, description="The call failed: why."
     )
     by: str | None = Field(
-        default=None, min_length=1, max_length=200,
+        default=None, min_length=1, max_length=200, pattern=_PRINTABLE,
         description="Who sent it, for keys allowed to say (may_set_by); else the key's name.",
     )  # fmt: skip
 
@@ -56,7 +60,7 @@ class CallResultAnswer(BaseModel):
 class SignalRequest(_Strict):
     """A signal for the turn of this conversation that waits for ``name``."""
 
-    name: str = Field(min_length=1, max_length=MAX_SIGNAL_NAME_CHARS)
+    name: str = Field(min_length=1, max_length=MAX_SIGNAL_NAME_CHARS, pattern=_PRINTABLE)
     payload: Any = Field(default=None, description="What the waiting call's result becomes.")
     signal_id: str | None = Field(
         default=None, min_length=1, max_length=200,

@@ -96,3 +96,31 @@ def test_a_signal_posted_over_http_wakes_the_waiting_turn(gateway: GatewayProces
         assert done["text"] == 'done: {"ok":true}'
         kept = http.post(signals, json={"name": "paid", "payload": 2})
         assert kept.json()["outcome"] == "kept" and kept.json()["kept"] == 1
+
+
+def test_a_person_is_offered_only_the_call_a_person_decides(gateway: GatewayProcess) -> None:
+    order = f"o{uuid.uuid4().hex[:8]}"
+    cid = f"mixed-{order}"
+    with gateway.client("admin") as http:
+        tid = _submit(http, cid, f"return {order}")
+        deadline = time.monotonic() + 60
+        while http.get(f"{turns_path(cid)}/{tid}").json()["status"] != "awaiting_approval":
+            assert time.monotonic() < deadline, "the turn did not park"
+            time.sleep(0.1)
+        view = http.get(f"{turns_path(cid)}/{tid}").json()
+        assert [c["id"] for c in view["pending_approvals"]] == [f"refund-{order}"]
+        assert [w["call_id"] for w in view["waiting_for"]] == [f"ship-{order}"]
+        inbox = [t for t in http.get("/v1/approvals").json()["turns"] if t["turn_id"] == tid]
+        assert [c["id"] for c in inbox[0]["pending_approvals"]] == [f"refund-{order}"]
+        detail = http.get(f"{turns_path(cid)}/{tid}/timeline").json()
+        assert [c["id"] for c in detail["pending_approvals"]] == [f"refund-{order}"]
+        approve = f"{turns_path(cid)}/{tid}/approvals"
+        _problem(http.post(f"{approve}/ship-{order}", json={"decision": "approve"}), 409)
+        assert (
+            http.post(f"{approve}/refund-{order}", json={"decision": "approve"}).json()["outcome"]
+            == "pending"
+        )  # the shipment's result is still missing
+        result = f"{turns_path(cid)}/{tid}/calls/ship-{order}/result"
+        assert http.post(result, json={"result": "shipped"}).json()["outcome"] == "resume"
+        done = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 30}).json()
+    assert done["text"] == f"done: shipped | refunded {order}"

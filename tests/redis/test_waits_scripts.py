@@ -206,3 +206,19 @@ async def test_lost_replies_resent_change_nothing(proxy: LossyProxy, key_prefix:
         await proto.send_signal("c", "paid", "2", signal_id="s2", max_kept=5, ttl_ms=DAY)
         assert proxy.dropped == 3
         assert len(await proto.redis.lrange(proto.keys.signals("c", "paid"), 0, -1)) == 1
+
+
+async def test_a_park_that_resumed_at_once_resent_answers_resume(
+    proxy: LossyProxy, key_prefix: str
+) -> None:
+    async with open_protocol(proxy.url, key_prefix) as proto:
+        await _signal(proto, "c", '"early"')
+        await submit_all(proto, "c", "t1")
+        taken = await proto.acquire("c", worker_id="w1", lease_ms=LEASE)
+        assert taken is not None
+        state = _state(taken.turn.input, {"pay": PAID})
+        proxy.drop_reply_to(b"EVALSHA")
+        parked = await proto.park("c", "t1", fence=taken.fence, state=state, approval_ttl_ms=60_000)
+        assert proxy.dropped == 1 and parked == "resume"  # the resend's answer: resumed
+        events = [e.type for _, e in await proto.read_events("c", "t1")]
+        assert events.count("signal_delivered") == 1 and events.count("status") == 3

@@ -3,7 +3,8 @@
 ``courier``'s model reads the user's text ``VERB ORDER``: ``ship`` calls ``ship`` (a
 deferred call: its result comes from outside), ``rush`` calls ``rush`` (deferred with a
 2 s deadline), ``pay`` calls ``await_payment`` (waits for the signal ``paid``), ``both``
-calls ``ship`` and ``await_payment`` in one step. Each tool run is recorded under
+calls ``ship`` and ``await_payment`` in one step, ``return`` calls ``ship`` and
+``refund`` (which a person approves) in one step. Each tool run is recorded under
 ``{CONVOQ_PREFIX}:test:runs:ORDER``; every tool result the model reads under
 ``{CONVOQ_PREFIX}:test:seen:ORDER``, so a test asserts what the model saw. The answer is
 ``done: `` and the tool results, in order.
@@ -42,11 +43,19 @@ def await_payment(order: str) -> str:
     raise WaitForSignal("paid", timeout_s=120)
 
 
+@tool(requires_approval=True)
+def refund(order: str) -> str:
+    """Refund an order (a person approves)."""
+    _ran("refund", order)
+    return f"refunded {order}"
+
+
 CALLS = {
     "ship": ["ship"],
     "rush": ["rush"],
     "pay": ["await_payment"],
     "both": ["ship", "await_payment"],
+    "return": ["ship", "refund"],
 }
 
 
@@ -66,4 +75,6 @@ def courier_fn(request: ModelRequest) -> Message:
     return Message.assistant("", calls)
 
 
-courier = Agent(ScriptedModel(courier_fn), name="courier", tools=[ship, rush, await_payment])
+courier = Agent(
+    ScriptedModel(courier_fn), name="courier", tools=[ship, rush, await_payment, refund]
+)

@@ -48,8 +48,13 @@ for _, id in ipairs(pending) do
   end
 end
 local r = redis.call('HMGET', turn, 'status', 'parked_fence', 'resume')
-if r[2] == ARGV[2] and PARKED[r[1]] then
-  return {r[3] == '1' and 'RESUMED' or 'PARKED'}
+local l = redis.call('HMGET', lease, 'fence', 'state')
+if l[1] == ARGV[2] and l[2] == 'parked' and PARKED[r[1]] then
+  return {'PARKED'}
+end
+-- This park resumed the turn at once (kept signals decided every call): no lease left.
+if r[2] == ARGV[2] and PARKED[r[1]] and r[3] == '1' then
+  return {'RESUMED'}
 end
 local refused, where = guard_run(lease, k.inbox, turn, ARGV[1], ARGV[2], {running = true})
 if refused then
@@ -92,7 +97,7 @@ emit_batch(k.events, ARGV[7], 10, tonumber(ARGV[9]))
 redis.call('SET', k.cont, ARGV[3])
 redis.call('DEL', k.journal)
 redis.call('HSET', turn, 'status', parks_as, 'result', ARGV[5], 'pending', ARGV[4],
-  'waits', ARGV[8], 'resume', '0', 'parked_ms', istr(now), 'parked_fence', ARGV[2])
+  'waits', ARGV[8], 'resume', '0', 'parked_ms', istr(now))
 emit(k.events, ARGV[7], 'status', status_data(parks_as))
 local decided = 0
 for _, id in ipairs(pending) do
@@ -112,7 +117,7 @@ for key, n in pairs(trims) do
   end
 end
 if decided == #pending then
-  redis.call('HSET', turn, 'resume', '1')
+  redis.call('HSET', turn, 'resume', '1', 'parked_fence', ARGV[2])
   redis.call('DEL', lease)
   return {'RESUME'}
 end
