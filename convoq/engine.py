@@ -429,8 +429,7 @@ class TurnLoop:
             tool = self.tools.get(call.name)
             output = await tool.output(call.arguments, ctx)
         except WaitRequest:
-            metrics.tool_called(label, "ok")
-            raise  # the call waits for the world: the turn parks
+            raise  # the call waits for the world: the turn parks (counted once answered)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             metrics.tool_called(label, "error")
             tracing.record_error(exc)

@@ -35,14 +35,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CallResultRequest(_Strict):
-    """The result of a deferred tool call: ``result`` (any JSON; a string reads as it is)
-    or ``error`` (the error the model reads), not both."""
+class CallResult(_Strict):
+    """The result of a deferred tool call: any JSON (a string reads as it is)."""
 
-    result: Any = Field(default=None, description="What the model reads as the call's result.")
-    error: str | None = Field(
-        default=None, min_length=1, max_length=100_000, description="The call failed: why."
-    )
+    result: Any = Field(description="What the model reads as the call's result.")
+    by: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=_PRINTABLE,
+        description="Who sent it, for keys allowed to say (may_set_by); else the key's name.",
+    )  # fmt: skip
+
+
+class CallError(_Strict):
+    """A deferred tool call failed: ``error`` is what the model reads."""
+
+    error: str = Field(min_length=1, max_length=100_000, description="Why the call failed.")
     by: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=_PRINTABLE,
         description="Who sent it, for keys allowed to say (may_set_by); else the key's name.",
@@ -97,18 +103,21 @@ async def complete_call(
     cid: Cid,
     tid: Tid,
     call_id: CallId,
-    body: CallResultRequest,
+    body: CallResult | CallError,
     client: AppClient,
     principal: Annotated[Principal, Depends(Access("submit"))],
 ) -> CallResultAnswer:
-    """Record the result of a call whose tool raised CallDeferred; once every call the
-    turn waits for has its answer it resumes on a worker. The same result again answers
-    as the first did and changes nothing; another result for that call, a result after
-    the call's deadline, or one for a call that waits for something else is a 409."""
+    """Record the result (``{"result": ...}``) or the error (``{"error": "..."}``) of a
+    call whose tool raised CallDeferred; once every call the turn waits for has its
+    answer it resumes on a worker. The same result again answers as the first did and
+    changes nothing; another result for that call, a result after the call's deadline,
+    or one for a call that waits for something else is a 409."""
     handle = client.handle(cid, tid)
-    outcome = await client.complete_call(
-        handle, call_id, body.result, error=body.error, by=_by(body.by, principal)
-    )
+    by = _by(body.by, principal)
+    if isinstance(body, CallError):
+        outcome = await client.complete_call(handle, call_id, error=body.error, by=by)
+    else:
+        outcome = await client.complete_call(handle, call_id, body.result, by=by)
     return CallResultAnswer(outcome=outcome, turn=TurnView.of(await handle.record()))
 
 
