@@ -222,3 +222,25 @@ async def test_a_park_that_resumed_at_once_resent_answers_resume(
         assert proxy.dropped == 1 and parked == "resume"  # the resend's answer: resumed
         events = [e.type for _, e in await proto.read_events("c", "t1")]
         assert events.count("signal_delivered") == 1 and events.count("status") == 3
+
+
+async def test_a_kept_signal_lapses_after_its_ttl(proto: TurnProtocol) -> None:
+    kept = await proto.send_signal("c", "paid", '"old"', max_kept=2, ttl_ms=300)
+    assert kept.outcome == "kept"
+    key = proto.keys.signals("c", "paid")
+    deadline = time.monotonic() + 10
+    while await proto.redis.exists(key) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert await _park(proto, "c", pay=PAID) == "parked"  # nothing left for the wait
+
+
+async def test_a_waiting_turn_is_discarded_and_frees_its_conversation(proto: TurnProtocol) -> None:
+    await _park(proto, "c", job=RESULT)
+    await submit_all(proto, "c", "t2")
+    assert await proto.discard("c", "t1") is True  # t2 waits behind it: kick it
+    assert (await proto.get_turn("c", "t1")).status == "cancelled"
+    with pytest.raises(ProtocolError):
+        await proto.record_decision("c", "t1", call_id="job", approved=True, kind="result",
+                                    result="1")  # fmt: skip
+    taken = await proto.acquire("c", worker_id="w2", lease_ms=LEASE)
+    assert taken is not None and taken.turn.turn_id == "t2"
