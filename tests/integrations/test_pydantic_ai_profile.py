@@ -432,7 +432,9 @@ def test_the_agents_module_yields_pydantic_ai_profiles_and_an_explicit_wrap_wins
     from tests.support import pydantic_ai_agents as module
 
     profiles = load_profiles("tests.support.pydantic_ai_agents")
-    assert sorted(profiles) == ["pai-budget", "pai-chat", "pai-payer", "pai-short", "pai-stream"]
+    assert sorted(profiles) == [
+        "pai-budget", "pai-chat", "pai-payer", "pai-shipper", "pai-short", "pai-stream",
+    ]  # fmt: skip
     assert profiles["pai-payer"] is module.payer_profile
     chat = profiles["pai-chat"]
     assert isinstance(chat, DurableAgent) and chat.agent is module.chat
