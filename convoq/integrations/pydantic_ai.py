@@ -59,6 +59,7 @@ from convoq.integrations._pydantic_ai_options import asked_of
 from convoq.messages import Message
 from convoq.output import TypedOutput
 from convoq.profile import TurnJob
+from convoq.waits import WaitRequest
 from convoq.tokens import TokenCounter
 from convoq.usage import Usage
 from convoq.window import check_budget
@@ -168,6 +169,14 @@ class DurableAgent:
             if "output validators" not in str(exc):
                 raise
             raise self._validators_refused(asked=check is not None) from exc
+        except WaitRequest as exc:
+            raise ConfigurationError(
+                f"a tool of the Pydantic AI profile {self.name!r} raised convoq's"
+                f" {type(exc).__name__}, which a Pydantic AI run cannot park on: raise"
+                " pydantic_ai's CallDeferred for a result from outside (signals are"
+                " convoq tools' only)",
+                profile=self.name,
+            ) from exc
 
     def _output_type(self, asked: Any = None) -> Any:
         """The run's output type: the turn's, else the agent's own (None) when it already

@@ -47,6 +47,7 @@ from convoq.messages import (
 )
 from convoq.profile import AgentProfile, TurnJob
 from convoq.turn_state import Decision, TurnEvent, TurnState, expire_undecided
+from convoq.waits import WaitForSignal
 from convoq.worker.profiles import load_profiles
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
@@ -460,3 +461,17 @@ def test_without_the_extra_the_import_names_it() -> None:
     assert done.returncode != 0
     assert "pip install 'convoq[pydantic-ai]'" in done.stderr
     assert "ConfigurationError" in done.stderr
+
+
+async def test_convoq_s_wait_inside_a_pydantic_ai_tool_is_refused_with_what_to_do() -> None:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("paid", {})])
+
+    agent = Agent(FunctionModel(model), name="w")
+
+    @agent.tool_plain
+    def paid() -> str:
+        raise WaitForSignal("paid")
+
+    with pytest.raises(ConfigurationError, match="raise pydantic_ai's CallDeferred"):
+        await durable(agent).run_turn(Recorder().job(TurnState.start(Message.user("x"))))
