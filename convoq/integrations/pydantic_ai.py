@@ -59,9 +59,9 @@ from convoq.integrations._pydantic_ai_options import asked_of
 from convoq.messages import Message
 from convoq.output import TypedOutput
 from convoq.profile import TurnJob
-from convoq.waits import WaitRequest
 from convoq.tokens import TokenCounter
 from convoq.usage import Usage
+from convoq.waits import WaitRequest
 from convoq.window import check_budget
 
 __all__ = ["DurableAgent", "durable"]
