@@ -326,9 +326,10 @@ class AsyncTurnHandle:
         """The turn's events from the start (or after stream id ``after``) until ``done``:
         ``status``, ``resumed`` (a run goes on with the turn an earlier one started, and
         why: see :class:`~convoq.turn_state.TurnEvent`), ``text_delta``, ``assistant``,
-        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``done``. A
-        failed turn that was retried goes on past its first ``done``: ``retried``, then
-        the events of its runs after the retry, to their ``done``.
+        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``deferred``,
+        ``result_supplied``, ``signal_delivered``, ``done``. A failed turn that was
+        retried goes on past its first ``done``: ``retried``, then the events of its runs
+        after the retry, to their ``done``.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.
