@@ -39,6 +39,7 @@ from convoq.tokens import RecordedTokenCounter, TokenCounter, TokenizerCounter
 from convoq.tools import Tool, tool
 from convoq.turn_state import Decision, TurnEvent
 from convoq.usage import Usage
+from convoq.waits import CallDeferred, WaitForSignal
 
 if TYPE_CHECKING:
     from convoq.client import AsyncClient, AsyncTurnHandle, Client, TurnHandle, TurnResult
@@ -68,6 +69,7 @@ __all__ = [
     "Agent",
     "AsyncClient",
     "AsyncTurnHandle",
+    "CallDeferred",
     "Client",
     "Continuation",
     "ConvoqError",
@@ -92,6 +94,7 @@ __all__ = [
     "TurnHandle",
     "TurnResult",
     "Usage",
+    "WaitForSignal",
     "input_guardrail",
     "load_image",
     "load_pdf",

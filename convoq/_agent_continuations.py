@@ -18,8 +18,9 @@ from convoq.errors import ConvoqError, InvalidMessageError
 from convoq.ids import check_conversation_id
 from convoq.memory._reservations import now_ms
 from convoq.messages import GenerationRequest, Message, coerce_user_message
-from convoq.turn_state import TurnState
+from convoq.turn_state import Decision, TurnState
 from convoq.usage import turn_usage
+from convoq.waits import result_text, wait_data, wait_ttl_ms
 from convoq.window import Window
 
 AgentInput = str | Message | GenerationRequest
@@ -69,14 +70,18 @@ def opening(
 
 def decide(cont: Continuation, decisions: dict[str, Any], by: str | None) -> None:
     """Record ``decisions`` (``{call_id: True, False or a Decision}``) in the paused turn,
-    stamped with who decided and when, unless its approval has expired.
+    stamped with who decided and when, unless its approval has expired. A call that
+    waits for the world (:mod:`convoq.waits`) takes its result (or the signal's payload)
+    instead: any JSON value, or a Decision with ``result`` and ``is_error``.
 
     Raises:
-        ConvoqError: a malformed decision or ``by``, or the approval expired.
+        ConvoqError: a malformed decision, result or ``by``, or the approval expired.
     """
     by = check_decision_note(None, by)[1]
     at_ms = now_ms()
     for call_id, value in decisions.items():
+        if call_id in cont.state.waits and not isinstance(value, Decision):
+            value = Decision(approved=True, result=result_text(value))
         cont.state.decide(call_id, parse_decision(value, by=by, at_ms=at_ms))
     if cont.expires_ms is not None and now_ms() >= cont.expires_ms:
         raise ConvoqError(
@@ -99,18 +104,32 @@ def valid_until(cont: Continuation, ttl_s: float) -> int:
     return now_ms() + int(ttl_s * 1000)
 
 
+def held_s(cont: Continuation, ttl_s: float) -> float:
+    """How long a parked continuation holds its conversation: until it expires (a call's
+    deadline may come before the approval ttl ``ttl_s``)."""
+    if cont.expires_ms is None:
+        return ttl_s
+    return max(0.001, (cont.expires_ms - now_ms()) / 1000)
+
+
 def parked(cont: Continuation, outcome: Paused, ttl_s: float) -> Continuation:
     """The continuation of a turn that paused: its state so far, expiring ``ttl_s`` from
-    now (the conversation stays reserved until then)."""
-    expires = now_ms() + int(ttl_s * 1000)
+    now, or at the shortest deadline of the calls that wait for the world (the
+    conversation stays reserved until then)."""
+    expires = now_ms() + wait_ttl_ms(outcome.state, int(ttl_s * 1000))
     return cont.model_copy(update={"state": outcome.state, "expires_ms": expires})
 
 
 def awaiting_approval(cont: Continuation) -> Response:
-    """The ``awaiting_approval`` Response that hands out the parked continuation ``cont``."""
+    """The ``awaiting_approval`` Response that hands out the parked continuation ``cont``
+    (``waiting`` when every call waits for the world, none for a person)."""
+    state = cont.state
+    world = [c for c in state.undecided if c.id in state.waits]
+    person = [c for c in state.undecided if c.id not in state.waits]
     return Response(
-        text="", turn=list(cont.state.messages), status="awaiting_approval",
-        conversation_id=cont.conversation_id, pending_approvals=cont.pending,
+        text="", turn=list(state.messages), status="awaiting_approval" if person else "waiting",
+        waiting_for=[wait_data(c, state.waits[c.id]) for c in world],
+        conversation_id=cont.conversation_id, pending_approvals=person,
         continuation=cont, usage=turn_usage(cont.state.messages[1:], requests=cont.state.steps),
     )  # fmt: skip
 

@@ -19,6 +19,7 @@ from convoq._agent_continuations import (
     AgentInput,
     approval_ttl,
     awaiting_approval,
+    held_s,
     opening,
     parked,
     valid_until,
@@ -200,7 +201,7 @@ class AgentTurns:
 
     async def _park(self, cont: Continuation) -> None:
         if (stored := self._memory_of(cont)) is not None:
-            ttl_s = approval_ttl(self._agent.approval_ttl_s)
+            ttl_s = held_s(cont, approval_ttl(self._agent.approval_ttl_s))
             try:
                 await stored[0].apark(stored[1], cont.token, ttl_s=ttl_s)
             except BaseException:

@@ -53,6 +53,12 @@ class Continuation(BaseModel):
 class Response(BaseModel):
     """What a call returns. ``turn`` holds the messages this call added, its input first.
 
+    ``status`` "waiting": every call of the paused turn waits for the world (a tool raised
+    :class:`~convoq.CallDeferred` or :class:`~convoq.WaitForSignal`); ``waiting_for``
+    lists those calls (the ``deferred`` event's data: ``call_id``, ``name``, ``on``,
+    ``signal``, ``timeout_s``, ``metadata``), which ``resume`` answers with their
+    results; ``pending_approvals`` only the calls a person decides.
+
     ``usage``: tokens the turn's model calls reported, summed (``requests``: the calls
     made; all counts 0 when the server reports none). ``finish_reason``: why the final
     model call stopped (``"length"``: the answer was cut off at the token limit).
@@ -68,9 +74,10 @@ class Response(BaseModel):
 
     text: str
     turn: list[Message]
-    status: Literal["completed", "awaiting_approval"]
+    status: Literal["completed", "awaiting_approval", "waiting"]
     conversation_id: str | None = None
     pending_approvals: list[ToolCall] = Field(default_factory=list)
+    waiting_for: list[dict[str, Any]] = Field(default_factory=list)
     continuation: Continuation | None = None
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None

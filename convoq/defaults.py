@@ -99,3 +99,9 @@ MAX_QUEUED_TOTAL: int | None = None
 memory you give to waiting turns (each holds its input until it runs)."""
 QUEUE_FULL_RETRY_AFTER_S = 1.0
 """The retry-after hint of a QueueFullError (and the gateway's ``Retry-After``)."""
+
+SIGNAL_MAX_KEPT = 100
+"""Signals of one name a conversation keeps for its next wait on it (more are refused)."""
+
+SIGNAL_TTL_S = 24 * 3600
+"""How long a kept signal waits for a turn to wait for it (and a signal id is remembered)."""

@@ -43,8 +43,9 @@ from convoq.observe import metrics, tracing
 from convoq.output import DEFAULT_OUTPUT_RETRIES, OutputShape, TypedOutput, instructions_for
 from convoq.subagents import Children, InlineChildren, SubAgentTool, call_data, known_results
 from convoq.tools import Tool, ToolOutput, ToolRegistry
-from convoq.turn_state import Decision, TurnEvent, TurnState
+from convoq.turn_state import Decision, TurnEvent, TurnState, Wait
 from convoq.usage import Usage, turn_usage
+from convoq.waits import WaitRequest, supplied_text, wait_data
 
 DEFAULT_MAX_STEPS = 10
 # Failing tool calls are logged here (with the ids as record attributes, see
@@ -347,8 +348,10 @@ class TurnLoop:
         return self.scope.for_call(state.steps, _usage_so_far(state), call.id, call.name)
 
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
-        """Run what may run; return False when some calls still wait for a decision."""
+        """Run what may run; return False when some calls still wait for a decision (a
+        person's, a child turn's) or for the world (:mod:`convoq.waits`)."""
         waiting: list[ToolCall] = []
+        waits: dict[str, Wait] = {}
         ready = await self._subagent_results(state, calls)
         made = len(list(followed(state.messages)))
         handing = answers(calls, handoffs_of(self.tools), made, self.max_handoffs)
@@ -359,15 +362,18 @@ class TurnLoop:
             if decision is None and call.id not in ready and await self._waits(ctx, call):
                 waiting.append(call)
                 continue
-            if decision is not None and decision.expired:
+            wait = state.waits.get(call.id) if decision is not None else None
+            if decision is not None and decision.expired and wait is None:
                 state.expired = True  # journaled with the result: a rerun ends the same way
             await self.emit(TurnEvent(type="tool_call", data=call.model_dump()))
-            attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
-            with tracing.span("convoq.tool", attributes):
-                if call.id in ready:
-                    output = ready[call.id]
-                else:
-                    output = await self._result_for(call, decision, ctx)
+            try:
+                output = await self._output(call, decision, wait, ready, ctx)
+            except WaitRequest as parked:
+                waiting.append(call)
+                waits[call.id] = parked.wait
+                continue
+            if wait is not None:
+                decision = None  # no approval: what arrived is the result (and in the record)
             result = Message.tool_result(call, output.text, decision)
             result.content.extend(output.attachments)  # images an MCP tool returned
             state.messages.append(result)
@@ -382,14 +388,32 @@ class TurnLoop:
                 data = {"call_id": call.id, "from": self.scope.agent, "to": target}
                 await self.emit(TurnEvent(type="handoff", data=data))
         # Decisions are spent once their calls are answered; what is left waits for one.
-        state.pending = waiting
-        state.decisions = {}
+        state.pending, state.decisions, state.waits = waiting, {}, waits
         if waiting:
             await self.checkpoint(state)
             for call in waiting:
-                await self.emit(self._waiting_event(call))
+                await self.emit(self._waiting_event(call, waits.get(call.id)))
             return False
         return True
+
+    async def _output(
+        self,
+        call: ToolCall,
+        decision: Decision | None,
+        wait: Wait | None,
+        ready: dict[str, ToolOutput],
+        ctx: RunContext[Any],
+    ) -> ToolOutput:
+        """The call's output: its child's answer, what the world supplied, or the tool's
+        (which may raise WaitRequest: the call waits)."""
+        attributes = {"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
+        with tracing.span("convoq.tool", attributes):
+            if call.id in ready:
+                return ready[call.id]
+            if wait is not None and decision is not None:
+                text, is_error = supplied_text(wait, decision)
+                return ToolOutput(text, is_error=is_error)
+            return await self._result_for(call, decision, ctx)
 
     def _subagent(self, call: ToolCall) -> SubAgentTool | None:
         tool = self.tools.get(call.name) if call.name in self.tools else None
@@ -414,8 +438,11 @@ class TurnLoop:
         ]
         return await known_results(self.children, subs)
 
-    def _waiting_event(self, call: ToolCall) -> TurnEvent:
-        """``subagent_call`` (with the child turn it waits for) or ``approval_required``."""
+    def _waiting_event(self, call: ToolCall, wait: Wait | None) -> TurnEvent:
+        """``deferred`` (what the call waits for), ``subagent_call`` (with the child turn
+        it waits for) or ``approval_required``."""
+        if wait is not None:
+            return TurnEvent(type="deferred", data=wait_data(call, wait))
         tool = self._subagent(call)
         if tool is None:
             return TurnEvent(type="approval_required", data=call.model_dump())
@@ -450,6 +477,8 @@ class TurnLoop:
         try:
             tool = self.tools.get(call.name)
             output = await tool.output(call.arguments, ctx)
+        except WaitRequest:
+            raise  # the call waits for the world: the turn parks (counted once answered)
         except Exception as exc:  # a failing tool is news for the model, not a crash
             metrics.tool_called(label, "error")
             tracing.record_error(exc)

@@ -39,6 +39,7 @@
     ├── TurnTimeoutError               a wait ran out before the turn finished
     ├── TurnDeadlineError              a turn ran longer than max_turn_s and was stopped
     ├── QueueFullError                 a queued-turn limit is reached; nothing was queued
+    ├── SignalBacklogFullError         a conversation keeps the most signals of that name
     ├── IdempotencyKeyReusedError      an idempotency key sent again with another request
     └── ConfigurationError             settings that cannot work together
 
@@ -307,6 +308,10 @@ class QueueFullError(ConvoqError):
         self.limit = limit
         self.max_queued = max_queued
         self.retry_after_s = retry_after_s
+
+
+class SignalBacklogFullError(ConvoqError):
+    """A conversation keeps as many signals of that name as allowed; nothing was kept."""
 
 
 class IdempotencyKeyReusedError(ConvoqError):

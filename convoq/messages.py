@@ -112,7 +112,12 @@ _MODEL_FIELDS = ("refusal", "usage", "finish_reason", "model", "decision", "fram
 class Decision(BaseModel):
     """A human's answer to a tool call that needs approval, for the audit trail: who
     decided (``by``), when (``at_ms``, unix ms) and why (``reason``). ``expired``: no one
-    decided before the approval's time ran out (then ``approved`` is False)."""
+    decided before the approval's time ran out (then ``approved`` is False).
+
+    A call that waits for the world (:mod:`convoq.waits`) is decided by what arrives:
+    ``result`` is the JSON text of a deferred call's result or of a signal's payload
+    (``is_error``: an error result, its message the text), ``by`` who sent it;
+    ``expired``: nothing arrived before the wait's deadline."""
 
     model_config = ConfigDict(frozen=True)
     approved: bool
@@ -120,6 +125,17 @@ class Decision(BaseModel):
     by: str | None = None
     at_ms: int | None = None
     expired: bool = False
+    result: str | None = None
+    is_error: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_unset_result(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A person's decision is stored and shown exactly as before results existed.
+        data: dict[str, Any] = handler(self)
+        if self.result is None and not self.is_error:
+            data.pop("result", None)
+            data.pop("is_error", None)
+        return data
 
 
 class Message(BaseModel):

@@ -116,6 +116,14 @@ class ConvoqSettings(BaseSettings):
     turn_ttl_s: int = Field(
         default=defaults.TURN_TTL_S, ge=60, description="Finished turn records expire."
     )
+    signal_max_kept: int = Field(
+        default=defaults.SIGNAL_MAX_KEPT,
+        ge=1,
+        description="Signals of one name a conversation keeps for its next wait on it.",
+    )
+    signal_ttl_s: int = Field(
+        default=defaults.SIGNAL_TTL_S, ge=1, description="A kept signal expires."
+    )
     subagent_max_depth: int = Field(
         default=defaults.SUBAGENT_MAX_DEPTH,
         ge=1,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from convoq.errors import ConvoqError
 from convoq.messages import Decision, Message, MessageRole, ToolCall
 
-__all__ = ["Decision", "TurnEvent", "TurnState", "answered", "expire_undecided"]
+__all__ = ["Decision", "TurnEvent", "TurnState", "Wait", "answered", "expire_undecided"]
 
 EventType = Literal[
     "status",
@@ -27,6 +27,9 @@ EventType = Literal[
     "approval_required",
     "subagent_call",
     "decision",
+    "deferred",
+    "result_supplied",
+    "signal_delivered",
     "guardrail_tripped",
     "handoff",
     "stop_requested",
@@ -65,6 +68,13 @@ class TurnEvent(BaseModel):
     ``handoff`` (``{"call_id", "from", "to"}``) says the turn goes on as the agent ``to``
     (:mod:`convoq.handoffs`).
 
+    ``deferred`` (``{"call_id", "name", "on", "signal", "timeout_s", "metadata"}``) says
+    a tool call waits for the world (:mod:`convoq.waits`): a result posted from outside
+    (``on`` "result") or the signal named ``signal`` (``on`` "signal").
+    ``result_supplied`` and ``signal_delivered`` (``{"call_id", "by", "at_ms", ...}``)
+    say what ended such a wait; a wait whose deadline passed gets a ``decision`` with
+    ``expired`` true.
+
     ``guardrail_tripped`` (``{"guardrail", "kind", "reason", "info"}``) comes before the
     ``done`` of a turn a guardrail blocked (:mod:`convoq.guardrails`).
 
@@ -81,6 +91,19 @@ class TurnEvent(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class Wait(BaseModel):
+    """What a parked tool call waits for besides a person (:mod:`convoq.waits`): ``on``
+    "result" (a deferred call's result, posted from outside) or "signal" (the signal
+    ``name`` of the turn's conversation); ``timeout_s``: how long at most (None: the
+    agent's approval expiry); ``metadata``: a JSON object shown to operators."""
+
+    model_config = ConfigDict(frozen=True)
+    on: Literal["result", "signal"]
+    name: str | None = None
+    timeout_s: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
 class TurnState(BaseModel):
     """The turn so far, starting with its user message: what continuations and the step
     journal persist."""
@@ -91,6 +114,8 @@ class TurnState(BaseModel):
     decisions: dict[str, Decision] = Field(default_factory=dict)
     # Some call's approval expired: once its calls are answered the turn ends (as expired).
     expired: bool = False
+    # The pending calls that wait for the world (a result or a signal), by call id.
+    waits: dict[str, Wait] = Field(default_factory=dict)
 
     @classmethod
     def start(cls, message: Message) -> TurnState:

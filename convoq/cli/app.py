@@ -14,7 +14,7 @@ from typing import Annotated, Any, get_args
 
 import typer
 
-from convoq.cli import _transfer
+from convoq.cli import _transfer, _waits
 from convoq.cli._asks import submit_asks
 from convoq.cli._render import (
     console,
@@ -431,6 +431,7 @@ def clear(
 
 
 _transfer.register(app, _settings)
+_waits.register(app, _connected)
 plain_help(app)  # last: every command is registered
 
 

@@ -31,6 +31,7 @@ from convoq.client._renamed import renamed_keyword
 from convoq.client._settings import client_settings
 from convoq.client._submitting import OnDone, Submitting, Watchers
 from convoq.client._unreachable import mapped
+from convoq.client._world import WorldControl
 from convoq.client.handle import AsyncTurnHandle
 from convoq.errors import ConfigurationError
 from convoq.messages import Message
@@ -41,7 +42,7 @@ from convoq.queue.transport import Broker, broker_for, sender_app
 from convoq.redis import TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
 from convoq.redis.embedded import describe, url_or_embedded
-from convoq.redis.protocol import ParkedTurn
+from convoq.redis.protocol import ParkedTurn, Signalled
 from convoq.redis.roles import ClientStore
 from convoq.settings import ConvoqSettings
 from convoq.usage import Usage
@@ -144,6 +145,7 @@ class AsyncClient:
             self, agents=agents, kicks=self._kicks, registry=self._registry, watchers=self._watchers
         )
         self._control = TurnControl(lambda: self.protocol, self._kicks)
+        self._world = WorldControl(lambda: self.protocol, self._kicks, self.settings)
 
     @property
     def redis_url(self) -> str:
@@ -298,6 +300,43 @@ class AsyncClient:
         """Deny a parked tool call; the model is told (with ``reason`` and ``by``) and goes
         on. Returns as :meth:`approve`."""
         return await self._control.decide(turn, call_id, approved=False, reason=reason, by=by)
+
+    @mapped
+    async def complete_call(
+        self,
+        turn: TurnRef,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        by: str | None = None,
+    ) -> Literal["resume", "pending"]:
+        """Supply the result of a deferred tool call (its tool raised CallDeferred): the
+        model reads ``result`` (a str as it is, anything else as JSON), or ``error`` as
+        the call's error. ``by`` names the sender (kept with the result). Returns
+        "resume" when it was the last call the turn waited for (it resumes on a worker),
+        else "pending". The same result again answers as the first and changes nothing;
+        another result for that call is refused (ProtocolError), as is one after the
+        call's deadline."""
+        return await self._world.complete_call(turn, call_id, result, error=error, by=by)
+
+    @mapped
+    async def signal(
+        self,
+        conversation_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        by: str | None = None,
+    ) -> Signalled:
+        """Send the signal ``name`` to the conversation: the turn waiting for it
+        (WaitForSignal) takes it and resumes, its call's result being ``payload``;
+        with none waiting, it is kept for the next wait on that name (at most
+        ``signal_max_kept`` live ones, each ``signal_ttl_s``; more are refused with
+        SignalBacklogFullError). ``signal_id``: the same id sent again is a duplicate
+        that changes nothing (a webhook's event id; None: a new one)."""
+        return await self._world.signal(conversation_id, name, payload, signal_id=signal_id, by=by)
 
     @mapped
     async def discard(self, turn: TurnRef, *, reason: str = "discarded") -> None:

@@ -54,6 +54,8 @@ class Client:
     )
     approve = blocking(AsyncClient.approve)
     deny = blocking(AsyncClient.deny)
+    complete_call = blocking(AsyncClient.complete_call)
+    signal = blocking(AsyncClient.signal)
     discard = blocking(AsyncClient.discard)
     cancel = blocking(AsyncClient.cancel)
     retry = blocking_as(AsyncClient.retry, TurnHandle)

@@ -344,7 +344,9 @@ class AsyncTurnHandle:
         """Whether every call the parked turn waits on is decided: then it waits for a
         worker to resume it, not for a person, and a settled wait goes on. (The record
         says awaiting_approval until a worker takes the resumed turn.)"""
-        calls = (record.result or {}).get("pending_approvals") or []
+        result = record.result or {}
+        world = result.get("waits") or {}  # calls a result or a signal decides, no person
+        calls = [c for c in result.get("pending_approvals") or [] if c["id"] not in world]
         if not calls:
             return False
         protocol = self._client.protocol
@@ -358,9 +360,10 @@ class AsyncTurnHandle:
         """The turn's events from the start (or after stream id ``after``) until ``done``:
         ``status``, ``resumed`` (a run goes on with the turn an earlier one started, and
         why: see :class:`~convoq.turn_state.TurnEvent`), ``text_delta``, ``assistant``,
-        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``done``. A
-        failed turn that was retried goes on past its first ``done``: ``retried``, then
-        the events of its runs after the retry, to their ``done``.
+        ``tool_call``, ``tool_result``, ``approval_required``, ``decision``, ``deferred``,
+        ``result_supplied``, ``signal_delivered``, ``done``. A failed turn that was
+        retried goes on past its first ``done``: ``retried``, then the events of its runs
+        after the retry, to their ``done``.
 
         Raises:
             TurnTimeoutError: ``timeout`` seconds passed without reaching ``done``.

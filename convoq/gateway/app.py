@@ -28,6 +28,7 @@ from convoq.gateway import (
     routes_conversations,
     routes_turns,
     routes_workers,
+    routes_world,
 )
 from convoq.gateway import document as document_of
 from convoq.gateway.auth import Access, KeyRing
@@ -80,6 +81,7 @@ def create_app(settings: ConvoqSettings | None = None, **overrides: Any) -> Fast
     app.state.prices = prices
     problems.install(app)
     app.include_router(routes_turns.router)
+    app.include_router(routes_world.router)
     app.include_router(routes_conversations.router)
     app.include_router(routes_console.router)
     app.include_router(routes_workers.router)

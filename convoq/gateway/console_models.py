@@ -231,7 +231,9 @@ class TurnDetail(BaseModel):
             started_ms=record.started_ms,
             finished_ms=record.finished_ms,
             pending_approvals=[
-                ToolCall.model_validate(c) for c in data.get("pending_approvals") or []
+                ToolCall.model_validate(c)
+                for c in data.get("pending_approvals") or []
+                if c.get("id") not in (data.get("waits") or {})  # a person decides none of these
             ]
             if parked
             else [],

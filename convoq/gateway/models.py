@@ -56,6 +56,37 @@ class ParentCallView(BaseModel):
     depth: int = Field(description="1: the child of a turn nobody called.")
 
 
+class WaitingCallView(BaseModel):
+    """A parked call that waits for the world: ``on`` "result" (``complete_call``) or
+    "signal" (the signal ``signal``), with its ``timeout_s`` and ``metadata``."""
+
+    call_id: str
+    name: str
+    on: Literal["result", "signal"]
+    signal: str | None = None
+    timeout_s: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def waiting_for(status: str, data: dict[str, Any]) -> list[WaitingCallView]:
+    """The parked record's calls that wait for the world (none once it left the park)."""
+    waits = data.get("waits") or {}
+    if status not in ("waiting", "awaiting_approval"):
+        return []
+    return [
+        WaitingCallView(
+            call_id=c["id"],
+            name=c.get("name", ""),
+            on=waits[c["id"]]["on"],
+            signal=waits[c["id"]].get("name"),
+            timeout_s=waits[c["id"]].get("timeout_s"),
+            metadata=waits[c["id"]].get("metadata") or {},
+        )
+        for c in data.get("pending_approvals") or []
+        if c.get("id") in waits
+    ]
+
+
 class TurnView(BaseModel):
     """A turn where it stands: final, parked for approval, or still in progress."""
 
@@ -86,6 +117,10 @@ class TurnView(BaseModel):
     children: list[ChildTurnView] = Field(
         default_factory=list,
         description="Finished: the child turns of its sub-agent calls (usage includes theirs).",
+    )
+    waiting_for: list[WaitingCallView] = Field(
+        default_factory=list,
+        description="Parked: the calls that wait for a result or a signal, and for what.",
     )
     parent: ParentCallView | None = Field(
         default=None, description="A child turn: the sub-agent call it answers."
@@ -122,10 +157,13 @@ class TurnView(BaseModel):
             if stored
             else [],
             pending_approvals=[
-                ToolCall.model_validate(c) for c in data.get("pending_approvals") or []
+                ToolCall.model_validate(c)
+                for c in data.get("pending_approvals") or []
+                if c.get("id") not in (data.get("waits") or {})  # decided by the world
             ]
             if record.status == "awaiting_approval"
             else [],
+            waiting_for=waiting_for(record.status, data),
             error=record.error,
             attempts=record.attempts,
             retries=record.retries,

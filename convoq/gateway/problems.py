@@ -34,6 +34,7 @@ from convoq.errors import (
     ProtocolError,
     QueueFullError,
     RedisUnavailableError,
+    SignalBacklogFullError,
     TurnTimeoutError,
     UnknownTurnError,
 )
@@ -47,6 +48,7 @@ log = logging.getLogger("convoq.gateway")
 _STATUS: tuple[tuple[type[ConvoqError], int], ...] = (
     (UnknownTurnError, 404),
     (QueueFullError, 429),
+    (SignalBacklogFullError, 429),
     (ConversationBusyError, 409),
     (IdempotencyKeyReusedError, 409),
     (ProtocolError, 409),

@@ -5,10 +5,11 @@
 agent the conversation's history window as ``message_history`` and commits the run's new
 messages as the turn; every model response and tool result is a journaled step, so a
 worker killed mid-turn leaves the next one to go on from there; a tool that requires
-approval parks the turn until ``approve``/``deny``, which resume it with Pydantic AI's own
-deferred tool results. What a submit asks of the turn (``model_settings``, an output
-schema, ``metadata``) becomes the run's own arguments (:mod:`._pydantic_ai_options`). See
-the README section "Pydantic AI agents on workers".
+approval parks the turn until ``approve``/``deny``, and one that raises Pydantic AI's
+``CallDeferred`` until ``complete_call`` supplies its result; they resume it with Pydantic
+AI's own deferred tool results (:mod:`._pydantic_ai_deferred`). What a submit asks of the
+turn (``model_settings``, an output schema, ``metadata``) becomes the run's own arguments
+(:mod:`._pydantic_ai_options`). See the README section "Pydantic AI agents on workers".
 
 Guardrails map as they run on a convoq Agent: ``input_guardrails`` check the user message
 before the run starts, ``output_guardrails`` the run's output (typed, or its text) before
@@ -28,7 +29,7 @@ from convoq.errors import ConfigurationError
 
 try:
     from pydantic_ai import Agent as PydanticAgent
-    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
+    from pydantic_ai import DeferredToolRequests
     from pydantic_ai.exceptions import UnexpectedModelBehavior, UserError
 except ImportError as exc:  # pragma: no cover - the extra is installed in tests
     raise ConfigurationError(
@@ -37,7 +38,6 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in tests
 
 from pydantic_core import to_jsonable_python
 
-from convoq.approvals import refused_result
 from convoq.compaction import CompactionPolicy
 from convoq.context import DepsHolder, TurnScope
 from convoq.engine import Completed, Outcome, Paused
@@ -47,6 +47,7 @@ from convoq.guardrails import (
     input_guardrails_of,
     output_guardrails_of,
 )
+from convoq.integrations._pydantic_ai_deferred import deferred_results, parked
 from convoq.integrations._pydantic_ai_journal import JournalCapability, TurnJournal
 from convoq.integrations._pydantic_ai_messages import (
     is_journal_entry,
@@ -55,12 +56,12 @@ from convoq.integrations._pydantic_ai_messages import (
     user_prompt,
 )
 from convoq.integrations._pydantic_ai_options import asked_of
-from convoq.messages import Message, ToolCall
+from convoq.messages import Message
 from convoq.output import TypedOutput
 from convoq.profile import TurnJob
 from convoq.tokens import TokenCounter
-from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import Usage
+from convoq.waits import WaitRequest
 from convoq.window import check_budget
 
 __all__ = ["DurableAgent", "durable"]
@@ -152,7 +153,7 @@ class DurableAgent:
             return await self.agent.run(
                 prompt,
                 message_history=so_far or None,
-                deferred_tool_results=_deferred_results(job.state),
+                deferred_tool_results=deferred_results(job.state),
                 output_type=self._output_type(None if check is None else check.output_type()),
                 deps=await self.provided_deps(),
                 model_settings=asked.model_settings,
@@ -168,6 +169,14 @@ class DurableAgent:
             if "output validators" not in str(exc):
                 raise
             raise self._validators_refused(asked=check is not None) from exc
+        except WaitRequest as exc:
+            raise ConfigurationError(
+                f"a tool of the Pydantic AI profile {self.name!r} raised convoq's"
+                f" {type(exc).__name__}, which a Pydantic AI run cannot park on: raise"
+                " pydantic_ai's CallDeferred for a result from outside (signals are"
+                " convoq tools' only)",
+                profile=self.name,
+            ) from exc
 
     def _output_type(self, asked: Any = None) -> Any:
         """The run's output type: the turn's, else the agent's own (None) when it already
@@ -200,19 +209,7 @@ class DurableAgent:
     async def _park(
         self, job: TurnJob, requests: DeferredToolRequests, messages: list[Message], steps: int
     ) -> Paused:
-        if requests.calls:
-            names = sorted({c.tool_name for c in requests.calls})
-            raise ConfigurationError(
-                f"tools {names} are deferred to an external runner, which convoq has no"
-                " counterpart for; use requires_approval=True (approved on convoq) instead"
-            )
-        pending = [
-            ToolCall(id=c.tool_call_id, name=c.tool_name, arguments=c.args_as_dict())
-            for c in requests.approvals
-        ]
-        for call in pending:
-            await job.emit(TurnEvent(type="approval_required", data=call.model_dump()))
-        return Paused(TurnState(messages=messages, steps=steps, pending=pending))
+        return await parked(requests, messages, steps, job.emit)
 
 
 def durable(
@@ -293,16 +290,6 @@ def profile_of(value: Any) -> DurableAgent | None:
     if isinstance(value, PydanticAgent) and value.name:
         return DurableAgent(value)
     return None
-
-
-def _deferred_results(state: TurnState) -> DeferredToolResults | None:
-    """The decisions a parked turn resumes with, as Pydantic AI's approval results."""
-    if not state.decisions:
-        return None
-    approvals: dict[str, bool | ToolDenied] = {}
-    for call_id, decision in state.decisions.items():
-        approvals[call_id] = True if decision.approved else ToolDenied(refused_result(decision))
-    return DeferredToolResults(approvals=dict(approvals))
 
 
 def _jsonable(output: Any) -> Any:

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from convoq.errors import CorruptDataError
 from convoq.redis._base import ProtocolBase
 from convoq.redis._cancelling import cancelled_arg, turn_control_keys
 from convoq.redis._codec import parse_header, text
-from convoq.redis._records import AttachmentNote, ParkedTurn, RecentMessage, decode_record
+from convoq.redis._records import (
+    AttachmentNote,
+    ParkedTurn,
+    RecentMessage,
+    TurnRecord,
+    decode_record,
+)
 from convoq.redis._replies import DiscardReply, Outcome
 from convoq.redis._taking import valid_turn_id
 from convoq.turn_state import Decision
@@ -68,13 +74,18 @@ class ApprovalsMixin(ProtocolBase):
         approved: bool,
         reason: str | None = None,
         by: str | None = None,
-        kind: Literal["person", "child"] = "person",
+        kind: Literal["person", "child", "result"] = "person",
+        result: str | None = None,
+        is_error: bool = False,
     ) -> Decided:
         """:meth:`decide`, saying also whether the same decision was recorded before (a
         retry: the first is kept, nothing is written, the resume was owed by the first).
         ``kind`` "child": the call's child turn ended (a sub-agent call is decided so, and
-        only so)."""
-        decision = Decision(approved=approved, reason=reason, by=by)
+        only so); "result": a deferred call's ``result`` arrived (JSON text, or with
+        ``is_error`` the error the model reads), and only so is it decided."""
+        decision = Decision(
+            approved=approved, reason=reason, by=by, result=result, is_error=is_error
+        )
         raw = decision.model_dump_json(exclude={"at_ms"})
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
         keys.append(self.keys.events(cid, turn_id))
@@ -133,9 +144,20 @@ class ApprovalsMixin(ProtocolBase):
         if not raw or raw.get(b"status") != b"awaiting_approval":
             return None  # decided (or expired) since the lease was read
         fields: dict[str, bytes] = {text(k): v for k, v in raw.items()}
-        record = decode_record(cid, tid, fields, self.keys.turn(cid, tid))
+        record = for_a_person(decode_record(cid, tid, fields, self.keys.turn(cid, tid)))
         recent = recent_messages(elements, self.keys.turns(cid))
         return ParkedTurn(record, int(fields.get("parked_ms") or 0), int(expires_ms or 0), recent)
+
+
+def for_a_person(record: TurnRecord) -> TurnRecord:
+    """``record`` with only the pending calls a person decides: a call that waits for
+    the world (a result, a signal) or a child turn is decided by that alone, so the
+    approvals inbox offers no approve or deny for it."""
+    result = dict(record.result or {})
+    waits = result.get("waits") or {}
+    calls = result.get("pending_approvals") or []
+    result["pending_approvals"] = [c for c in calls if c.get("id") not in waits]
+    return replace(record, result=result)
 
 
 RECENT_ELEMENTS = 6

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ParamSpec
+from typing import Any, Literal, ParamSpec
 
 from convoq.errors import InvalidMessageError, ProtocolError
 from convoq.messages import Message, MessageRole
@@ -24,8 +24,10 @@ from convoq.redis._codec import (
 from convoq.redis._records import Acquired, Handoff, TurnEnding
 from convoq.redis._replies import EndReply, Outcome, RunningReply
 from convoq.redis._taking import TakingMixin
+from convoq.redis._world import park_waits, waits_described
 from convoq.turn_state import TurnEvent, TurnState
 from convoq.usage import children_usage, turn_usage
+from convoq.waits import wait_ttl_ms
 
 P = ParamSpec("P")
 # The final status of a turn ended by these errors (any other: "failed").
@@ -218,13 +220,17 @@ class EndingMixin(TakingMixin):
         approval_ttl_ms: int,
         events: Sequence[TurnEvent] = (),
         children: Sequence[str] = (),
-    ) -> None:
+    ) -> Literal["parked", "resume"]:
         """Store the continuation and wait for decisions on ``state``'s undecided calls; the
-        conversation stays reserved until they are decided or the approval expires.
-        ``events`` go to its stream first. A replay for a turn already parked with this
-        fence is a no-op. ``children``: the ids of the calls that wait for a child turn
-        (sub-agent calls), decided by their children only; when every call does, the turn
-        is "waiting", else "awaiting_approval"."""
+        conversation stays reserved until they are decided or the wait expires (after
+        ``approval_ttl_ms``, or the shortest deadline of the calls that wait for the world:
+        :func:`~convoq.waits.wait_ttl_ms`). ``events`` go to its stream first. A replay for
+        a turn already parked with this fence is a no-op. ``children``: the ids of the
+        calls that wait for a child turn (sub-agent calls), decided by their children
+        only; ``state.waits`` the calls that wait for a result or a signal. The turn is
+        "waiting" when no call waits for a person, else "awaiting_approval".
+        "resume": signals kept for the calls' waits decided every call; the turn is
+        marked for resumption (acquire it again) instead of parked."""
         waiting = state.undecided
         if not waiting:
             raise ProtocolError("park needs a state with tool calls waiting for a decision")
@@ -235,10 +241,15 @@ class EndingMixin(TakingMixin):
             "pending_approvals": [call.model_dump(mode="json") for call in waiting],
             "usage": usage.model_dump(),
         }
+        waits, signal_keys = park_waits(self.keys, cid, state, children)
+        if described := waits_described(state):
+            result["waits"] = described
+        ttl_ms = wait_ttl_ms(state, approval_ttl_ms)
         args = [turn_id, fence, state.model_dump_json(), pending, self.json_arg(result, "result")]
-        args += [approval_ttl_ms, self.events_maxlen, self.json_arg(list(children), "children")]
+        args += [ttl_ms, self.events_maxlen, self.json_arg(waits, "waits")]
         args += self.event_args(events)
-        keys = self._ending_keys(cid, turn_id)
+        keys = self._ending_keys(cid, turn_id) + signal_keys
         reply = Outcome.parse("park", await self.run_acked("park", cid, keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id, fence)
+        return "resume" if reply.status in ("RESUME", "RESUMED") else "parked"

@@ -21,6 +21,7 @@ from convoq.errors import (
     MalformedReplyError,
     NotInboxHeadError,
     ProtocolError,
+    SignalBacklogFullError,
     StaleFenceError,
     SummaryConflictError,
     TurnAlreadyAppliedError,
@@ -31,6 +32,13 @@ from convoq.errors import (
 )
 from convoq.redis._codec import FORMAT_VERSION, text
 from convoq.redis.keys import KeySchema
+
+_WAITS = {
+    "person": "a person's decision (approve or deny it)",
+    "result": "its result (complete_call)",
+    "signal": "a signal (send it with signal)",
+    "child": "its child turn",
+}
 
 
 def malformed(script: str, reply: Any, wanted: str) -> MalformedReplyError:
@@ -238,6 +246,17 @@ REFUSALS: dict[tuple[str, str], Callable[[Refused], ConvoqError]] = {
     ),
     (ANY, "NOT_CHILD_CALL"): _protocol(
         lambda r: f"that tool call of {r.where} waits for a person's decision, not a child turn"
+    ),
+    (ANY, "WAITS_FOR"): _protocol(
+        lambda r: (
+            f"that tool call of {r.where} waits for {_WAITS.get(r.said, r.said)}, which"
+            " alone decides it"
+        )
+    ),
+    ("signal", "FULL"): lambda r: SignalBacklogFullError(
+        f"conversation {r.cid!r} keeps {r.said} signals by that name already, none taken"
+        " by a wait; nothing was kept (raise signal_max_kept, or let a turn wait for them)",
+        **r.details,
     ),
     (ANY, "EXPIRED"): _protocol(
         lambda r: f"the approval for {r.where} expired; submit the turn again"

@@ -101,7 +101,7 @@ OUTCOMES: dict[str, tuple[str, ...]] = {
     "cancel": ("CANCELLED", "STOPPING", "FINISHED"),
     "clear": ("OK", "RETRY"),  # RETRY: the inbox changed since it was read: read again
     "decide": ("RESUME", "PENDING", "KEPT_RESUME", "KEPT_PENDING"),  # KEPT: a repeat
-    "park": ("OK", "PARKED"),  # PARKED: a replay
+    "park": ("OK", "PARKED", "RESUME", "RESUMED"),  # PARKED, RESUMED: a replay
     "pop": ("OK", "APPLIED", "EMPTY", "CHANGED"),  # APPLIED: a replay; CHANGED: read again
     "release": ("OK", "STALE"),  # STALE: the lease had moved on, nothing to release
     "summarise": ("OK",),
@@ -451,3 +451,31 @@ class WindowReply:
             found = None if summary is None else text(summary)
             return cls(False, found, resume=(r.integer(5), *moved))
         return cls(False, refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class SignalReply:
+    """The ``signal`` script's reply: ``status`` DELIVERED (to ``call_id``; ``resume``:
+    it was the turn's last missing decision), KEPT (``kept`` live ones now), SEEN, or
+    RETRY (the inbox head is ``head``, '' for none); else ``refusal``."""
+
+    status: str
+    call_id: str = ""
+    resume: bool = False
+    kept: int = 0
+    head: str = ""
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> SignalReply:
+        items = _Items("signal", reply)
+        if items.status == "DELIVERED":
+            items.sized(2)
+            return cls("DELIVERED", items.string(1), resume=items.string(2) == "RESUME")
+        if items.status == "KEPT":
+            return cls("KEPT", kept=items.sized(1).integer(1))
+        if items.status == "SEEN":
+            return cls(items.sized(0).status)
+        if items.status == "RETRY":
+            return cls("RETRY", head=items.sized(1).string(1))
+        return cls(items.status, refusal=items.refusal())

@@ -22,6 +22,8 @@ any string may be one.
     {prefix}:{cid}:events:{tid}    stream  status changes, deltas, tool calls, done
     {prefix}:{cid}:reader:{tid}    string  set (PX) while someone reads the events live
     {prefix}:{cid}:idem:{sha256}   string  idempotency key -> first turn id
+    {prefix}:{cid}:signal:{sha256} list    signals of one name kept for the next wait (TTL)
+    {prefix}:{cid}:signals:seen    zset    signal ids handled (score: when they are forgotten)
     {prefix}:{cid}:append:{id}     string  a memory append or pop applied (replay guard, TTL)
     {prefix}:{cid}:spent:{token}   string  a continuation already resumed or discarded (TTL)
     {prefix}:{cid}:acked           string  replication probe of min_replicas_acked (TTL)
@@ -122,6 +124,15 @@ class KeySchema:
     def idem(self, cid: str, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
         return f"{self.base(cid)}:idem:{digest}"
+
+    def signals(self, cid: str, name: str) -> str:
+        """The signals named ``name`` kept for the conversation's next wait on it."""
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+        return f"{self.base(cid)}:signal:{digest}"
+
+    def signals_seen(self, cid: str) -> str:
+        """The ids of the conversation's signals handled lately (a resend writes nothing)."""
+        return f"{self.base(cid)}:signals:seen"
 
     def epoch(self) -> str:
         """The global epoch marker; not part of any conversation (see ``check_epoch``)."""

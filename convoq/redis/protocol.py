@@ -35,6 +35,8 @@ Where each verb lives (the class is assembled here from these, over
 - :mod:`convoq.redis._holding`: in-process turns under the same lease (``reserve``,
   ``unreserve``, ``commit_held``: functions over the protocol, for Redis memory);
 - :mod:`convoq.redis._approvals`: ``decide``, ``discard``, ``parked_turns``;
+- :mod:`convoq.redis._world`: ``send_signal``, and what ``park`` stores of the calls
+  that wait for the world (:mod:`convoq.waits`);
 - :mod:`convoq.redis._cancelling`: ``cancel``, ``is_cancel_requested``, ``clear``;
 - :mod:`convoq.redis._reading`: ``history``, ``window``, ``usage``;
 - :mod:`convoq.redis._events`: turn records and event streams (``get_turn``,
@@ -75,6 +77,7 @@ from convoq.redis._retrying import Retried, RetryingMixin
 from convoq.redis._submitting import SubmittingMixin
 from convoq.redis._sweeping import SweepingMixin
 from convoq.redis._transferring import TransferringMixin
+from convoq.redis._world import Signalled, SignalsMixin
 
 if TYPE_CHECKING:
     from convoq.redis.roles import ClientStore, MemoryStore, WorkerStore
@@ -84,6 +87,7 @@ __all__ = [
     "Handoff",
     "ParkedTurn",
     "Retried",
+    "Signalled",
     "SubmitResult",
     "Taking",
     "TurnEnding",
@@ -107,6 +111,7 @@ class TurnProtocol(
     SweepingMixin,
     RegistryMixin,
     TransferringMixin,
+    SignalsMixin,
 ):
     """Queued turns of conversations in Redis (async; see the module docstring).
 

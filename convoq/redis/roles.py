@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from convoq.redis._refusals import Refusal
     from convoq.redis._retrying import Retried
     from convoq.redis._texting import IfBusy, StopFlags
+    from convoq.redis._world import Signalled
     from convoq.redis.keys import KeySchema
     from convoq.redis.scripts import Scripts
     from convoq.turn_state import TurnEvent, TurnState
@@ -138,7 +139,7 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
         approval_ttl_ms: int,
         events: Sequence[TurnEvent] = (),
         children: Sequence[str] = (),
-    ) -> None: ...
+    ) -> Literal["parked", "resume"]: ...
 
     async def commit_and_hand_off(
         self,
@@ -231,7 +232,9 @@ class TurnControl(TurnReader, KeyedStore, Protocol):
         approved: bool,
         reason: str | None = None,
         by: str | None = None,
-        kind: Literal["person", "child"] = "person",
+        kind: Literal["person", "child", "result"] = "person",
+        result: str | None = None,
+        is_error: bool = False,
     ) -> Decided: ...
 
     async def cancel(
@@ -268,6 +271,18 @@ class ClientStore(TurnControl, Protocol):
     async def parked_turns(
         self, limit: int = 100, *, offset: int = 0, conversation_prefix: str = ""
     ) -> list[ParkedTurn]: ...
+
+    async def send_signal(
+        self,
+        cid: str,
+        name: str,
+        payload: str,
+        *,
+        signal_id: str | None = None,
+        by: str | None = None,
+        max_kept: int,
+        ttl_ms: int,
+    ) -> Signalled: ...
 
     async def get_turn_and_last_event(self, cid: str, turn_id: str) -> tuple[TurnRecord, str]: ...
 

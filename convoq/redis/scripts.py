@@ -60,6 +60,7 @@ NAMES = (
     "renew",
     "reserve",
     "retry",
+    "signal",
     "submit",
     "summarise",
     "transfer",

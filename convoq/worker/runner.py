@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convoq import defaults
-from convoq.engine import Completed, Expired, HandedOff, Outcome
+from convoq.engine import Completed, Expired, HandedOff, Outcome, Paused
 from convoq.errors import (
     AttachmentError,
     InvalidMessageError,
@@ -293,6 +293,13 @@ class Runner:
             return await self._commit(run, outcome, report)
         if isinstance(outcome, HandedOff):
             return await self._handoffs.move(run, outcome, report.requeued, report.abandoned)
+        return await self._pause(run, outcome, report)
+
+    async def _pause(self, run: TurnRun, outcome: Paused, report: DrainReport) -> Acquired | None:
+        """A turn that waits (for a person, child turns or the world): parked, unless a
+        newer message asked it to stop first."""
+        acq = run.acq
+        cid, tid = acq.turn.conversation_id, acq.turn.turn_id
         if run.cancel_seen:  # interrupted as it was to park: it ends here instead
             mode, by = await why_stopped(self._protocol, acq)
             if mode == "interrupt":
@@ -300,7 +307,7 @@ class Runner:
         try:
             async with run.events.pending() as events:
                 with tracing.span("convoq.park"):
-                    await until_durable(
+                    parked = await until_durable(
                         lambda: self._protocol.park(
                             cid,
                             tid,
@@ -323,6 +330,8 @@ class Runner:
             log.warning("park of %s/%s refused (%s): abandoned", cid, tid, refused.message)
             await self._cut_off(acq, report)
             return None
+        if parked == "resume":  # signals kept for its waits decided every call
+            return await self._acquire(cid, tid, 0, report)
         report.parked.append(tid)
         if await discard_if_stopped(self._protocol, acq):  # double texting came first
             await after_turn(self._protocol, self._on_finished, cid, tid, acq.turn.options)

@@ -12,7 +12,7 @@ COMMANDS = [
     [],
     ["worker"], ["gateway"], ["flower"], ["demo"], ["submit"], ["watch"], ["status"],
     ["workers"], ["history"], ["approve"], ["deny"], ["cancel"], ["clear"], ["export"],
-    ["import"], ["redis"], ["redis", "stop"],
+    ["import"], ["redis"], ["redis", "stop"], ["complete-call"], ["signal"],
 ]  # fmt: skip
 
 

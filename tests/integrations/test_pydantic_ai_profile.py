@@ -20,6 +20,7 @@ from pydantic_ai.messages import (
     ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
+    RetryPromptPart,
     SystemPromptPart,
     TextPart,
     ThinkingPart,
@@ -45,7 +46,8 @@ from convoq.messages import (
     messages_to_json,
 )
 from convoq.profile import AgentProfile, TurnJob
-from convoq.turn_state import TurnEvent, TurnState, expire_undecided
+from convoq.turn_state import Decision, TurnEvent, TurnState, expire_undecided
+from convoq.waits import WaitForSignal
 from convoq.worker.profiles import load_profiles
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
@@ -361,18 +363,45 @@ async def test_a_cancelled_turn_stops_before_its_next_step() -> None:
     assert recorder.states == []
 
 
-async def test_tools_deferred_elsewhere_fail_the_turn_with_what_to_do() -> None:
+def _remote_agent(seen: list[str]) -> Agent[None, str]:
+    """Calls ``remote`` (deferred: CallDeferred with metadata), then answers with what the
+    tool result said."""
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        return ModelResponse(parts=[ToolCallPart("remote", {})])
+        last = messages[-1].parts[0]
+        if isinstance(last, ToolReturnPart | RetryPromptPart):
+            seen.append(str(last.content))
+            return ModelResponse(parts=[TextPart(f"got {last.content}")])
+        return ModelResponse(parts=[ToolCallPart("remote", {}, tool_call_id="r1")])
 
     agent = Agent(FunctionModel(model), name="r")
 
     @agent.tool_plain
     def remote() -> str:
-        raise CallDeferred
+        raise CallDeferred(metadata={"job": 42})
 
-    with pytest.raises(ConfigurationError, match="requires_approval=True"):
-        await durable(agent).run_turn(Recorder().job(TurnState.start(Message.user("x"))))
+    return agent
+
+
+async def test_a_pydantic_ai_deferred_call_waits_for_its_result() -> None:
+    seen: list[str] = []
+    profile = durable(_remote_agent(seen))
+    recorder = Recorder()
+    parked = await profile.run_turn(recorder.job(TurnState.start(Message.user("x"))))
+    assert isinstance(parked, Paused)
+    assert [c.id for c in parked.state.pending] == ["r1"]
+    assert parked.state.waits["r1"].on == "result"
+    assert parked.state.waits["r1"].metadata == {"job": 42}
+    assert [e.type for e in recorder.events if e.type == "deferred"] == ["deferred"]
+    state = parked.state.model_copy(deep=True)
+    state.decisions["r1"] = Decision(approved=True, result='{"done":true}')
+    done = await profile.run_turn(Recorder().job(state))
+    assert isinstance(done, Completed) and seen == ['{"done":true}']
+    # Past its deadline (the profile's approval expiry) the model reads the error.
+    expired = parked.state.model_copy(deep=True)
+    expire_undecided(expired, at_ms=1)
+    await profile.run_turn(Recorder().job(expired))
+    assert "no result for this tool call arrived before its deadline" in seen[-1]
 
 
 async def test_deps_come_from_the_profile_and_its_factory_once_per_process() -> None:
@@ -404,7 +433,9 @@ def test_the_agents_module_yields_pydantic_ai_profiles_and_an_explicit_wrap_wins
     from tests.support import pydantic_ai_agents as module
 
     profiles = load_profiles("tests.support.pydantic_ai_agents")
-    assert sorted(profiles) == ["pai-budget", "pai-chat", "pai-payer", "pai-short", "pai-stream"]
+    assert sorted(profiles) == [
+        "pai-budget", "pai-chat", "pai-payer", "pai-shipper", "pai-short", "pai-stream",
+    ]  # fmt: skip
     assert profiles["pai-payer"] is module.payer_profile
     chat = profiles["pai-chat"]
     assert isinstance(chat, DurableAgent) and chat.agent is module.chat
@@ -430,3 +461,17 @@ def test_without_the_extra_the_import_names_it() -> None:
     assert done.returncode != 0
     assert "pip install 'convoq[pydantic-ai]'" in done.stderr
     assert "ConfigurationError" in done.stderr
+
+
+async def test_convoq_s_wait_inside_a_pydantic_ai_tool_is_refused_with_what_to_do() -> None:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("paid", {})])
+
+    agent = Agent(FunctionModel(model), name="w")
+
+    @agent.tool_plain
+    def paid() -> str:
+        raise WaitForSignal("paid")
+
+    with pytest.raises(ConfigurationError, match="raise pydantic_ai's CallDeferred"):
+        await durable(agent).run_turn(Recorder().job(TurnState.start(Message.user("x"))))

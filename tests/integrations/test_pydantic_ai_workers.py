@@ -152,3 +152,19 @@ def test_the_history_window_of_the_profile_applies(client: Client, agent: str, s
     third = client.submit(cid, f"{token} three", agent=agent).wait(30)
     assert third.text == seen.format(t=token)
     assert len(client.history(cid)) == 6  # all turns stay stored
+
+
+def test_a_deferred_pydantic_ai_call_resumes_with_the_result_posted(
+    client: Client, pool: WorkerPool, redis_client: redis.Redis
+) -> None:
+    token = f"d{uuid.uuid4().hex[:8]}"
+    handle = client.submit(f"pai-{token}", f"{token} ship it", agent="pai-shipper")
+    wait_until(lambda: handle.status() == "waiting", 60, what="the run parks")
+    record = handle.record()
+    assert record.result is not None and record.result["waits"]["ship-1"]["metadata"] == {
+        "token": token
+    }
+    assert client.complete_call(handle, "ship-1", "parcel T7 left") == "resume"
+    result = handle.wait(60)
+    assert result.status == "succeeded" and result.text == "carrier says: parcel T7 left"
+    assert _counts(redis_client, pool, token, "ship") == {"ship": 1}  # not run again

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, CallDeferred
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -123,3 +123,23 @@ short = durable(
     Agent(FunctionModel(remember), name="pai-short-raw"), name="pai-short", keep_last_turns=1
 )
 budget = durable(Agent(FunctionModel(remember)), name="pai-budget", max_history_tokens=1)
+
+
+def carrier(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Calls ``ship`` (deferred to the carrier), then answers with what it returned."""
+    last = messages[-1]
+    if isinstance(last, ModelRequest) and not _prompts([last]):
+        returned = [str(getattr(p, "content", "")) for p in last.parts]
+        return ModelResponse(parts=[TextPart("carrier says: " + " ".join(returned))])
+    token = _prompts(messages)[-1].split()[0]
+    return ModelResponse(parts=[ToolCallPart("ship", {"token": token}, tool_call_id="ship-1")])
+
+
+shipper = Agent(FunctionModel(carrier), name="pai-shipper")
+
+
+@shipper.tool_plain
+def ship(token: str) -> str:
+    """Hand the parcel to the carrier, who answers later."""
+    count("ship", token)
+    raise CallDeferred(metadata={"token": token})

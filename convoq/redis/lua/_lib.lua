@@ -708,8 +708,9 @@ end
 -- reported it was cut off from Redis, worker_cut_off, or that its worker handed back on
 -- shutdown, worker_stopped; a failed turn retried, retried; a parked turn whose approvals
 -- were all decided, approval_decided, or whose approval expired, approval_expired; a turn
--- waiting for child turns whose children all ended, children_done, or whose wait expired,
--- wait_expired) and the attempt it is.
+-- waiting for child turns whose children all ended, children_done, or for results or
+-- signals that all arrived, wait_done, or whose wait expired, wait_expired) and the
+-- attempt it is.
 local function resumed_data(rec, attempts)
   local why
   if rec.status == 'running' then
@@ -722,6 +723,10 @@ local function resumed_data(rec, attempts)
     end
   elseif rec.status == 'queued' then
     why = 'retried'
+  elseif rec.status == 'waiting' and rec.waits
+      and (string.find(rec.waits, '"on":"result"', 1, true)
+        or string.find(rec.waits, '"on":"signal"', 1, true)) then
+    why = rec.resume == '1' and 'wait_done' or 'wait_expired'
   elseif rec.status == 'waiting' then
     why = rec.resume == '1' and 'children_done' or 'wait_expired'
   else
