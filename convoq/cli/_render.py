@@ -200,6 +200,14 @@ _EVENT_LINES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "handoff": ("magenta", lambda d: f"{d.get('from')} -> {d.get('to')}"),
     "guardrail_tripped": ("red", lambda d: f"{d.get('kind')} {d.get('guardrail')}:"
                           f" {d.get('reason')}"),
+    # Waits for the world (convoq.waits): what a call waits for, and what ended the wait.
+    "deferred": ("magenta", lambda d: f"{d.get('call_id')} {d.get('name')} waits for "
+                 + (f"signal {d.get('signal')}" if d.get("on") == "signal" else "a result")),
+    "result_supplied": ("magenta", lambda d: f"{d.get('call_id')}"
+                        + (" (error)" if d.get("is_error") else "")
+                        + (f" by {d.get('by')}" if d.get("by") else "")),
+    "signal_delivered": ("magenta", lambda d: f"{d.get('call_id')}: signal {d.get('signal')}"
+                         + (f" from {d.get('by')}" if d.get("by") else "")),
     # Double texting.
     "stop_requested": ("yellow", lambda d: " ".join(f"{k}={v}" for k, v in d.items())),
     "merged": ("yellow", lambda d: " ".join(f"{k}={v}" for k, v in d.items())),

@@ -30,6 +30,16 @@ SAMPLES = {
     "handoff": {"call_id": "h1", "from": "triage", "to": "billing"},
     "stop_requested": {"mode": "interrupt", "by": "t2"},
     "merged": {"turn_id": "t3"},
+    "deferred": {
+        "call_id": "d1",
+        "name": "pay",
+        "on": "signal",
+        "signal": "paid",
+        "timeout_s": 60,
+        "metadata": {},
+    },
+    "result_supplied": {"call_id": "d2", "approved": True, "by": "billing", "result": "{}"},
+    "signal_delivered": {"call_id": "d1", "signal": "paid", "id": "s1", "by": "stripe"},
     "done": {"status": "succeeded"},
 }
 # Its text is shown by the text deltas before it and the result after it.
@@ -79,3 +89,14 @@ def test_double_texting_events_say_what_was_asked(capsys: pytest.CaptureFixture[
     _render.print_event(TurnEvent(type="merged", data=SAMPLES["merged"]))
     out = capsys.readouterr().out
     assert "stop_requested mode=interrupt by=t2" in out and "merged turn_id=t3" in out
+
+
+def test_waits_for_the_world_say_what_a_call_waits_for_and_what_ended_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for kind in ("deferred", "result_supplied", "signal_delivered"):
+        _render.print_event(TurnEvent(type=kind, data=SAMPLES[kind]))  # type: ignore[arg-type]
+    printed = capsys.readouterr().out
+    assert "deferred d1 pay waits for signal paid" in printed
+    assert "result_supplied d2 by billing" in printed
+    assert "signal_delivered d1: signal paid from stripe" in printed
