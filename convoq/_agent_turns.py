@@ -24,7 +24,7 @@ from convoq._agent_continuations import (
 from convoq._agent_options import Asked, ConversationOwner, Limits, call_window, loop_of
 from convoq.agent_response import Continuation, Response
 from convoq.compaction import CompactionPolicy, compact_idle
-from convoq.context import TurnScope
+from convoq.context import Scheduler, TurnScope, use_scheduler
 from convoq.engine import Completed, EventSink, Outcome
 from convoq.errors import ConversationMemoryError, ConvoqError
 from convoq.memory.base import ConversationMemory
@@ -110,7 +110,8 @@ class AgentTurns:
             deps = await agent.provided_deps()
             scope = TurnScope(cont.conversation_id, cont.token, agent.name, deps, cont.metadata)
             loop = loop_of(agent, history, scope, cont.model_settings, shape, emit)
-            outcome: Outcome = await loop.run(cont.state)
+            with use_scheduler(self._scheduler_of(cont)):
+                outcome: Outcome = await loop.run(cont.state)
         except BaseException:
             await self._release(cont)
             raise
@@ -179,6 +180,13 @@ class AgentTurns:
             await compact_idle(stored[0], stored[1], policy)
         except Exception as exc:
             log.warning("compaction of %s failed (%s); the turn is stored", stored[1], exc)
+
+    def _scheduler_of(self, cont: Continuation) -> Scheduler | None:
+        """How ``ctx.schedule`` stores a follow-up: through a memory with durable timers
+        (Redis), else it cannot (and says so)."""
+        stored = self._memory_of(cont)
+        make = getattr(stored[0], "timer_scheduler", None) if stored is not None else None
+        return make() if callable(make) else None
 
     def _memory_of(self, cont: Continuation) -> tuple[ConversationMemory, str] | None:
         """The memory and conversation a turn reads and writes, or None when it uses none."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ from convoq.errors import (
     IdempotencyKeyReusedError,
     InvalidCallbackUrlError,
     InvalidMessageError,
+    InvalidScheduleError,
     UnknownAgentError,
 )
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
@@ -27,6 +29,7 @@ from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, coerce_settings, settings_to_data
 from convoq.output import OutputType, output_shape, spec_from_data
+from convoq.redis._scheduling import Due, check_due
 from convoq.window import check_budget
 
 if TYPE_CHECKING:
@@ -49,6 +52,8 @@ class Submission:
     options: dict[str, Any]
     idempotency_key: str | None
     if_busy: IfBusy
+    # A scheduled turn: when it joins its conversation's line (None: at once).
+    due: Due | None = None
 
 
 def build_submission(
@@ -66,13 +71,15 @@ def build_submission(
     model_settings: SettingsLike | None = None,
     output_type: OutputType | None = None,
     metadata: dict[str, Any] | None = None,
+    not_before: datetime | None = None,
+    delay_s: float | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
 
     Raises:
         InvalidConversationIdError, InvalidMessageError, AttachmentError,
-        InvalidCallbackUrlError, UnknownAgentError or ConvoqError (naming the argument):
-        nothing is queued.
+        InvalidCallbackUrlError, UnknownAgentError, InvalidScheduleError or ConvoqError
+        (naming the argument): nothing is queued.
     """
     cid = check_conversation_id(conversation_id)
     if isinstance(message, GenerationRequest):
@@ -101,6 +108,17 @@ def build_submission(
     options.update(asked_options(model_settings, output_type))
     if meta := check_metadata(metadata):
         options["metadata"] = meta
+    due = check_due(not_before, delay_s)
+    if due is not None:
+        if if_busy != "queue":
+            raise InvalidScheduleError(
+                "if_busy applies when a turn is submitted; a scheduled turn (not_before /"
+                " delay_s) joins its conversation's line when it is due: leave if_busy"
+                " as 'queue'",
+                field="if_busy",
+            )
+        # Kept with the turn: an idempotency key sent again with another time is refused.
+        options["schedule"] = {"delay_s": delay_s} if due.at_ms is None else {"at_ms": due.at_ms}
     return Submission(
         conversation_id=cid,
         turn_id=new_turn_id(),
@@ -109,6 +127,7 @@ def build_submission(
         options=options,
         idempotency_key=check_idempotency_key(idempotency_key),
         if_busy=check_if_busy(if_busy),
+        due=due,
     )
 
 

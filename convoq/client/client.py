@@ -56,6 +56,7 @@ class Client:
     deny = blocking(AsyncClient.deny)
     discard = blocking(AsyncClient.discard)
     cancel = blocking(AsyncClient.cancel)
+    scheduled = blocking(AsyncClient.scheduled)
     retry = blocking_as(AsyncClient.retry, TurnHandle)
     history = blocking(AsyncClient.history)
     usage = blocking(AsyncClient.usage)

@@ -17,6 +17,7 @@ from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.window import AgentWindows
 
 TurnStatus = Literal[
+    "scheduled",
     "queued",
     "running",
     "awaiting_approval",
@@ -30,7 +31,8 @@ TurnStatus = Literal[
 _STATUSES: tuple[str, ...] = get_args(TurnStatus)
 # expired: the approval ran out; the turn is stored, its tool results saying so. blocked: a
 # guardrail tripped; nothing is stored, the error (GuardrailTripped) says which and why.
-# waiting (not final): parked until its child turns (sub-agent calls) end.
+# waiting (not final): parked until its child turns (sub-agent calls) end. scheduled (not
+# final): waiting for its due time, in no inbox yet (fire.lua queues it).
 FINAL_STATUSES: frozenset[str] = frozenset(
     {"succeeded", "failed", "cancelled", "expired", "blocked"}
 )
@@ -59,6 +61,9 @@ class TurnRecord:
     expired_ms: int | None = None
     # How often the turn failed and was queued again (retry).
     retries: int = 0
+    # A scheduled turn: when it is due, and when its timer fired (Redis time, ms).
+    due_ms: int | None = None
+    fired_ms: int | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -257,6 +262,8 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             decisions=_decisions(fields),
             expired_ms=_int(fields, "expired_ms"),
             retries=_int(fields, "retries") or 0,
+            due_ms=_int(fields, "due_ms"),
+            fired_ms=_int(fields, "fired_ms"),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(
