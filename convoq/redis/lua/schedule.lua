@@ -48,7 +48,8 @@ local due
 if ARGV[7] ~= '' then
   due = tonumber(ARGV[7])
 else
-  due = now + (tonumber(ARGV[8]) or -1)
+  local delay = tonumber(ARGV[8])
+  due = delay and delay >= 0 and now + delay or -1
 end
 if not due or due < 0 or due ~= math.floor(due) or due >= 2^53 then
   return {'BAD_DUE'}

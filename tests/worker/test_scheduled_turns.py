@@ -1,0 +1,154 @@
+"""Scheduled turns on real worker processes: a turn submitted with ``delay_s`` or
+``not_before`` waits as ``scheduled`` and runs once it is due (never before, by Redis's
+clock), behind the turns queued before it fired and ahead of those after; it is listed,
+cancelled, deduplicated by its idempotency key; a tool's ``ctx.schedule`` rerun after its
+worker was killed schedules once."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+
+from convoq import Client
+from convoq.errors import (
+    IdempotencyKeyReusedError,
+    InvalidScheduleError,
+    TurnCancelledError,
+)
+from tests.support.workers import WorkerPool, module_pool, wait_until
+
+pytestmark = pytest.mark.slow
+
+pool = module_pool(
+    2, agents="tests.support.schedule_agents", lease_ms=2000, sweep_interval_s=0.5,
+    timer_interval_s=0.2,
+)  # fmt: skip
+
+
+def _cid() -> str:
+    return f"sched-{uuid.uuid4().hex[:8]}"
+
+
+def _ran(r: redis.Redis, pool: WorkerPool, cid: str) -> list[tuple[str, int]]:
+    """The turns ``stamp`` ran in ``cid``: (message, Redis ms when it ran)."""
+    found = []
+    for raw in r.lrange(f"{pool.prefix}:test:ran:{cid}", 0, -1):
+        said, _, ms = raw.decode().rpartition("@")
+        found.append((said, int(ms)))
+    return found
+
+
+def test_a_delayed_turn_waits_as_scheduled_then_runs_once_due(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    handle = client.submit(cid, f"{cid}|later", agent="stamp", delay_s=1.5)
+    record = handle.record()
+    assert record.status == "scheduled" and record.due_ms is not None
+    assert [s.turn_id for s in client.scheduled(cid)] == [handle.turn_id]
+    assert handle.wait(30).text == f"ran {cid}|later"
+    done = handle.record()
+    assert done.fired_ms is not None and done.fired_ms >= record.due_ms
+    assert done.started_ms is not None and done.started_ms >= record.due_ms
+    [(_, ran_ms)] = _ran(r, pool, cid)
+    assert ran_ms >= record.due_ms
+    assert client.scheduled(cid) == []
+    statuses = [e.data.get("status") for e in handle.events() if e.type == "status"]
+    assert statuses[:3] == ["scheduled", "queued", "running"]
+
+
+def test_not_before_is_an_instant(client: Client, r: redis.Redis, pool: WorkerPool) -> None:
+    cid = _cid()
+    at = datetime.now(UTC) + timedelta(seconds=1)
+    handle = client.submit(cid, f"{cid}|at", agent="stamp", not_before=at)
+    assert handle.record().due_ms == int(at.timestamp() * 1000) + (at.microsecond % 1000 > 0)
+    assert handle.wait(30).status == "succeeded"
+
+
+def test_a_scheduled_turn_runs_after_turns_queued_before_it_fired_and_before_later_ones(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    scheduled = client.submit(cid, f"{cid}|scheduled", agent="stamp", delay_s=1.0)
+    before = client.submit(cid, f"{cid}|before", agent="stamp")
+    assert before.wait(30).status == "succeeded"
+    wait_until(lambda: scheduled.status() != "scheduled", 30, what="the timer to fire")
+    after = client.submit(cid, f"{cid}|after", agent="stamp")
+    assert after.wait(30).status == "succeeded" and scheduled.wait(30).status == "succeeded"
+    order = [said.split("|")[1] for said, _ in _ran(r, pool, cid)]
+    assert order == ["before", "scheduled", "after"]
+    stored = [m.text for m in client.history(cid) if m.role == "user"]
+    assert [s.split("|")[1] for s in stored] == ["before", "scheduled", "after"]
+
+
+def test_a_cancelled_scheduled_turn_never_runs(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    handle = client.submit(cid, f"{cid}|never", agent="stamp", delay_s=0.5)
+    assert client.cancel(handle) == "cancelled"
+    assert client.scheduled(cid) == []
+    with pytest.raises(TurnCancelledError):
+        handle.wait(10)
+    # A turn submitted well after the due time runs; the cancelled one never did.
+    later = client.submit(cid, f"{cid}|later", agent="stamp", delay_s=1.0)
+    assert later.wait(30).status == "succeeded"
+    assert [said for said, _ in _ran(r, pool, cid)] == [f"{cid}|later"]
+    assert handle.status() == "cancelled"
+
+
+def test_the_idempotency_key_of_a_scheduled_turn(client: Client) -> None:
+    cid = _cid()
+    first = client.submit(cid, "x", agent="stamp", delay_s=60, idempotency_key="k")
+    again = client.submit(cid, "x", agent="stamp", delay_s=60, idempotency_key="k")
+    assert again.turn_id == first.turn_id and again.repeated
+    with pytest.raises(IdempotencyKeyReusedError) as caught:
+        client.submit(cid, "x", agent="stamp", delay_s=30, idempotency_key="k")
+    assert caught.value.details["mismatch"] == ["schedule"]
+    assert [s.turn_id for s in client.scheduled(cid)] == [first.turn_id]
+    assert client.cancel(first) == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"delay_s": 1, "not_before": datetime.now(UTC)}, "not_before/delay_s"),
+        ({"not_before": datetime(2030, 1, 1)}, "not_before"),
+        ({"delay_s": -1}, "delay_s"),
+        ({"delay_s": float("nan")}, "delay_s"),
+        ({"delay_s": True}, "delay_s"),
+        ({"delay_s": 1, "if_busy": "reject"}, "if_busy"),
+    ],
+)
+def test_bad_schedules_are_refused_with_nothing_stored(
+    client: Client, kwargs: dict[str, object], field: str
+) -> None:
+    cid = _cid()
+    with pytest.raises(InvalidScheduleError) as caught:
+        client.submit(cid, "x", agent="stamp", **kwargs)  # type: ignore[arg-type]
+    assert caught.value.details["field"] == field
+    assert client.scheduled(cid) == []
+
+
+def test_ctx_schedule_rerun_after_its_worker_was_killed_schedules_once(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    handle = client.submit(cid, "remind me", agent="follow_up", metadata={"kill": True})
+    try:
+        result = handle.wait(60)
+    finally:
+        dead = [w for w in pool.workers if not w.alive()]
+        for worker in dead:
+            pool.workers.remove(worker)
+        pool.start(len(dead))
+    assert len(dead) == 1  # the first run killed its worker
+    scheduled = [t.decode() for t in r.lrange(f"{pool.prefix}:test:scheduled:{cid}", 0, -1)]
+    assert len(scheduled) == 2 and scheduled[0] == scheduled[1]  # rerun: the same turn
+    assert result.text == f"scheduled {scheduled[0]}"
+    reminder = client.handle(cid, scheduled[0])
+    assert reminder.wait(30).text == "ran reminder"
+    assert [said for said, _ in _ran(r, pool, "reminder")] == ["reminder"]
