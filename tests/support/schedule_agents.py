@@ -53,3 +53,11 @@ def follow_up_fn(request: ModelRequest) -> str | Message:
 
 stamp = Agent(ScriptedModel(stamp_fn), name="stamp")
 follow_up = Agent(ScriptedModel(follow_up_fn), name="follow_up", tools=[remind])
+
+
+def echo_fn(request: ModelRequest) -> str:
+    """Answers with its user message; no side effect (the chaos run kills Redis)."""
+    return f"ran {_user_text(request)}"
+
+
+echo = Agent(ScriptedModel(echo_fn), name="echo")
