@@ -12,6 +12,7 @@ networks callbacks may reach) is checked by the client behind it.
 from __future__ import annotations
 
 import base64
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
@@ -132,6 +133,17 @@ class TurnOptions(_Strict):
         default=None,
         description="A JSON object stored with the turn; its tools read it as ctx.metadata"
         " (16 KiB at most; in a multipart body, a field holding the object's JSON).",
+    )
+    not_before: datetime | None = Field(
+        default=None,
+        description="Schedule the turn: it joins its conversation's line at this instant"
+        " (RFC 3339 with a UTC offset), not now; its status is scheduled until then.",
+    )
+    delay_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=366 * 24 * 3600,
+        description="Schedule the turn this many seconds from now (give this or not_before).",
     )
 
 

@@ -138,6 +138,8 @@ async def submit_turn(
             callback_url=body.callback_url,
             if_busy=body.if_busy,
             metadata=body.metadata,  # a JSON field, or a multipart field's JSON
+            not_before=body.not_before,
+            delay_s=body.delay_s,
             # Settings and an output schema come in a JSON body only.
             **(body.asked() if isinstance(body, TurnRequest) else {}),
         )
@@ -148,7 +150,8 @@ async def submit_turn(
             **busy.details,
         ) from None
     # A repeat (same Idempotency-Key) reports the first turn as it stands now.
-    status = await handle.status() if handle.repeated else "queued"
+    scheduled = body.not_before is not None or body.delay_s is not None
+    status = await handle.status() if handle.repeated else "scheduled" if scheduled else "queued"
     links = _links(turns, handle.turn_id)
     response.headers["Location"] = links.self
     return TurnAccepted(
