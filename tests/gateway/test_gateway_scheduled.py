@@ -6,7 +6,7 @@ problem+json with nothing stored."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -56,7 +56,7 @@ def test_a_delayed_turn_is_listed_until_cancelled(gateway: GatewayProcess) -> No
 
 def test_not_before_runs_the_turn_once_due(gateway: GatewayProcess) -> None:
     cid = _cid()
-    at = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
+    at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
     with gateway.client("submitter") as http:
         submitted = http.post(
             turns_path(cid), json={"message": "soon", "agent": "echo", "not_before": at}
