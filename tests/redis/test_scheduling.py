@@ -193,7 +193,7 @@ async def test_the_index_is_repaired_from_the_timers(proto: TurnProtocol) -> Non
     now = await _now_ms(proto)
     await _schedule(proto, "c", "t", Due(at_ms=now - 1))
     await proto.redis.delete(proto.keys.timer_index())  # a client died between its writes
-    assert await proto.due_conversations() == ([], (await proto.due_conversations())[1])
+    assert (await proto.due_conversations())[0] == []
     assert await proto.repair_timer_index() == 1
     due, _ = await proto.due_conversations()
     assert due == ["c"]
@@ -229,3 +229,22 @@ async def test_racing_fires_queue_each_turn_once(proto: TurnProtocol, other: Tur
     results = await asyncio.gather(*(p.fire_due("c") for p in (proto, other, proto, other)))
     assert sum(r.queued for r in results) == 30
     assert await _inbox(proto, "c") == [f"t{i:02}" for i in range(30)]
+
+
+async def test_scheduled_turns_count_against_no_queue_limit(
+    redis_url: str, key_prefix: str
+) -> None:
+    from convoq.limits import QueueLimits
+
+    limits = QueueLimits(per_conversation=1, per_agent=1, total=1)
+    async with open_protocol(redis_url, key_prefix, queue_limits=limits) as proto:
+        now = await _now_ms(proto)
+        await submit_all(proto, "c", "queued")  # the one place the limits allow
+        await _schedule(proto, "c", "t1", Due(at_ms=now - 1))
+        await _schedule(proto, "other", "t2", Due(at_ms=now - 1))
+        counted = {"*": 1, "bot": 1}  # the submitted turn alone: both limits reached
+        assert await proto.queued_counts() == counted
+        assert (await proto.fire_due("c")).queued == 1  # joins the line over the limit
+        assert await _inbox(proto, "c") == ["queued", "t1"]
+        assert (await proto.fire_due("other")).position == 0
+        assert await proto.queued_counts() == counted

@@ -6,6 +6,7 @@ worker was killed schedules once."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -13,6 +14,7 @@ import pytest
 import redis
 
 from convoq import Client
+from convoq.client import TurnResult
 from convoq.errors import (
     IdempotencyKeyReusedError,
     InvalidScheduleError,
@@ -58,6 +60,19 @@ def test_a_delayed_turn_waits_as_scheduled_then_runs_once_due(
     assert client.scheduled(cid) == []
     statuses = [e.data.get("status") for e in handle.events() if e.type == "status"]
     assert statuses[:3] == ["scheduled", "queued", "running"]
+
+
+def test_on_done_is_called_once_the_scheduled_turn_ran(client: Client) -> None:
+    cid = _cid()
+    done = threading.Event()
+    seen: list[str] = []
+
+    def on_done(result: TurnResult) -> None:
+        seen.append(result.status)
+        done.set()
+
+    client.submit(cid, f"{cid}|callback", agent="stamp", delay_s=0.5, on_done=on_done)
+    assert done.wait(30) and seen == ["succeeded"]
 
 
 def test_not_before_is_an_instant(client: Client, r: redis.Redis, pool: WorkerPool) -> None:
@@ -120,6 +135,7 @@ def test_the_idempotency_key_of_a_scheduled_turn(client: Client) -> None:
         ({"delay_s": -1}, "delay_s"),
         ({"delay_s": float("nan")}, "delay_s"),
         ({"delay_s": True}, "delay_s"),
+        ({"delay_s": 366 * 86_400 + 1}, "delay_s"),
         ({"delay_s": 1, "if_busy": "reject"}, "if_busy"),
     ],
 )
