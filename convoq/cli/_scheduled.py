@@ -26,7 +26,10 @@ DelayOption = Annotated[
 ]
 AtOption = Annotated[
     str | None,
-    typer.Option(help="Schedule the turn at this instant: ISO 8601 with a UTC offset."),
+    typer.Option(
+        help="Schedule the turn at this instant: ISO 8601 with a UTC offset (with --delay:"
+        " the later of the two)."
+    ),
 ]
 
 
@@ -71,16 +74,15 @@ def parse_at(raw: str) -> datetime:
 
 
 def schedule_asks(delay: str | None, at: str | None) -> dict[str, Any]:
-    """The ``submit`` keywords of ``--delay`` / ``--at`` (none when neither is given)."""
-    if delay is not None and at is not None:
-        raise InvalidScheduleError("give --delay or --at, not both", field="not_before/delay_s")
+    """The ``submit`` keywords of ``--delay`` / ``--at`` (none when neither is given;
+    both: the turn is due at the later of the two)."""
+    asks: dict[str, Any] = {}
     if delay is not None:
-        seconds = parse_delay(delay)
-        check_due(None, seconds)  # out of range: a usage error, before anything connects
-        return {"delay_s": seconds}
+        asks["delay_s"] = parse_delay(delay)
     if at is not None:
-        return {"not_before": parse_at(at)}
-    return {}
+        asks["not_before"] = parse_at(at)
+    check_due(asks.get("not_before"), asks.get("delay_s"))  # a usage error, before connecting
+    return asks
 
 
 def _when(ms: int) -> str:

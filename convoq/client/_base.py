@@ -118,7 +118,8 @@ def build_submission(
                 field="if_busy",
             )
         # Kept with the turn: an idempotency key sent again with another time is refused.
-        options["schedule"] = {"delay_s": delay_s} if due.at_ms is None else {"at_ms": due.at_ms}
+        asked = {"at_ms": due.at_ms, "delay_s": delay_s}
+        options["schedule"] = {k: v for k, v in asked.items() if v is not None}
     return Submission(
         conversation_id=cid,
         turn_id=new_turn_id(),

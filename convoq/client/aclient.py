@@ -245,7 +245,7 @@ class AsyncClient:
                 cancelled by :meth:`cancel`. Workers queue it at most
                 ``CONVOQ_TIMER_INTERVAL_S`` late, never early (by Redis's clock).
             delay_s: schedule the turn this many seconds from now (Redis's clock), as
-                ``not_before``; give one of the two.
+                ``not_before``; with both, it is due at the later of the two.
 
         Raises:
             InvalidConversationIdError: a bad conversation id; nothing was queued.
@@ -257,8 +257,8 @@ class AsyncClient:
             InvalidModelSettingsError: a model setting is invalid; nothing was queued.
             InvalidOutputTypeError: ``output_type`` is not a usable object schema;
                 nothing was queued.
-            InvalidScheduleError: ``not_before`` or ``delay_s`` is invalid (both given,
-                a naive datetime, a delay out of range, ``if_busy="reject"``).
+            InvalidScheduleError: ``not_before`` or ``delay_s`` is invalid (a naive
+                datetime, a delay out of range, ``if_busy="reject"``); nothing was queued.
             ConversationBusyError: ``if_busy="reject"`` and a turn is in progress.
             QueueFullError: a limit on queued turns (``CONVOQ_MAX_QUEUED_*``); nothing
                 was queued.

@@ -12,11 +12,17 @@ networks callbacks may reach) is checked by the client behind it.
 from __future__ import annotations
 
 import base64
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    field_validator,
+)
 from pydantic_core import CoreSchema
 
 from convoq.messages import FilePart, ImagePart, Message, TextPart
@@ -106,9 +112,24 @@ class UserMessageIn(_Strict):
         return Message(content=parts)
 
 
+# A scheduled turn (not_before or delay_s given) lines up when it is due: it takes
+# if_busy "queue" only (the client refuses "reject" with InvalidScheduleError).
+SCHEDULED_QUEUES: dict[str, Any] = {
+    "if": {
+        "anyOf": [
+            {"required": ["not_before"], "properties": {"not_before": {"type": "string"}}},
+            {"required": ["delay_s"], "properties": {"delay_s": {"type": "number"}}},
+        ]
+    },
+    "then": {"properties": {"if_busy": {"const": "queue"}}},
+}
+
+
 class TurnOptions(_Strict):
     """How a turn runs: the fields of a submit besides its message (multipart sends
     these as form fields)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=SCHEDULED_QUEUES)
 
     agent: str = Field(min_length=1, max_length=256, description="The agent profile.")
     keep_last_turns: int | None = Field(
@@ -134,7 +155,7 @@ class TurnOptions(_Strict):
         description="A JSON object stored with the turn; its tools read it as ctx.metadata"
         " (16 KiB at most; in a multipart body, a field holding the object's JSON).",
     )
-    not_before: datetime | None = Field(
+    not_before: AwareDatetime | None = Field(
         default=None,
         description="Schedule the turn: it joins its conversation's line at this instant"
         " (RFC 3339 with a UTC offset), not now; its status is scheduled until then.",
@@ -143,7 +164,8 @@ class TurnOptions(_Strict):
         default=None,
         ge=0,
         le=366 * 24 * 3600,
-        description="Schedule the turn this many seconds from now (give this or not_before).",
+        description="Schedule the turn this many seconds from now (with not_before: the"
+        " later of the two). A scheduled turn takes if_busy queue only.",
     )
 
 

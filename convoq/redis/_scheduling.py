@@ -55,8 +55,9 @@ MAX_DELAY_S = 366 * 24 * 3600
 
 @dataclass(frozen=True)
 class Due:
-    """When a scheduled turn is due: at ``at_ms`` (ms since the epoch), or ``delay_ms``
-    after the Redis server's clock at the moment it is scheduled."""
+    """When a scheduled turn is due: not before ``at_ms`` (ms since the epoch) and at
+    least ``delay_ms`` after the Redis server's clock at the moment it is scheduled (the
+    later of the two; either may be None, not both)."""
 
     at_ms: int | None = None
     delay_ms: int | None = None
@@ -98,32 +99,37 @@ class ScheduledTurn:
 
 
 def check_due(not_before: object, delay_s: object) -> Due | None:
-    """When a scheduled turn is due: ``not_before`` (a timezone-aware datetime) or
-    ``delay_s`` (seconds from Redis's clock when it is stored, 0 to MAX_DELAY_S), not
-    both; None for neither (the turn is queued at once).
+    """When a scheduled turn is due: not before ``not_before`` (a timezone-aware
+    datetime) and at least ``delay_s`` seconds (0 to MAX_DELAY_S) after Redis's clock
+    when it is stored; both given, the later of the two. None for neither (the turn is
+    queued at once).
 
     Raises:
-        InvalidScheduleError: both given, a naive datetime, a delay that is no finite
-            number in range (nothing is queued).
+        InvalidScheduleError: a naive datetime or one before 1970, a delay that is no
+            finite number in range (nothing is queued).
     """
     if not_before is None and delay_s is None:
         return None
-    if not_before is not None and delay_s is not None:
+    at_ms = None if not_before is None else _instant_ms(not_before)
+    delay_ms = None if delay_s is None else _delay_ms(delay_s)
+    return Due(at_ms=at_ms, delay_ms=delay_ms)
+
+
+def _delay_ms(delay_s: object) -> int:
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
         raise InvalidScheduleError(
-            "give not_before or delay_s, not both", field="not_before/delay_s"
+            f"delay_s must be a number of seconds, not {type(delay_s).__name__}",
+            field="delay_s",
         )
-    if delay_s is not None:
-        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
-            raise InvalidScheduleError(
-                f"delay_s must be a number of seconds, not {type(delay_s).__name__}",
-                field="delay_s",
-            )
-        if not math.isfinite(delay_s) or not 0 <= delay_s <= MAX_DELAY_S:
-            raise InvalidScheduleError(
-                f"delay_s must be between 0 and {MAX_DELAY_S} seconds, not {delay_s!r}",
-                field="delay_s",
-            )
-        return Due(delay_ms=math.ceil(delay_s * 1000))
+    if not math.isfinite(delay_s) or not 0 <= delay_s <= MAX_DELAY_S:
+        raise InvalidScheduleError(
+            f"delay_s must be between 0 and {MAX_DELAY_S} seconds, not {delay_s!r}",
+            field="delay_s",
+        )
+    return math.ceil(delay_s * 1000)
+
+
+def _instant_ms(not_before: object) -> int:
     if not isinstance(not_before, datetime):
         raise InvalidScheduleError(
             f"not_before must be a datetime, not {type(not_before).__name__}",
@@ -140,7 +146,7 @@ def check_due(not_before: object, delay_s: object) -> Due | None:
         raise InvalidScheduleError(
             f"not_before {not_before.isoformat()} is before 1970", field="not_before"
         )
-    return Due(at_ms=at_ms)
+    return at_ms
 
 
 class _Schedules(Protocol):
@@ -229,7 +235,10 @@ class SchedulingMixin(ProtocolBase):
         meta = options.get("metadata")
         args: list[Any] = [turn_id, agent, raw, self.json_arg(options, "options")]
         args += [self.turn_ttl_ms, self.events_maxlen]
-        args += ["" if due.at_ms is None else due.at_ms, due.delay_ms or 0]
+        args += [
+            "" if due.at_ms is None else due.at_ms,
+            "" if due.delay_ms is None else due.delay_ms,
+        ]
         args.append(json.dumps(meta, separators=(",", ":")) if meta else "")
         status, items, refusal = _schedule_reply(await self.run_acked("schedule", cid, keys, args))
         if status == "BAD_DUE":

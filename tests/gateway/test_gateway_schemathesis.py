@@ -95,7 +95,7 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         run = subprocess.run(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
-    assert "Operations:       22 selected / 22 total" in output, output[-8000:]
+    assert "Operations:       23 selected / 23 total" in output, output[-8000:]
     # The stateful phase ran and followed the document's links (and those schemathesis
     # infers). Two need a turn its random submits may not have made: a decision needs one
     # parked (agent approver) and a retry one failed (agent failer); those two links are

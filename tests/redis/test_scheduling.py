@@ -189,6 +189,15 @@ async def test_a_timers_key_of_another_type_is_refused_with_nothing_written(
     assert await proto.redis.exists(proto.keys.events("c", "t")) == 0
 
 
+async def test_with_a_time_and_a_delay_the_later_wins(proto: TurnProtocol) -> None:
+    now = await _now_ms(proto)
+    await _schedule(proto, "c", "delay-later", Due(at_ms=now + 1000, delay_ms=60_000))
+    await _schedule(proto, "c", "time-later", Due(at_ms=now + 600_000, delay_ms=1000))
+    first = (await proto.get_turn("c", "delay-later")).due_ms
+    assert first is not None and now + 60_000 <= first <= now + 62_000
+    assert (await proto.get_turn("c", "time-later")).due_ms == now + 600_000
+
+
 async def test_the_index_is_repaired_from_the_timers(proto: TurnProtocol) -> None:
     now = await _now_ms(proto)
     await _schedule(proto, "c", "t", Due(at_ms=now - 1))

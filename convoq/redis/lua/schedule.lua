@@ -9,8 +9,9 @@
 -- ARGV[4] = options JSON
 -- ARGV[5] = turn ttl ms (idempotency key expiry)
 -- ARGV[6] = events stream MAXLEN (approximate)
--- ARGV[7] = due time, ms since the epoch ('' when ARGV[8] gives a delay instead)
--- ARGV[8] = delay ms from the server clock (used when ARGV[7] is '')
+-- ARGV[7] = not before this time, ms since the epoch ('' for none)
+-- ARGV[8] = at least this delay, ms from the server clock ('' for none); with both, the
+--           turn is due at the later of the two
 -- ARGV[9] = metadata JSON of the "scheduled" event ('' for none)
 -- Schedules a turn: its record (status scheduled, due_ms) and its timer, together. It
 -- joins no inbox here: fire.lua queues it when it is due. A known idempotency key, or a
@@ -44,12 +45,19 @@ if bad then
   return {'CORRUPT', bad}
 end
 local now = now_ms()
-local due
+local due = -1
 if ARGV[7] ~= '' then
-  due = tonumber(ARGV[7])
-else
+  due = tonumber(ARGV[7]) or -1
+end
+if ARGV[8] ~= '' then
   local delay = tonumber(ARGV[8])
-  due = delay and delay >= 0 and now + delay or -1
+  if not delay or delay < 0 or (ARGV[7] ~= '' and due < 0) then
+    due = -1
+  else
+    due = math.max(due, now + delay)
+  end
+elseif ARGV[7] == '' then
+  due = -1
 end
 if not due or due < 0 or due ~= math.floor(due) or due >= 2^53 then
   return {'BAD_DUE'}
