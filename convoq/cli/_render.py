@@ -28,6 +28,7 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STATUS_STYLE = {
+    "scheduled": "blue",
     "queued": "yellow",
     "running": "cyan",
     "awaiting_approval": "magenta",
@@ -155,7 +156,7 @@ def describe_usage(usage: Usage) -> str:
 
 def print_result(result: TurnResult) -> None:
     """A turn's status and its answer, error or pending approvals."""
-    style = STATUS_STYLE.get(result.status, "")
+    style = STATUS_STYLE.get(result.status, "default")  # "[]...[/]" is no markup
     console.print(f"status: [{style}]{result.status}[/{style}]")
     if result.text:
         console.print(escape(result.text))
@@ -182,7 +183,7 @@ def print_event(event: TurnEvent) -> None:
         return
     if event.type == "status":
         status = str(data.get("status"))
-        style = STATUS_STYLE.get(status, "")
+        style = STATUS_STYLE.get(status, "default")
         console.print(f"\n[{style}]● {status}[/{style}]")
     elif event.type in ("tool_call", "approval_required"):
         shown = escape(f"{data.get('id')} {data.get('name')}({data.get('arguments')})")

@@ -105,8 +105,8 @@ def check_due(not_before: object, delay_s: object) -> Due | None:
     queued at once).
 
     Raises:
-        InvalidScheduleError: a naive datetime or one before 1970, a delay that is no
-            finite number in range (nothing is queued).
+        InvalidScheduleError: a naive datetime, a delay that is no finite number in
+            range (nothing is queued).
     """
     if not_before is None and delay_s is None:
         return None
@@ -141,12 +141,8 @@ def _instant_ms(not_before: object) -> int:
             " (datetime.now(timezone.utc) + timedelta(...)), so its instant is unambiguous",
             field="not_before",
         )
-    at_ms = math.ceil(not_before.timestamp() * 1000)
-    if at_ms < 0:
-        raise InvalidScheduleError(
-            f"not_before {not_before.isoformat()} is before 1970", field="not_before"
-        )
-    return at_ms
+    # A time already past (even before 1970) is due at once.
+    return max(0, math.ceil(not_before.timestamp() * 1000))
 
 
 class _Schedules(Protocol):

@@ -12,7 +12,7 @@ import pytest
 
 from convoq.cli._scheduled import parse_at, parse_delay
 from convoq.errors import InvalidScheduleError
-from tests.support.workers import module_pool
+from tests.support.workers import module_pool, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,9 @@ def test_at_runs_the_turn_once_due(run: Callable[..., str]) -> None:
     cid = _cid()
     at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
     out = run("submit", cid, "soon", "--agent", "echo", "--at", at, "--wait", "--timeout", "30")
-    assert "ran soon" in out
+    tid = out.splitlines()[0]
+    assert "scheduled" in out  # --wait answers at once: it rests until its time
+    wait_until(lambda: "ran soon" in run("status", cid, tid), 30, interval=0.2)
 
 
 @pytest.mark.parametrize(

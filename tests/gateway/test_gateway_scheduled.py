@@ -5,6 +5,7 @@ problem+json with nothing stored."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -105,3 +106,20 @@ def test_a_key_reads_only_its_own_prefix(gateway: GatewayProcess) -> None:
     with gateway.client("tenant") as http:
         assert http.get(f"/v1/conversations/{_cid('tenant-a:x')}/scheduled").status_code == 200
         assert http.get(f"/v1/conversations/{_cid('tenant-b:x')}/scheduled").status_code == 403
+
+
+def test_a_scheduled_turn_is_settled_for_long_polls_and_streams(gateway: GatewayProcess) -> None:
+    cid = _cid()
+    with gateway.client("submitter") as http:
+        submitted = http.post(
+            turns_path(cid), json={"message": "later", "agent": "echo", "delay_s": 600}
+        )
+        tid = submitted.json()["turn_id"]
+        started = time.monotonic()
+        view = http.get(f"{turns_path(cid)}/{tid}", params={"wait": 30, "until": "settled"})
+        assert view.json()["status"] == "scheduled"
+        stream = http.get(f"{turns_path(cid)}/{tid}/events", params={"until": "settled"})
+        assert time.monotonic() - started < 20  # both answered at once, not after their wait
+        events = [line for line in stream.text.splitlines() if line.startswith("data: ")]
+        assert events and '"status":"scheduled"' in events[-1]
+        assert http.post(f"{turns_path(cid)}/{tid}/cancel").status_code == 200

@@ -49,7 +49,7 @@ def test_scheduled_turns_fire_once_in_order_and_never_early_through_kills(
             _chaos(pool, server, kills, started)
             handles = [h for mine in planned.values() for h, _ in mine]
             for handle in handles:
-                handle.wait(120)
+                handle.wait(120, until="final")
             _check(client, planned, len(kills), scheduled_s, time.monotonic() - started)
     finally:
         server.stop()

@@ -51,7 +51,8 @@ def test_a_delayed_turn_waits_as_scheduled_then_runs_once_due(
     record = handle.record()
     assert record.status == "scheduled" and record.due_ms is not None
     assert [s.turn_id for s in client.scheduled(cid)] == [handle.turn_id]
-    assert handle.wait(30).text == f"ran {cid}|later"
+    assert handle.wait(5).status == "scheduled"  # settled: it rests until its time
+    assert handle.wait(30, until="final").text == f"ran {cid}|later"
     done = handle.record()
     assert done.fired_ms is not None and done.fired_ms >= record.due_ms
     assert done.started_ms is not None and done.started_ms >= record.due_ms
@@ -86,12 +87,18 @@ def test_with_both_the_later_time_wins(client: Client) -> None:
         assert client.cancel(client.handle(r.conversation_id, r.turn_id)) == "cancelled"
 
 
+def test_a_time_already_past_is_due_at_once(client: Client) -> None:
+    handle = client.submit(_cid(), "x", agent="stamp", not_before=datetime(1900, 1, 1, tzinfo=UTC))
+    assert handle.record().due_ms == 0
+    assert handle.wait(30, until="final").status == "succeeded"
+
+
 def test_not_before_is_an_instant(client: Client, r: redis.Redis, pool: WorkerPool) -> None:
     cid = _cid()
     at = datetime.now(UTC) + timedelta(seconds=1)
     handle = client.submit(cid, f"{cid}|at", agent="stamp", not_before=at)
     assert handle.record().due_ms == int(at.timestamp() * 1000) + (at.microsecond % 1000 > 0)
-    assert handle.wait(30).status == "succeeded"
+    assert handle.wait(30, until="final").status == "succeeded"
 
 
 def test_a_scheduled_turn_runs_after_turns_queued_before_it_fired_and_before_later_ones(
@@ -103,7 +110,8 @@ def test_a_scheduled_turn_runs_after_turns_queued_before_it_fired_and_before_lat
     assert before.wait(30).status == "succeeded"
     wait_until(lambda: scheduled.status() != "scheduled", 30, what="the timer to fire")
     after = client.submit(cid, f"{cid}|after", agent="stamp")
-    assert after.wait(30).status == "succeeded" and scheduled.wait(30).status == "succeeded"
+    assert after.wait(30).status == "succeeded"
+    assert scheduled.wait(30, until="final").status == "succeeded"
     order = [said.split("|")[1] for said, _ in _ran(r, pool, cid)]
     assert order == ["before", "scheduled", "after"]
     stored = [m.text for m in client.history(cid) if m.role == "user"]
@@ -118,10 +126,10 @@ def test_a_cancelled_scheduled_turn_never_runs(
     assert client.cancel(handle) == "cancelled"
     assert client.scheduled(cid) == []
     with pytest.raises(TurnCancelledError):
-        handle.wait(10)
+        handle.wait(10, until="final")
     # A turn submitted well after the due time runs; the cancelled one never did.
     later = client.submit(cid, f"{cid}|later", agent="stamp", delay_s=1.0)
-    assert later.wait(30).status == "succeeded"
+    assert later.wait(30, until="final").status == "succeeded"
     assert [said for said, _ in _ran(r, pool, cid)] == [f"{cid}|later"]
     assert handle.status() == "cancelled"
 
@@ -176,5 +184,5 @@ def test_ctx_schedule_rerun_after_its_worker_was_killed_schedules_once(
     assert len(scheduled) == 2 and scheduled[0] == scheduled[1]  # rerun: the same turn
     assert result.text == f"scheduled {scheduled[0]}"
     reminder = client.handle(cid, scheduled[0])
-    assert reminder.wait(30).text == "ran reminder"
+    assert reminder.wait(30, until="final").text == "ran reminder"
     assert [said for said, _ in _ran(r, pool, "reminder")] == ["reminder"]
