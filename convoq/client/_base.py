@@ -21,7 +21,6 @@ from convoq.errors import (
     IdempotencyKeyReusedError,
     InvalidCallbackUrlError,
     InvalidMessageError,
-    InvalidScheduleError,
     UnknownAgentError,
 )
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
@@ -110,13 +109,6 @@ def build_submission(
         options["metadata"] = meta
     due = check_due(not_before, delay_s)
     if due is not None:
-        if if_busy != "queue":
-            raise InvalidScheduleError(
-                "if_busy applies when a turn is submitted; a scheduled turn (not_before /"
-                " delay_s) joins its conversation's line when it is due: leave if_busy"
-                " as 'queue'",
-                field="if_busy",
-            )
         # Kept with the turn: an idempotency key sent again with another time is refused.
         asked = {"at_ms": due.at_ms, "delay_s": delay_s}
         options["schedule"] = {k: v for k, v in asked.items() if v is not None}

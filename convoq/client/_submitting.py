@@ -183,6 +183,7 @@ class Submitting:
                 options=sub.options,
                 due=due,
                 idempotency_key=sub.idempotency_key,
+                if_busy=sub.if_busy,
             ),
             f"schedule of {sub.conversation_id}/{sub.turn_id}",
         )

@@ -258,8 +258,9 @@ class AsyncClient:
             InvalidOutputTypeError: ``output_type`` is not a usable object schema;
                 nothing was queued.
             InvalidScheduleError: ``not_before`` or ``delay_s`` is invalid (a naive
-                datetime, a delay out of range, ``if_busy="reject"``); nothing was queued.
-            ConversationBusyError: ``if_busy="reject"`` and a turn is in progress.
+                datetime, a delay out of range); nothing was queued.
+            ConversationBusyError: ``if_busy="reject"`` and a turn is in progress (for
+                a scheduled turn: now, when it is submitted).
             QueueFullError: a limit on queued turns (``CONVOQ_MAX_QUEUED_*``); nothing
                 was queued.
             RedisUnavailableError: Redis cannot be reached or did not answer (named); so

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from convoq.context import MAX_METADATA_BYTES
 from convoq.gateway.auth import Access
-from convoq.gateway.inputs import SCHEDULED_QUEUES, TurnOptions, TurnRequest, not_null
+from convoq.gateway.inputs import TurnOptions, TurnRequest, not_null
 from convoq.gateway.problems import JSON_TYPES, GatewayError, media_type
 from convoq.messages import FilePart, ImagePart, Message, TextPart
 
@@ -188,5 +188,4 @@ def multipart_schema() -> dict[str, Any]:
         "required": ["agent", "text"],
         "properties": properties,
         "additionalProperties": False,
-        **SCHEDULED_QUEUES,
     }

@@ -112,24 +112,9 @@ class UserMessageIn(_Strict):
         return Message(content=parts)
 
 
-# A scheduled turn (not_before or delay_s given) lines up when it is due: it takes
-# if_busy "queue" only (the client refuses "reject" with InvalidScheduleError).
-SCHEDULED_QUEUES: dict[str, Any] = {
-    "if": {
-        "anyOf": [
-            {"required": ["not_before"], "properties": {"not_before": {"type": "string"}}},
-            {"required": ["delay_s"], "properties": {"delay_s": {"type": "number"}}},
-        ]
-    },
-    "then": {"properties": {"if_busy": {"const": "queue"}}},
-}
-
-
 class TurnOptions(_Strict):
     """How a turn runs: the fields of a submit besides its message (multipart sends
     these as form fields)."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra=SCHEDULED_QUEUES)
 
     agent: str = Field(min_length=1, max_length=256, description="The agent profile.")
     keep_last_turns: int | None = Field(
@@ -165,7 +150,7 @@ class TurnOptions(_Strict):
         ge=0,
         le=366 * 24 * 3600,
         description="Schedule the turn this many seconds from now (with not_before: the"
-        " later of the two). A scheduled turn takes if_busy queue only.",
+        " later of the two). if_busy reject refuses it while the conversation is busy now.",
     )
 
 

@@ -33,7 +33,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from convoq.context import Scheduler, ScheduleRequest, check_metadata
 from convoq.errors import ConvoqError, InvalidScheduleError
@@ -212,16 +212,20 @@ class SchedulingMixin(ProtocolBase):
         options: dict[str, Any],
         due: Due,
         idempotency_key: str | None = None,
+        if_busy: Literal["queue", "reject"] = "queue",
     ) -> ScheduleResult:
         """Store a scheduled turn and its timer, then index its conversation (see the
         module docstring). A known idempotency key or turn id stores nothing and answers
         with the first turn (its index entry is written again: a resend repairs it).
+        ``if_busy="reject"``: refused while the conversation is busy now (turns queued or
+        its lease held), as a submit is.
 
         Raises:
             InvalidScheduleError: ``due`` names no time in range (nothing stored).
+            ConversationBusyError: ``if_busy="reject"`` and the conversation is busy.
         """
         keys = [self.keys.meta(cid), self.keys.timers(cid), self.keys.turn(cid, turn_id)]
-        keys.append(self.keys.events(cid, turn_id))
+        keys += [self.keys.events(cid, turn_id), self.keys.inbox(cid), self.keys.lease(cid)]
         if idempotency_key is not None:
             keys.append(self.keys.idem(cid, idempotency_key))
         check_user_message(message)
@@ -236,6 +240,7 @@ class SchedulingMixin(ProtocolBase):
             "" if due.delay_ms is None else due.delay_ms,
         ]
         args.append(json.dumps(meta, separators=(",", ":")) if meta else "")
+        args.append(if_busy)
         status, items, refusal = _schedule_reply(await self.run_acked("schedule", cid, keys, args))
         if status == "BAD_DUE":
             raise InvalidScheduleError(

@@ -120,6 +120,7 @@ class ScheduleStore(Protocol):
         options: dict[str, Any],
         due: Due,
         idempotency_key: str | None = None,
+        if_busy: Literal["queue", "reject"] = "queue",
     ) -> ScheduleResult: ...
 
 

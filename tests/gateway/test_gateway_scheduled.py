@@ -84,7 +84,6 @@ def test_a_multipart_submit_takes_delay_s(gateway: GatewayProcess) -> None:
     ("extra", "error"),
     [
         ({"not_before": "2030-01-01T00:00:00"}, "ValidationError"),  # no UTC offset
-        ({"delay_s": 1, "if_busy": "reject"}, "InvalidScheduleError"),
         ({"delay_s": -1}, "ValidationError"),
         ({"not_before": "tomorrow"}, "ValidationError"),
     ],

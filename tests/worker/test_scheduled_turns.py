@@ -16,10 +16,12 @@ import redis
 from convoq import Client
 from convoq.client import TurnResult
 from convoq.errors import (
+    ConversationBusyError,
     IdempotencyKeyReusedError,
     InvalidScheduleError,
     TurnCancelledError,
 )
+from convoq.redis.keys import KeySchema
 from tests.support.workers import WorkerPool, module_pool, wait_until
 
 pytestmark = pytest.mark.slow
@@ -134,6 +136,24 @@ def test_a_cancelled_scheduled_turn_never_runs(
     assert handle.status() == "cancelled"
 
 
+def test_if_busy_reject_refuses_to_schedule_while_the_conversation_is_busy(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    idle = client.submit(cid, "y", agent="stamp", delay_s=600, if_busy="reject")
+    assert idle.status() == "scheduled"  # a scheduled turn is in no line: still idle
+    lease = KeySchema(pool.prefix).lease(cid)
+    r.hset(lease, "holder", "an in-process turn")  # as an Agent on Redis memory holds it
+    r.pexpire(lease, 60_000)
+    try:
+        with pytest.raises(ConversationBusyError):
+            client.submit(cid, "z", agent="stamp", delay_s=600, if_busy="reject")
+    finally:
+        r.delete(lease)
+    assert [s.turn_id for s in client.scheduled(cid)] == [idle.turn_id]
+    assert client.cancel(idle) == "cancelled"
+
+
 def test_the_idempotency_key_of_a_scheduled_turn(client: Client) -> None:
     cid = _cid()
     first = client.submit(cid, "x", agent="stamp", delay_s=60, idempotency_key="k")
@@ -154,7 +174,6 @@ def test_the_idempotency_key_of_a_scheduled_turn(client: Client) -> None:
         ({"delay_s": float("nan")}, "delay_s"),
         ({"delay_s": True}, "delay_s"),
         ({"delay_s": 366 * 86_400 + 1}, "delay_s"),
-        ({"delay_s": 1, "if_busy": "reject"}, "if_busy"),
     ],
 )
 def test_bad_schedules_are_refused_with_nothing_stored(

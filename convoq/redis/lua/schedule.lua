@@ -2,7 +2,9 @@
 -- KEYS[2] = timers    {prefix}:{cid}:timers (zset: turn id -> due ms)
 -- KEYS[3] = turn      {prefix}:{cid}:turn:{tid}
 -- KEYS[4] = events    {prefix}:{cid}:events:{tid}
--- KEYS[5] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
+-- KEYS[5] = inbox     {prefix}:{cid}:inbox
+-- KEYS[6] = lease     {prefix}:{cid}:lease
+-- KEYS[7] = idem      {prefix}:{cid}:idem:{sha256(idempotency key)} (optional)
 -- ARGV[1] = turn id
 -- ARGV[2] = agent name
 -- ARGV[3] = input message JSON
@@ -13,16 +15,18 @@
 -- ARGV[8] = at least this delay, ms from the server clock ('' for none); with both, the
 --           turn is due at the later of the two
 -- ARGV[9] = metadata JSON of the "scheduled" event ('' for none)
+-- ARGV[10] = 'queue' or 'reject' (refuse it while the conversation is busy now: turns
+--           queued, or its lease held)
 -- Schedules a turn: its record (status scheduled, due_ms) and its timer, together. It
 -- joins no inbox here: fire.lua queues it when it is due. A known idempotency key, or a
 -- turn id already stored (a resent schedule), writes nothing and answers with the first
 -- turn.
 -- Returns {'OK', id of the "scheduled" event, created ms, due ms}
 --      or {'DUP', turn id} (the first turn: the caller reads where it stands)
---      or {'VERSION', v} / {'CORRUPT', key} / {'BAD_DUE'} (nothing written).
+--      or {'BUSY'} / {'VERSION', v} / {'CORRUPT', key} / {'BAD_DUE'} (nothing written).
 redis.replicate_commands()
 local meta, timers, turn, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local idem = KEYS[5]
+local inbox, lease, idem = KEYS[5], KEYS[6], KEYS[7]
 local tid = ARGV[1]
 if idem then
   local first = touch(idem, 'GET', idem)
@@ -40,9 +44,12 @@ local refusal = meta_refusal(meta)
 if refusal then
   return refusal
 end
-local bad = wrong_type('zset', {timers})
+local bad = wrong_type('zset', {timers}) or wrong_type('list', {inbox})
 if bad then
   return {'CORRUPT', bad}
+end
+if ARGV[10] == 'reject' and (redis.call('LLEN', inbox) > 0 or redis.call('EXISTS', lease) == 1) then
+  return {'BUSY'}
 end
 local now = now_ms()
 local due = -1
