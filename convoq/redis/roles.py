@@ -98,7 +98,8 @@ class SweepStore(Protocol):
 
 
 class TimerStore(Protocol):
-    """The timer poll: conversations with due timers, firing them, repairing the index."""
+    """The timer poll: conversations with due timers, firing them (and the sweep's repair
+    of the index)."""
 
     async def due_conversations(self, limit: int = 200) -> tuple[list[str], int]: ...
 

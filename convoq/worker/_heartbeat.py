@@ -90,10 +90,7 @@ class Heartbeat:
             sweeper.run_forever(), self._loop.thread.loop
         )
         timers = TimerPoll(
-            self._loop.open().protocol,
-            self._kick,
-            interval_s=self._settings.timer_interval_s,
-            repair_every_s=self._settings.sweep_interval_s,
+            self._loop.open().protocol, self._kick, interval_s=self._settings.timer_interval_s
         )
         self._timers = asyncio.run_coroutine_threadsafe(
             timers.run_forever(), self._loop.thread.loop
@@ -170,8 +167,15 @@ class Heartbeat:
             lock_key=self._keys.sweeper_lock(),
             guard=self._each_period,
             measure=lambda: _observed.measure_inboxes(redis, self._keys, partitions),
-            also=self._also,
+            also=self._sweep_duties,
         )
+
+    async def _sweep_duties(self) -> None:
+        """After a sweep, in the one process that swept in the period: the worker's own
+        duties, then the timer index repaired from a SCAN of the timers keys (a client
+        that died between its two writes of a schedule left a timer without an entry)."""
+        await self._also()
+        await self._loop.open().protocol.repair_timer_index()
 
     async def _check_dataset(self) -> None:
         """Refuse to serve a Redis that came back empty (its epoch marker changed)."""

@@ -11,8 +11,9 @@ a conversation: the script's ``ZREM`` decides, a timer fires once.
 
 A process killed after a fire and before its kick leaves a queued turn with no lease:
 the sweeper kicks it. A scheduling client killed between its two writes leaves a timer
-without an index entry: every ``repair_every_s`` the poll repairs the index from a SCAN
-of the timers keys (:meth:`~convoq.redis.protocol.TurnProtocol.repair_timer_index`).
+without an index entry: the process that sweeps in a period repairs the index from a
+SCAN of the timers keys after its sweep
+(:meth:`~convoq.redis.protocol.TurnProtocol.repair_timer_index`, see ``_heartbeat.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 
 from convoq.redis._scheduling import DUE_BATCH
 from convoq.redis.roles import TimerStore
@@ -32,22 +32,14 @@ log = logging.getLogger("convoq.timers")
 class TimerPoll:
     """Fires due timers and kicks the conversations they woke (see the module docstring)."""
 
-    def __init__(
-        self, store: TimerStore, kick: Kick, *, interval_s: float, repair_every_s: float
-    ) -> None:
+    def __init__(self, store: TimerStore, kick: Kick, *, interval_s: float) -> None:
         self._store = store
         self._kick = kick
         self._interval_s = interval_s
-        self._repair_every_s = repair_every_s
-        self._repaired_at: float | None = None
 
     async def poll_once(self) -> int:
         """Fire every due conversation's timers (in rounds of the index's batch); return
         how many turns were queued."""
-        now = time.monotonic()
-        if self._repaired_at is None or now - self._repaired_at >= self._repair_every_s:
-            self._repaired_at = now
-            await self._store.repair_timer_index()
         queued = 0
         while True:
             due, _ = await self._store.due_conversations()

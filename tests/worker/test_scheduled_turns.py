@@ -95,6 +95,16 @@ def test_a_time_already_past_is_due_at_once(client: Client) -> None:
     assert handle.wait(30, until="final").status == "succeeded"
 
 
+def test_a_timer_whose_index_entry_was_lost_still_fires_after_a_sweep(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    handle = client.submit(cid, f"{cid}|lost", agent="stamp", delay_s=0.5)
+    # As if the client died between its two writes: the timer is there, its entry is not.
+    r.zrem(KeySchema(pool.prefix).timer_index(), cid)
+    assert handle.wait(30, until="final").status == "succeeded"  # the sweep repaired it
+
+
 def test_not_before_is_an_instant(client: Client, r: redis.Redis, pool: WorkerPool) -> None:
     cid = _cid()
     at = datetime.now(UTC) + timedelta(seconds=1)
