@@ -94,6 +94,9 @@ class RunContext(Generic[DepsT]):
         usage: tokens the turn's model calls reported so far.
         tool_call_id: the call's id (None outside a tool call).
         tool_name: the called tool's name (None outside a tool call).
+        scheduler: what :meth:`schedule` stores follow-up turns with (a worker's store
+            or a Redis memory's, set where the turn runs; None where there are no
+            durable timers).
     """
 
     conversation_id: str | None
