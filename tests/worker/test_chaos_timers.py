@@ -5,7 +5,7 @@ while workers are killed (-9) and redis-server is killed (-9) and restarted from
 Each turn fires exactly once (one "queued" event, its record's ``fired_ms``), none early
 (fired and started at or after its due time, both by Redis's clock, recorded at fire and
 at start), each conversation stores its turns once each in due order, and the lateness
-of the fires (fired - due) is printed as p50/p99/max.
+of the fires (fired - due) is printed as p50/p99/max (the slowest within 10 s).
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def _check(
     assert len(late_fired) == CONVERSATIONS * PER_CONVERSATION
     fired = _percentiles(late_fired)
     began = _percentiles(late_started)
+    # Polled every 0.5 s; the slowest are those due while Redis was down (about a second).
+    assert fired[2] < 10_000, fired
     print(
         f"\nchaos timers: {len(late_fired)} scheduled turns in {CONVERSATIONS} conversations"
         f" (scheduled in {scheduled_s:.1f} s), {kills} worker kills, 1 redis kill -9 +"

@@ -57,6 +57,8 @@ def test_a_delayed_turn_waits_as_scheduled_then_runs_once_due(
     assert handle.wait(30, until="final").text == f"ran {cid}|later"
     done = handle.record()
     assert done.fired_ms is not None and done.fired_ms >= record.due_ms
+    # Polled every 0.2 s here: queued within a poll (and a loaded machine's delays).
+    assert done.fired_ms - record.due_ms < 5_000
     assert done.started_ms is not None and done.started_ms >= record.due_ms
     [(_, ran_ms)] = _ran(r, pool, cid)
     assert ran_ms >= record.due_ms
