@@ -15,7 +15,7 @@ import typer
 from convoq.cli._render import console, err_console
 from convoq.client import Client
 from convoq.errors import InvalidScheduleError
-from convoq.redis._scheduling import check_due
+from convoq.redis._due import check_due
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

@@ -28,7 +28,7 @@ from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, coerce_settings, settings_to_data
 from convoq.output import OutputType, output_shape, spec_from_data
-from convoq.redis._scheduling import Due, check_due
+from convoq.redis._due import Due, check_due
 from convoq.window import check_budget
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_core import CoreSchema
 
 from convoq.messages import FilePart, ImagePart, Message, TextPart
+from convoq.redis._due import MAX_DELAY_S
 
 # Stored ids: see convoq.ids. Over HTTP a conversation id also cannot hold "/" nor be
 # "." or ".." (a path would split or be normalised away).
@@ -148,7 +149,7 @@ class TurnOptions(_Strict):
     delay_s: float | None = Field(
         default=None,
         ge=0,
-        le=366 * 24 * 3600,
+        le=MAX_DELAY_S,
         description="Schedule the turn this many seconds from now (with not_before: the"
         " later of the two). if_busy reject refuses it while the conversation is busy now.",
     )

@@ -30,9 +30,7 @@ An entry may be early (a stale one): the poller then fires nothing and sets it r
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from convoq.context import Scheduler, ScheduleRequest, check_metadata
@@ -41,6 +39,7 @@ from convoq.ids import check_conversation_id, from_key_part, key_part, new_turn_
 from convoq.messages import Message, check_user_message, coerce_user_message
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import check_message_limits, text
+from convoq.redis._due import Due, check_due
 from convoq.redis._records import TurnRecord, decode_record
 from convoq.redis._refusals import Refusal
 from convoq.redis._replies import _Items
@@ -49,18 +48,6 @@ from convoq.redis._replies import _Items
 FIRE_BATCH = 100
 # Conversations the poller takes from the index per round.
 DUE_BATCH = 200
-MAX_DELAY_S = 366 * 24 * 3600
-"""The longest ``delay_s`` a scheduled turn may wait (a year and a day)."""
-
-
-@dataclass(frozen=True)
-class Due:
-    """When a scheduled turn is due: not before ``at_ms`` (ms since the epoch) and at
-    least ``delay_ms`` after the Redis server's clock at the moment it is scheduled (the
-    later of the two; either may be None, not both)."""
-
-    at_ms: int | None = None
-    delay_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,53 +83,6 @@ class ScheduledTurn:
     turn_id: str
     due_ms: int
     record: TurnRecord
-
-
-def check_due(not_before: object, delay_s: object) -> Due | None:
-    """When a scheduled turn is due: not before ``not_before`` (a timezone-aware
-    datetime) and at least ``delay_s`` seconds (0 to MAX_DELAY_S) after Redis's clock
-    when it is stored; both given, the later of the two. None for neither (the turn is
-    queued at once).
-
-    Raises:
-        InvalidScheduleError: a naive datetime, a delay that is no finite number in
-            range (nothing is queued).
-    """
-    if not_before is None and delay_s is None:
-        return None
-    at_ms = None if not_before is None else _instant_ms(not_before)
-    delay_ms = None if delay_s is None else _delay_ms(delay_s)
-    return Due(at_ms=at_ms, delay_ms=delay_ms)
-
-
-def _delay_ms(delay_s: object) -> int:
-    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
-        raise InvalidScheduleError(
-            f"delay_s must be a number of seconds, not {type(delay_s).__name__}",
-            field="delay_s",
-        )
-    if not math.isfinite(delay_s) or not 0 <= delay_s <= MAX_DELAY_S:
-        raise InvalidScheduleError(
-            f"delay_s must be between 0 and {MAX_DELAY_S} seconds, not {delay_s!r}",
-            field="delay_s",
-        )
-    return math.ceil(delay_s * 1000)
-
-
-def _instant_ms(not_before: object) -> int:
-    if not isinstance(not_before, datetime):
-        raise InvalidScheduleError(
-            f"not_before must be a datetime, not {type(not_before).__name__}",
-            field="not_before",
-        )
-    if not_before.tzinfo is None or not_before.utcoffset() is None:
-        raise InvalidScheduleError(
-            f"not_before {not_before.isoformat()} has no timezone: give an aware datetime"
-            " (datetime.now(timezone.utc) + timedelta(...)), so its instant is unambiguous",
-            field="not_before",
-        )
-    # A time already past (even before 1970) is due at once.
-    return max(0, math.ceil(not_before.timestamp() * 1000))
 
 
 class _Schedules(Protocol):

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from convoq.messages import Message
     from convoq.redis._approvals import Decided
     from convoq.redis._cluster import AsyncRedis
+    from convoq.redis._due import Due
     from convoq.redis._durable import Acks
     from convoq.redis._popping import Keep
     from convoq.redis._raw import StoredJson
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     )
     from convoq.redis._refusals import Refusal
     from convoq.redis._retrying import Retried
-    from convoq.redis._scheduling import Due, Fired, ScheduledTurn, ScheduleResult
+    from convoq.redis._scheduling import Fired, ScheduledTurn, ScheduleResult
     from convoq.redis.keys import KeySchema
     from convoq.redis.scripts import Scripts
     from convoq.turn_state import TurnEvent, TurnState

@@ -12,7 +12,7 @@ from convoq.errors import CorruptDataError, InvalidScheduleError
 from convoq.ids import key_part
 from convoq.messages import Message
 from convoq.redis import TurnProtocol
-from convoq.redis._scheduling import Due
+from convoq.redis._due import Due
 from tests.support.protocol_helpers import open_protocol, submit_all
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer

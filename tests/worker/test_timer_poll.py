@@ -10,7 +10,7 @@ import pytest
 
 from convoq.messages import Message
 from convoq.redis import TurnProtocol
-from convoq.redis._scheduling import Due
+from convoq.redis._due import Due
 from convoq.worker._timers import TimerPoll
 from tests.support.protocol_helpers import submit_all
 
