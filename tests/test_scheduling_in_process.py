@@ -74,3 +74,16 @@ def test_without_durable_timers_ctx_schedule_is_refused(kind: str, tmp_path: Pat
     agent = Agent(ScriptedModel(_refusing_model), name="bot", tools=[try_plan], memory=memory)
     cid = None if memory is None else "c1"
     assert agent.generate("hi", conversation_id=cid).text == "ConvoqError ctx.schedule"
+
+
+async def test_a_schedule_sent_again_with_its_key_finds_the_first_turn(proto: TurnProtocol) -> None:
+    from convoq.context import ScheduleRequest
+    from convoq.redis._scheduling import store_scheduler
+
+    schedule = store_scheduler(proto)
+    request = ScheduleRequest("c1", "later", "daily", 60.0, "convoq-key:schedule:0")
+    first = await schedule(request)
+    assert await schedule(request) == first  # a rerun of the tool call
+    other = await schedule(ScheduleRequest("c1", "later", "daily", 60.0, "convoq-key:schedule:1"))
+    assert other != first
+    assert [s.turn_id for s in await proto.scheduled_turns("c1")] == sorted([first, other])
