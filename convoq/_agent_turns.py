@@ -27,6 +27,7 @@ from convoq._agent_continuations import (
 from convoq._agent_options import Asked, ConversationOwner, Limits, call_window
 from convoq.agent_response import ChildTurnData, Continuation, Response
 from convoq.compaction import CompactionPolicy, compact_idle
+from convoq.context import Scheduler, use_scheduler
 from convoq.engine import Completed, EventSink
 from convoq.errors import ConversationMemoryError, ConvoqError
 from convoq.memory.base import ConversationMemory
@@ -110,7 +111,7 @@ class AgentTurns:
         """Run the loop under the turn's reservation, then park, store or release."""
         agent = self._agent
         try:
-            with ChildrenMade() as made:
+            with ChildrenMade() as made, use_scheduler(self._scheduler_of(cont)):
                 outcome, answered = await _agent_handoffs.run_turn(
                     agent, cont, history, shape, emit
                 )
@@ -184,6 +185,13 @@ class AgentTurns:
             await compact_idle(stored[0], stored[1], policy)
         except Exception as exc:
             log.warning("compaction of %s failed (%s); the turn is stored", stored[1], exc)
+
+    def _scheduler_of(self, cont: Continuation) -> Scheduler | None:
+        """How ``ctx.schedule`` stores a follow-up: through a memory with durable timers
+        (Redis), else it cannot (and says so)."""
+        stored = self._memory_of(cont)
+        make = getattr(stored[0], "timer_scheduler", None) if stored is not None else None
+        return make() if callable(make) else None
 
     def _memory_of(self, cont: Continuation) -> tuple[ConversationMemory, str] | None:
         """The memory and conversation a turn reads and writes, or None when it uses none."""

@@ -10,28 +10,70 @@ so far. Nothing here is serialised except ``metadata``: ``deps`` are application
 The assistant message that asked for the call is journaled before the call runs, so a
 call cut off mid-way (its worker killed) reruns with the same id, the same step and thus
 the same key: an API that dedupes on a key (payments, e-mail) performs the effect once.
+
+``ctx.schedule`` schedules a follow-up turn through the :class:`Scheduler` of the run
+(:func:`use_scheduler`: a worker's store, or a Redis memory's); its idempotency key is the
+call's key and the schedule's index in the call, so a rerun of the call schedules nothing
+twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import hashlib
 import inspect
 import json
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from convoq._sync import call_maybe_async
 from convoq.errors import ConvoqError
+from convoq.messages import Message
 from convoq.usage import Usage
 
 DepsT = TypeVar("DepsT")
 
 MAX_METADATA_BYTES = 16 * 1024
 """The largest ``metadata`` object accepted (its compact JSON, in bytes)."""
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """A follow-up turn a tool asks for (``ctx.schedule``)."""
+
+    conversation_id: str
+    message: str | Message
+    agent: str
+    delay_s: float
+    idempotency_key: str
+    metadata: dict[str, Any] | None = None
+
+
+Scheduler = Callable[[ScheduleRequest], Awaitable[str]]
+"""Stores a scheduled turn and returns its id (a resend with the same key: the first's)."""
+
+_scheduler: contextvars.ContextVar[Scheduler | None] = contextvars.ContextVar(
+    "convoq_scheduler", default=None
+)
+
+
+@contextlib.contextmanager
+def use_scheduler(scheduler: Scheduler | None) -> Iterator[None]:
+    """Contexts made inside this block schedule through ``scheduler`` (None: they cannot)."""
+    token = _scheduler.set(scheduler)
+    try:
+        yield
+    finally:
+        _scheduler.reset(token)
+
+
+def _current_scheduler() -> Scheduler | None:
+    return _scheduler.get()
 
 
 @dataclass(frozen=True)
@@ -52,6 +94,9 @@ class RunContext(Generic[DepsT]):
         usage: tokens the turn's model calls reported so far.
         tool_call_id: the call's id (None outside a tool call).
         tool_name: the called tool's name (None outside a tool call).
+        scheduler: what :meth:`schedule` stores follow-up turns with (a worker's store
+            or a Redis memory's, set where the turn runs; None where there are no
+            durable timers).
     """
 
     conversation_id: str | None
@@ -64,6 +109,44 @@ class RunContext(Generic[DepsT]):
     usage: Usage = field(default_factory=Usage)
     tool_call_id: str | None = None
     tool_name: str | None = None
+    scheduler: Scheduler | None = field(
+        default_factory=_current_scheduler, repr=False, compare=False
+    )
+    _schedules: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    async def schedule(
+        self,
+        message: str | Message,
+        *,
+        delay_s: float,
+        agent: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        """Schedule a follow-up turn of this conversation, ``delay_s`` seconds from now,
+        run by ``agent`` (default: this turn's); returns its turn id. A rerun of this
+        tool call (its worker killed) schedules nothing twice: each schedule is keyed by
+        the call's :attr:`idempotency_key` and its index among the call's schedules.
+
+        Raises:
+            ConvoqError: outside a tool call, or where no durable timers exist (an Agent
+                on in-memory or file memory): it names ``ctx.schedule``.
+            InvalidScheduleError: ``delay_s`` out of range (nothing scheduled).
+        """
+        if self.scheduler is None or self.conversation_id is None:
+            raise ConvoqError(
+                "ctx.schedule needs durable timers: it works on a worker and for an Agent"
+                " on RedisConversationMemory with a conversation_id, not on in-memory or"
+                " file memory",
+                option="ctx.schedule",
+            )
+        agent = agent or self.agent
+        if agent is None:
+            raise ConvoqError("ctx.schedule needs agent= (this agent has no name)", option="agent")
+        key = f"{self.idempotency_key}:schedule:{len(self._schedules)}"
+        request = ScheduleRequest(self.conversation_id, message, agent, delay_s, key, metadata)
+        turn_id = await self.scheduler(request)
+        self._schedules.append(turn_id)
+        return turn_id
 
     @property
     def idempotency_key(self) -> str:

@@ -55,6 +55,9 @@ CONVERSATION_TTL_S: int | None = None
 until deleted (``CONVOQ_CONVERSATION_TTL_S``)."""
 SWEEP_INTERVAL_S = 5.0
 """How often one worker re-kicks stranded conversations (``CONVOQ_SWEEP_INTERVAL_S``)."""
+TIMER_INTERVAL_S = 0.5
+"""How often each worker process fires due timers of scheduled turns
+(``CONVOQ_TIMER_INTERVAL_S``): a scheduled turn is queued at most this late."""
 VISIBILITY_TIMEOUT_S = 3600
 TASK_EVENTS = False
 """Celery task events from the start (``CONVOQ_TASK_EVENTS``): each costs a Redis PUBLISH

@@ -7,6 +7,7 @@
     ├── InvalidConversationIdError     an id that may not reach a key or a path
     ├── AttachmentError                a missing, empty, mistyped or oversize attachment
     ├── InvalidCallbackUrlError        a callback_url that is not an http(s) URL to a host
+    ├── InvalidScheduleError           a scheduled turn's time (delay_s, not_before) is invalid
     ├── ConversationMemoryError        a memory backend could not load or store
     │   ├── ConversationBusyError      another turn of this conversation is running
     │   ├── UnsupportedFormatVersionError   stored data of a format we do not read
@@ -87,6 +88,10 @@ class AttachmentError(ConvoqError):
 
 class InvalidCallbackUrlError(ConvoqError):
     """A ``callback_url`` that is not an absolute http(s) URL with a host, or too long."""
+
+
+class InvalidScheduleError(ConvoqError):
+    """A scheduled turn's ``delay_s`` or ``not_before`` is invalid, or cannot be kept."""
 
 
 class ConversationMemoryError(ConvoqError):

@@ -99,6 +99,13 @@ class ConvoqSettings(BaseSettings):
     sweep_interval_s: float = Field(
         default=defaults.SWEEP_INTERVAL_S, gt=0, description="Sweeper period."
     )
+    timer_interval_s: float = Field(
+        default=defaults.TIMER_INTERVAL_S,
+        gt=0,
+        le=60,
+        description="How often each worker fires the timers of scheduled turns that are"
+        " due: a scheduled turn joins its conversation's line at most this late.",
+    )
     max_attempts: int = Field(
         default=defaults.MAX_ATTEMPTS,
         ge=1,

@@ -28,6 +28,7 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STATUS_STYLE = {
+    "scheduled": "blue",
     "queued": "yellow",
     "running": "cyan",
     "awaiting_approval": "magenta",
@@ -157,7 +158,7 @@ def describe_usage(usage: Usage) -> str:
 
 def print_result(result: TurnResult) -> None:
     """A turn's status and its answer, error or pending approvals."""
-    style = STATUS_STYLE.get(result.status, "")
+    style = STATUS_STYLE.get(result.status, "default")  # "[]...[/]" is no markup
     console.print(f"status: [{style}]{result.status}[/{style}]")
     if result.text:
         console.print(escape(result.text))
@@ -221,7 +222,7 @@ def print_event(event: TurnEvent) -> None:
         console.print(escape(str(data.get("text", ""))), end="")
     elif event.type == "status":
         status = str(data.get("status"))
-        style = STATUS_STYLE.get(status, "")
+        style = STATUS_STYLE.get(status, "default")
         console.print(f"\n[{style}]● {status}[/{style}]")
     elif event.type == "done":
         console.print(f"\n[bold]done[/bold]: {data.get('status')}")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, get_args
 
 import typer
 
-from convoq.cli import _transfer, _waits
+from convoq.cli import _scheduled, _transfer, _waits
 from convoq.cli._asks import submit_asks
 from convoq.cli._render import (
     console,
@@ -239,15 +239,20 @@ def submit(
             " back, or merge into a queued one (docs/double-texting.md).",
         ),
     ] = "queue",
+    delay: _scheduled.DelayOption = None,
+    at: _scheduled.AtOption = None,
 ) -> None:
     """Queue a turn; print its id on stdout (and with --wait, its result: final, or parked
-    awaiting approval). With --if-busy merge, the id printed is the turn that answers it."""
+    awaiting approval). With --if-busy merge, the id printed is the turn that answers it.
+    With --delay or --at it is scheduled: it joins the conversation's line then (convoq
+    scheduled lists it, convoq cancel cancels it)."""
     s = _settings()
     # Options, attachments and metadata are checked before any connection: usage errors.
     with reported(code=2):
         asked = submit_asks(model_settings, output_schema, temperature, max_tokens)
         meta = check_metadata(parse_json_option("--metadata", metadata))
         busy = _if_busy(if_busy)
+        when = _scheduled.schedule_asks(delay, at)
         parts: list[Any] = [TextPart(text=text)]
         parts += [load_image(p, max_bytes=s.max_attachment_bytes) for p in image or []]
         parts += [load_pdf(p, max_bytes=s.max_attachment_bytes) for p in pdf or []]
@@ -263,13 +268,15 @@ def submit(
             **asked,
             metadata=meta,
             if_busy=busy,
+            **when,
         )
         # The bare id on stdout, so TID=$(convoq submit ...) works; the note goes to stderr.
         print(handle.turn_id, flush=True)
         if handle.merged_from:
             err_console.print(f"merged into turn {handle.turn_id} (as {handle.merged_from})")
         else:
-            err_console.print(f"turn {handle.turn_id} queued for {conversation_id}")
+            done = "scheduled" if when else "queued"
+            err_console.print(f"turn {handle.turn_id} {done} for {conversation_id}")
         if wait:
             _wait_and_print(handle, timeout)
 
@@ -406,7 +413,7 @@ def deny(
 
 @app.command()
 def cancel(conversation_id: str, turn_id: str) -> None:
-    """Cancel a queued or running turn (a parked one is discarded)."""
+    """Cancel a queued, scheduled or running turn (a parked one is discarded)."""
     with _connected() as client:
         outcome = client.cancel(client.handle(conversation_id, turn_id))
     console.print(f"turn {turn_id}: {outcome}")
@@ -432,6 +439,7 @@ def clear(
 
 _transfer.register(app, _settings)
 _waits.register(app, _connected)
+_scheduled.register(app, _connected)
 plain_help(app)  # last: every command is registered
 
 

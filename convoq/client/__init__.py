@@ -8,6 +8,7 @@ from convoq.client.aclient import AsyncClient
 from convoq.client.client import Client
 from convoq.client.handle import AsyncTurnHandle, TurnHandle, TurnResult
 from convoq.queue.signing import SIGNATURE_HEADER, verify_signature
+from convoq.redis._scheduling import ScheduledTurn
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -15,6 +16,7 @@ __all__ = [
     "AsyncTurnHandle",
     "Client",
     "Deployment",
+    "ScheduledTurn",
     "TurnHandle",
     "TurnResult",
     "verify_signature",

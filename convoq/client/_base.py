@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ from convoq.errors import (
     IdempotencyKeyReusedError,
     InvalidCallbackUrlError,
     InvalidMessageError,
+    InvalidScheduleError,
     UnknownAgentError,
 )
 from convoq.ids import check_conversation_id, check_turn_id, new_turn_id
@@ -27,6 +29,7 @@ from convoq.limits import Limits, attachment_too_large, turn_too_large
 from convoq.messages import GenerationRequest, Message, coerce_user_message
 from convoq.model_settings import SettingsLike, coerce_settings, settings_to_data
 from convoq.output import OutputType, output_shape, spec_from_data
+from convoq.redis._due import Due, check_due
 from convoq.redis._texting import merge_key_of
 from convoq.window import check_budget
 
@@ -50,6 +53,8 @@ class Submission:
     options: dict[str, Any]
     idempotency_key: str | None
     if_busy: IfBusy
+    # A scheduled turn: when it joins its conversation's line (None: at once).
+    due: Due | None = None
 
     @property
     def merge_key(self) -> str | None:
@@ -73,13 +78,15 @@ def build_submission(
     model_settings: SettingsLike | None = None,
     output_type: OutputType | None = None,
     metadata: dict[str, Any] | None = None,
+    not_before: datetime | None = None,
+    delay_s: float | None = None,
 ) -> Submission:
     """Check every argument of ``submit`` and return the turn to queue.
 
     Raises:
         InvalidConversationIdError, InvalidMessageError, AttachmentError,
-        InvalidCallbackUrlError, UnknownAgentError or ConvoqError (naming the argument):
-        nothing is queued.
+        InvalidCallbackUrlError, UnknownAgentError, InvalidScheduleError or ConvoqError
+        (naming the argument): nothing is queued.
     """
     cid = check_conversation_id(conversation_id)
     if isinstance(message, GenerationRequest):
@@ -108,6 +115,13 @@ def build_submission(
     options.update(asked_options(model_settings, output_type))
     if meta := check_metadata(metadata):
         options["metadata"] = meta
+    due = check_due(not_before, delay_s)
+    busy = check_if_busy(if_busy)
+    if due is not None:
+        check_scheduled_if_busy(busy)
+        # Kept with the turn: an idempotency key sent again with another time is refused.
+        asked = {"at_ms": due.at_ms, "delay_s": delay_s}
+        options["schedule"] = {k: v for k, v in asked.items() if v is not None}
     return Submission(
         conversation_id=cid,
         turn_id=new_turn_id(),
@@ -115,7 +129,8 @@ def build_submission(
         message=user,
         options=options,
         idempotency_key=check_idempotency_key(idempotency_key),
-        if_busy=check_if_busy(if_busy),
+        if_busy=busy,
+        due=due,
     )
 
 
@@ -212,6 +227,23 @@ def check_idempotency_key(key: object) -> str | None:
             " characters"
         )
     return key
+
+
+def check_scheduled_if_busy(if_busy: IfBusy) -> Literal["queue", "reject"]:
+    """``if_busy`` of a scheduled turn: "queue", or "reject" (checked when it is
+    scheduled). The double-texting modes act on the turn in progress when a message
+    arrives; a scheduled turn arrives when it is due, as a turn of its own.
+
+    Raises:
+        InvalidScheduleError: "interrupt", "rollback" or "merge" with a due time.
+    """
+    if if_busy in ("queue", "reject"):
+        return if_busy
+    raise InvalidScheduleError(
+        f"if_busy={if_busy!r} cannot be scheduled: it acts on the turn in progress when a"
+        " message arrives, and a scheduled turn joins its conversation's line when due;"
+        " submit it with if_busy='queue' (or 'reject', checked now), or without a delay"
+    )
 
 
 def check_if_busy(value: object) -> IfBusy:

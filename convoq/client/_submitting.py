@@ -10,6 +10,10 @@ in Redis: the workers' sweeper picks it up.
 A handle from ``submit`` knows its record as queued and the id of its "queued" event, so
 its first ``wait`` blocks on the event stream at once. An ``on_done`` callback is a task on
 the client's loop, waiting on that handle.
+
+A turn with a due time (``not_before`` / ``delay_s``) is stored by the ``schedule``
+script instead (:mod:`convoq.redis._scheduling`): no kick, as it joins no line until the
+workers' timer poll queues it; it does not count against the queued-turn limits.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from convoq._sync import call_maybe_async
 from convoq.client._base import (
     Submission,
     check_callback_signable,
+    check_scheduled_if_busy,
     idempotency_conflict,
     idempotency_mismatch,
 )
@@ -116,7 +121,7 @@ class Submitting:
             await self._registry.check_agent(sub.agent)
         attributes = {"convoq.conversation_id": sub.conversation_id, "convoq.agent": sub.agent}
         with tracing.span("convoq.submit", attributes):
-            stored = await self._store(sub)
+            stored = await (self._schedule(sub) if sub.due is not None else self._store(sub))
         answered_by = stored.merged_into or await self._merged_into(sub, stored)
         handle = AsyncTurnHandle(self._client, sub.conversation_id, answered_by or stored.turn_id)
         handle.repeated = stored.duplicate
@@ -179,6 +184,30 @@ class Submitting:
         except UnknownTurnError:
             return None
         return record.merged_into
+
+    async def _schedule(self, sub: Submission) -> SubmitResult:
+        """Store a scheduled turn and its timer (no kick: it joins no line yet)."""
+        assert sub.due is not None
+        due = sub.due
+        protocol = self._client.protocol
+        await protocol.follow_retention()  # the idempotency key expires as the workers say
+        stored = await until_durable(
+            lambda: protocol.schedule(
+                sub.conversation_id,
+                sub.turn_id,
+                agent=sub.agent,
+                message=sub.message,
+                options=sub.options,
+                due=due,
+                idempotency_key=sub.idempotency_key,
+                if_busy=check_scheduled_if_busy(sub.if_busy),
+            ),
+            f"schedule of {sub.conversation_id}/{sub.turn_id}",
+        )
+        tracing.set_attribute("convoq.turn_id", stored.turn_id)
+        if stored.duplicate and stored.turn_id != sub.turn_id:
+            await self._check_same_request(sub, stored.turn_id)
+        return SubmitResult(stored.turn_id, -1, duplicate=stored.duplicate)
 
     async def _check_same_request(self, sub: Submission, first: str) -> None:
         """An idempotency key answered with an earlier turn: refuse it unless that turn

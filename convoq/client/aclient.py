@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Collection
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -33,7 +34,8 @@ from convoq.client._submitting import OnDone, Submitting, Watchers
 from convoq.client._unreachable import mapped
 from convoq.client._world import WorldControl
 from convoq.client.handle import AsyncTurnHandle
-from convoq.errors import ConfigurationError
+from convoq.errors import ConfigurationError, ConvoqError
+from convoq.ids import check_conversation_id
 from convoq.messages import Message
 from convoq.model_settings import SettingsLike
 from convoq.output import OutputType
@@ -41,6 +43,7 @@ from convoq.queue.signing import verify_signature
 from convoq.queue.transport import Broker, broker_for, sender_app
 from convoq.redis import TurnProtocol, connect
 from convoq.redis._cluster import AsyncRedis
+from convoq.redis._scheduling import ScheduledTurn
 from convoq.redis.embedded import describe, url_or_embedded
 from convoq.redis.protocol import ParkedTurn, Signalled
 from convoq.redis.roles import ClientStore
@@ -207,6 +210,8 @@ class AsyncClient:
         output_type: OutputType | None = None,
         metadata: dict[str, Any] | None = None,
         output_schema: OutputType | None = None,
+        not_before: datetime | None = None,
+        delay_s: float | None = None,
     ) -> AsyncTurnHandle:
         """Queue a turn and return its handle at once.
 
@@ -242,6 +247,14 @@ class AsyncClient:
                 stored with the turn and seen by its tools as ``ctx.metadata``.
             output_schema: the deprecated name of ``output_type`` (it warns with a
                 DeprecationWarning; giving both is a ConvoqError).
+            not_before: schedule the turn: it joins its conversation's line at this
+                instant (a timezone-aware datetime), not now. Until then its status is
+                ``scheduled`` (its record has ``due_ms``), it is in no inbox, and turns
+                submitted meanwhile run before it; it is listed by :meth:`scheduled` and
+                cancelled by :meth:`cancel`. Workers queue it at most
+                ``CONVOQ_TIMER_INTERVAL_S`` late, never early (by Redis's clock).
+            delay_s: schedule the turn this many seconds from now (Redis's clock), as
+                ``not_before``; with both, it is due at the later of the two.
 
         Raises:
             InvalidConversationIdError: a bad conversation id; nothing was queued.
@@ -253,7 +266,10 @@ class AsyncClient:
             InvalidModelSettingsError: a model setting is invalid; nothing was queued.
             InvalidOutputTypeError: ``output_type`` is not a usable object schema;
                 nothing was queued.
-            ConversationBusyError: ``if_busy="reject"`` and a turn is in progress.
+            InvalidScheduleError: ``not_before`` or ``delay_s`` is invalid (a naive
+                datetime, a delay out of range); nothing was queued.
+            ConversationBusyError: ``if_busy="reject"`` and a turn is in progress (for
+                a scheduled turn: now, when it is submitted).
             QueueFullError: a limit on queued turns (``CONVOQ_MAX_QUEUED_*``); nothing
                 was queued.
             RedisUnavailableError: Redis cannot be reached or did not answer (named); so
@@ -274,8 +290,19 @@ class AsyncClient:
             model_settings=model_settings,
             output_type=output_type,
             metadata=metadata,
+            not_before=not_before,
+            delay_s=delay_s,
         )
         return await self._submitting.submit(sub, on_done)
+
+    @mapped
+    async def scheduled(self, conversation_id: str, *, limit: int = 100) -> list[ScheduledTurn]:
+        """The conversation's scheduled turns still waiting for their time, earliest
+        first (at most ``limit``): each with its ``turn_id``, ``due_ms`` and record."""
+        cid = check_conversation_id(conversation_id)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ConvoqError(f"limit must be an int from 1 to 1000, not {limit!r}")
+        return await self.protocol.scheduled_turns(cid, limit=limit)
 
     def handle(self, conversation_id: str, turn_id: str) -> AsyncTurnHandle:
         """A handle on a turn submitted anywhere (no I/O: ``status()`` checks it exists)."""
@@ -345,7 +372,8 @@ class AsyncClient:
 
     @mapped
     async def cancel(self, turn: TurnRef) -> Literal["cancelled", "stopping", "finished"]:
-        """Cancel a turn: a queued one never runs; a running one is stopped within a lease
+        """Cancel a turn: a queued or scheduled one never runs (a scheduled one's timer
+        goes with it); a running one is stopped within a lease
         period (even in the middle of a model call) and stores nothing; a parked one is
         discarded. ``"finished"``: too late."""
         return await self._control.cancel(turn)

@@ -58,6 +58,7 @@ class Client:
     signal = blocking(AsyncClient.signal)
     discard = blocking(AsyncClient.discard)
     cancel = blocking(AsyncClient.cancel)
+    scheduled = blocking(AsyncClient.scheduled)
     retry = blocking_as(AsyncClient.retry, TurnHandle)
     history = blocking(AsyncClient.history)
     usage = blocking(AsyncClient.usage)

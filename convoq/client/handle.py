@@ -257,7 +257,8 @@ class AsyncTurnHandle:
     ) -> TurnResult:
         """Block until the turn settles: it is final, or parked awaiting a person's
         approval (``result.status == "awaiting_approval"``, the calls in
-        ``result.pending_approvals``); with ``until="final"`` only once it is final. A
+        ``result.pending_approvals``), or scheduled and not yet due (``"scheduled"``, at
+        once: it rests until its time); with ``until="final"`` only once it is final. A
         turn whose every pending call is decided is waited for until it ends (or parks
         again): it waits for a worker, not for a person. ``output_type``: the succeeded
         turn's ``output`` comes back as that type (a pydantic model or a dataclass)
@@ -336,6 +337,8 @@ class AsyncTurnHandle:
     async def _settled(self, record: TurnRecord, until: WaitUntil) -> bool:
         if record.status in FINAL_STATUSES:
             return True
+        if until == "settled" and record.status == "scheduled":
+            return True  # at rest until its time comes: nothing to wait for now
         if until != "settled" or record.status != "awaiting_approval":
             return False
         return not await self._all_decided(record)

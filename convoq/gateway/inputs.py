@@ -15,10 +15,18 @@ import base64
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    field_validator,
+)
 from pydantic_core import CoreSchema
 
 from convoq.messages import FilePart, ImagePart, Message, TextPart
+from convoq.redis._due import MAX_DELAY_S
 
 # Stored ids: see convoq.ids. Over HTTP a conversation id also cannot hold "/" nor be
 # "." or ".." (a path would split or be normalised away).
@@ -136,6 +144,18 @@ class TurnOptions(_Strict):
         default=None,
         description="A JSON object stored with the turn; its tools read it as ctx.metadata"
         " (16 KiB at most; in a multipart body, a field holding the object's JSON).",
+    )
+    not_before: AwareDatetime | None = Field(
+        default=None,
+        description="Schedule the turn: it joins its conversation's line at this instant"
+        " (RFC 3339 with a UTC offset), not now; its status is scheduled until then.",
+    )
+    delay_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DELAY_S,
+        description="Schedule the turn this many seconds from now (with not_before: the"
+        " later of the two). if_busy reject refuses it while the conversation is busy now.",
     )
 
 

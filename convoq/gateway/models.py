@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from convoq.messages import Decision, FilePart, ImagePart, Message, ToolCall
+from convoq.redis._scheduling import ScheduledTurn
 from convoq.redis.protocol import ParkedTurn, TurnRecord
 from convoq.subagents import ParentCall, children_of_result
 from convoq.usage import Usage
@@ -110,6 +111,10 @@ class TurnView(BaseModel):
     created_ms: int
     started_ms: int | None = None
     finished_ms: int | None = None
+    due_ms: int | None = Field(default=None, description="A scheduled turn: when it is due.")
+    fired_ms: int | None = Field(
+        default=None, description="A scheduled turn: when it joined its conversation's line."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="As submitted.")
     decisions: dict[str, Decision] = Field(
         default_factory=dict, description="Approval decisions by call id: who, when, why."
@@ -177,6 +182,8 @@ class TurnView(BaseModel):
             created_ms=record.created_ms,
             started_ms=record.started_ms,
             finished_ms=record.finished_ms,
+            due_ms=record.due_ms,
+            fired_ms=record.fired_ms,
             metadata=record.metadata,
             decisions=record.decisions,
             children=[ChildTurnView(**asdict(c)) for c in children_of_result(data)],
@@ -297,6 +304,37 @@ class Approvals(BaseModel):
     next_offset: int | None = Field(
         default=None, description="The offset of the next page; null: this is the last."
     )
+
+
+class ScheduledView(BaseModel):
+    """A scheduled turn still waiting for its time."""
+
+    turn_id: str
+    agent: str
+    due_ms: int
+    created_ms: int
+    input_text: str
+    metadata: dict[str, Any] = Field(default_factory=dict, description="As submitted.")
+
+    @classmethod
+    def of(cls, turn: ScheduledTurn) -> ScheduledView:
+        record = turn.record
+        return cls(
+            turn_id=turn.turn_id,
+            agent=record.agent,
+            due_ms=turn.due_ms,
+            created_ms=record.created_ms,
+            input_text=record.input.text,
+            metadata=record.metadata,
+        )
+
+
+class Scheduled(BaseModel):
+    """A conversation's scheduled turns, earliest first."""
+
+    conversation_id: str
+    now_ms: int = Field(description="The server's clock, to count down to due_ms.")
+    turns: list[ScheduledView]
 
 
 class Health(BaseModel):

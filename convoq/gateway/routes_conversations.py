@@ -1,4 +1,5 @@
-"""Conversations as a whole (history, delete) and the approvals waiting across them."""
+"""Conversations as a whole (history, scheduled turns, delete) and the approvals waiting
+across them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from convoq.gateway.auth import Access, Principal
 from convoq.gateway.bodies import GatewayRoute
 from convoq.gateway.document import KEYED, errors
 from convoq.gateway.inputs import NOT_NULL, Cid
-from convoq.gateway.models import Approval, Approvals, History
+from convoq.gateway.models import Approval, Approvals, History, Scheduled, ScheduledView
 from convoq.gateway.routes_turns import AppClient
 from convoq.usage import Usage
 
@@ -60,6 +61,24 @@ async def usage(
 ) -> Usage:
     """One read of the counters each commit adds to, whatever the history's length."""
     return await client.usage(cid)
+
+
+@router.get(
+    "/v1/conversations/{cid}/scheduled",
+    response_model=Scheduled,
+    summary="A conversation's scheduled turns, earliest first (scope: read)",
+)
+async def scheduled(
+    cid: Cid,
+    client: AppClient,
+    _: Annotated[Principal, Depends(Access("read"))],
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Scheduled:
+    """The turns submitted with ``not_before`` or ``delay_s`` that still wait for their
+    time (``limit`` of them); cancel one with its turn's cancel route."""
+    waiting = await client.scheduled(cid, limit=limit)
+    turns = [ScheduledView.of(s) for s in waiting]
+    return Scheduled(conversation_id=cid, now_ms=int(time.time() * 1000), turns=turns)
 
 
 @router.delete(

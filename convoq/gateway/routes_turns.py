@@ -62,7 +62,8 @@ _LOCATION = {
 _SUBMITTED: dict[str, Any] = {
     "headers": {"Location": _LOCATION},
     "links": {
-        # Until settled: the answer comes once the turn is final or parked for approval.
+        # Until settled: the answer comes once the turn is final, parked for approval or
+        # scheduled (waiting for its time).
         "Turn": _link("get_turn", **{"query.wait": 10, "query.until": "settled"}),
         "Events": _link("turn_events_sse", **{"query.until": "settled"}),
         "Cancel": _link("cancel"),
@@ -138,6 +139,8 @@ async def submit_turn(
             callback_url=body.callback_url,
             if_busy=body.if_busy,
             metadata=body.metadata,  # a JSON field, or a multipart field's JSON
+            not_before=body.not_before,
+            delay_s=body.delay_s,
             # Settings and an output schema come in a JSON body only.
             **(body.asked() if isinstance(body, TurnRequest) else {}),
         )
@@ -149,7 +152,9 @@ async def submit_turn(
         ) from None
     # A repeat (same Idempotency-Key) reports the first turn as it stands now; so does a
     # message merged into a queued turn (the turn that answers it).
-    status = await handle.status() if handle.repeated or handle.merged_from else "queued"
+    scheduled = body.not_before is not None or body.delay_s is not None
+    repeated = handle.repeated or handle.merged_from
+    status = await handle.status() if repeated else "scheduled" if scheduled else "queued"
     links = _links(turns, handle.turn_id)
     response.headers["Location"] = links.self
     return TurnAccepted(
@@ -175,11 +180,12 @@ async def get_turn(
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll seconds")] = 0,
     until: Annotated[
         Literal["settled", "final"],
-        Query(description="With wait: settled (final or parked for approval) or final"),
+        Query(description="With wait: settled (final, parked for approval or scheduled) or final"),
     ] = "settled",
 ) -> TurnView:
-    """The turn as it stands. ``?wait=N``: answer once it is final or parked for approval
-    (``until=final``: only once final), or after N seconds with where it stands then."""
+    """The turn as it stands. ``?wait=N``: answer once it is final, parked for approval
+    or scheduled (``until=final``: only once final), or after N seconds with where it
+    stands then."""
     handle = client.handle(cid, tid)
     if wait > 0:
         # Timed out: answered with the turn as it stands.
@@ -209,12 +215,15 @@ async def turn_events_sse(
     ] = None,
     until: Annotated[
         Literal["settled", "final"],
-        Query(description="final: end after done; settled: also once parked for approval"),
+        Query(
+            description="final: end after done; settled: also once parked for approval or scheduled"
+        ),
     ] = "final",
 ) -> StreamingResponse:
     """Every event of the turn (status, text deltas, tool calls, approvals, done), from
     the start or after ``Last-Event-ID``; the stream ends after ``done`` (``until=settled``:
-    also at its ``awaiting_approval`` status while the turn is still parked for approval)."""
+    also at its ``awaiting_approval`` status while the turn is still parked for approval,
+    and at its ``scheduled`` status while it waits for its time)."""
     start = check_event_id(last_event_id if last_event_id is not None else after)
     handle = client.handle(cid, tid)
     await handle.record()  # 404 before the stream starts

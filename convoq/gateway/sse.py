@@ -5,7 +5,8 @@ the event's id in the turn's Redis stream, so a reader that lost its connection 
 with ``Last-Event-ID`` (browsers' EventSource do it by themselves) and gets exactly the
 events after it. The response ends after ``done``; with ``settled`` it also ends at an
 ``awaiting_approval`` status event while the turn is still parked for approval (a reader
-that wants what follows the decision reconnects with ``Last-Event-ID``). Between events a
+that wants what follows the decision reconnects with ``Last-Event-ID``), and at a
+``scheduled`` one while the turn still waits for its time. Between events a
 comment line goes out every ``keepalive_s`` so proxies keep the connection open; the whole
 response is bounded by ``max_s`` (the reader reconnects and goes on).
 """
@@ -50,7 +51,7 @@ async def turn_events(
     settled: bool = False,
 ) -> AsyncIterator[str]:
     """The SSE body: events after ``after`` until ``done`` (or ``max_s``); with
-    ``settled``, also until the turn is parked for approval."""
+    ``settled``, also until the turn is parked for approval or waits for its time."""
     yield f"retry: 1000\n: following turn {handle.turn_id}\n\n"
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline:
@@ -59,17 +60,21 @@ async def turn_events(
                 after = event_id
                 data = json.dumps(event.data, separators=(",", ":"))
                 yield f"id: {event_id}\nevent: {event.type}\ndata: {data}\n\n"
-                if settled and _parks(event) and await _parked(handle):
+                if settled and _rests(event) and await _resting(handle, event):
                     return
             return  # done (or final with its stream expired)
         except TurnTimeoutError:
             yield ": keepalive\n\n"
 
 
-def _parks(event: TurnEvent) -> bool:
-    return event.type == "status" and event.data.get("status") == "awaiting_approval"
+_RESTING = ("awaiting_approval", "scheduled")
 
 
-async def _parked(handle: AsyncTurnHandle) -> bool:
-    """Still parked: a turn resumed since that status event goes on to later events."""
-    return (await handle.record()).status == "awaiting_approval"
+def _rests(event: TurnEvent) -> bool:
+    return event.type == "status" and event.data.get("status") in _RESTING
+
+
+async def _resting(handle: AsyncTurnHandle, event: TurnEvent) -> bool:
+    """Still parked (or scheduled): a turn that moved on since that status event goes on
+    to later events."""
+    return (await handle.record()).status == event.data.get("status")

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from convoq._connection_bounds import ConnectionBounds
 from convoq._sync import adrive, drive, run_sync
+from convoq.context import Scheduler, ScheduleRequest
 from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
 from convoq.limits import Limits
@@ -33,6 +34,7 @@ from convoq.redis._cluster import AsyncRedis
 from convoq.redis._history import append_history, append_steps, load_steps
 from convoq.redis._raw import json_steps
 from convoq.redis._retention import touch_call
+from convoq.redis._scheduling import store_scheduler
 from convoq.redis._summary import commit_steps, counts_steps, state_steps, summary_steps
 from convoq.redis._sync_client import BlockingScripts, connect_blocking
 from convoq.redis.embedded import url_or_embedded
@@ -297,6 +299,15 @@ class RedisConversationMemory(StoredConversationMemory):
             scripts, self._blocking = self._blocking, None
         if scripts is not None:
             scripts.client.close()
+
+    def timer_scheduler(self) -> Scheduler:
+        """What ``ctx.schedule`` of an Agent on this memory stores its follow-up turns
+        with: scheduled turns of this Redis, which its workers run when they are due."""
+
+        async def schedule(request: ScheduleRequest) -> str:
+            return await self._run(lambda p: store_scheduler(p)(request))
+
+        return schedule
 
     async def _run(self, call: Callable[[MemoryStore], Awaitable[T]]) -> T:
         if self._given is not None:

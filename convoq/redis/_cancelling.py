@@ -42,11 +42,11 @@ class CancellingMixin(ProtocolBase):
     """``cancel``, ``is_cancel_requested``, ``clear``."""
 
     async def cancel(self, cid: str, turn_id: str) -> Literal["cancelled", "stopping", "finished"]:
-        """Cancel a turn: queued or parked -> "cancelled" at once; running -> "stopping"
-        (its runner's next renewal or checkpoint reports it, and it fails the turn as
-        cancelled); already ended -> "finished"."""
+        """Cancel a turn: queued, scheduled (its timer goes too) or parked -> "cancelled"
+        at once; running -> "stopping" (its runner's next renewal or checkpoint reports
+        it, and it fails the turn as cancelled); already ended -> "finished"."""
         args = [turn_id, cancelled_arg(self, "cancelled by request"), self.turn_ttl_ms]
-        keys = turn_control_keys(self, cid, turn_id)
+        keys = [*turn_control_keys(self, cid, turn_id), self.keys.timers(cid)]
         reply = Outcome.parse(
             "cancel", await self.scripts.run("cancel", keys, [*args, self.events_maxlen])
         )

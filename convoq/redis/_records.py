@@ -17,6 +17,7 @@ from convoq.turn_state import Decision, TurnEvent, TurnState
 from convoq.window import AgentWindows
 
 TurnStatus = Literal[
+    "scheduled",
     "queued",
     "running",
     "awaiting_approval",
@@ -34,7 +35,8 @@ _STATUSES: tuple[str, ...] = get_args(TurnStatus)
 # guardrail tripped; nothing is stored, the error (GuardrailTripped) says which and why.
 # waiting (not final): parked until its child turns (sub-agent calls) end. interrupted: a
 # newer message stopped it at a step boundary; its finished steps are stored. merged: a
-# message that joined a queued turn, which answers it (``merged_into``).
+# message that joined a queued turn, which answers it (``merged_into``). scheduled (not
+# final): waiting for its due time, in no inbox yet (fire.lua queues it).
 FINAL_STATUSES: frozenset[str] = frozenset(
     {"succeeded", "failed", "cancelled", "expired", "blocked", "interrupted", "merged"}
 )
@@ -73,6 +75,9 @@ class TurnRecord:
     stop: str | None = None
     merged_into: str | None = None
     merged: tuple[str, ...] = ()
+    # A scheduled turn: when it is due, and when its timer fired (Redis time, ms).
+    due_ms: int | None = None
+    fired_ms: int | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -282,6 +287,8 @@ def decode_record(cid: str, tid: str, fields: dict[str, bytes], key: str) -> Tur
             stop=_text(fields, "stop"),
             merged_into=_text(fields, "merged_into"),
             merged=tuple(item["turn_id"] for item in _json(fields, "merged") or []),
+            due_ms=_int(fields, "due_ms"),
+            fired_ms=_int(fields, "fired_ms"),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise CorruptDataError(

@@ -15,6 +15,7 @@ any string may be one.
     {prefix}:{cid}:blobs           hash    sha256 hex -> raw attachment bytes
     {prefix}:{cid}:summary         hash    rolling summary: text, watermark (turns covered)
     {prefix}:{cid}:inbox           list    queued turn ids, FIFO; the head is being run
+    {prefix}:{cid}:timers          zset    scheduled turn id -> due ms (fire.lua queues them)
     {prefix}:{cid}:lease           hash    holder, fence, state, expires_ms (PX expiry)
     {prefix}:{cid}:turn:{tid}      hash    the turn record
     {prefix}:{cid}:cont:{tid}      string  continuation of a parked turn (TurnState JSON)
@@ -36,6 +37,7 @@ any string may be one.
     {prefix}:{~queued}:members     hash    "cid tid" -> "admitted_ms agent" of admitted turns
     {prefix}:{~queued}:counts      hash    agent -> turns admitted, "*" -> all of them
     {prefix}:{~queued}:cursor      string  where the reconciling HSCAN goes on
+    {prefix}:{~timers}:due         zset    encoded cid -> its earliest due timer, ms
 
 The keys from the epoch marker on are deployment-wide, outside any conversation. They can
 never equal a conversation key: those always carry a ``{cid}`` hash tag right after the
@@ -89,6 +91,10 @@ class KeySchema:
 
     def inbox(self, cid: str) -> str:
         return f"{self.base(cid)}:inbox"
+
+    def timers(self, cid: str) -> str:
+        """Sorted set of the conversation's scheduled turns: turn id -> due ms."""
+        return f"{self.base(cid)}:timers"
 
     def lease(self, cid: str) -> str:
         return f"{self.base(cid)}:lease"
@@ -173,6 +179,24 @@ class KeySchema:
         """members, counts, cursor: the deployment-wide queued-turn counters (one slot)."""
         base = f"{self.prefix}:{{~queued}}"
         return [f"{base}:members", f"{base}:counts", f"{base}:cursor"]
+
+    def timer_index(self) -> str:
+        """Sorted set, deployment-wide: encoded conversation id -> the due ms of its
+        earliest timer (or earlier: an entry may run ahead, never behind, of its
+        conversation's ``timers``); what the timer poll reads."""
+        return f"{self.prefix}:{{~timers}}:due"
+
+    def timers_pattern(self) -> str:
+        """Glob for SCAN over every conversation's timers (the index's repair)."""
+        return f"{self.prefix}:{{*}}:timers"
+
+    def conversation_of_timers(self, key: str | bytes) -> str | None:
+        """The conversation id of a timers key found by SCAN, or None if it is not one."""
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        head, tail = f"{self.prefix}:{{", "}:timers"
+        if not (text.startswith(head) and text.endswith(tail)):
+            return None
+        return from_key_part(text[len(head) : -len(tail)])
 
     def history_keys(self, cid: str) -> list[str]:
         """meta, turns, blobs, lead: what the history scripts take as KEYS[1..4]."""

@@ -43,6 +43,8 @@ Where each verb lives (the class is assembled here from these, over
   ``read_events``, ``emit``);
 - :mod:`convoq.redis._retention`: ``touch`` (the idle TTL), ``prune``;
 - :mod:`convoq.redis._popping`: ``pop`` (the newest message, for memory and sessions);
+- :mod:`convoq.redis._scheduling`: ``schedule``, ``fire_due``, ``scheduled_turns`` and
+  the timer index (scheduled turns on durable timers);
 - :mod:`convoq.redis._sweeping`: ``sweep_candidates``;
 - :mod:`convoq.redis._transferring`: ``transfer`` (a handoff), ``head_agent``;
 - :mod:`convoq.redis._registry`: ``registered_agents``/``workers``/``prefixes``,
@@ -74,6 +76,7 @@ from convoq.redis._records import (
 from convoq.redis._registry import RegistryMixin
 from convoq.redis._retention import RetentionMixin
 from convoq.redis._retrying import Retried, RetryingMixin
+from convoq.redis._scheduling import SchedulingMixin
 from convoq.redis._submitting import SubmittingMixin
 from convoq.redis._sweeping import SweepingMixin
 from convoq.redis._transferring import TransferringMixin
@@ -109,6 +112,7 @@ class TurnProtocol(
     PoppingMixin,  # over RetentionMixin
     RetentionMixin,
     SweepingMixin,
+    SchedulingMixin,
     RegistryMixin,
     TransferringMixin,
     SignalsMixin,

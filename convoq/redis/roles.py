@@ -12,6 +12,8 @@ same signatures. ``TurnProtocol`` satisfies every role (checked by mypy in
 | `EventSink` | `TurnEvents`, a turn's buffered events (`redis/_events.py`) |
 | `TurnReader` | webhooks, finished-turn callbacks (`worker/webhooks.py`, `_finished.py`) |
 | `SweepStore` | the sweeper (`worker/sweeper.py`) |
+| `TimerStore` | the timer poll (`worker/_timers.py`) |
+| `ScheduleStore` | whoever schedules a turn: client, worker and Redis memory (`ctx.schedule`) |
 | `LeaseStore` | a running turn's lease and checkpoints (`worker/_lease.py`) |
 | `RunnerStore` | the drain loop (`worker/runner.py`) |
 | `WorkerStore` | the worker's runtime and its parts (`worker/runtime.py`, `worker/_*.py`) |
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from convoq.messages import Message
     from convoq.redis._approvals import Decided
     from convoq.redis._cluster import AsyncRedis
+    from convoq.redis._due import Due
     from convoq.redis._durable import Acks
     from convoq.redis._popping import Keep
     from convoq.redis._raw import StoredJson
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
     )
     from convoq.redis._refusals import Refusal
     from convoq.redis._retrying import Retried
+    from convoq.redis._scheduling import Fired, ScheduledTurn, ScheduleResult
     from convoq.redis._texting import IfBusy, StopFlags
     from convoq.redis._world import Signalled
     from convoq.redis.keys import KeySchema
@@ -66,7 +70,9 @@ __all__ = [
     "LeaseStore",
     "MemoryStore",
     "RunnerStore",
+    "ScheduleStore",
     "SweepStore",
+    "TimerStore",
     "TurnReader",
     "WorkerStore",
 ]
@@ -94,6 +100,34 @@ class SweepStore(Protocol):
     async def reconcile_admitted(self, *, batch: int = 200, grace_ms: int = 60_000) -> int: ...
 
 
+class TimerStore(Protocol):
+    """The timer poll: conversations with due timers, firing them (and the sweep's repair
+    of the index)."""
+
+    async def due_conversations(self, limit: int = 200) -> tuple[list[str], int]: ...
+
+    async def fire_due(self, cid: str) -> Fired: ...
+
+    async def repair_timer_index(self) -> int: ...
+
+
+class ScheduleStore(Protocol):
+    """Schedules a turn (a client's submit with a due time, a tool's ``ctx.schedule``)."""
+
+    async def schedule(
+        self,
+        cid: str,
+        turn_id: str,
+        *,
+        agent: str,
+        message: Message,
+        options: dict[str, Any],
+        due: Due,
+        idempotency_key: str | None = None,
+        if_busy: Literal["queue", "reject"] = "queue",
+    ) -> ScheduleResult: ...
+
+
 class LeaseStore(EventSink, Protocol):
     """A running turn: its lease renewed, its steps checkpointed, cancels noticed."""
 
@@ -116,7 +150,7 @@ class LeaseStore(EventSink, Protocol):
     async def stop_flags(self, cid: str, turn_id: str) -> StopFlags: ...
 
 
-class RunnerStore(LeaseStore, TurnReader, Protocol):
+class RunnerStore(LeaseStore, TurnReader, ScheduleStore, Protocol):
     """The drain loop: take a conversation's turns, end each, hand off the next."""
 
     async def take(self, cid: str, taking: Taking, *, head: str | None = None) -> Handoff: ...
@@ -176,7 +210,7 @@ class RunnerStore(LeaseStore, TurnReader, Protocol):
     async def head_agent(self, cid: str) -> str | None: ...
 
 
-class WorkerStore(RunnerStore, SweepStore, Protocol):
+class WorkerStore(RunnerStore, SweepStore, TimerStore, ScheduleStore, Protocol):
     """A worker process: the runner's and the sweeper's roles, and what the runtime itself
     does (the dataset's epoch, the retention it publishes, uncounting a dropped turn)."""
 
@@ -242,9 +276,11 @@ class TurnControl(TurnReader, KeyedStore, Protocol):
     ) -> Literal["cancelled", "stopping", "finished"]: ...
 
 
-class ClientStore(TurnControl, Protocol):
+class ClientStore(TurnControl, ScheduleStore, Protocol):
     """The client: submit and control turns, follow them, read conversations and the
     deployment."""
+
+    async def scheduled_turns(self, cid: str, *, limit: int = 100) -> list[ScheduledTurn]: ...
 
     @property
     def acks(self) -> Acks: ...
@@ -338,7 +374,7 @@ class HeldStore(Protocol):
     ) -> ConvoqError: ...
 
 
-class MemoryStore(HeldStore, Protocol):
+class MemoryStore(HeldStore, ScheduleStore, Protocol):
     """The Redis memory: windows, appends (scripts and keys), pops, prunes, clears, and
     its in-process turns (the held role, and the lease they renew)."""
 

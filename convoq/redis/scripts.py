@@ -16,7 +16,8 @@ it), so each write script is a no-op when replayed: ``submit`` (the turn record 
 DUP), ``commit``/``fail`` (the turn is final: APPLIED), ``park`` (parked with this fence:
 PARKED), ``checkpoint`` (this state is journaled already), ``append`` and ``pop`` (their
 write id is recorded: APPLIED), ``admit``/``unadmit`` (a member is counted once),
-``reserve`` (the lease is this holder's: its fence), ``cut_off`` (the run's fence is
+``reserve`` (the lease is this holder's: its fence), ``schedule`` (the turn record
+exists: DUP), ``fire`` (a fired timer is gone from the zset), ``cut_off`` (the run's fence is
 reported already: SEEN), ``retry`` (the request's token is the last retry's: REPEATED),
 ``unreserve``, ``decide``,
 ``discard``, ``renew``, ``touch``, ``prune`` and ``clear`` (they set what is already
@@ -52,6 +53,7 @@ NAMES = (
     "decide",
     "discard",
     "fail",
+    "fire",
     "load",
     "park",
     "pop",
@@ -60,6 +62,7 @@ NAMES = (
     "renew",
     "reserve",
     "retry",
+    "schedule",
     "signal",
     "submit",
     "summarise",

@@ -28,6 +28,7 @@ from convoq.settings import ConvoqSettings
 from convoq.worker import _observed
 from convoq.worker._drains import Serving
 from convoq.worker._event_loop import WorkerLoop
+from convoq.worker._timers import TimerPoll
 from convoq.worker.profiles import Profiles
 from convoq.worker.sweeper import Kick, Sweeper
 
@@ -67,6 +68,7 @@ class Heartbeat:
         self._info: dict[str, Any] = {}
         self._metrics: metrics.MetricsServer | None = None
         self._sweeper: concurrent.futures.Future[None] | None = None
+        self._timers: concurrent.futures.Future[None] | None = None
 
     def announce(self, hostname: str, queues: list[str]) -> None:
         """Serve metrics (with ``metrics_port``) and publish this worker and its profiles in
@@ -81,10 +83,17 @@ class Heartbeat:
         self._announced_as, self._queues = hostname, queues
 
     def start_sweeping(self) -> None:
-        """Run the sweeper on the loop until :meth:`stop`."""
+        """Run the sweeper and the timer poll (:mod:`._timers`) on the loop until
+        :meth:`stop`."""
         sweeper = self._make_sweeper()
         self._sweeper = asyncio.run_coroutine_threadsafe(
             sweeper.run_forever(), self._loop.thread.loop
+        )
+        timers = TimerPoll(
+            self._loop.open().protocol, self._kick, interval_s=self._settings.timer_interval_s
+        )
+        self._timers = asyncio.run_coroutine_threadsafe(
+            timers.run_forever(), self._loop.thread.loop
         )
 
     def sweep_once(self) -> list[str]:
@@ -95,6 +104,8 @@ class Heartbeat:
         """Stop the sweeper and the metrics server."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._timers is not None:
+            self._timers.cancel()
         if self._metrics is not None:
             self._metrics.close()
 
@@ -156,8 +167,15 @@ class Heartbeat:
             lock_key=self._keys.sweeper_lock(),
             guard=self._each_period,
             measure=lambda: _observed.measure_inboxes(redis, self._keys, partitions),
-            also=self._also,
+            also=self._sweep_duties,
         )
+
+    async def _sweep_duties(self) -> None:
+        """After a sweep, in the one process that swept in the period: the worker's own
+        duties, then the timer index repaired from a SCAN of the timers keys (a client
+        that died between its two writes of a schedule left a timer without an entry)."""
+        await self._also()
+        await self._loop.open().protocol.repair_timer_index()
 
     async def _check_dataset(self) -> None:
         """Refuse to serve a Redis that came back empty (its epoch marker changed)."""

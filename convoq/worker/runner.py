@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convoq import defaults
+from convoq.context import use_scheduler
 from convoq.engine import Completed, Expired, HandedOff, Outcome, Paused
 from convoq.errors import (
     AttachmentError,
@@ -51,6 +52,7 @@ from convoq.observe import tracing
 from convoq.profile import TurnJob
 from convoq.redis._base import REDIS_UNAVAILABLE
 from convoq.redis._durable import until_durable
+from convoq.redis._scheduling import store_scheduler
 from convoq.redis.protocol import Acquired, Handoff, Taking, TurnEnding, TurnEvents
 from convoq.redis.roles import RunnerStore
 from convoq.subagents import Children
@@ -369,7 +371,8 @@ class Runner:
             children=self._children(turn.options) if self._children is not None else None,
             handed=turn.handed_from is not None,
         )
-        return await profile.run_turn(job)
+        with use_scheduler(store_scheduler(self._protocol)):  # ctx.schedule goes to the store
+            return await profile.run_turn(job)
 
     async def _history(self, acq: Acquired) -> list[Message]:
         """The turn's window (:class:`~convoq.window.WindowRule`, decided with the

@@ -1,0 +1,89 @@
+"""``ctx.schedule`` of an in-process Agent: on Redis memory it stores scheduled turns in
+that Redis (for its workers), one per schedule of a call; on in-memory or file memory (or
+none) it is refused, naming ``ctx.schedule``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convoq import Agent, Message, RunContext, ToolCall, tool
+from convoq.memory import FileConversationMemory, InMemoryConversationMemory
+from convoq.memory.redis import RedisConversationMemory
+from convoq.models import ModelRequest, ScriptedModel
+from convoq.redis import TurnProtocol
+
+
+@tool
+async def plan(ctx: RunContext[Any]) -> str:
+    """Schedules two follow-ups."""
+    first = await ctx.schedule("tomorrow", delay_s=86_400)
+    second = await ctx.schedule("next week", delay_s=7 * 86_400, agent="weekly")
+    return f"{first} {second}"
+
+
+def _model(request: ModelRequest) -> str | Message:
+    if request.messages[-1].role == "tool":
+        return request.messages[-1].text
+    return Message.assistant("", [ToolCall(id="p1", name="plan", arguments={})])
+
+
+async def test_on_redis_memory_the_follow_ups_are_scheduled_turns(
+    redis_url: str, key_prefix: str, proto: TurnProtocol
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    agent = Agent(ScriptedModel(_model), name="daily", tools=[plan], memory=memory)
+    try:
+        response = await agent.agenerate("plan my week", conversation_id="c1")
+    finally:
+        await memory.aclose()
+    first, second = response.text.split()
+    waiting = await proto.scheduled_turns("c1")
+    assert [(s.turn_id, s.record.agent, s.record.input.text) for s in waiting] == [
+        (first, "daily", "tomorrow"),
+        (second, "weekly", "next week"),
+    ]
+    assert waiting[0].record.status == "scheduled"
+
+
+def _refusing_model(request: ModelRequest) -> str | Message:
+    if request.messages[-1].role == "tool":
+        return request.messages[-1].text
+    return Message.assistant("", [ToolCall(id="p1", name="try_plan", arguments={})])
+
+
+@tool
+async def try_plan(ctx: RunContext[Any]) -> str:
+    """Reports how ctx.schedule was refused."""
+    try:
+        await ctx.schedule("later", delay_s=60)
+    except Exception as exc:
+        return f"{type(exc).__name__} {exc.details.get('option')}"  # type: ignore[attr-defined]
+    return "scheduled"
+
+
+@pytest.mark.parametrize("kind", ["in-memory", "file", "no memory"])
+def test_without_durable_timers_ctx_schedule_is_refused(kind: str, tmp_path: Path) -> None:
+    memory: Any = {
+        "in-memory": InMemoryConversationMemory(),
+        "file": FileConversationMemory(tmp_path),
+        "no memory": None,
+    }[kind]
+    agent = Agent(ScriptedModel(_refusing_model), name="bot", tools=[try_plan], memory=memory)
+    cid = None if memory is None else "c1"
+    assert agent.generate("hi", conversation_id=cid).text == "ConvoqError ctx.schedule"
+
+
+async def test_a_schedule_sent_again_with_its_key_finds_the_first_turn(proto: TurnProtocol) -> None:
+    from convoq.context import ScheduleRequest
+    from convoq.redis._scheduling import store_scheduler
+
+    schedule = store_scheduler(proto)
+    request = ScheduleRequest("c1", "later", "daily", 60.0, "convoq-key:schedule:0")
+    first = await schedule(request)
+    assert await schedule(request) == first  # a rerun of the tool call
+    other = await schedule(ScheduleRequest("c1", "later", "daily", 60.0, "convoq-key:schedule:1"))
+    assert other != first
+    assert [s.turn_id for s in await proto.scheduled_turns("c1")] == sorted([first, other])
