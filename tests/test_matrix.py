@@ -212,17 +212,20 @@ def agents(pool: WorkerPool) -> Any:
 
 
 def _ahead(
-    rider: str, request: pytest.FixtureRequest, memory: RedisConversationMemory
+    riders: tuple[str, ...], request: pytest.FixtureRequest, memory: RedisConversationMemory
 ) -> dict[tuple[str, str, str, str], tuple[Cell, Ran]]:
-    """Every worker and gateway cell of ``rider``, started now: each cell's turn and what
-    its run came to (parked, scheduled)."""
-    turns = {}
-    for entry in ("worker", "gateway"):
-        for profile in PROFILES:
-            for wire_name in WIRES:
-                cell = Cell.new(entry, profile, wire_name, rider, request, memory)
-                turns[(entry, profile, wire_name, rider)] = (cell, cell.run())
-    return turns
+    """Every worker and gateway cell of ``riders``, started now: each cell's turn and what
+    it came to once it rests (parked, scheduled)."""
+    cells = {
+        (entry, profile, wire_name, rider): Cell.new(
+            entry, profile, wire_name, rider, request, memory
+        )
+        for entry in ("worker", "gateway") for profile in PROFILES for wire_name in WIRES
+        for rider in riders
+    }  # fmt: skip
+    for cell in cells.values():  # all submitted first: the workers run them side by side
+        cell.submit()
+    return {key: (cell, cell.settle()) for key, cell in cells.items()}
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +234,7 @@ def parked(
 ) -> dict[tuple[str, str, str, str], tuple[Cell, Ran]]:
     """Every worker and gateway approval and deferred cell's turn, parked on the module's
     first worker; that worker is then killed, so each of them resumes on another one."""
-    turns = {**_ahead("approval", request, memory), **_ahead("deferred", request, memory)}
+    turns = _ahead(("approval", "deferred"), request, memory)
     first = list(pool.workers)
     pool.start(1)
     for worker in first:
@@ -247,7 +250,7 @@ def scheduled(
     """Every worker and gateway scheduled cell's turn, submitted at once (each due
     DELAY_S later). The riders before it in RIDERS ran first, so the worker the parked
     cells kill is gone by now: no scheduled turn runs on it."""
-    return _ahead("scheduled", request, memory)
+    return _ahead(("scheduled",), request, memory)
 
 
 @pytest.mark.parametrize(("entry", "profile", "wire_name", "rider"), CELLS)
@@ -505,7 +508,12 @@ class Cell:
         return {"tracking": f"T-{self.cid[-6:]}"}
 
     def run(self) -> Ran:
-        return getattr(self, f"_run_{self.entry}")()
+        if self.entry == "in_process":
+            return self._run_in_process()
+        if self.rider == "merge":
+            return self._merge_worker() if self.entry == "worker" else self._merge_gateway()
+        self.submit()
+        return self.settle()
 
     def _run_in_process(self) -> Ran:
         agent: Agent = getattr(self.fixture("agents"), self.agent)
@@ -519,14 +527,34 @@ class Cell:
             return Ran("blocked", error=tripped.to_data())
         return _ran_in_process(self.response)
 
-    def _run_worker(self) -> Ran:
-        client: Client = self.fixture("client")
-        if self.rider == "merge":
-            return self._merge_worker(client)
+    def submit(self) -> None:
+        """Submit the turn (worker, gateway): ``handle`` is its handle, or its turn id."""
         output = {"output_type": Answer} if self.rider == "typed_output" else {}
-        self.handle = client.submit(
-            self.cid, self.text, agent=self.agent, **self.options(), **output
-        )
+        if self.entry == "worker":
+            client: Client = self.fixture("client")
+            self.handle = client.submit(
+                self.cid, self.text, agent=self.agent, **self.options(), **output
+            )
+            return
+        body: dict[str, Any] = {"message": self.text, "agent": self.agent, **self.options()}
+        if output:
+            body["output_schema"] = {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}, "n": {"type": "integer"}},
+                "required": ["answer", "n"],
+            }
+        gateway: GatewayProcess = self.fixture("gateway")
+        with gateway.client() as http:
+            accepted = http.post(turns_path(self.cid), json=body)
+        assert accepted.status_code == 202, accepted.text
+        self.response = accepted.json()
+        self.handle = self.response["turn_id"]
+
+    def settle(self) -> Ran:
+        """What the submitted turn came to once it rests: final, parked, or scheduled."""
+        return getattr(self, f"_settle_{self.entry}")()
+
+    def _settle_worker(self) -> Ran:
         if self.rider == "scheduled":  # what its submit made of it (no wait: it may be due)
             return Ran(self.statuses(first=True)[0])
         if self.rider == "deferred":  # a wait() goes on through "waiting": poll
@@ -535,23 +563,11 @@ class Cell:
         self.response = self.handle.wait(90, until="settled", raise_on_error=False)
         return _ran_worker(self.response)
 
-    def _run_gateway(self) -> Ran:
+    def _settle_gateway(self) -> Ran:
+        if self.rider == "scheduled":  # what its submit made of it
+            return Ran(self.response["status"])
         gateway: GatewayProcess = self.fixture("gateway")
-        body: dict[str, Any] = {"message": self.text, "agent": self.agent, **self.options()}
-        if self.rider == "typed_output":
-            body["output_schema"] = {
-                "type": "object",
-                "properties": {"answer": {"type": "string"}, "n": {"type": "integer"}},
-                "required": ["answer", "n"],
-            }
         with gateway.client() as http:
-            if self.rider == "merge":
-                return self._merge_gateway(http)
-            accepted = http.post(turns_path(self.cid), json=body)
-            assert accepted.status_code == 202, accepted.text
-            self.handle = accepted.json()["turn_id"]
-            if self.rider == "scheduled":  # what its submit made of it
-                return Ran(accepted.json()["status"])
             if self.rider == "deferred":  # a long poll goes on through "waiting": poll
                 path = f"{turns_path(self.cid)}/{self.handle}"
                 view = wait_until(lambda: _unless(http.get(path).json(), "queued", "running"), 90)
@@ -592,7 +608,8 @@ class Cell:
         assert ran.merged == [merged_from], ran
         return ran
 
-    def _merge_worker(self, client: Client) -> Ran:
+    def _merge_worker(self) -> Ran:
+        client: Client = self.fixture("client")
         handles: dict[str, Any] = {}
 
         def submit(text: str, mode: str) -> tuple[str, str | None]:
@@ -604,16 +621,19 @@ class Cell:
             submit, lambda tid: _ran_worker(handles[tid].wait(90, raise_on_error=False))
         )
 
-    def _merge_gateway(self, http: httpx.Client) -> Ran:
+    def _merge_gateway(self) -> Ran:
+        gateway: GatewayProcess = self.fixture("gateway")
+
         def submit(text: str, mode: str) -> tuple[str, str | None]:
             body = {"message": text, "agent": self.agent, "if_busy": mode}
             accepted = http.post(turns_path(self.cid), json=body)
             assert accepted.status_code == 202, accepted.text
             return accepted.json()["turn_id"], accepted.json()["merged_from"]
 
-        return self._merge(
-            submit, lambda tid: _ran_gateway(_wait_http(http, self.cid, tid, until="final"))
-        )
+        with gateway.client() as http:
+            return self._merge(
+                submit, lambda tid: _ran_gateway(_wait_http(http, self.cid, tid, until="final"))
+            )
 
     # -- the approval, decided elsewhere ---------------------------------------------------
     def approve(self) -> Ran:
