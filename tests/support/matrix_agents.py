@@ -4,27 +4,31 @@ One convoq ``Agent`` and one Pydantic AI agent per model wire, all on the three-
 loopback server at ``MATRIX_WIRE_URL`` (``.../v1``, :mod:`tests.support.wire_server`):
 ``convoq_chat``, ``convoq_responses``, ``convoq_anthropic``, ``pydantic_ai_chat``,
 ``pydantic_ai_responses``, ``pydantic_ai_anthropic``. Each has the same tools: ``refund``
-(needs approval), ``whoami`` (reads the turn's metadata) and, for convoq agents, the MCP
+(needs approval), ``whoami`` (reads the turn's metadata), ``ship`` (its result comes later
+from outside: convoq's or Pydantic AI's ``CallDeferred``) and, for convoq agents, the MCP
 test server's ``t__add``; and the same guardrails: ``no_blocked_input`` trips on a user
 message of the ``input_guardrail`` rider, ``no_blocked_output`` on an answer of the
 ``output_guardrail`` rider. Each convoq agent hands off to ``desk_<wire>`` (on the same
 wire) for the ``handoff`` rider. What each model answers is :func:`script`, read from the
-request (and, for the ``retry`` rider, from :data:`BROKEN` in the process serving the wire).
+request (and, for the ``retry`` rider, from :data:`BROKEN` in the process serving the wire;
+for the ``merge`` rider, the first turn's model call is held at a gate of :data:`HELD`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai import CallDeferred as PydanticCallDeferred
 from pydantic_ai import RunContext as PydanticContext
 from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from convoq import Agent, GuardrailResult, Message, RunContext, tool
+from convoq import Agent, CallDeferred, GuardrailResult, Message, RunContext, tool
 from convoq.integrations.pydantic_ai import DurableAgent, durable
 from convoq.mcp import stdio_server
 from convoq.models import anthropic, openai, responses
@@ -42,6 +46,10 @@ MCP_LOG = os.environ.get("MATRIX_MCP_LOG", "/tmp/convoq-matrix-mcp.log")
 # (HTTP 400: the turn fails after its first step); the test takes a conversation out to
 # let its retried turn succeed. Read where the wire server runs: the test's process.
 BROKEN: set[str] = set()
+# Conversations of the merge rider whose first turn's model call is held: the server sets
+# the first event when the call arrives and answers once the test sets the second.
+HELD: dict[str, tuple[threading.Event, threading.Event]] = {}
+HOLD_S = 60.0
 
 
 def rider_of(seen: Seen) -> tuple[str, list[Any]]:
@@ -58,13 +66,16 @@ def script(seen: Seen) -> Said:
     results = [item for item in after if item.role == "tool"]
     if rider == "summarise":
         return Said("users said hello")  # the summariser's answer
+    if rider == "merge":
+        return _merge(seen)
     if rider == "typed_output":
         tried = any(item.role == "assistant" for item in after)
         return Said(output=ANSWER if tried else WRONG)
     tool = {"approval": ("refund", {"amount": 5}), "metadata": ("whoami", {}),
             "mcp": ("t__add", {"a": 2, "b": 3}), "retry": ("whoami", {}),
             "subagent": ("helper", {"input": "help me"}),
-            "handoff": (f"transfer_to_desk_{seen.wire}", {})}.get(rider)  # fmt: skip
+            "handoff": (f"transfer_to_desk_{seen.wire}", {}),
+            "deferred": ("ship", {"order": "A7"})}.get(rider)  # fmt: skip
     if tool is not None and not results:
         return Said(calls=[(f"call_{rider}", tool[0], tool[1])])
     if rider == "retry" and _cid_of(seen) in BROKEN:
@@ -72,6 +83,19 @@ def script(seen: Seen) -> Said:
     if results:
         return Said(f"{rider} done: {results[-1].text}")
     return Said(f"{rider or 'plain'} ok")
+
+
+def _merge(seen: Seen) -> Said:
+    """The merge rider: its first turn (the message saying "hold") waits at its gate, so
+    the messages sent meanwhile find the conversation busy; the merged turn answers."""
+    marked, _ = seen.since(MARK)
+    gate = HELD.get(_cid_of(seen))
+    if marked is not None and "hold" in marked.text.split() and gate is not None:
+        entered, go = gate
+        entered.set()
+        go.wait(HOLD_S)
+        return Said("merge held")
+    return Said("merge ok")
 
 
 def _cid_of(seen: Seen) -> str:
@@ -101,6 +125,12 @@ def pydantic_ai_model(wire: str) -> Any:
 def refund(amount: int) -> str:
     """Refund an amount to the customer."""
     return f"refunded {amount}"
+
+
+@tool
+def ship(order: str) -> str:
+    """Hand the order to the carrier, who reports the tracking later."""
+    raise CallDeferred(metadata={"order": order})
 
 
 @tool
@@ -135,7 +165,7 @@ def _convoq(wire: str) -> Agent:
         convoq_model(wire),
         "Be brief.",
         name=f"convoq_{wire}",
-        tools=[refund, whoami],
+        tools=[refund, whoami, ship],
         mcp_servers=[stdio_server("t", **stdio_args(MCP_LOG))],
         subagents=[helper.as_tool(name="helper", description="Helps.")],
         handoffs=[desk],
@@ -157,6 +187,11 @@ def _pydantic_ai(wire: str) -> DurableAgent:
     def whoami(ctx: PydanticContext[Any]) -> str:
         """The customer this turn is for."""
         return str((ctx.metadata or {}).get("customer"))
+
+    @agent.tool_plain
+    def ship(order: str) -> str:
+        """Hand the order to the carrier, who reports the tracking later."""
+        raise PydanticCallDeferred(metadata={"order": order})
 
     return durable(agent, **GUARDRAILS)
 
