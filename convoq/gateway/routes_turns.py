@@ -224,7 +224,9 @@ async def turn_events_sse(
     the start or after ``Last-Event-ID``; the stream ends after ``done`` (``until=settled``:
     also at its ``awaiting_approval`` status while the turn is still parked for approval,
     and at its ``scheduled`` status while it waits for its time)."""
-    start = check_event_id(last_event_id if last_event_id is not None else after)
+    # Both are checked whichever is used: a bad one is refused, never ignored.
+    given = check_event_id(after)
+    start = check_event_id(last_event_id) if last_event_id is not None else given
     handle = client.handle(cid, tid)
     await handle.record()  # 404 before the stream starts
     return StreamingResponse(

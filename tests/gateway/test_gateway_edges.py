@@ -127,6 +127,9 @@ def test_out_of_range_event_ids_are_422_before_the_stream_starts(gateway: Gatewa
         for bad in ["99999999999999999999-0", "0-99999999999999999999", "18446744073709551616-0"]:
             _problem(http.get(url, headers={"Last-Event-ID": bad}), 422, "InvalidEventId")
             _problem(http.get(url, params={"after": bad}), 422, "InvalidEventId")
+            # A bad ?after= is refused even beside a Last-Event-ID, which takes precedence.
+            both = http.get(url, params={"after": bad}, headers={"Last-Event-ID": ""})
+            _problem(both, 422, "InvalidEventId")
         # The largest id the gateway takes is valid: nothing comes after it, the stream
         # stays open.
         with http.stream(
