@@ -86,8 +86,8 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         # test_gateway_scheduled.py). Written as if/then, schemathesis fails on the
         # multipart form's binary parts; so for this operation alone, valid data may be
         # answered 422.
-        "[[operations]]\ninclude-path = \"/v1/conversations/{cid}/turns\"\n"
-        "include-method = \"POST\"\n"
+        '[[operations]]\ninclude-path = "/v1/conversations/{cid}/turns"\n'
+        'include-method = "POST"\n'
         f"[operations.checks.positive_data_acceptance]\nexpected-statuses = {ACCEPTED!r}\n"
     )
     command = [
