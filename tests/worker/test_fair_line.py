@@ -105,7 +105,7 @@ def test_a_conversation_that_gives_its_slot_up_needs_no_broker_message(
 ) -> None:
     cids = [*ids_in(0, 1), *ids_in(1, 1)]
     before = lpushes(redis_client)
-    handles = submit_rounds(one_slot, cids)
+    handles = submit_rounds(one_slot, cids, gate=redis_client)
     keys = KeySchema(one_slot.prefix)
     # Both took turns (each gave the slot up twice), yet the only messages were the two
     # kicks the client sent when each conversation's first turn found it idle.
