@@ -81,6 +81,10 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         f"[checks.negative_data_rejection]\nexpected-statuses = {REFUSALS!r}\n"
         f"[generation]\nmax-examples = {EXAMPLES_PER_OPERATION}\n"
         f"[phases.stateful]\nmax-steps = {STATEFUL_STEPS}\n"
+        # Only the document's own links: those schemathesis infers (a turn id in any
+        # answer into every route that takes one) long-poll scheduled turns until final,
+        # a minute each, and add no route the declared links and the other phases miss.
+        "[phases.stateful.inference]\nalgorithms = []\n"
         # A submit's body has one rule across its fields the document states in words
         # only: a double-texting if_busy cannot be scheduled (422, InvalidScheduleError;
         # test_gateway_scheduled.py). Written as if/then, schemathesis fails on the
@@ -111,8 +115,7 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
     assert "Operations:       25 selected / 25 total" in output, output[-8000:]
-    # The stateful phase ran and followed the document's links (and those schemathesis
-    # infers). Two need a turn its random submits may not have made: a decision needs one
+    # The stateful phase ran and followed the document's links. Two need a turn its random submits may not have made: a decision needs one
     # parked (agent approver) and a retry one failed (agent failer); those two links are
     # followed every time by test_gateway.py's
     # test_the_links_of_a_parked_and_of_a_failed_turn_lead_to_calls_that_go_through.
@@ -125,9 +128,9 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
         )
     )
     assert unusable <= NEEDS_A_TURN_OF_ITS_OWN, output[-8000:]
-    # The links schemathesis infers into a deferred call's result (from every tool call a
-    # response shows) need a turn waiting for that call, which the random submits never
-    # make; test_gateway_waits.py posts results (and signals) every time.
+    # Links into a deferred call's result (inferred from every tool call a response shows,
+    # where inference is on) need a turn waiting for that call, which the random submits
+    # never make; test_gateway_waits.py posts results (and signals) every time.
     waiting = _links_into(gateway, "calls_call_id_result")
     assert int(links[1]) >= int(links[2]) - len(unusable) - len(waiting), output[-8000:]
     failures = output[output.find("=== FAILURES") :] if "=== FAILURES" in output else output
