@@ -115,10 +115,10 @@ def test_schemathesis_finds_no_failure(gateway: GatewayProcess, tmp_path: Path) 
                              timeout=480, check=False)  # fmt: skip
     output = log.read_text()
     assert "Operations:       25 selected / 25 total" in output, output[-8000:]
-    # The stateful phase ran and followed the document's links. Two need a turn its random submits may not have made: a decision needs one
-    # parked (agent approver) and a retry one failed (agent failer); those two links are
-    # followed every time by test_gateway.py's
-    # test_the_links_of_a_parked_and_of_a_failed_turn_lead_to_calls_that_go_through.
+    # The stateful phase ran and followed the document's links. Two need a turn its random
+    # submits may not have made: a decision needs one parked (agent approver) and a retry
+    # one failed (agent failer); those two links are followed every time by test_gateway.py
+    # (test_the_links_of_a_parked_and_of_a_failed_turn_lead_to_calls_that_go_through).
     assert "✅  Stateful" in output, output[-8000:]
     links = re.search(r"API Links:\s+(\d+) covered / (\d+) selected", output)
     assert links and int(links[2]) >= DECLARED_LINKS, output[-8000:]
