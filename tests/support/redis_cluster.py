@@ -166,7 +166,8 @@ class RedisClusterNodes:
                 self._start_node(port)
         self._wait_ping(self.ports[index])
 
-    def _wait_ping(self, port: int, timeout: float = 10.0) -> None:
+    def _wait_ping(self, port: int, timeout: float = 30.0) -> None:
+        # 30 s: six nodes start at once beside a loaded test run (a node once took over 10).
         client = self._node(port, socket_connect_timeout=0.2, socket_timeout=1.0)
         deadline = time.monotonic() + timeout
         try:
