@@ -18,6 +18,7 @@ from typing import Any, cast
 from convoq._sync import call_maybe_async
 from convoq.context import RunContext
 from convoq.errors import ConvoqError
+from convoq.ids import is_label
 from convoq.messages import Decision
 
 log = logging.getLogger("convoq.approvals")
@@ -86,11 +87,7 @@ def check_decision_note(reason: object, by: object) -> tuple[str | None, str | N
         )
     if by is None:
         return reason, None
-    if (
-        not isinstance(by, str)
-        or not 0 < len(by) <= MAX_DECIDER_CHARS
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in by)
-    ):
+    if not is_label(by, MAX_DECIDER_CHARS):
         raise ConvoqError(
             f"by must name who decided: a str of 1 to {MAX_DECIDER_CHARS} characters"
             " without control characters",

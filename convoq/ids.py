@@ -13,6 +13,7 @@ import re
 import secrets
 import time
 import unicodedata
+from typing import TypeGuard
 from urllib.parse import quote, unquote
 
 from convoq.errors import InvalidConversationIdError
@@ -108,3 +109,13 @@ def check_turn_id(value: object) -> str:
 def new_turn_id() -> str:
     """A fresh turn id: time-ordered (ms, hex) then random, so ids sort by creation."""
     return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
+
+
+def is_label(value: object, max_chars: int) -> TypeGuard[str]:
+    """Whether ``value`` is a short name a person or system gives (a signal's name, who
+    decided): a str of 1 to ``max_chars`` characters with no control character."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= max_chars
+        and not any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+    )

@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from convoq.errors import ConvoqError
+from convoq.ids import is_label
 from convoq.messages import Decision, ToolCall
 from convoq.turn_state import TurnState, Wait
 
@@ -80,11 +81,7 @@ class WaitForSignal(WaitRequest):
 
 def check_signal_name(name: object) -> str:
     """``name`` when it may name a signal; else ConvoqError naming the rule."""
-    if (
-        not isinstance(name, str)
-        or not 0 < len(name) <= MAX_SIGNAL_NAME_CHARS
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)
-    ):
+    if not is_label(name, MAX_SIGNAL_NAME_CHARS):
         raise ConvoqError(
             f"a signal name is a str of 1 to {MAX_SIGNAL_NAME_CHARS} characters without"
             " control characters",

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from convoq.context import Scheduler, ScheduleRequest, check_metadata
 from convoq.errors import ConvoqError, InvalidScheduleError
@@ -43,6 +43,9 @@ from convoq.redis._due import Due, check_due
 from convoq.redis._records import TurnRecord, decode_record
 from convoq.redis._refusals import Refusal
 from convoq.redis._replies import _Items
+
+if TYPE_CHECKING:
+    from convoq.redis.roles import ScheduleStore
 
 # Timers read (and fired) per conversation per call: a long backlog fires in rounds.
 FIRE_BATCH = 100
@@ -85,21 +88,7 @@ class ScheduledTurn:
     record: TurnRecord
 
 
-class _Schedules(Protocol):
-    async def schedule(
-        self,
-        cid: str,
-        turn_id: str,
-        *,
-        agent: str,
-        message: Message,
-        options: dict[str, Any],
-        due: Due,
-        idempotency_key: str | None = None,
-    ) -> ScheduleResult: ...
-
-
-def store_scheduler(store: _Schedules) -> Scheduler:
+def store_scheduler(store: ScheduleStore) -> Scheduler:
     """What ``ctx.schedule`` calls on a worker (and for a Redis memory): the request
     checked, then stored as a scheduled turn under its idempotency key."""
 
