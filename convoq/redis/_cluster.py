@@ -23,7 +23,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import (
-    ClusterDownError,
+    ClusterError,
     RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
@@ -40,8 +40,11 @@ SyncRedis: TypeAlias = redis.Redis | SyncRedisCluster
 # What the cluster client raises, once its own retries ran out, while a slot cannot be
 # served: its primary is down (before a replica took over), or the slot is unassigned or
 # still moving. Like a Redis that cannot be reached, it says nothing about the request.
+# ClusterError is redis-py's "TTL exhausted": a slot held half moved answers TRYAGAIN to
+# every multi-key script for as long as the move takes, which can outlast the client's
+# sixteen redirections (about half a second); ClusterDownError is one of its kind.
 CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (
-    ClusterDownError,
+    ClusterError,
     SlotNotCoveredError,
     TryAgainError,
 )

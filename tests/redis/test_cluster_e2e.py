@@ -123,6 +123,32 @@ def test_a_hot_slot_moves_between_primaries_while_its_turns_run(
         test_data.close()
 
 
+def test_a_turn_ending_while_its_slot_is_held_mid_move_runs_its_model_once(
+    pool: WorkerPool, redis_cluster: RedisClusterNodes
+) -> None:
+    """A slot stuck half moved answers TRYAGAIN for longer than redis-py's redirection
+    budget (it then raises "TTL exhausted"): the commit waits for the move under its lease
+    instead of leaving the turn to run again."""
+    cid = redis_cluster.conversations_on_every_primary(pool.prefix, 1)[0]
+    test_data = redis_cluster.client()
+    slot = test_data.keyslot(f"{pool.prefix}:{{{cid}}}:inbox")
+    ran, release = f"{pool.prefix}:test:ran:{cid}", f"{pool.prefix}:test:release:{cid}"
+    try:
+        with pool.client() as client:
+            handle = client.submit(cid, f"{cid} held", agent="blocker")
+            wait_until(lambda: test_data.llen(ran) == 1, 30, what="the model to start")
+            retried = f"ending of turn {handle.turn_id} failed, retrying while the lease holds"
+            with redis_cluster.slot_held_mid_move(slot, _other_primaries(redis_cluster, slot)[0]):
+                test_data.set(release, "1")
+                # The move completes once the commit has been refused past the budget.
+                wait_until(lambda: retried in pool.logs(), 4, what="the commit to retry")
+            assert handle.wait(60).status == "succeeded"
+            assert test_data.llen(ran) == 1  # the model ran once
+            assert [m.text for m in client.history(cid)] == [f"{cid} held", f"released {cid} held"]
+    finally:
+        test_data.close()
+
+
 def _ran(test_data: RedisCluster, order: str, at_least: int) -> int:
     """How many turns the tracker saw start, once at least ``at_least`` (else 0)."""
     count = int(test_data.llen(order))

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote
@@ -250,21 +252,42 @@ class RedisClusterNodes:
         """Move ``slot`` to the primary on port ``target`` while clients use it, as
         ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING (clients get ``ASK``),
         MIGRATE the keys in batches, then assign the slot (clients get ``MOVED``)."""
+        with self._moving(slot, target, first=0):
+            pass
+
+    def slot_held_mid_move(self, slot: int, target: int) -> AbstractContextManager[None]:
+        """Start moving ``slot`` to the primary on port ``target`` and stop half way: while
+        the block runs, part of the slot's keys are on each node, so every script that
+        touches them is answered ``TRYAGAIN`` (for longer than the cluster client's own
+        redirection budget). The move completes when the block ends."""
+        return self._moving(slot, target, first=None)
+
+    @contextmanager
+    def _moving(self, slot: int, target: int, *, first: int | None) -> Iterator[None]:
+        """Move ``slot``: ``first`` keys (half of them if None) before the block, the rest
+        after it."""
         source = self.slot_owner(slot)
         nodes = {p: self._node(p) for p in self.primaries()}
         try:
             ids = {p: n.execute_command("CLUSTER MYID") for p, n in nodes.items()}
             nodes[target].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
             nodes[source].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target])
+            if first is None:
+                keys = nodes[source].execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+                assert len(keys) >= 2, f"slot {slot} holds {len(keys)} keys: none to split"
+                self._migrate(nodes[source], target, keys[: len(keys) // 2])
+            yield
             while keys := nodes[source].execute_command("CLUSTER GETKEYSINSLOT", slot, 10):
-                nodes[source].execute_command(
-                    "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys
-                )
+                self._migrate(nodes[source], target, keys)
             for port in [target, source, *nodes]:  # the new owner first
                 nodes[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target])
         finally:
             for node in nodes.values():
                 node.close()
+
+    @staticmethod
+    def _migrate(source: redis.Redis, target: int, keys: list[bytes]) -> None:
+        source.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
 
     def unserve(self, slot: int, owner: int) -> None:
         """Take ``slot`` from its primary on port ``owner``: that node answers CLUSTERDOWN

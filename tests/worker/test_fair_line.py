@@ -34,6 +34,20 @@ def one_slot(redis_url: str, tmp_path: Path) -> Iterator[WorkerPool]:
     pool.stop_all()
 
 
+@pytest.fixture
+def gated_slot(redis_url: str, tmp_path: Path) -> Iterator[WorkerPool]:
+    """One slot whose sweeper waits an hour: the sweeper re-kicks every conversation that
+    waits with no lease, and those waiting in the worker's line have none. A re-kick sent
+    before the test saw the queues empty would stay in the broker (the worker already holds
+    all the kicks its slot may), and the gate would never open."""
+    pool = WorkerPool(
+        redis_url, tmp_path, concurrency=1, partitions=2, agents=AGENTS, sweep_interval_s=3600
+    )
+    pool.start()
+    yield pool
+    pool.stop_all()
+
+
 def ids_in(partition: int, count: int, partitions: int = 2) -> list[str]:
     """``count`` conversation ids routed to ``partition``."""
     found = (f"c{n}-{uuid.uuid4().hex[:6]}" for n in itertools.count())
@@ -69,14 +83,14 @@ def started_ms(r: redis.Redis, pool: WorkerPool, handle: object) -> int:
 
 @pytest.mark.fast_paths  # the order of the process's own line
 def test_a_quiet_partition_gets_no_more_turns_than_a_crowded_one(
-    one_slot: WorkerPool, redis_client: redis.Redis
+    gated_slot: WorkerPool, redis_client: redis.Redis
 ) -> None:
     # Three conversations on partition 0, one on partition 1, one slot. The consumer serves
     # the partition queues in turn: were the kicks left there, the lone conversation of
     # partition 1 would get every other turn and finish before the others had their second.
     cids = [*ids_in(0, 3), *ids_in(1, 1)]
-    handles = submit_rounds(one_slot, cids, gate=redis_client)
-    rounds = [[started_ms(redis_client, one_slot, group[n]) for group in handles.values()]
+    handles = submit_rounds(gated_slot, cids, gate=redis_client)
+    rounds = [[started_ms(redis_client, gated_slot, group[n]) for group in handles.values()]
               for n in range(TURNS)]  # fmt: skip
     # Every conversation had its n-th turn before any had its (n+1)-th.
     for earlier, later in itertools.pairwise(rounds):
@@ -101,16 +115,16 @@ def lpushes(r: redis.Redis) -> int:
 
 @pytest.mark.fast_paths  # the process's own line is what spares the broker message
 def test_a_conversation_that_gives_its_slot_up_needs_no_broker_message(
-    one_slot: WorkerPool, redis_client: redis.Redis
+    gated_slot: WorkerPool, redis_client: redis.Redis
 ) -> None:
     cids = [*ids_in(0, 1), *ids_in(1, 1)]
     before = lpushes(redis_client)
-    handles = submit_rounds(one_slot, cids, gate=redis_client)
-    keys = KeySchema(one_slot.prefix)
+    handles = submit_rounds(gated_slot, cids, gate=redis_client)
+    keys = KeySchema(gated_slot.prefix)
     # Both took turns (each gave the slot up twice), yet the only messages were the two
     # kicks the client sent when each conversation's first turn found it idle.
-    first = [started_ms(redis_client, one_slot, group[0]) for group in handles.values()]
-    second = [started_ms(redis_client, one_slot, group[1]) for group in handles.values()]
+    first = [started_ms(redis_client, gated_slot, group[0]) for group in handles.values()]
+    second = [started_ms(redis_client, gated_slot, group[1]) for group in handles.values()]
     assert max(first) < min(second)
     assert lpushes(redis_client) - before == len(cids)
     assert not any(redis_client.exists(keys.lease(cid)) for cid in cids)
