@@ -147,6 +147,27 @@ INBOX_DEPTH = Gauge(
     ["partition"],
     multiprocess_mode="livemostrecent",
 )
+TIMERS_FIRED = Counter(
+    "convoq_timers_fired_total",
+    "Scheduled turns that joined their conversation's line when due (each timer fires once"
+    " across workers; a cancelled turn's timer is not counted).",
+)
+# A timer is queued within a poll interval (0.5 s by default) of its due time; later
+# means the workers are behind or Redis was away.
+_LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+TIMER_LAG = Histogram(
+    "convoq_timer_lag_seconds",
+    "From a scheduled turn's due time to its joining the line, by Redis's clock.",
+    buckets=_LAG_BUCKETS,
+)
+TIMERS_WAITING = Gauge(
+    "convoq_timers_waiting",
+    "Scheduled turns waiting for their time per partition, as the last sweep's repair of"
+    " the timer index saw them (only the process that swept last reports it: use max by"
+    " (partition)).",
+    ["partition"],
+    multiprocess_mode="livemostrecent",
+)
 WEBHOOKS = Counter(
     "convoq_webhook_deliveries_total",
     "Webhook POST attempts by outcome: delivered, retry, rejected, given_up.",
@@ -282,6 +303,26 @@ def inbox_depths(depths: dict[int, int], partitions: int) -> None:
 def inbox_depths_unknown() -> None:
     """This process did not sweep: leave the depth to the one that did."""
     INBOX_DEPTH.clear()
+
+
+def timers_fired(lags_ms: tuple[int, ...]) -> None:
+    """Turns queued by one fire of a conversation's timers, each ``lags_ms`` after its
+    due time."""
+    if lags_ms:
+        TIMERS_FIRED.inc(len(lags_ms))
+        for lag in lags_ms:
+            TIMER_LAG.observe(max(0, lag) / 1000)
+
+
+def timers_waiting(counts: dict[int, int], partitions: int) -> None:
+    """Set the scheduled turns waiting in every partition (0 where none waits)."""
+    for partition in range(partitions):
+        TIMERS_WAITING.labels(str(partition)).set(counts.get(partition, 0))
+
+
+def timers_waiting_unknown() -> None:
+    """This process did not sweep: leave the timers waiting to the one that did."""
+    TIMERS_WAITING.clear()
 
 
 def registry() -> CollectorRegistry:

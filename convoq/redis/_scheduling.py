@@ -41,7 +41,7 @@ from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import check_message_limits, text
 from convoq.redis._due import Due, check_due
 from convoq.redis._records import TurnRecord, decode_record
-from convoq.redis._refusals import Refusal
+from convoq.redis._refusals import Refusal, malformed
 from convoq.redis._replies import _Items
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 FIRE_BATCH = 100
 # Conversations the poller takes from the index per round.
 DUE_BATCH = 200
+# Conversations whose timers the index repair reads per pipelined round trip.
+REPAIR_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,14 @@ class ScheduleResult:
 class Fired:
     """What one ``fire`` call did: ``position`` of the first turn it queued (0: the
     conversation was idle, kick it; -1: none queued), how many it ``queued``, the server
-    time it fired at, and the due ms of the next timer left (None: none)."""
+    time it fired at, the due ms of the next timer left (None: none), and how late each
+    turn queued was fired after its due time (``lags_ms``, by the script's clock)."""
 
     position: int
     queued: int
     now_ms: int
     next_due_ms: int | None
+    lags_ms: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,14 @@ def _fire_reply(reply: Any) -> tuple[Fired | None, Refusal | None]:
     r = _Items("fire", reply)
     if r.status != "OK":
         return None, r.refusal()
-    r.sized(4)
+    r.sized(5)
     nxt = r.integer(4)
-    return Fired(r.integer(1), r.integer(2), r.integer(3), None if nxt < 0 else nxt), None
+    lags = r.array(5)
+    if not all(isinstance(lag, int) and not isinstance(lag, bool) for lag in lags):
+        raise malformed("fire", reply, "OK and the lags as a list of integers")
+    return Fired(
+        r.integer(1), r.integer(2), r.integer(3), None if nxt < 0 else nxt, tuple(lags)
+    ), None
 
 
 class SchedulingMixin(ProtocolBase):
@@ -214,7 +223,8 @@ class SchedulingMixin(ProtocolBase):
             due = [text(t) for t in read]
             fired = await self._fire(cid, due) if due else Fired(-1, 0, now, None)
             first = total.position if total.position >= 0 else fired.position
-            total = Fired(first, total.queued + fired.queued, fired.now_ms, None)
+            lags = total.lags_ms + fired.lags_ms
+            total = Fired(first, total.queued + fired.queued, fired.now_ms, None, lags)
             if len(due) < FIRE_BATCH:
                 break
         await self.reindex(cid)
@@ -241,20 +251,39 @@ class SchedulingMixin(ProtocolBase):
         if first:
             await self.index_timer(cid, int(first[0][1]))
 
-    async def repair_timer_index(self) -> int:
+    async def repair_timer_index(self) -> dict[str, int]:
         """Give every conversation with timers an index entry at least as early as its
         earliest timer (a scheduling client may have died between its two writes).
-        Returns how many conversations have timers."""
-        found = 0
+        Returns how many timers each conversation with timers has. On a Cluster, the
+        SCAN visits every primary (redis-py's cluster client runs it on each)."""
+        waiting: dict[str, int] = {}
+        batch: list[str] = []
         async for key in self.redis.scan_iter(match=self.keys.timers_pattern(), count=1000):
             cid = self.keys.conversation_of_timers(key)
-            if cid is None:
-                continue
-            first = await self.redis.zrange(key, 0, 0, withscores=True)
+            if cid is not None:
+                batch.append(cid)
+            if len(batch) >= REPAIR_BATCH:
+                await self._repair(batch, waiting)
+        await self._repair(batch, waiting)
+        return waiting
+
+    async def _repair(self, batch: list[str], waiting: dict[str, int]) -> None:
+        """Index each conversation of ``batch`` by its earliest timer, and count its
+        timers in ``waiting``; ``batch`` is emptied."""
+        if not batch:
+            return
+        # Not a transaction: the keys are on many slots (one round trip per node).
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cid in batch:
+                pipe.zrange(self.keys.timers(cid), 0, 0, withscores=True)
+                pipe.zcard(self.keys.timers(cid))
+            replies = await pipe.execute()
+        for i, cid in enumerate(batch):
+            first, count = replies[2 * i], replies[2 * i + 1]
             if first:
-                found += 1
+                waiting[cid] = int(count)
                 await self.index_timer(cid, int(first[0][1]))
-        return found
+        batch.clear()
 
     async def scheduled_turns(self, cid: str, *, limit: int = 100) -> list[ScheduledTurn]:
         """The conversation's turns waiting for their time, earliest first (at most

@@ -173,9 +173,11 @@ class Heartbeat:
     async def _sweep_duties(self) -> None:
         """After a sweep, in the one process that swept in the period: the worker's own
         duties, then the timer index repaired from a SCAN of the timers keys (a client
-        that died between its two writes of a schedule left a timer without an entry)."""
+        that died between its two writes of a schedule left a timer without an entry),
+        which also counts the turns waiting on a timer."""
         await self._also()
-        await self._loop.open().protocol.repair_timer_index()
+        waiting = await self._loop.open().protocol.repair_timer_index()
+        _observed.count_timers(waiting, self._settings.partitions)
 
     async def _check_dataset(self) -> None:
         """Refuse to serve a Redis that came back empty (its epoch marker changed)."""

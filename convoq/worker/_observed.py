@@ -140,6 +140,16 @@ async def measure_inboxes(redis: AsyncRedis, keys: KeySchema, partitions: int) -
     metrics.inbox_depths(depths, partitions)
 
 
+def count_timers(waiting: dict[str, int], partitions: int) -> None:
+    """Set the gauge of turns waiting on a timer per partition from ``waiting``
+    (conversation id -> its timers)."""
+    counts: dict[int, int] = {}
+    for cid, timers in waiting.items():
+        part = partition_of(cid, partitions)
+        counts[part] = counts.get(part, 0) + timers
+    metrics.timers_waiting(counts, partitions)
+
+
 def serve_metrics(settings: ConvoqSettings) -> metrics.MetricsServer | None:
     """The worker's /metrics server, if ``metrics_port`` is set."""
     if settings.metrics_port is None:

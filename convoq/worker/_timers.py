@@ -7,13 +7,16 @@ is due by the Redis clock (one ``ZRANGEBYSCORE``), fires each one's due timers
 inbox as queued) and kicks a conversation that was idle. So a turn is queued at most one
 interval (plus the round trips) after it is due, and never before: its due time is
 compared with the Redis clock inside the script. Pollers of several processes may race on
-a conversation: the script's ``ZREM`` decides, a timer fires once.
+a conversation: the script's ``ZREM`` decides, a timer fires once. Each turn queued is
+counted where it fired (``convoq_timers_fired_total``, and its lag after its due time by
+the script's clock in ``convoq_timer_lag_seconds``).
 
 A process killed after a fire and before its kick leaves a queued turn with no lease:
 the sweeper kicks it. A scheduling client killed between its two writes leaves a timer
 without an index entry: the process that sweeps in a period repairs the index from a
 SCAN of the timers keys after its sweep
-(:meth:`~convoq.redis.protocol.TurnProtocol.repair_timer_index`, see ``_heartbeat.py``).
+(:meth:`~convoq.redis.protocol.TurnProtocol.repair_timer_index`, see ``_heartbeat.py``),
+and sets ``convoq_timers_waiting`` from the timers it counted.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import logging
 import random
 
+from convoq.observe import metrics
 from convoq.redis._scheduling import DUE_BATCH
 from convoq.redis.roles import TimerStore
 from convoq.worker.sweeper import Kick
@@ -50,6 +54,7 @@ class TimerPoll:
 
     async def _fire(self, cid: str) -> int:
         fired = await self._store.fire_due(cid)
+        metrics.timers_fired(fired.lags_ms)
         if fired.position == 0:
             try:
                 await self._kick(cid)

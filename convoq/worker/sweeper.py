@@ -64,7 +64,9 @@ class Sweeper:
             await self._guard()  # raises when this worker must not serve (dataset changed)
         if not await self._take_turn():
             if not await self._holding():
-                metrics.inbox_depths_unknown()  # the process that sweeps reports them
+                # The process that sweeps reports them.
+                metrics.inbox_depths_unknown()
+                metrics.timers_waiting_unknown()
             return []
         if self._measure is not None:
             await self._measure()

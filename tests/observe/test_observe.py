@@ -22,10 +22,12 @@ from convoq.errors import ModelHTTPError
 from convoq.models import ScriptedModel, openai
 from convoq.observe import metrics, tracing
 from convoq.queue.routing import partition_of
+from convoq.redis._due import Due
 from convoq.settings import ConvoqSettings
 from convoq.tools import ToolRegistry
 from convoq.turn_state import TurnState
-from convoq.worker._observed import measure_inboxes, serve_metrics
+from convoq.worker._observed import count_timers, measure_inboxes, serve_metrics
+from convoq.worker._timers import TimerPoll
 from convoq.worker.profiles import Profiles
 from convoq.worker.runner import Runner, RunnerConfig
 from convoq.worker.sweeper import Sweeper
@@ -259,6 +261,48 @@ async def test_the_sweeper_counts_expired_approvals_re_kicks_and_inbox_depths(
         report = await Runner(proto, Profiles([echo]), config).drain(cid)
     assert report.expired == ["t1"] and report.succeeded == ["t2", "t3"]
     assert sample("convoq_turns_finished_total", agent=agent, status="expired") == 1
+
+
+async def test_timers_fired_their_lag_and_the_turns_waiting_are_measured(
+    redis_url: str, key_prefix: str
+) -> None:
+    cid = f"obs-timers-{key_prefix}"
+    async with open_protocol(redis_url, key_prefix) as proto:
+        seconds, micros = await proto.redis.time()
+        now = seconds * 1000 + micros // 1000
+        timers = [("late", now - 2000), ("due", now - 50), ("later", now + 600_000)]
+        for tid, due_ms in [*timers, ("cancelled", now - 10)]:
+            await proto.schedule(
+                cid, tid, agent="bot", message=Message.user(tid), options={},
+                due=Due(at_ms=due_ms),
+            )  # fmt: skip
+        # Cancelled with its timer left behind (an older client's cancel): not counted.
+        await proto.redis.hset(proto.keys.turn(cid, "cancelled"), "status", "cancelled")
+        fired = sample("convoq_timers_fired_total")
+        lags = sample("convoq_timer_lag_seconds_count")
+        lag_sum = sample("convoq_timer_lag_seconds_sum")
+        kicked: list[str] = []
+
+        async def kick(conversation_id: str) -> None:
+            kicked.append(conversation_id)
+
+        assert await TimerPoll(proto, kick, interval_s=60).poll_once() == 2
+        assert sample("convoq_timers_fired_total") == fired + 2
+        assert sample("convoq_timer_lag_seconds_count") == lags + 2
+        # By Redis's clock: fired at least 2 s and 50 ms after their due times.
+        assert sample("convoq_timer_lag_seconds_sum") >= lag_sum + 2.05
+        # What the process that sweeps does after its sweep: one turn still waits.
+        count_timers(await proto.repair_timer_index(), 4)
+        part = partition_of(cid, 4)
+        assert sample("convoq_timers_waiting", partition=str(part)) == 1
+        others = [p for p in range(4) if p != part]
+        assert [sample("convoq_timers_waiting", partition=str(p)) for p in others] == [0, 0, 0]
+        # A process that does not sweep in a period leaves the gauge to the one that does.
+        lock = proto.keys.sweeper_lock()
+        await proto.redis.set(lock, "another process", px=60_000)
+        sweeper = Sweeper(proto, kick, interval_s=60, redis=proto.redis, lock_key=lock)
+        assert await sweeper.sweep_once() == []
+    assert REGISTRY.get_sample_value("convoq_timers_waiting", {"partition": str(part)}) is None
 
 
 async def test_the_asgi_app_answers_a_scrape() -> None:

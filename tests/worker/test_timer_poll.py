@@ -50,7 +50,7 @@ async def test_the_poll_fires_what_the_repaired_index_names(proto: TurnProtocol)
     await proto.redis.delete(proto.keys.timer_index())  # a client died between its writes
     poll = TimerPoll(proto, kick, interval_s=0.1)
     assert await poll.poll_once() == 0  # no entry: the poll cannot see it
-    assert await proto.repair_timer_index() == 1  # what the sweep does every period
+    assert await proto.repair_timer_index() == {"c": 1}  # what the sweep does every period
     assert await poll.poll_once() == 1
     assert (await proto.get_turn("c", "t")).status == "queued"
 

@@ -8,7 +8,8 @@
 -- is still scheduled (not cancelled meanwhile), joins the back of the inbox as queued,
 -- with its "queued" event and fired_ms. A resent fire finds no timer: nothing changes.
 -- Returns {'OK', position of the first turn queued (0: the conversation was idle and
---         needs a kick; -1: none queued), turns queued, server time ms, next due ms or -1}
+--         needs a kick; -1: none queued), turns queued, server time ms, next due ms or -1,
+--         {ms each turn queued was fired after its due time, in the order queued}}
 --      or {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
 local inbox, timers = KEYS[1], KEYS[2]
@@ -27,13 +28,13 @@ for i = 1, n do
     if bad then
       return {'CORRUPT', bad}
     end
-    due[#due + 1] = {ARGV[1 + i], turn, events}
+    due[#due + 1] = {ARGV[1 + i], turn, events, tonumber(score)}
   end
 end
-local first, queued = -1, 0
+local first, queued, lags = -1, 0, {}
 local data = '{"status":"queued","fired_ms":' .. istr(now) .. '}'
 for _, t in ipairs(due) do
-  local tid, turn, events = t[1], t[2], t[3]
+  local tid, turn, events, due_ms = t[1], t[2], t[3], t[4]
   redis.call('ZREM', timers, tid)
   if redis.call('HGET', turn, 'status') == 'scheduled' then
     local pos = redis.call('RPUSH', inbox, tid) - 1
@@ -41,10 +42,11 @@ for _, t in ipairs(due) do
       first = pos
     end
     queued = queued + 1
+    lags[queued] = now - due_ms
     local id = redis.call('XADD', events, 'MAXLEN', '~', ARGV[1], '*', 'type', 'status',
       'data', data)
     redis.call('HSET', turn, 'status', 'queued', 'fired_ms', istr(now), 'last_event', id)
   end
 end
 local nxt = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')
-return {'OK', first, queued, istr(now), nxt[2] and tonumber(nxt[2]) or -1}
+return {'OK', first, queued, istr(now), nxt[2] and tonumber(nxt[2]) or -1, lags}
