@@ -14,8 +14,9 @@ only once one interval has passed since, then 2, 4, 8 and at most 16 intervals
 (:data:`~convoq.redis._sweeping.BACKOFF_CAP`); a head that changed starts over. The note
 of each kick lives in Redis (``swept(cid)``), since another process may sweep the next
 period. A pass that finds a note beside a live lease deletes it: the kick arrived, and a
-crash after it is found as soon as the lease expires. So recovery after a crash is bounded
-by lease TTL + sweep period, and a kick lost after the sweeper already kicked that head
+crash after it is found as soon as the lease expires (a dead worker's lease lives at least
+two thirds of the lease TTL, renewed every third: with the defaults, 10 s and 5 s, a pass
+sees it). So recovery after a crash is bounded by lease TTL + sweep period, and a kick lost after the sweeper already kicked that head
 is sent again within its backoff (at most 16 periods, plus one). Held-back kicks count in
 ``convoq_sweeper_kicks_held_total``.
 
