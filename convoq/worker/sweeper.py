@@ -16,9 +16,9 @@ of each kick lives in Redis (``swept(cid)``), since another process may sweep th
 period. A pass that finds a note beside a live lease deletes it: the kick arrived, and a
 crash after it is found as soon as the lease expires (a dead worker's lease lives at least
 two thirds of the lease TTL, renewed every third: with the defaults, 10 s and 5 s, a pass
-sees it). So recovery after a crash is bounded by lease TTL + sweep period, and a kick lost after the sweeper already kicked that head
-is sent again within its backoff (at most 16 periods, plus one). Held-back kicks count in
-``convoq_sweeper_kicks_held_total``.
+sees it). So recovery after a crash is bounded by lease TTL + sweep period, and a kick
+lost after the sweeper already kicked that head is sent again within its backoff (at most
+16 periods, plus one). Held-back kicks count in ``convoq_sweeper_kicks_held_total``.
 
 A parked turn whose approval expired has lost its parked lease, so it is kicked too: the
 worker that takes it ends it as ``expired`` (see
