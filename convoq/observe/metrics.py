@@ -135,6 +135,11 @@ LEASES_LOST = Counter(
 SWEEPER_KICKS = Counter(
     "convoq_sweeper_kicks_total", "Conversations re-kicked by the sweeper (queued, no lease)."
 )
+SWEEPER_KICKS_HELD = Counter(
+    "convoq_sweeper_kicks_held_total",
+    "Re-kicks the sweeper held back: the conversation's head waits with no lease, and the"
+    " backoff since the sweeper last kicked that same head has not passed.",
+)
 SWEEPER_KICK_ERRORS = Counter(
     "convoq_sweeper_kick_errors_total",
     "Kicks of the sweeper that could not be sent (the broker refused or was away); each is"

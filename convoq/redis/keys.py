@@ -17,6 +17,7 @@ any string may be one.
     {prefix}:{cid}:inbox           list    queued turn ids, FIFO; the head is being run
     {prefix}:{cid}:timers          zset    scheduled turn id -> due ms (fire.lua queues them)
     {prefix}:{cid}:lease           hash    holder, fence, state, expires_ms (PX expiry)
+    {prefix}:{cid}:swept           string  the sweeper's last kick of the inbox head (PX)
     {prefix}:{cid}:turn:{tid}      hash    the turn record
     {prefix}:{cid}:cont:{tid}      string  continuation of a parked turn (TurnState JSON)
     {prefix}:{cid}:journal:{tid}   string  step checkpoint of a running turn (TurnState JSON)
@@ -98,6 +99,12 @@ class KeySchema:
 
     def lease(self, cid: str) -> str:
         return f"{self.base(cid)}:lease"
+
+    def swept(self, cid: str) -> str:
+        """The sweeper's note of its last kick of the inbox head: ``"attempt hold_ms
+        tid"``, living twice ``hold_ms``; while more than ``hold_ms`` of it is left, the head
+        is not kicked again (see :mod:`convoq.redis._sweeping`)."""
+        return f"{self.base(cid)}:swept"
 
     def turn(self, cid: str, tid: str) -> str:
         return f"{self.base(cid)}:turn:{check_turn_id(tid)}"

@@ -45,7 +45,8 @@ Where each verb lives (the class is assembled here from these, over
 - :mod:`convoq.redis._popping`: ``pop`` (the newest message, for memory and sessions);
 - :mod:`convoq.redis._scheduling`: ``schedule``, ``fire_due``, ``scheduled_turns`` and
   the timer index (scheduled turns on durable timers);
-- :mod:`convoq.redis._sweeping`: ``sweep_candidates``;
+- :mod:`convoq.redis._sweeping`: ``sweep_candidates``, ``sweep_scan``, ``mark_swept``
+  (the sweeper's backoff);
 - :mod:`convoq.redis._transferring`: ``transfer`` (a handoff), ``head_agent``;
 - :mod:`convoq.redis._registry`: ``registered_agents``/``workers``/``prefixes``,
   ``check_epoch``;

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from convoq.redis._refusals import Refusal
     from convoq.redis._retrying import Retried
     from convoq.redis._scheduling import Fired, ScheduledTurn, ScheduleResult
+    from convoq.redis._sweeping import Stranded, SweepScan
     from convoq.redis._texting import IfBusy, StopFlags
     from convoq.redis._world import Signalled
     from convoq.redis.keys import KeySchema
@@ -96,6 +97,10 @@ class SweepStore(Protocol):
     """The sweeper: conversations to kick again, and the queued-turn counts to reconcile."""
 
     async def sweep_candidates(self) -> list[str]: ...
+
+    async def sweep_scan(self) -> SweepScan: ...
+
+    async def mark_swept(self, kicked: Sequence[Stranded], *, interval_ms: int) -> None: ...
 
     async def reconcile_admitted(self, *, batch: int = 200, grace_ms: int = 60_000) -> int: ...
 

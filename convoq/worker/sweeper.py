@@ -5,9 +5,23 @@ worker killed with the message unacked, a broker restart, a client that died bet
 ``submit`` and the send), and kombu would restore such a message only after the
 visibility timeout. So every worker process runs this loop on its event loop: every
 ``interval_s`` it asks the protocol for conversations with queued turns and an absent or
-expired lease and sends each a ``drain``. Recovery after a crash is then bounded by lease
-TTL + sweep period. A parked turn whose approval expired has lost its parked lease, so it
-is kicked too: the worker that takes it ends it as ``expired`` (see
+expired lease and sends each a ``drain``.
+
+A kick that merely waits (in the broker behind a backlog, or in a worker's own line of
+kicks waiting for a slot) leaves no lease either, so the sweeper backs off per head: the
+first pass that finds a head waiting kicks it at once, and the same head is kicked again
+only once one interval has passed since, then 2, 4, 8 and at most 16 intervals
+(:data:`~convoq.redis._sweeping.BACKOFF_CAP`); a head that changed starts over. The note
+of each kick lives in Redis (``swept(cid)``), since another process may sweep the next
+period. A pass that finds a note beside a live lease deletes it: the kick arrived, and a
+crash after it is found as soon as the lease expires (a dead worker's lease lives at least
+two thirds of the lease TTL, renewed every third: with the defaults, 10 s and 5 s, a pass
+sees it). So recovery after a crash is bounded by lease TTL + sweep period, and a kick
+lost after the sweeper already kicked that head is sent again within its backoff (at most
+16 periods, plus one). Held-back kicks count in ``convoq_sweeper_kicks_held_total``.
+
+A parked turn whose approval expired has lost its parked lease, so it is kicked too: the
+worker that takes it ends it as ``expired`` (see
 :meth:`TurnProtocol.sweep_candidates`), with its callback like any other. A short Redis
 lock lets one process per period do the scan; the others skip it. The same pass reconciles
 the queued-turn counts (:meth:`TurnProtocol.reconcile_admitted`).
@@ -23,6 +37,7 @@ from collections.abc import Awaitable, Callable
 
 from convoq.observe import metrics
 from convoq.redis._cluster import AsyncRedis
+from convoq.redis._sweeping import Stranded
 from convoq.redis.roles import SweepStore
 
 log = logging.getLogger("convoq.sweeper")
@@ -58,8 +73,8 @@ class Sweeper:
         self._token = f"{os.getpid()}-{random.getrandbits(32):08x}"
 
     async def sweep_once(self) -> list[str]:
-        """One pass: kick every candidate; return the ids of those kicked (empty if another
-        process swept in this period)."""
+        """One pass: kick every candidate whose backoff passed, and note the kicks; return
+        the ids of those kicked (empty if another process swept in this period)."""
         if self._guard is not None:
             await self._guard()  # raises when this worker must not serve (dataset changed)
         if not await self._take_turn():
@@ -70,19 +85,24 @@ class Sweeper:
             return []
         if self._measure is not None:
             await self._measure()
-        kicked = await self._kick_all(await self._protocol.sweep_candidates())
+        scan = await self._protocol.sweep_scan()
+        metrics.SWEEPER_KICKS_HELD.inc(scan.held)
+        kicked = await self._kick_all(scan.due)
+        # Only kicks sent are noted: one that raised is tried again by the next pass.
+        await self._protocol.mark_swept(kicked, interval_ms=max(1, int(self._interval_s * 1000)))
         # Turns that ended without being uncounted stop counting against the limits.
         await self._protocol.reconcile_admitted(grace_ms=self._reconcile_grace_ms)
         if self._also is not None:
             await self._also()  # the worker's own duties of the period (owed callbacks)
-        return kicked
+        return [found.cid for found in kicked]
 
-    async def _kick_all(self, candidates: list[str]) -> list[str]:
+    async def _kick_all(self, candidates: list[Stranded]) -> list[Stranded]:
         """Kick each candidate; one whose kick raises (a broker connection reconnecting,
         a queue the broker refuses) is logged and counted, and the others are still
         kicked: the next pass finds that one again. Returns those kicked."""
-        kicked: list[str] = []
-        for cid in candidates:
+        kicked: list[Stranded] = []
+        for found in candidates:
+            cid = found.cid
             try:
                 await self._kick(cid)
             except asyncio.CancelledError:
@@ -91,10 +111,11 @@ class Sweeper:
                 metrics.SWEEPER_KICK_ERRORS.inc()
                 log.warning("sweeper could not kick %s (%r); the next pass tries again", cid, exc)
                 continue
-            kicked.append(cid)
+            kicked.append(found)
         metrics.SWEEPER_KICKS.inc(len(kicked))
         if kicked:
-            log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), kicked[:10])
+            shown = [found.cid for found in kicked[:10]]
+            log.info("sweeper re-kicked %d conversation(s): %s", len(kicked), shown)
         return kicked
 
     async def run_forever(self) -> None:

@@ -22,6 +22,7 @@ def test_every_conversation_key_carries_the_hash_tag() -> None:
         *keys.history_keys(cid),
         keys.inbox(cid),
         keys.lease(cid),
+        keys.swept(cid),
         *keys.turn_keys(cid, tid),
         keys.idem(cid, "anything at all"),
     ]
