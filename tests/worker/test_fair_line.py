@@ -6,8 +6,10 @@ without a broker message; a worker killed with conversations in its line loses n
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -108,9 +110,40 @@ def test_with_the_fast_paths_off_a_worker_holds_no_kick_beyond_its_slots() -> No
     assert (config["worker_concurrency"], config["worker_prefetch_multiplier"]) == (3, 1)
 
 
-def lpushes(r: redis.Redis) -> int:
-    """Messages published to the broker so far (kombu's Redis transport LPUSHes each)."""
-    return int(r.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
+@contextmanager
+def broker_pushes(r: redis.Redis, pool: WorkerPool) -> Iterator[Callable[[], int]]:
+    """Counts the messages published to ``pool``'s partition queues while the block runs
+    (kombu's Redis transport LPUSHes each), from keyspace notifications of those keys
+    alone: another pool's messages on this server (a killed worker's, restored by a
+    consumer once their visibility timeout passed) do not count. The count is read once
+    a marker published after them came back on the same subscription."""
+    flags = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    r.config_set("notify-keyspace-events", "".join(sorted(set(flags) | {"K", "l"})))
+    marker = f"{pool.prefix}:test:pushes-read"
+    sub = r.pubsub()
+    try:
+        db = r.connection_pool.connection_kwargs.get("db", 0)
+        sub.psubscribe(*(f"__keyspace@{db}__:{queue_name(pool.prefix, p)}*" for p in (0, 1)))
+        sub.subscribe(marker)
+        for _ in range(3):  # both psubscribes and the subscribe confirmed: listening now
+            assert sub.get_message(timeout=10) is not None
+
+        def count() -> int:
+            r.publish(marker, "read")
+            pushes, deadline = 0, time.monotonic() + 10
+            while time.monotonic() < deadline:
+                message = sub.get_message(timeout=1)
+                if message is None:
+                    continue
+                if message["type"] == "message":
+                    return pushes
+                pushes += message["type"] == "pmessage" and message["data"] == b"lpush"
+            raise AssertionError("the marker never came back")
+
+        yield count
+    finally:
+        sub.close()
+        r.config_set("notify-keyspace-events", flags)
 
 
 @pytest.mark.fast_paths  # the process's own line is what spares the broker message
@@ -118,15 +151,16 @@ def test_a_conversation_that_gives_its_slot_up_needs_no_broker_message(
     gated_slot: WorkerPool, redis_client: redis.Redis
 ) -> None:
     cids = [*ids_in(0, 1), *ids_in(1, 1)]
-    before = lpushes(redis_client)
-    handles = submit_rounds(gated_slot, cids, gate=redis_client)
+    with broker_pushes(redis_client, gated_slot) as pushes:
+        handles = submit_rounds(gated_slot, cids, gate=redis_client)
+        published = pushes()
     keys = KeySchema(gated_slot.prefix)
     # Both took turns (each gave the slot up twice), yet the only messages were the two
     # kicks the client sent when each conversation's first turn found it idle.
     first = [started_ms(redis_client, gated_slot, group[0]) for group in handles.values()]
     second = [started_ms(redis_client, gated_slot, group[1]) for group in handles.values()]
     assert max(first) < min(second)
-    assert lpushes(redis_client) - before == len(cids)
+    assert published == len(cids)
     assert not any(redis_client.exists(keys.lease(cid)) for cid in cids)
 
 
@@ -193,11 +227,12 @@ def test_with_no_kick_held_beyond_the_slots_it_goes_back_through_the_broker(
     try:
         worker.start().wait_ready()
         cids = [*ids_in(0, 1), *ids_in(1, 1)]
-        before = lpushes(redis_client)
-        handles = submit_rounds(pool, cids)
+        with broker_pushes(redis_client, pool) as pushes:
+            handles = submit_rounds(pool, cids)
+            published = pushes()
         # The window (one kick) is full while a turn runs: each conversation that gave the
         # slot up went back through the broker, behind the kick waiting there.
-        assert lpushes(redis_client) - before > len(cids)
+        assert published > len(cids)
         first = [started_ms(redis_client, pool, group[0]) for group in handles.values()]
         second = [started_ms(redis_client, pool, group[1]) for group in handles.values()]
         assert max(first) < min(second)
