@@ -3,7 +3,8 @@ with no worker running: with ``CONVOQ_AGENT_POOLS`` the kick after an approval, 
 a deferred call's result, a signal, a retry goes to the pool serving the agent the turn's
 record names (the target, after a handoff); the drain after a cancel or a discard to the
 pool of the turn now first in line; without pools every kick goes to the default queues,
-and the client reads no agent."""
+and the client reads no agent. The gateway's decisions and cancels kick as its client
+does."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
 from convoq.client import AsyncClient
+from convoq.gateway import create_app
 from convoq.messages import Message
 from convoq.queue.routing import DRAIN_TASK, RESUME_TASK, partition_of, queue_name
 from convoq.redis import TurnEnding
-from convoq.settings import ConvoqSettings
+from convoq.settings import ConvoqSettings, GatewayKey
 from convoq.turn_state import TurnState, Wait
+from tests.support.gateway import turns_path
 from tests.support.protocol_helpers import park_head
 
 POOLS = {"courier": "vip", "echo": "side"}
@@ -153,3 +157,34 @@ async def test_a_cancel_and_a_discard_wake_the_next_turn_on_its_pool(
     await _submit(proto, "alone", "t1", "courier")
     assert await client.cancel(client.handle("alone", "t1")) == "cancelled"
     assert _kicks(redis_client, client, "alone") == {p: [] for p in QUEUES}
+
+
+async def test_the_gateways_decisions_and_cancels_kick_the_pools(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    """The gateway acts through its client, made with the gateway's settings."""
+    key = "key-for-the-pool-kicks-test"
+    app = create_app(
+        redis_url=redis_url, prefix=key_prefix, partitions=4, agent_pools=POOLS,
+        gateway_api_keys=[GatewayKey(key=key, scopes=("admin",))],
+    )  # fmt: skip
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as http,
+    ):
+        client: AsyncClient = app.state.client
+        proto: Any = client.protocol
+        await _submit(proto, "gw", "t1", "courier")
+        await park_head(proto, "gw", a=None)
+        await _submit(proto, "gw", "t2", "echo")
+        decided = await http.post(f"{turns_path('gw')}/t1/approvals/a", json={"decision": "deny"})
+        assert decided.status_code == 200 and decided.json()["outcome"] == "resume"
+        assert _kicks(redis_client, client, "gw") == _only(client, "vip", RESUME_TASK)
+        await proto.acquire("gw", worker_id="w1", lease_ms=30_000)  # t1 runs on
+        await _submit(proto, "gw", "t3", "courier")
+        cancelled = await http.post(f"{turns_path('gw')}/t2/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["outcome"] == "cancelled"
+        # t1 is still first in line (running): the drain goes to its pool.
+        assert _kicks(redis_client, client, "gw") == _only(client, "vip", DRAIN_TASK)
