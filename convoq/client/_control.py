@@ -4,8 +4,11 @@ inbox).
 
 A decision that completes a parked turn's approvals sends the ``resume`` kick; a turn
 ended here (discarded, or cancelled before it ran) no longer counts against the queue
-limits and wakes the turns behind it; a failed turn retried into an idle conversation
-sends it a ``drain`` kick.
+limits and wakes the turn now first in line; a failed turn retried into an idle
+conversation sends it a ``drain`` kick. Each kick goes to the queue of the pool serving
+the agent of the turn it is for (``CONVOQ_AGENT_POOLS``), which the script that decided,
+ended or queued it answers along: the turn's own, or the id of the one now first in line,
+whose agent is then read (one read, only when pools are named).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class TurnControl:
         if decided.outcome == "resume" and not decided.repeated:
             attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}
             with tracing.span("convoq.resume", attributes):  # the resume kick's trace
-                await self._kicks.send(routing.RESUME_TASK, cid, tid)
+                await self._kicks.send(routing.RESUME_TASK, cid, tid, agent=decided.agent)
         return decided.outcome
 
     async def discard(self, turn: TurnRef, *, reason: str) -> None:
@@ -69,20 +72,22 @@ class TurnControl:
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         store = self._store()
         await store.follow_retention()  # the record expires as the workers say
-        if await store.discard(cid, tid, reason=reason):
+        head = await store.discard_turn(cid, tid, reason=reason)
+        if head is not None:
             await self._uncount(store, cid, tid)
-            await self._kicks.send(routing.DRAIN_TASK, cid)
+            await kick_head(self._kicks, store, cid, head)
 
     async def cancel(self, turn: TurnRef) -> Literal["cancelled", "stopping", "finished"]:
         """Cancel a turn (see ``AsyncClient.cancel``)."""
         cid, tid = check_turn_ref(turn.conversation_id, turn.turn_id)
         store = self._store()
         await store.follow_retention()  # the record expires as the workers say
-        outcome = await store.cancel(cid, tid)
+        outcome, head = await store.cancel_turn(cid, tid)
         if outcome == "cancelled":
             await self._uncount(store, cid, tid)
-            # It may have been the head nobody was running yet: wake the ones behind it.
-            await self._kicks.send(routing.DRAIN_TASK, cid)
+            # It may have been the head nobody was running yet: wake the one now first.
+            if head is not None:
+                await kick_head(self._kicks, store, cid, head)
         return outcome
 
     async def retry(self, turn: TurnRef, *, idempotency_key: str | None) -> Retried:
@@ -95,7 +100,7 @@ class TurnControl:
         # First in line: wake a worker. A resend may have lost the first answer and its
         # kick; a kick more is harmless (the drain finds the lease held, or the inbox).
         if (retried.position == 0 and not retried.repeated) or retried.status == "queued":
-            await self._kicks.send(routing.DRAIN_TASK, cid, head=tid)
+            await self._kicks.send(routing.DRAIN_TASK, cid, head=tid, agent=retried.agent)
         return retried
 
     async def awaiting_approval(
@@ -111,6 +116,17 @@ class TurnControl:
         """A turn ended here no longer counts against the per-agent and total limits."""
         if store.queue_limits.counted:
             await store.unadmit_quietly(cid, tid)
+
+
+async def kick_head(
+    kicks: Kicks, store: ClientStore, cid: str, head: str, agent: str | None = None
+) -> None:
+    """Send the conversation a drain for its inbox head ``head`` on the queue of the pool
+    serving its agent: ``agent`` when the script that freed it read it, else the one its
+    record names (one read, only when ``CONVOQ_AGENT_POOLS`` names pools)."""
+    if agent is None and kicks.pooled:
+        agent = await store.turn_agent(cid, head)
+    await kicks.send(routing.DRAIN_TASK, cid, agent=agent)
 
 
 def retry_token(idempotency_key: str | None) -> str:

@@ -1,6 +1,7 @@
 """The client's kicks: the Celery message that tells the workers a conversation has work.
 
-A kick goes to the conversation's queue (:func:`convoq.queue.routing.route`). Where the
+A kick goes to the conversation's queue (:func:`convoq.queue.routing.route`), of the pool
+serving the agent of the turn it is for when ``CONVOQ_AGENT_POOLS`` names one. Where the
 broker is the store's Redis (and no task events are wanted) a submit's kick is built here
 and pushed by the ``submit`` script itself, in the call that queues the turn
 (:func:`convoq.queue.transport.kick_message`); every other kick goes through
@@ -36,6 +37,12 @@ class Kicks:
         self._redis_url = redis_url
         self._sender = sender
         self._direct: bool | None = None
+
+    @property
+    def pooled(self) -> bool:
+        """Whether ``CONVOQ_AGENT_POOLS`` names pools (else every kick goes to the default
+        queues, and no agent needs reading)."""
+        return bool(self._settings.agent_pools)
 
     def queue(self, conversation_id: str, agent: str | None = None) -> str:
         """The queue the conversation's kicks go to: of the pool serving ``agent`` when

@@ -1,7 +1,8 @@
 """The client's side of waits for the world (:mod:`convoq.waits`): a deferred call's
 result (``complete_call``) and signals (``signal``). What completes a parked turn's waits
 sends its ``resume`` kick, once: a repeat (the same result again, a signal id seen
-before) answers as the first did and sends nothing."""
+before) answers as the first did and sends nothing. The kick goes to the queue of the pool
+serving the turn's agent (``CONVOQ_AGENT_POOLS``), which the script answers along."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Literal
 
 from convoq.approvals import check_decision_note
 from convoq.client._base import check_call_id, check_turn_ref
-from convoq.client._control import TurnRef
+from convoq.client._control import TurnRef, kick_head
 from convoq.client._kicks import Kicks
 from convoq.errors import ConvoqError
 from convoq.ids import check_conversation_id
@@ -53,7 +54,7 @@ class WorldControl:
             result=text, is_error=error is not None,
         )  # fmt: skip
         if decided.outcome == "resume" and not decided.repeated:
-            await self._resume(cid, tid)
+            await self._resume(cid, tid, decided.agent)
         return decided.outcome
 
     async def signal(
@@ -73,18 +74,19 @@ class WorldControl:
             )
         text = result_text(payload, "payload")
         settings = self._settings
-        sent = await self._store().send_signal(
+        store = self._store()
+        sent, kick = await store.send_signal_routed(
             cid, name, text, signal_id=signal_id, by=by,
             max_kept=settings.signal_max_kept, ttl_ms=settings.signal_ttl_s * 1000,
         )  # fmt: skip
-        if sent.resume and sent.turn_id is not None:
-            await self._resume(cid, sent.turn_id)
-        elif sent.outcome == "duplicate":
+        if sent.resume and kick is not None:
+            await self._resume(cid, kick.turn_id, kick.agent)
+        elif sent.outcome == "duplicate" and kick is not None:
             # A resend may have lost the first answer and its kick; a kick more is harmless.
-            await self._kicks.send(routing.DRAIN_TASK, cid)
+            await kick_head(self._kicks, store, cid, kick.turn_id, kick.agent)
         return sent
 
-    async def _resume(self, cid: str, tid: str) -> None:
+    async def _resume(self, cid: str, tid: str, agent: str | None) -> None:
         attributes = {"convoq.conversation_id": cid, "convoq.turn_id": tid}
         with tracing.span("convoq.resume", attributes):  # the resume kick's trace
-            await self._kicks.send(routing.RESUME_TASK, cid, tid)
+            await self._kicks.send(routing.RESUME_TASK, cid, tid, agent=agent)

@@ -21,7 +21,7 @@ from convoq.redis._records import (
     TurnRecord,
     decode_record,
 )
-from convoq.redis._replies import DiscardReply, Outcome
+from convoq.redis._replies import DecideReply, DiscardReply
 from convoq.redis._taking import valid_turn_id
 from convoq.turn_state import Decision
 
@@ -32,14 +32,16 @@ log = logging.getLogger("convoq.redis")
 class Decided:
     """What deciding a call came to: ``outcome`` "resume" (every call of the turn is
     decided) or "pending"; ``repeated``: the same decision was recorded before, so
-    nothing was written now and no resume is owed for it."""
+    nothing was written now and no resume is owed for it. ``agent``: with "resume", the
+    agent the turn's record names (None: none), whose pool its resume kick goes to."""
 
     outcome: Literal["resume", "pending"]
     repeated: bool = False
+    agent: str | None = None
 
 
 class ApprovalsMixin(ProtocolBase):
-    """``decide`` (``record_decision``), ``discard``, ``parked_turns``."""
+    """``decide`` (``record_decision``), ``discard`` (``discard_turn``), ``parked_turns``."""
 
     async def decide(
         self,
@@ -90,22 +92,29 @@ class ApprovalsMixin(ProtocolBase):
         keys = [self.keys.lease(cid), self.keys.turn(cid, turn_id)]
         keys.append(self.keys.events(cid, turn_id))
         args = [call_id, raw, self.events_maxlen, kind]
-        reply = Outcome.parse("decide", await self.scripts.run("decide", keys, args))
+        reply = DecideReply.parse(await self.scripts.run("decide", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id)
         repeated = reply.status.startswith("KEPT_")
         resume = reply.status in ("RESUME", "KEPT_RESUME")
-        return Decided("resume" if resume else "pending", repeated=repeated)
+        return Decided("resume" if resume else "pending", repeated=repeated, agent=reply.agent)
 
     async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool:
         """End a parked turn as cancelled, storing nothing, and free the conversation.
         Returns True if more turns are queued (send a kick). Repeating it is a no-op."""
+        return await self.discard_turn(cid, turn_id, reason=reason) is not None
+
+    async def discard_turn(
+        self, cid: str, turn_id: str, *, reason: str = "discarded"
+    ) -> str | None:
+        """:meth:`discard`, answering the turn first in the conversation's line after it,
+        read in the same call (the one to kick), or None when no turn is queued."""
         args = [turn_id, cancelled_arg(self, reason), self.turn_ttl_ms, self.events_maxlen]
         keys = turn_control_keys(self, cid, turn_id)
         reply = DiscardReply.parse(await self.scripts.run("discard", keys, args))
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id)
-        return reply.queued > 0
+        return reply.head
 
     async def parked_turns(
         self, limit: int = 100, *, offset: int = 0, conversation_prefix: str = ""

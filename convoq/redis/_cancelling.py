@@ -14,7 +14,7 @@ from convoq.ids import check_turn_id
 from convoq.redis._base import ProtocolBase
 from convoq.redis._codec import text
 from convoq.redis._decoded import forget
-from convoq.redis._replies import Outcome
+from convoq.redis._replies import CancelReply, Outcome
 from convoq.redis._texting import StopFlags
 
 _CLEAR_RETRIES = 20
@@ -39,20 +39,29 @@ def cancelled_arg(proto: ProtocolBase, reason: str) -> str:
 
 
 class CancellingMixin(ProtocolBase):
-    """``cancel``, ``is_cancel_requested``, ``clear``."""
+    """``cancel`` (``cancel_turn``), ``is_cancel_requested``, ``clear``."""
 
     async def cancel(self, cid: str, turn_id: str) -> Literal["cancelled", "stopping", "finished"]:
         """Cancel a turn: queued, scheduled (its timer goes too) or parked -> "cancelled"
         at once; running -> "stopping" (its runner's next renewal or checkpoint reports
         it, and it fails the turn as cancelled); already ended -> "finished"."""
+        outcome, _ = await self.cancel_turn(cid, turn_id)
+        return outcome
+
+    async def cancel_turn(
+        self, cid: str, turn_id: str
+    ) -> tuple[Literal["cancelled", "stopping", "finished"], str | None]:
+        """:meth:`cancel`, with the turn first in the conversation's line after a
+        "cancelled", read in the same call (the one to kick; None: no turn is queued, or
+        another outcome)."""
         args = [turn_id, cancelled_arg(self, "cancelled by request"), self.turn_ttl_ms]
         keys = [*turn_control_keys(self, cid, turn_id), self.keys.timers(cid)]
-        reply = Outcome.parse(
-            "cancel", await self.scripts.run("cancel", keys, [*args, self.events_maxlen])
+        reply = CancelReply.parse(
+            await self.scripts.run("cancel", keys, [*args, self.events_maxlen])
         )
         if reply.refusal is not None:
             raise self.refusal(reply.refusal, cid, turn_id)
-        return _CANCELLED[reply.status]
+        return _CANCELLED[reply.status], reply.head
 
     async def is_cancel_requested(self, cid: str, turn_id: str) -> bool:
         return await self.redis.hget(self.keys.turn(cid, turn_id), "cancel") == b"1"

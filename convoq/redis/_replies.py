@@ -62,6 +62,11 @@ class _Items:
         value: bytes | None = self._get(i, (bytes,), "a string or nothing", optional=True)
         return value
 
+    def name(self, i: int) -> str | None:
+        """A string item as text (an agent, a turn id), or None for Lua's false."""
+        value = self.raw(i)
+        return None if value is None else text(value)
+
     def array(self, i: int, optional: bool = False) -> Any:
         return self._get(i, (list,), "a list", optional)
 
@@ -98,9 +103,7 @@ class Outcome:
 
 
 OUTCOMES: dict[str, tuple[str, ...]] = {
-    "cancel": ("CANCELLED", "STOPPING", "FINISHED"),
     "clear": ("OK", "RETRY"),  # RETRY: the inbox changed since it was read: read again
-    "decide": ("RESUME", "PENDING", "KEPT_RESUME", "KEPT_PENDING"),  # KEPT: a repeat
     "park": ("OK", "PARKED", "RESUME", "RESUMED"),  # PARKED, RESUMED: a replay
     "pop": ("OK", "APPLIED", "EMPTY", "CHANGED"),  # APPLIED: a replay; CHANGED: read again
     "release": ("OK", "STALE"),  # STALE: the lease had moved on, nothing to release
@@ -108,6 +111,44 @@ OUTCOMES: dict[str, tuple[str, ...]] = {
     "unreserve": ("OK", "GONE"),  # GONE: the lease is not this holder's (any more)
 }
 """The success statuses of each script whose reply is a status alone."""
+
+
+@dataclass(frozen=True)
+class DecideReply:
+    """``decide``: 'RESUME' or 'KEPT_RESUME' (a repeat) with the ``agent`` the turn's
+    record names (None: none), 'PENDING' or 'KEPT_PENDING'; else ``refusal``."""
+
+    status: str
+    agent: str | None = None
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> DecideReply:
+        r = _Items("decide", reply)
+        if r.status in ("RESUME", "KEPT_RESUME"):
+            return cls(r.status, r.sized(1).name(1))
+        if r.status in ("PENDING", "KEPT_PENDING"):
+            return cls(r.sized(0).status)
+        return cls(r.status, refusal=r.refusal())
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    """``cancel``: 'CANCELLED' (ended here; ``head``: the conversation's inbox head now,
+    None when no turn waits), 'STOPPING' or 'FINISHED'; else ``refusal``."""
+
+    status: str
+    head: str | None = None
+    refusal: Refusal | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> CancelReply:
+        r = _Items("cancel", reply)
+        if r.status == "CANCELLED":
+            return cls(r.status, r.sized(1).name(1))
+        if r.status in ("STOPPING", "FINISHED"):
+            return cls(r.sized(0).status)
+        return cls(r.status, refusal=r.refusal())
 
 
 @dataclass(frozen=True)
@@ -189,20 +230,21 @@ class CountReply:
 
 @dataclass(frozen=True)
 class DiscardReply:
-    """``discard``: the turn ended cancelled, ``queued`` turns wait behind it ('OK', or
-    'FINISHED' as cancelled: a replay); else ``refusal`` ('FINISHED' otherwise: it ended
-    another way)."""
+    """``discard``: the turn ended cancelled, ``queued`` turns wait behind it, ``head``
+    first (None: none) ('OK', or 'FINISHED' as cancelled: a replay); else ``refusal``
+    ('FINISHED' otherwise: it ended another way)."""
 
     queued: int = 0
     refusal: Refusal | None = None
+    head: str | None = None
 
     @classmethod
     def parse(cls, reply: Any) -> DiscardReply:
         r = _Items("discard", reply)
         if r.status == "OK":
-            return cls(r.sized(1).integer(1))
-        if r.status == "FINISHED" and r.sized(2).raw(1) == b"cancelled":
-            return cls(r.integer(2))
+            return cls(r.sized(2).integer(1), head=r.name(2))
+        if r.status == "FINISHED" and r.sized(3).raw(1) == b"cancelled":
+            return cls(r.integer(2), head=r.name(3))
         return cls(refusal=r.refusal())
 
 
@@ -225,8 +267,8 @@ class ReserveReply:
 class RetryReply:
     """``retry``: 'OK' (queued again at ``position``, its ``retries`` now, its "retried"
     event ``event_id``), 'REPEATED' (a resend of that request: the turn is ``status`` now),
-    'FULL' (``waiting`` turns fill the inbox), else ``refusal`` ('NOT_FAILED' with the
-    turn's status among them)."""
+    both with the ``agent`` the record names (None: none); 'FULL' (``waiting`` turns fill
+    the inbox), else ``refusal`` ('NOT_FAILED' with the turn's status among them)."""
 
     status: str
     position: int = -1
@@ -235,16 +277,17 @@ class RetryReply:
     turn_status: str = ""
     waiting: int = 0
     refusal: Refusal | None = None
+    agent: str | None = None
 
     @classmethod
     def parse(cls, reply: Any) -> RetryReply:
         r = _Items("retry", reply)
         if r.status == "OK":
-            r.sized(3)
-            return cls("OK", r.integer(1), r.integer(2), r.string(3))
+            r.sized(4)
+            return cls("OK", r.integer(1), r.integer(2), r.string(3), agent=r.name(4))
         if r.status == "REPEATED":
-            r.sized(2)
-            return cls("REPEATED", retries=r.integer(2), turn_status=r.string(1))
+            r.sized(3)
+            return cls("REPEATED", retries=r.integer(2), turn_status=r.string(1), agent=r.name(3))
         if r.status == "FULL":
             return cls("FULL", waiting=r.sized(1).integer(1))
         return cls(r.status, refusal=r.refusal())
@@ -456,8 +499,10 @@ class WindowReply:
 @dataclass(frozen=True)
 class SignalReply:
     """The ``signal`` script's reply: ``status`` DELIVERED (to ``call_id``; ``resume``:
-    it was the turn's last missing decision), KEPT (``kept`` live ones now), SEEN, or
-    RETRY (the inbox head is ``head``, '' for none); else ``refusal``."""
+    it was the turn's last missing decision, whose record names ``agent``), KEPT
+    (``kept`` live ones now), SEEN (the inbox head is ``head``, '' for none, of ``agent``
+    when the script read it), or RETRY (the inbox head is ``head``, '' for none); else
+    ``refusal``."""
 
     status: str
     call_id: str = ""
@@ -465,17 +510,21 @@ class SignalReply:
     kept: int = 0
     head: str = ""
     refusal: Refusal | None = None
+    agent: str | None = None
 
     @classmethod
     def parse(cls, reply: Any) -> SignalReply:
         items = _Items("signal", reply)
         if items.status == "DELIVERED":
-            items.sized(2)
-            return cls("DELIVERED", items.string(1), resume=items.string(2) == "RESUME")
+            resume = items.sized(2, 3).string(2) == "RESUME"
+            if resume != (len(items.reply) == 4):
+                raise malformed("signal", reply, "DELIVERED with an agent after RESUME only")
+            agent = items.name(3) if resume else None
+            return cls("DELIVERED", items.string(1), resume=resume, agent=agent)
         if items.status == "KEPT":
             return cls("KEPT", kept=items.sized(1).integer(1))
         if items.status == "SEEN":
-            return cls(items.sized(0).status)
+            return cls("SEEN", head=items.sized(2).string(1), agent=items.name(2))
         if items.status == "RETRY":
             return cls("RETRY", head=items.sized(1).string(1))
         return cls(items.status, refusal=items.refusal())

@@ -27,12 +27,14 @@ class Retried:
     """A failed turn queued again: ``position`` 0 when no turn waited before it (the caller
     kicks the conversation), ``retries`` how often it was retried. ``repeated``: this was
     a resend of an earlier request, which queued it; nothing changed now, and ``status``
-    is where the turn stands (else "queued")."""
+    is where the turn stands (else "queued"). ``agent``: the one the turn's record names
+    (None: none), whose pool its kick goes to."""
 
     status: str
     retries: int
     position: int = 0
     repeated: bool = False
+    agent: str | None = None
 
 
 class RetryingMixin(SubmittingMixin):
@@ -61,9 +63,9 @@ class RetryingMixin(SubmittingMixin):
         if counted and _left_final(reply):
             await self.unadmit_quietly(cid, turn_id)
         if reply.status == "OK":
-            return Retried("queued", reply.retries, reply.position)
+            return Retried("queued", reply.retries, reply.position, agent=reply.agent)
         if reply.status == "REPEATED":
-            return Retried(reply.turn_status, reply.retries, repeated=True)
+            return Retried(reply.turn_status, reply.retries, repeated=True, agent=reply.agent)
         if reply.status == "FULL":
             raise self._full("conversation", self.queue_limits.per_conversation, cid)
         assert reply.refusal is not None

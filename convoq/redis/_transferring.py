@@ -1,6 +1,6 @@
 """Handing a running turn to another agent (:mod:`convoq.handoffs`): ``transfer``, fenced
-like a checkpoint, and the agent the head turn of a conversation runs on (where the
-sweeper and a handoff kick it).
+like a checkpoint, and the agent the head turn of a conversation (or any turn) runs on
+(where the sweeper, a handoff and the client's kicks go).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from convoq.turn_state import TurnEvent, TurnState
 
 
 class TransferringMixin(ProtocolBase):
-    """``transfer`` and ``head_agent``."""
+    """``transfer``, ``head_agent`` and ``turn_agent``."""
 
     async def transfer(
         self,
@@ -47,7 +47,9 @@ class TransferringMixin(ProtocolBase):
     async def head_agent(self, cid: str) -> str | None:
         """The agent the conversation's inbox head runs on (None: no head, or no record)."""
         head = await self.redis.lindex(self.keys.inbox(cid), 0)
-        if head is None:
-            return None
-        agent = await self.redis.hget(self.keys.turn(cid, text(head)), "agent")
+        return None if head is None else await self.turn_agent(cid, text(head))
+
+    async def turn_agent(self, cid: str, turn_id: str) -> str | None:
+        """The agent a turn's record names (None: no record)."""
+        agent = await self.redis.hget(self.keys.turn(cid, turn_id), "agent")
         return None if agent is None else text(agent)

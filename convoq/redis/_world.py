@@ -73,8 +73,17 @@ class Signalled:
     kept: int = 0
 
 
+@dataclass(frozen=True)
+class SignalKick:
+    """The turn a signal's kick is for, and the agent its record names (None: not read,
+    or none)."""
+
+    turn_id: str
+    agent: str | None = None
+
+
 class SignalsMixin(ProtocolBase):
-    """``send_signal``."""
+    """``send_signal`` (``send_signal_routed``)."""
 
     async def send_signal(
         self,
@@ -94,6 +103,25 @@ class SignalsMixin(ProtocolBase):
         Raises:
             SignalBacklogFullError: ``max_kept`` live signals of that name are kept.
         """
+        sent, _ = await self.send_signal_routed(
+            cid, name, payload, signal_id=signal_id, by=by, max_kept=max_kept, ttl_ms=ttl_ms
+        )
+        return sent
+
+    async def send_signal_routed(
+        self,
+        cid: str,
+        name: str,
+        payload: str,
+        *,
+        signal_id: str | None = None,
+        by: str | None = None,
+        max_kept: int,
+        ttl_ms: int,
+    ) -> tuple[Signalled, SignalKick | None]:
+        """:meth:`send_signal`, with the kick it owes, read in the same call: the turn
+        it resumes (delivered, the last missing decision), or for a duplicate the inbox
+        head (a resend may have lost the first answer and its kick); None: no kick."""
         check_signal_name(name)
         sid = signal_id or uuid.uuid4().hex
         inbox = self.keys.inbox(cid)
@@ -106,11 +134,13 @@ class SignalsMixin(ProtocolBase):
             if reply.refusal is not None:
                 raise self.refusal(reply.refusal, cid, tid or None)
             if reply.status == "DELIVERED":
-                return Signalled("delivered", tid, reply.call_id, resume=reply.resume)
+                kick = SignalKick(tid, reply.agent) if reply.resume else None
+                return Signalled("delivered", tid, reply.call_id, resume=reply.resume), kick
             if reply.status == "KEPT":
-                return Signalled("kept", kept=reply.kept)
+                return Signalled("kept", kept=reply.kept), None
             if reply.status == "SEEN":
-                return Signalled("duplicate")
+                first = SignalKick(reply.head, reply.agent) if reply.head else None
+                return Signalled("duplicate"), first
             tid = reply.head
         raise UnknownTurnError(f"the inbox head of conversation {cid!r} kept moving; send again")
 

@@ -34,10 +34,12 @@ Where each verb lives (the class is assembled here from these, over
 - :mod:`convoq.redis._ending`: ``checkpoint``, ``commit``, ``fail``, ``park``;
 - :mod:`convoq.redis._holding`: in-process turns under the same lease (``reserve``,
   ``unreserve``, ``commit_held``: functions over the protocol, for Redis memory);
-- :mod:`convoq.redis._approvals`: ``decide``, ``discard``, ``parked_turns``;
-- :mod:`convoq.redis._world`: ``send_signal``, and what ``park`` stores of the calls
-  that wait for the world (:mod:`convoq.waits`);
-- :mod:`convoq.redis._cancelling`: ``cancel``, ``is_cancel_requested``, ``clear``;
+- :mod:`convoq.redis._approvals`: ``decide``, ``discard`` (``discard_turn``),
+  ``parked_turns``;
+- :mod:`convoq.redis._world`: ``send_signal`` (``send_signal_routed``), and what
+  ``park`` stores of the calls that wait for the world (:mod:`convoq.waits`);
+- :mod:`convoq.redis._cancelling`: ``cancel`` (``cancel_turn``), ``is_cancel_requested``,
+  ``clear``;
 - :mod:`convoq.redis._reading`: ``history``, ``window``, ``usage``;
 - :mod:`convoq.redis._events`: turn records and event streams (``get_turn``,
   ``read_events``, ``emit``);
@@ -47,7 +49,8 @@ Where each verb lives (the class is assembled here from these, over
   the timer index (scheduled turns on durable timers);
 - :mod:`convoq.redis._sweeping`: ``sweep_candidates``, ``sweep_scan``, ``mark_swept``
   (the sweeper's backoff);
-- :mod:`convoq.redis._transferring`: ``transfer`` (a handoff), ``head_agent``;
+- :mod:`convoq.redis._transferring`: ``transfer`` (a handoff), ``head_agent``,
+  ``turn_agent``;
 - :mod:`convoq.redis._registry`: ``registered_agents``/``workers``/``prefixes``,
   ``check_epoch``;
 - :mod:`convoq.redis._replies`: every script reply parsed into a record;

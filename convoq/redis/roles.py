@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from convoq.redis._scheduling import Fired, ScheduledTurn, ScheduleResult
     from convoq.redis._sweeping import Stranded, SweepScan
     from convoq.redis._texting import IfBusy, StopFlags
-    from convoq.redis._world import Signalled
+    from convoq.redis._world import SignalKick, Signalled
     from convoq.redis.keys import KeySchema
     from convoq.redis.scripts import Scripts
     from convoq.turn_state import TurnEvent, TurnState
@@ -297,7 +297,15 @@ class ClientStore(TurnControl, ScheduleStore, Protocol):
 
     async def unadmit_quietly(self, cid: str, turn_id: str) -> None: ...
 
-    async def discard(self, cid: str, turn_id: str, *, reason: str = "discarded") -> bool: ...
+    async def discard_turn(
+        self, cid: str, turn_id: str, *, reason: str = "discarded"
+    ) -> str | None: ...
+
+    async def cancel_turn(
+        self, cid: str, turn_id: str
+    ) -> tuple[Literal["cancelled", "stopping", "finished"], str | None]: ...
+
+    async def turn_agent(self, cid: str, turn_id: str) -> str | None: ...
 
     async def retry(self, cid: str, turn_id: str, *, token: str) -> Retried: ...
 
@@ -313,7 +321,7 @@ class ClientStore(TurnControl, ScheduleStore, Protocol):
         self, limit: int = 100, *, offset: int = 0, conversation_prefix: str = ""
     ) -> list[ParkedTurn]: ...
 
-    async def send_signal(
+    async def send_signal_routed(
         self,
         cid: str,
         name: str,
@@ -323,7 +331,7 @@ class ClientStore(TurnControl, ScheduleStore, Protocol):
         by: str | None = None,
         max_kept: int,
         ttl_ms: int,
-    ) -> Signalled: ...
+    ) -> tuple[Signalled, SignalKick | None]: ...
 
     async def get_turn_and_last_event(self, cid: str, turn_id: str) -> tuple[TurnRecord, str]: ...
 

@@ -32,7 +32,9 @@ from convoq.redis._refusals import ANY, REFUSALS, Refusal, refusal_error
 from convoq.redis._replies import (
     AdmitReply,
     AppendReply,
+    CancelReply,
     CountReply,
+    DecideReply,
     DiscardReply,
     EndReply,
     LoadReply,
@@ -139,9 +141,11 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
         for name in ("renew", "checkpoint", "transfer")
     },
     **{name: (lambda n: lambda r: CountReply.parse(n, r))(name) for name in ("unadmit", "prune")},
+    "cancel": CancelReply.parse,
+    "decide": DecideReply.parse,
     **{
         name: (lambda n: lambda r: Outcome.parse(n, r))(name)
-        for name in ("cancel", "clear", "decide", "park", "release", "summarise", "unreserve")
+        for name in ("clear", "park", "release", "summarise", "unreserve")
     },
 }
 
@@ -256,7 +260,8 @@ async def test_real_replies_parse_into_their_records(
     assert parsed["unadmit"][-1] == CountReply(seen["uncounted"]) == CountReply(3)
     assert parsed["prune"][0] == CountReply(seen["dropped"]) == CountReply(1)
     assert parsed["discard"][0] == DiscardReply(queued=0)
-    assert [o.status for o in parsed["decide"]] == ["RESUME"]
+    assert parsed["decide"] == [DecideReply("RESUME", "bot")]  # the resume kick's agent
+    assert parsed["cancel"] == [CancelReply("CANCELLED", "t2")]  # the head, behind t3's end
     assert parsed["park"][0] == parsed["clear"][0] == Outcome("OK")
     assert parsed["append"] == [AppendReply(True), AppendReply(False)]
     assert (seen["appended"], seen["replayed"]) == (True, False)
@@ -280,7 +285,8 @@ async def test_real_replies_parse_into_their_records(
         ("renew", ["OK", b"2"]),  # the cancel flag is neither '0' nor '1'
         ("checkpoint", ["OK"]),
         ("reserve", ["OK", None]),
-        ("discard", ["FINISHED", b"cancelled"]),
+        ("discard", ["FINISHED", b"cancelled", 0]),  # the inbox head is missing
+        ("discard", ["OK", 1]),
         ("prune", ["OK", [1]]),
         ("clear", ["OK", b"extra"]),
         ("window", ["DONE", 0, -1, None, []]),  # inline answers carry three lists
@@ -289,7 +295,11 @@ async def test_real_replies_parse_into_their_records(
         ("append", ["OK"]),  # the total is missing
         ("append", ["APPLIED", 1]),
         ("cancel", []),  # no status at all
+        ("cancel", ["CANCELLED"]),  # the inbox head (or false) is missing
+        ("cancel", ["STOPPING", b"t1"]),
         ("decide", None),
+        ("decide", ["RESUME"]),  # the agent (or false) is missing
+        ("decide", ["PENDING", b"bot"]),
         ("park", [7]),  # a status that is no string
     ],
 )

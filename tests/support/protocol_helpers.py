@@ -7,8 +7,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from convoq.messages import Message
+from convoq.messages import Message, ToolCall
 from convoq.redis import TurnProtocol
+from convoq.turn_state import TurnState, Wait
 
 
 @contextlib.asynccontextmanager
@@ -30,3 +31,26 @@ async def submit_all(proto: TurnProtocol, cid: str, *turn_ids: str) -> None:
 def exchange(said: str, reply: str = "ok") -> list[Message]:
     """A whole turn to commit: the user's message and the assistant's answer."""
     return [Message.user(said), Message.assistant(reply)]
+
+
+async def park_head(
+    proto: TurnProtocol, cid: str, *, hand_to: str | None = None, **waits: Wait | None
+) -> str:
+    """Take the conversation's head turn and park it on the calls ``waits`` names (each
+    waits for what its Wait says; None: a person decides), after handing it to
+    ``hand_to`` when given (its record then names that agent). Returns its id."""
+    taken = await proto.acquire(cid, worker_id="w1", lease_ms=30_000)
+    assert taken is not None
+    tid = taken.turn.turn_id
+    if hand_to is not None:
+        state = TurnState(messages=[taken.turn.input])
+        await proto.transfer(cid, tid, fence=taken.fence, state=state, agent=hand_to,
+                             release=False)  # fmt: skip
+    calls = [ToolCall(id=c, name="job", arguments={}) for c in waits]
+    state = TurnState(
+        messages=[taken.turn.input, Message.assistant("", tool_calls=calls)], steps=1,
+        pending=calls, waits={c: w for c, w in waits.items() if w is not None},
+    )  # fmt: skip
+    parked = await proto.park(cid, tid, fence=taken.fence, state=state, approval_ttl_ms=86_400_000)
+    assert parked == "parked"
+    return tid

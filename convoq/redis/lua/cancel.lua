@@ -12,7 +12,8 @@
 -- Cancels a turn: a queued one (or a running one whose lease is gone) leaves the inbox; a
 -- parked one is discarded; a scheduled one loses its timer; a running one gets a cancel
 -- flag its runner polls.
--- Returns {'CANCELLED'} / {'STOPPING'} / {'FINISHED'} / {'UNKNOWN'} / {'CORRUPT', key}.
+-- Returns {'CANCELLED', the inbox head now or false (none waits): the turn the caller's
+--      kick is for} / {'STOPPING'} / {'FINISHED'} / {'UNKNOWN'} / {'CORRUPT', key}.
 redis.replicate_commands()
 local k, corrupt = turn_ending(1)
 if corrupt then
@@ -41,4 +42,4 @@ end
 if timers and status == 'scheduled' then
   redis.call('ZREM', timers, ARGV[1])
 end
-return {'CANCELLED'}
+return {'CANCELLED', redis.call('LINDEX', k.inbox, 0)}

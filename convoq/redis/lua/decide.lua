@@ -16,8 +16,9 @@
 -- this script resent) writes nothing and answers KEPT_RESUME / KEPT_PENDING, as the first
 -- did, even once a worker took the resumed turn: the caller sends no second resume.
 -- The event is "decision", or "result_supplied" for a result.
--- Returns {'RESUME'} / {'PENDING'} (recorded) or {'KEPT_RESUME'} / {'KEPT_PENDING'} (the
---      same decision was recorded before: nothing written)
+-- Returns {'RESUME', agent} / {'PENDING'} (recorded) or {'KEPT_RESUME', agent} /
+--      {'KEPT_PENDING'} (the same decision was recorded before: nothing written); agent:
+--      the one the turn's record names (false: none), whose pool the resume kick goes to
 --      or {'UNKNOWN'} / {'NOT_PARKED', status} / {'UNKNOWN_CALL', pending ids JSON}
 --      or {'DECIDED'} (the call was decided otherwise) / {'EXPIRED'} (approval expired)
 --      or {'CHILD_CALL'} / {'NOT_CHILD_CALL'} / {'WAITS_FOR', what it waits for} (the call
@@ -25,7 +26,7 @@
 --      or {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
 local lease, turn, events = KEYS[1], KEYS[2], KEYS[3]
-local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume', 'waits')
+local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume', 'waits', 'agent')
 if not rec[1] then
   return {'UNKNOWN'}
 end
@@ -69,7 +70,7 @@ if previous then
   end
   -- Every call was decided once the turn was marked for resumption or left the park.
   if rec[3] == '1' or not PARKED[rec[1]] then
-    return {'KEPT_RESUME'}
+    return {'KEPT_RESUME', rec[5] or false}
   end
   return {'KEPT_PENDING'}
 end
@@ -105,4 +106,4 @@ if rec[3] ~= '1' then
   redis.call('HSET', turn, 'resume', '1')
   redis.call('DEL', lease)
 end
-return {'RESUME'}
+return {'RESUME', rec[5] or false}

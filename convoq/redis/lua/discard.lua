@@ -9,8 +9,9 @@
 -- ARGV[3] = turn ttl ms
 -- ARGV[4] = events stream MAXLEN (approximate)
 -- Ends a parked turn as cancelled, storing nothing; frees the conversation.
--- Returns {'OK', turns still queued}
---      or {'UNKNOWN'} / {'FINISHED', status} / {'NOT_PARKED', status} / {'CORRUPT', key}.
+-- Returns {'OK', turns still queued, the inbox head now or false}
+--      or {'UNKNOWN'} / {'FINISHED', status, turns queued, the inbox head or false}
+--      or {'NOT_PARKED', status} / {'CORRUPT', key}.
 redis.replicate_commands()
 local k, corrupt = turn_ending(1)
 if corrupt then
@@ -21,11 +22,11 @@ if not rec[1] then
   return {'UNKNOWN'}
 end
 if TERMINAL[rec[1]] then
-  return {'FINISHED', rec[1], redis.call('LLEN', k.inbox)}
+  return {'FINISHED', rec[1], redis.call('LLEN', k.inbox), redis.call('LINDEX', k.inbox, 0)}
 end
 if not PARKED[rec[1]] then
   return {'NOT_PARKED', rec[1]}
 end
 finish(k, ARGV[1], 'cancelled', 'error', ARGV[2], ARGV[3], ARGV[4], now_ms())
 redis.call('DEL', k.lease)
-return {'OK', redis.call('LLEN', k.inbox)}
+return {'OK', redis.call('LLEN', k.inbox), redis.call('LINDEX', k.inbox, 0)}

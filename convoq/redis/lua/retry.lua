@@ -17,8 +17,9 @@
 -- finished steps, its tools keep their idempotency keys. Appends "retried" ({"retry": n})
 -- and the "queued" status to its events.
 -- A resend of a request (its token is the last retry's) changes nothing: {'REPEATED'}.
--- Returns {'OK', position (0: nothing queued before it), retries, event id}
---      or {'REPEATED', status, retries} / {'NOT_FAILED', status} / {'UNKNOWN'}
+-- Returns {'OK', position (0: nothing queued before it), retries, event id, agent}
+--      or {'REPEATED', status, retries, agent} / {'NOT_FAILED', status} / {'UNKNOWN'}
+--      (agent: the one the record names, false for none: the pool its kick goes to)
 --      or {'FULL', waiting} / {'VERSION', v} / {'CORRUPT', key} (nothing written).
 redis.replicate_commands()
 local meta, inbox, turn, journal, cont, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
@@ -30,14 +31,14 @@ local bad = wrong_type('hash', {turn}) or wrong_type('list', {inbox})
 if bad then
   return {'CORRUPT', bad}
 end
-local rec = redis.call('HMGET', turn, 'status', 'retry_token', 'retries', 'last_event')
+local rec = redis.call('HMGET', turn, 'status', 'retry_token', 'retries', 'last_event', 'agent')
 local status = rec[1]
 if not status then
   return {'UNKNOWN'}
 end
 local retries = tonumber(rec[3] or '0')
 if rec[2] == token then
-  return {'REPEATED', status, istr(retries)}
+  return {'REPEATED', status, istr(retries), rec[5] or false}
 end
 if status ~= 'failed' then
   return {'NOT_FAILED', status}
@@ -64,4 +65,4 @@ redis.call('PERSIST', turn)
 redis.call('PERSIST', events)
 redis.call('PERSIST', journal)
 redis.call('PERSIST', cont)
-return {'OK', waiting, istr(retries), id}
+return {'OK', waiting, istr(retries), id, rec[5] or false}

@@ -18,8 +18,11 @@
 -- for it, the signal is kept (oldest first, at most ARGV[5] live ones, each for ARGV[6]
 -- ms) for the next wait on that name (park.lua takes it). A signal id seen before writes
 -- nothing (a resend after a lost reply, or the sender's own retry).
--- Returns {'DELIVERED', call id, 'RESUME'|'PENDING'} / {'KEPT', live signals kept}
---      or {'SEEN'} (this signal id was handled before: nothing written)
+-- Returns {'DELIVERED', call id, 'PENDING'} / {'DELIVERED', call id, 'RESUME', agent}
+--      (agent: the one the turn's record names, false for none: where its kick goes)
+--      or {'KEPT', live signals kept}
+--      or {'SEEN', the inbox head or '', its agent or false (known when it is the head the
+--         caller saw)} (this signal id was handled before: nothing written)
 --      or {'RETRY', head or ''} (the head is another turn: call again with its keys)
 --      or {'FULL', kept} (as many live signals kept as allowed: nothing written)
 --      or {'CORRUPT', key} (nothing written).
@@ -36,7 +39,8 @@ if bad then
 end
 local now = now_ms()
 if redis.call('ZSCORE', seen, ARGV[4]) then
-  return {'SEEN'}
+  local agent = queue[1] and queue[1] == ARGV[1] and redis.call('HGET', turn, 'agent')
+  return {'SEEN', queue[1] or '', agent or false}
 end
 if (queue[1] or '') ~= ARGV[1] then
   return {'RETRY', queue[1] or ''}
@@ -49,7 +53,7 @@ local ttl = tonumber(ARGV[6])
 -- The waiting call: the head parked (its lease not expired), undecided, this name.
 local target = nil
 if queue[1] then
-  local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume', 'waits')
+  local rec = redis.call('HMGET', turn, 'status', 'pending', 'resume', 'waits', 'agent')
   local state = redis.call('HGET', lease, 'state')
   if PARKED[rec[1]] and rec[3] ~= '1' and state == 'parked' then
     local ok_p, pending = pcall(cjson.decode, rec[2] or '[]')
@@ -84,7 +88,7 @@ if queue[1] then
       end
       redis.call('HSET', turn, 'resume', '1')
       redis.call('DEL', lease)
-      return {'DELIVERED', target, 'RESUME'}
+      return {'DELIVERED', target, 'RESUME', rec[5] or false}
     end
   end
 end
