@@ -3,7 +3,9 @@
 so no sweep rescues a turn whose kick went astray): a turn parked for approval goes on
 after an approval or a denial, a deferred call's result and a signal resume their turns,
 a failed turn retried runs again, and after a cancel or a discard of a pooled agent's
-turn (parked, queued, or running) the next queued turn, of another pool, runs."""
+turn (parked, queued, or running) the next queued turn, of another pool, runs. A
+worker's own messages stay with the pools too: a conversation sent back in line when its
+worker gives the slot up, and a webhook's delivery."""
 
 from __future__ import annotations
 
@@ -17,11 +19,18 @@ import redis
 from convoq.client import Client
 from convoq.errors import ModelError
 from tests.support.redis_server import RedisServer
-from tests.support.workers import WorkerPool, WorkerProcess, wait_until
+from tests.support.workers import WorkerPool, WorkerProcess, wait_until, webhook_receiver
 
 AGENTS = "tests.support.worker_agents,tests.support.world_agents"
 POOLS = json.dumps(
-    {"approver": "vip", "courier": "vip", "blocker": "vip", "failer": "vip", "echo": "side"}
+    {
+        "approver": "vip",
+        "courier": "vip",
+        "blocker": "vip",
+        "failer": "vip",
+        "tracker": "vip",
+        "echo": "side",
+    }
 )
 WAIT_S = 60  # far below the sweep interval: a turn that goes on was kicked on its pool
 
@@ -133,3 +142,42 @@ def test_after_a_running_turn_is_cancelled_the_next_turn_runs(
         assert running.status() == "cancelled"
     finally:
         redis_client.set(f"{pools.prefix}:test:release:{word}", 1)  # its model call returns
+
+
+@pytest.mark.parametrize("fast_paths", ["on", "off"])
+def test_a_pool_worker_that_gives_its_slot_up_sends_the_conversation_back_to_its_pool(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch, fast_paths: str,
+) -> None:  # fmt: skip
+    """One slot, two conversations of a pooled agent queued at once: after each turn the
+    worker gives its slot up to the other conversation (with the fast paths off through
+    the broker, kept lease and all). That message goes to the pool's queue, which this
+    worker consumes: on the default queues nobody would take it, and no sweep comes."""
+    pool = WorkerPool(
+        redis_server.url, tmp_path_factory.mktemp("pool-requeue"), agents=AGENTS,
+        agent_pools=POOLS, sweep_interval_s=3600, concurrency=1, fast_paths=fast_paths,
+    )  # fmt: skip
+    pool.workers.append(WorkerProcess({**pool.env, "CONVOQ_POOL": "vip"}, pool.log_dir))
+    try:
+        pool.workers[0].start().wait_ready()
+        monkeypatch.setenv("CONVOQ_AGENT_POOLS", POOLS)
+        with pool.client() as client:
+            cids = [_cid(), _cid()]
+            handles = [client.submit(cid, f"{cid} t{n}", agent="tracker") for n in range(3)
+                       for cid in cids]  # fmt: skip
+            assert [h.wait(WAIT_S).status for h in handles] == ["succeeded"] * len(handles)
+        if fast_paths == "off":  # the slot was given up through the broker
+            assert "go back through the broker (fast paths off)" in pool.logs()
+    finally:
+        pool.stop_all()
+
+
+def test_a_pooled_turns_webhook_is_delivered_by_its_pool(client: Client) -> None:
+    """The delivery of a finished turn's callback is a task too: sent on the finishing
+    worker's own pool's queue, it is delivered where no worker reads the default queues."""
+    with webhook_receiver() as hooks:
+        handle = client.submit(_cid(), "hello", agent="echo", callback_url=f"{hooks.url}/done")
+        assert handle.wait(WAIT_S).status == "succeeded"
+        wait_until(lambda: hooks.posts("/done"), WAIT_S, what="the callback")
+        (_, status, _, body) = hooks.posts("/done")[0]
+    assert status == 200 and json.loads(body)["status"] == "succeeded"

@@ -5,6 +5,8 @@ summarises the conversation's oldest turns when the profile's policy says so
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from convoq.compaction import compact_idle
 from convoq.memory.redis import RedisConversationMemory
 from convoq.queue import routing
@@ -26,9 +28,11 @@ class Compactor:
         profiles: Profiles,
         settings: ConvoqSettings,
         keys: KeySchema,
+        kick: Callable[[str], Awaitable[None]],
     ) -> None:
         self._loop = loop
         self._kicks = kicks
+        self._kick = kick
         self._profiles = profiles
         self._settings = settings
         self._keys = keys
@@ -41,9 +45,10 @@ class Compactor:
             return None
         summary = await compact_idle(self._memory_on_loop(), cid, policy)
         # A turn submitted meanwhile found the conversation held and was not run: kick it
-        # now rather than leave it to the sweeper.
+        # now (on the queue of the pool serving its agent) rather than leave it to the
+        # sweeper.
         if await self._loop.open().protocol.redis.llen(self._keys.inbox(cid)):
-            await self._kicks.kick(cid)
+            await self._kick(cid)
         return summary
 
     async def queue(self, cid: str, agent: str) -> None:

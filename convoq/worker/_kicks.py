@@ -65,9 +65,12 @@ class Kicks:
         await self.send_from_loop(routing.DRAIN_TASK, conversation_id)
 
     def requeue(self, conversation_id: str, head: str, fence: int) -> None:
-        """Send the conversation back through the broker with the lease kept for it."""
+        """Send the conversation back through the broker with the lease kept for it, on
+        the queue of this worker's own pool (``CONVOQ_POOL``): one this pool's workers
+        consume, so the kept lease is not left to lapse on a queue nobody reads. A head
+        whose agent another pool serves is moved there by the drain that takes it."""
         headers = {HEAD_HEADER: head, FENCE_HEADER: str(fence)}
-        self.send(routing.DRAIN_TASK, conversation_id, headers=headers)
+        self.send(routing.DRAIN_TASK, conversation_id, headers=headers, pool=self._settings.pool)
 
     def waiting(self) -> int:
         """Messages waiting in the queues this worker consumes (broker round trips)."""

@@ -93,7 +93,13 @@ class Callbacks:
     async def owe(self, cid: str, tid: str) -> None:
         """Note the callback of the finished turn ``tid``, then send its delivery task."""
         await self._owed_callbacks().owe(cid, tid)  # before the task: nothing in between
-        await self._kicks.send_from_loop(routing.DELIVER_CALLBACK_TASK, cid, tid)
+        await self._send(cid, tid)
+
+    async def _send(self, cid: str, tid: str) -> None:
+        # On this worker's own pool's queue (CONVOQ_POOL): one that is consumed, where
+        # only pools serve the agents and no worker reads the default queues.
+        pool = self._settings.pool
+        await self._kicks.send_from_loop(routing.DELIVER_CALLBACK_TASK, cid, tid, pool=pool)
 
     async def deliver(self, cid: str, tid: str) -> webhooks.Attempt:
         """One delivery attempt of ``tid``'s callback (:func:`webhooks.deliver`)."""
@@ -119,7 +125,7 @@ class Callbacks:
         """Send again the callbacks a dead worker held."""
         overdue = await self._owed_callbacks().overdue()
         for cid, tid in overdue:
-            await self._kicks.send_from_loop(routing.DELIVER_CALLBACK_TASK, cid, tid)
+            await self._send(cid, tid)
         if overdue:
             log.warning("sent %d overdue callback(s) again: %s", len(overdue), overdue[:10])
 

@@ -76,7 +76,9 @@ class WorkerRuntime:
         serving = Serving()
         self.direct = DirectDrains(self.loop, self.backlog, serving)
         self.drains = Drains(self.loop, self.backlog, self.kicks, serving, self.direct)
-        self.compactor = Compactor(self.loop, self.kicks, self.profiles, settings, self.keys)
+        self.compactor = Compactor(
+            self.loop, self.kicks, self.profiles, settings, self.keys, self._kick_routed
+        )
         self.callbacks = Callbacks(self.loop, self.kicks, self.keys, settings, callback_policy)
         # Made with the store, when the loop opens it (see _runner_for).
         self.subagents: SubAgents | None = None
