@@ -29,6 +29,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from convoq._sync import call_maybe_async
@@ -49,9 +50,10 @@ class ScheduleRequest:
     conversation_id: str
     message: str | Message
     agent: str
-    delay_s: float
+    delay_s: float | None
     idempotency_key: str
     metadata: dict[str, Any] | None = None
+    not_before: datetime | None = None
 
 
 Scheduler = Callable[[ScheduleRequest], Awaitable[str]]
@@ -118,19 +120,22 @@ class RunContext(Generic[DepsT]):
         self,
         message: str | Message,
         *,
-        delay_s: float,
+        delay_s: float | None = None,
+        not_before: datetime | None = None,
         agent: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> str:
-        """Schedule a follow-up turn of this conversation, ``delay_s`` seconds from now,
-        run by ``agent`` (default: this turn's); returns its turn id. A rerun of this
-        tool call (its worker killed) schedules nothing twice: each schedule is keyed by
-        the call's :attr:`idempotency_key` and its index among the call's schedules.
+        """Schedule a follow-up turn of this conversation, ``delay_s`` seconds from now or
+        not before ``not_before`` (a timezone-aware datetime; both given, the later), run
+        by ``agent`` (default: this turn's); returns its turn id. A rerun of this tool
+        call (its worker killed) schedules nothing twice: each schedule is keyed by the
+        call's :attr:`idempotency_key` and its index among the call's schedules.
 
         Raises:
             ConvoqError: outside a tool call, or where no durable timers exist (an Agent
                 on in-memory or file memory): it names ``ctx.schedule``.
-            InvalidScheduleError: ``delay_s`` out of range (nothing scheduled).
+            InvalidScheduleError: neither time given, ``delay_s`` out of range or a naive
+                ``not_before`` (nothing scheduled).
         """
         if self.scheduler is None or self.conversation_id is None:
             raise ConvoqError(
@@ -143,7 +148,9 @@ class RunContext(Generic[DepsT]):
         if agent is None:
             raise ConvoqError("ctx.schedule needs agent= (this agent has no name)", option="agent")
         key = f"{self.idempotency_key}:schedule:{len(self._schedules)}"
-        request = ScheduleRequest(self.conversation_id, message, agent, delay_s, key, metadata)
+        request = ScheduleRequest(
+            self.conversation_id, message, agent, delay_s, key, metadata, not_before
+        )
         turn_id = await self.scheduler(request)
         self._schedules.append(turn_id)
         return turn_id

@@ -4,12 +4,14 @@ none) it is refused, naming ``ctx.schedule``."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from convoq import Agent, Message, RunContext, ToolCall, tool
+from convoq.errors import InvalidScheduleError
 from convoq.memory import FileConversationMemory, InMemoryConversationMemory
 from convoq.memory.redis import RedisConversationMemory
 from convoq.models import ModelRequest, ScriptedModel
@@ -87,3 +89,38 @@ async def test_a_schedule_sent_again_with_its_key_finds_the_first_turn(proto: Tu
     other = await schedule(ScheduleRequest("c1", "later", "daily", 60.0, "convoq-key:schedule:1"))
     assert other != first
     assert [s.turn_id for s in await proto.scheduled_turns("c1")] == sorted([first, other])
+
+
+@tool
+async def at_noon(ctx: RunContext[Any]) -> str:
+    """Schedules a follow-up at an instant, then tries one with no time at all."""
+    noon = datetime(2099, 1, 1, 12, 0, tzinfo=UTC)
+    turn_id = await ctx.schedule("at noon", not_before=noon)
+    try:
+        await ctx.schedule("whenever")
+    except InvalidScheduleError as exc:
+        return f"{turn_id} refused: {exc.message}"
+    return f"{turn_id} scheduled twice"
+
+
+async def test_a_follow_up_may_be_due_at_an_instant_and_needs_a_time(
+    redis_url: str, key_prefix: str, proto: TurnProtocol
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    model = ScriptedModel(
+        lambda r: r.messages[-1].text
+        if r.messages[-1].role == "tool"
+        else Message.assistant("", [ToolCall(id="n1", name="at_noon", arguments={})])
+    )
+    agent = Agent(model, name="daily", tools=[at_noon], memory=memory)
+    try:
+        response = await agent.agenerate("remind me", conversation_id="c2")
+    finally:
+        await memory.aclose()
+    turn_id, _, refusal = response.text.partition(" refused: ")
+    assert "delay_s= or not_before=" in refusal
+    (waiting,) = await proto.scheduled_turns("c2")  # the one with a time, nothing else
+    noon_ms = int(datetime(2099, 1, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
+    assert (waiting.turn_id, waiting.due_ms, waiting.record.input.text) == (
+        turn_id, noon_ms, "at noon",
+    )  # fmt: skip

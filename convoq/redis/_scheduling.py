@@ -98,10 +98,16 @@ def store_scheduler(store: ScheduleStore) -> Scheduler:
 
     async def schedule(request: ScheduleRequest) -> str:
         cid = check_conversation_id(request.conversation_id)
-        due = check_due(None, request.delay_s)
-        assert due is not None
+        due = check_due(request.not_before, request.delay_s)
+        if due is None:
+            raise InvalidScheduleError(
+                "ctx.schedule needs delay_s= or not_before= (a timezone-aware datetime)",
+                field="delay_s",
+            )
         message = coerce_user_message(request.message)
-        options: dict[str, Any] = {"schedule": {"delay_s": request.delay_s}}
+        # Kept with the turn as a submit keeps it: the instant asked for, or the delay.
+        asked = {"at_ms": due.at_ms, "delay_s": request.delay_s}
+        options: dict[str, Any] = {"schedule": {k: v for k, v in asked.items() if v is not None}}
         if meta := check_metadata(request.metadata):
             options["metadata"] = meta
         result = await store.schedule(
