@@ -19,6 +19,8 @@ twice.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import copy
@@ -78,6 +80,18 @@ def _current_scheduler() -> Scheduler | None:
     return _scheduler.get()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # made outside a loop (a test, a sync caller)
+        return None
+
+
+SCHEDULE_SYNC_TIMEOUT_S = 30.0
+"""How long :meth:`RunContext.schedule_sync` waits for the turn's loop to store a
+schedule (a store write, retried while Redis is briefly away)."""
+
+
 @dataclass(frozen=True)
 class RunContext(Generic[DepsT]):
     """The turn a tool call (or a dynamic instruction) runs in.
@@ -115,6 +129,10 @@ class RunContext(Generic[DepsT]):
         default_factory=_current_scheduler, repr=False, compare=False
     )
     _schedules: list[str] = field(default_factory=list, repr=False, compare=False)
+    # The loop the turn runs on: a sync tool (on a thread of its own) schedules through it.
+    _loop: asyncio.AbstractEventLoop | None = field(
+        default_factory=_running_loop, repr=False, compare=False
+    )
 
     async def schedule(
         self,
@@ -154,6 +172,54 @@ class RunContext(Generic[DepsT]):
         turn_id = await self.scheduler(request)
         self._schedules.append(turn_id)
         return turn_id
+
+    def schedule_sync(
+        self,
+        message: str | Message,
+        *,
+        delay_s: float | None = None,
+        not_before: datetime | None = None,
+        agent: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        """:meth:`schedule` for a sync tool (which runs on a thread of its own): the same
+        schedule, run on the turn's event loop; this thread waits at most
+        :data:`SCHEDULE_SYNC_TIMEOUT_S` for it.
+
+        Raises:
+            ConvoqError: called on the event loop itself (an async tool awaits
+                :meth:`schedule`), or with no loop to run on; the errors of
+                :meth:`schedule`; a wait past the timeout (a rerun of the call finds a
+                schedule that landed meanwhile by its key).
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise ConvoqError(
+                "ctx.schedule_sync runs on the turn's event loop, and this context has"
+                " none: call it from a tool the turn runs",
+                option="ctx.schedule_sync",
+            )
+        if _running_loop() is loop:
+            raise ConvoqError(
+                "ctx.schedule_sync would wait on the event loop it needs: in an async"
+                " tool, await ctx.schedule(...) instead",
+                option="ctx.schedule_sync",
+            )
+        pending = asyncio.run_coroutine_threadsafe(
+            self.schedule(
+                message, delay_s=delay_s, not_before=not_before, agent=agent, metadata=metadata
+            ),
+            loop,
+        )
+        try:
+            return pending.result(timeout=SCHEDULE_SYNC_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            pending.cancel()
+            raise ConvoqError(
+                f"ctx.schedule_sync got no answer in {SCHEDULE_SYNC_TIMEOUT_S:g} s (is the"
+                " store reachable?); a rerun of this call finds a schedule that landed",
+                option="ctx.schedule_sync",
+            ) from None
 
     @property
     def idempotency_key(self) -> str:

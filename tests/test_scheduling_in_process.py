@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from convoq import Agent, Message, RunContext, ToolCall, tool
-from convoq.errors import InvalidScheduleError
+from convoq.errors import ConvoqError, InvalidScheduleError
 from convoq.memory import FileConversationMemory, InMemoryConversationMemory
 from convoq.memory.redis import RedisConversationMemory
 from convoq.models import ModelRequest, ScriptedModel
@@ -108,9 +108,11 @@ async def test_a_follow_up_may_be_due_at_an_instant_and_needs_a_time(
 ) -> None:
     memory = RedisConversationMemory(redis_url, prefix=key_prefix)
     model = ScriptedModel(
-        lambda r: r.messages[-1].text
-        if r.messages[-1].role == "tool"
-        else Message.assistant("", [ToolCall(id="n1", name="at_noon", arguments={})])
+        lambda r: (
+            r.messages[-1].text
+            if r.messages[-1].role == "tool"
+            else Message.assistant("", [ToolCall(id="n1", name="at_noon", arguments={})])
+        )
     )
     agent = Agent(model, name="daily", tools=[at_noon], memory=memory)
     try:
@@ -124,3 +126,53 @@ async def test_a_follow_up_may_be_due_at_an_instant_and_needs_a_time(
     assert (waiting.turn_id, waiting.due_ms, waiting.record.input.text) == (
         turn_id, noon_ms, "at noon",
     )  # fmt: skip
+
+
+@tool
+def plan_sync(ctx: RunContext[Any]) -> str:
+    """A sync tool (run on a thread of its own) schedules a follow-up."""
+    return ctx.schedule_sync("tomorrow, from a sync tool", delay_s=86_400)
+
+
+@tool
+async def plan_on_the_loop(ctx: RunContext[Any]) -> str:
+    """An async tool that calls the sync variant: it would wait on its own loop."""
+    try:
+        ctx.schedule_sync("never", delay_s=60)
+    except ConvoqError as exc:
+        return f"refused: {exc.message}"
+    return "scheduled"
+
+
+@pytest.mark.parametrize("tool_name", ["plan_sync", "plan_on_the_loop"])
+async def test_a_sync_tool_schedules_through_the_turns_loop(
+    redis_url: str, key_prefix: str, proto: TurnProtocol, tool_name: str
+) -> None:
+    memory = RedisConversationMemory(redis_url, prefix=key_prefix)
+    model = ScriptedModel(
+        lambda r: (
+            r.messages[-1].text
+            if r.messages[-1].role == "tool"
+            else Message.assistant("", [ToolCall(id="s1", name=tool_name, arguments={})])
+        )
+    )
+    agent = Agent(model, name="daily", tools=[plan_sync, plan_on_the_loop], memory=memory)
+    try:
+        response = await agent.agenerate("plan", conversation_id=f"c-{tool_name}")
+    finally:
+        await memory.aclose()
+    waiting = await proto.scheduled_turns(f"c-{tool_name}")
+    if tool_name == "plan_sync":
+        assert [(s.turn_id, s.record.input.text) for s in waiting] == [
+            (response.text, "tomorrow, from a sync tool")
+        ]
+    else:
+        assert response.text.startswith("refused: ") and "await ctx.schedule" in response.text
+        assert waiting == []
+
+
+def test_a_context_made_outside_a_loop_cannot_schedule_sync() -> None:
+    ctx = RunContext(conversation_id="c1", turn_id="t1", agent="a", deps=None, tool_call_id="x")
+    with pytest.raises(ConvoqError, match="has none") as caught:
+        ctx.schedule_sync("later", delay_s=1)
+    assert caught.value.details["option"] == "ctx.schedule_sync"

@@ -5,6 +5,7 @@
 Redis time (ms) its run started at. ``follow_up``'s tool ``remind`` schedules a ``stamp``
 turn with ``ctx.schedule``; with ``kill`` in the turn's metadata, its first run kills its
 own worker (SIGKILL) right after scheduling, before the tool's result is journaled.
+``follow_up_sync`` does what ``follow_up`` does from a sync tool (``ctx.schedule_sync``).
 """
 
 from __future__ import annotations
@@ -51,8 +52,24 @@ def follow_up_fn(request: ModelRequest) -> str | Message:
     return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
 
 
+@tool
+def remind_sync(ctx: RunContext[Any], text: str) -> str:
+    """``remind`` as a sync tool: it schedules through the turn's loop."""
+    return f"scheduled {ctx.schedule_sync(text, delay_s=1.0, agent='stamp')}"
+
+
+def follow_up_sync_fn(request: ModelRequest) -> str | Message:
+    """Calls ``remind_sync`` once, then answers with its result."""
+    last = request.messages[-1]
+    if last.role == MessageRole.TOOL:
+        return last.text
+    call = ToolCall(id="call-remind", name="remind_sync", arguments={"text": "sync reminder"})
+    return Message(role=MessageRole.ASSISTANT, tool_calls=[call])
+
+
 stamp = Agent(ScriptedModel(stamp_fn), name="stamp")
 follow_up = Agent(ScriptedModel(follow_up_fn), name="follow_up", tools=[remind])
+follow_up_sync = Agent(ScriptedModel(follow_up_sync_fn), name="follow_up_sync", tools=[remind_sync])
 
 
 def echo_fn(request: ModelRequest) -> str:

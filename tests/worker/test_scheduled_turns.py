@@ -225,3 +225,13 @@ def test_ctx_schedule_rerun_after_its_worker_was_killed_schedules_once(
     reminder = client.handle(cid, scheduled[0])
     assert reminder.wait(30, until="final").text == "ran reminder"
     assert [said for said, _ in _ran(r, pool, "reminder")] == ["reminder"]
+
+
+def test_a_sync_tool_on_a_worker_schedules_a_follow_up(
+    client: Client, r: redis.Redis, pool: WorkerPool
+) -> None:
+    cid = _cid()
+    result = client.submit(cid, "remind me", agent="follow_up_sync").wait(60)
+    reminder_id = result.text.removeprefix("scheduled ")
+    reminder = client.handle(cid, reminder_id).wait(30, until="final")
+    assert reminder.text == "ran sync reminder"
