@@ -25,13 +25,14 @@ servers' command counts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
@@ -53,7 +54,7 @@ from bench.compare_memory import populate_convoq, populate_session
 from bench.compare_sides import CONVERSATIONS, TURNS_EACH
 from convoq.client import Client
 from convoq.memory.redis import RedisConversationMemory
-from convoq.redis import connect
+from convoq.redis import KeySchema, connect
 from convoq.settings import ConvoqSettings
 
 SECTION_E2E = "end to end, one turn at a time (a server and a worker per system)"
@@ -131,6 +132,7 @@ class Setup:
         self.sides: dict[str, Remote] = {}
         self.stored = Stored()
         self.h1000: dict[str, list[str]] = {}
+        self.prefixes: dict[str, str] = {}
         for key, mode in (("convoq", "on"), ("off", "off")):
             self._convoq(stack, home, key, mode)
         fast_paths_mode(None)
@@ -152,6 +154,7 @@ class Setup:
 
     def _convoq(self, stack: ExitStack, home: Path, key: str, mode: str) -> None:
         prefix = f"b{uuid.uuid4().hex[:6]}"
+        self.prefixes[key] = prefix
         fast_paths_mode(mode)
         settings = ConvoqSettings.resolve(
             redis_url=self.urls[key], prefix=prefix, home=home / key, fast_paths=mode == "on"
@@ -317,9 +320,9 @@ def _commands(setup: Setup, table: Table) -> None:
         for n in range(2):
             for key, stored in rotated(cells, n):
                 cids = setup.stored.take(key, "cmds10", 30) if stored else [None] * 30
-                per_turn = _commands_per_turn(
-                    servers[key], lambda k=key, c=cids: setup.sides[k].call("turns", "ok", c), 30
-                )
+                run = functools.partial(setup.sides[key].call, "turns", "ok", cids)
+                with _sweeper_held(servers[key], setup.prefixes.get(key)):
+                    per_turn = _commands_per_turn(servers[key], run, 30)
                 where = "a conversation of 10 stored turns" if stored else "a new conversation"
                 table.add(f"cmds{stored or ''}-{key}", SECTION_COST,
                           f"Redis commands per turn on {where}: {NAMES[key]}", "",
@@ -327,6 +330,24 @@ def _commands(setup: Setup, table: Table) -> None:
     finally:
         for server in servers.values():
             server.close()
+
+
+@contextmanager
+def _sweeper_held(r: redis.Redis, prefix: str | None) -> Iterator[None]:
+    """convoq's sweeper kept from its pass while the block counts commands (its lock held
+    under another token): a pass is a deployment's periodic cost (a SCAN of the keyspace,
+    every 5 s), not a turn's, and one that fell inside a window of 30 turns put its whole
+    cost on those turns (36.05 a turn in one round, 34.98 in the next, when it fell in the
+    idle second subtracted instead). Its attempt to take the lock stays in the count."""
+    if prefix is None:  # a peer: no sweeper
+        yield
+        return
+    lock = KeySchema(prefix).sweeper_lock()
+    r.set(lock, "bench", px=60_000)
+    try:
+        yield
+    finally:
+        r.delete(lock)
 
 
 def _calls(r: redis.Redis) -> Counter[str]:
