@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from convoq.client import Client
 from convoq.redis.keys import KeySchema
@@ -127,8 +128,11 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                if client.hexists(key, self.name):
-                    return self
+                try:
+                    if client.hexists(key, self.name):
+                        return self
+                except (redis.ConnectionError, redis.TimeoutError):
+                    pass  # a store slow to answer on a loaded machine: ask again
                 if not self.alive():
                     raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
                 time.sleep(0.05)
