@@ -34,7 +34,7 @@ from convoq.settings import ConvoqSettings, fast_paths
 from convoq.worker import _direct, _fair
 from convoq.worker._fair import SlotBacklog
 from convoq.worker.app import worker_config
-from tests.support.workers import WorkerPool
+from tests.support.workers import WorkerPool, broker_pushes
 
 # Run again with the fast paths off by `make test-slowpaths`.
 pytestmark = pytest.mark.slowpaths
@@ -265,11 +265,6 @@ def ids_in(partition: int, count: int, partitions: int = 2) -> list[str]:
     return list(itertools.islice(chosen, count))
 
 
-def lpushes(r: redis.Redis) -> int:
-    """Messages published to the broker so far (kombu's Redis transport LPUSHes each)."""
-    return int(r.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
-
-
 @pytest.mark.slow
 def test_with_the_switch_off_a_worker_sends_conversations_back_through_the_broker(
     redis_url: str, tmp_path: Path, redis_client: redis.Redis
@@ -285,15 +280,15 @@ def test_with_the_switch_off_a_worker_sends_conversations_back_through_the_broke
     pool.start()
     try:
         cids = [*ids_in(0, 1), *ids_in(1, 1)]
-        before = lpushes(redis_client)
-        with pool.client() as client:
+        with broker_pushes(redis_client, pool) as pushes, pool.client() as client:
             handles = [client.submit(cid, f"{cid} {n}", agent="slow") for cid in cids
                        for n in range(3)]  # fmt: skip
             assert all(handle.wait(60).ok for handle in handles)
+            published = pushes()
         # Each conversation gave its one slot up to the other after a turn: with no line
         # of its own, the worker sent it back through the broker (more messages than the
         # two first kicks), and every turn still ran, in order.
-        assert lpushes(redis_client) - before > len(cids)
+        assert published > len(cids)
         assert "go back through the broker (fast paths off)" in pool.logs()
     finally:
         pool.stop_all()

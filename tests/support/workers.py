@@ -25,6 +25,7 @@ import pytest
 import redis
 
 from convoq.client import Client
+from convoq.queue.routing import queue_name
 from convoq.redis.keys import KeySchema
 from tests.support.redis_cluster import plain_client
 from tests.support.redis_server import RedisServer
@@ -317,6 +318,43 @@ def webhook_receiver(fail_first: Collection[str] = ()) -> Iterator[WebhookReceiv
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def broker_pushes(r: redis.Redis, pool: WorkerPool) -> Iterator[Callable[[], int]]:
+    """Counts the messages published to ``pool``'s partition queues while the block runs
+    (kombu's Redis transport LPUSHes each), from keyspace notifications of those keys
+    alone: another pool's messages on this server (a killed worker's, restored by a
+    consumer once their visibility timeout passed) do not count. The count is read once
+    a marker published after them came back on the same subscription."""
+    flags = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    r.config_set("notify-keyspace-events", "".join(sorted(set(flags) | {"K", "l"})))
+    marker = f"{pool.prefix}:test:pushes-read"
+    sub = r.pubsub()
+    try:
+        db = r.connection_pool.connection_kwargs.get("db", 0)
+        partitions = range(pool.partitions)
+        sub.psubscribe(*(f"__keyspace@{db}__:{queue_name(pool.prefix, p)}*" for p in partitions))
+        sub.subscribe(marker)
+        for _ in range(len(partitions) + 1):  # each subscription confirmed: listening now
+            assert sub.get_message(timeout=10) is not None
+
+        def count() -> int:
+            r.publish(marker, "read")
+            pushes, deadline = 0, time.monotonic() + 10
+            while time.monotonic() < deadline:
+                message = sub.get_message(timeout=1)
+                if message is None:
+                    continue
+                if message["type"] == "message":
+                    return pushes
+                pushes += message["type"] == "pmessage" and message["data"] == b"lpush"
+            raise AssertionError("the marker never came back")
+
+        yield count
+    finally:
+        sub.close()
+        r.config_set("notify-keyspace-events", flags)
 
 
 def wait_until(

@@ -6,10 +6,8 @@ without a broker message; a worker killed with conversations in its line loses n
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from convoq.queue.routing import partition_of, queue_name
 from convoq.redis.keys import KeySchema
 from convoq.settings import ConvoqSettings
 from convoq.worker.app import worker_config
-from tests.support.workers import WorkerPool, WorkerProcess, wait_until
+from tests.support.workers import WorkerPool, WorkerProcess, broker_pushes, wait_until
 
 # Run again with the fast paths off by `make test-slowpaths`.
 pytestmark = pytest.mark.slowpaths
@@ -108,42 +106,6 @@ def test_with_the_fast_paths_off_a_worker_holds_no_kick_beyond_its_slots() -> No
     # No line of its own to count them: waiting conversations stay in the broker.
     config = worker_config(ConvoqSettings(concurrency=3, fast_paths=False), "redis://x")
     assert (config["worker_concurrency"], config["worker_prefetch_multiplier"]) == (3, 1)
-
-
-@contextmanager
-def broker_pushes(r: redis.Redis, pool: WorkerPool) -> Iterator[Callable[[], int]]:
-    """Counts the messages published to ``pool``'s partition queues while the block runs
-    (kombu's Redis transport LPUSHes each), from keyspace notifications of those keys
-    alone: another pool's messages on this server (a killed worker's, restored by a
-    consumer once their visibility timeout passed) do not count. The count is read once
-    a marker published after them came back on the same subscription."""
-    flags = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
-    r.config_set("notify-keyspace-events", "".join(sorted(set(flags) | {"K", "l"})))
-    marker = f"{pool.prefix}:test:pushes-read"
-    sub = r.pubsub()
-    try:
-        db = r.connection_pool.connection_kwargs.get("db", 0)
-        sub.psubscribe(*(f"__keyspace@{db}__:{queue_name(pool.prefix, p)}*" for p in (0, 1)))
-        sub.subscribe(marker)
-        for _ in range(3):  # both psubscribes and the subscribe confirmed: listening now
-            assert sub.get_message(timeout=10) is not None
-
-        def count() -> int:
-            r.publish(marker, "read")
-            pushes, deadline = 0, time.monotonic() + 10
-            while time.monotonic() < deadline:
-                message = sub.get_message(timeout=1)
-                if message is None:
-                    continue
-                if message["type"] == "message":
-                    return pushes
-                pushes += message["type"] == "pmessage" and message["data"] == b"lpush"
-            raise AssertionError("the marker never came back")
-
-        yield count
-    finally:
-        sub.close()
-        r.config_set("notify-keyspace-events", flags)
 
 
 @pytest.mark.fast_paths  # the process's own line is what spares the broker message
